@@ -1,0 +1,28 @@
+//! The CPU kernels, one file per op family. Each family registers its kernels by name.
+
+mod argmax;
+mod attention;
+mod copy;
+mod elementwise;
+mod embedding;
+mod kv_cache;
+mod matmul;
+mod norm;
+mod rope;
+mod softmax;
+
+use super::CpuRegistry;
+
+/// Registers every built-in CPU kernel.
+pub fn register_all(registry: &mut CpuRegistry) {
+    argmax::register(registry);
+    attention::register(registry);
+    copy::register(registry);
+    elementwise::register(registry);
+    embedding::register(registry);
+    kv_cache::register(registry);
+    matmul::register(registry);
+    norm::register(registry);
+    rope::register(registry);
+    softmax::register(registry);
+}

@@ -1,0 +1,170 @@
+//! The CPU backend's submission worker and encoder.
+
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+use super::{CpuDevice, CpuKernelFn, KernelArgs};
+use crate::error::{Error, Result};
+use crate::graph::Dispatch;
+
+/// One encoded dispatch: the resolved kernel and the dispatch it runs.
+struct Encoded {
+    kernel: CpuKernelFn,
+    dispatch: Dispatch,
+}
+
+/// Groups of dispatches; the dispatches of one group may run at the same time.
+type Groups = Vec<Vec<Encoded>>;
+
+struct Job {
+    groups: Groups,
+    done: Arc<Completion>,
+}
+
+#[derive(Default)]
+struct Completion {
+    state: Mutex<Option<Result<()>>>,
+    cv: Condvar,
+}
+
+/// The thread that runs submissions in order.
+pub(crate) struct Worker {
+    tx: Mutex<Option<mpsc::Sender<Job>>>,
+    handle: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Worker {
+    pub(crate) fn start(pool: Arc<rayon::ThreadPool>) -> Result<Self> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let handle = std::thread::Builder::new()
+            .name("onepass-cpu-submit".into())
+            .spawn(move || {
+                for job in rx {
+                    let result = pool.install(|| run_groups(&job.groups));
+                    drop(job.groups);
+                    let mut state = job.done.state.lock().unwrap_or_else(|e| e.into_inner());
+                    *state = Some(result);
+                    job.done.cv.notify_all();
+                }
+            })
+            .map_err(|e| Error::Backend(format!("cannot start the CPU submit thread: {e}")))?;
+        Ok(Worker { tx: Mutex::new(Some(tx)), handle: Mutex::new(Some(handle)) })
+    }
+
+    fn send(&self, job: Job) -> Result<()> {
+        let tx = self.tx.lock().map_err(|_| Error::Backend("worker lock poisoned".into()))?;
+        tx.as_ref()
+            .ok_or_else(|| Error::Backend("CPU worker stopped".into()))?
+            .send(job)
+            .map_err(|_| Error::Backend("CPU worker stopped".into()))
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if let Ok(mut tx) = self.tx.lock() {
+            tx.take();
+        }
+        if let Ok(mut h) = self.handle.lock() {
+            if let Some(h) = h.take() {
+                // A worker that panicked has nothing left to report here.
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+fn run_one(e: &Encoded) -> Result<()> {
+    let args = KernelArgs::new(e.dispatch.kernel(), e.dispatch.args());
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (e.kernel)(&args))) {
+        Ok(r) => r,
+        Err(_) => Err(Error::Kernel {
+            kernel: e.dispatch.kernel().0,
+            msg: "the kernel panicked (a bug in onepass: please report it)".into(),
+        }),
+    }
+}
+
+fn run_groups(groups: &Groups) -> Result<()> {
+    for group in groups {
+        if group.len() == 1 {
+            run_one(&group[0])?;
+            continue;
+        }
+        // The dispatches of one group have no conflicting ranges (the encoder put a barrier
+        // before every dispatch that conflicted), so they may run on several threads at once.
+        let results: Vec<Result<()>> = {
+            let mut slots: Vec<Option<Result<()>>> = (0..group.len()).map(|_| None).collect();
+            rayon::scope(|s| {
+                for (slot, e) in slots.iter_mut().zip(group) {
+                    s.spawn(move |_| *slot = Some(run_one(e)));
+                }
+            });
+            slots.into_iter().map(|r| r.unwrap_or(Ok(()))).collect()
+        };
+        results.into_iter().collect::<Result<()>>()?;
+    }
+    Ok(())
+}
+
+/// Encodes dispatches into groups for one submission.
+pub struct CpuEncoder {
+    device: Arc<CpuDevice>,
+    groups: Groups,
+    dispatches: usize,
+}
+
+impl CpuEncoder {
+    pub(crate) fn new(device: Arc<CpuDevice>) -> Self {
+        CpuEncoder { device, groups: vec![Vec::new()], dispatches: 0 }
+    }
+
+    /// Adds a dispatch to the current group. The caller guarantees (by placing barriers) that it
+    /// conflicts with nothing else in the group.
+    pub fn encode(&mut self, dispatch: &Dispatch) -> Result<()> {
+        let kernel = self.device.kernel(dispatch.kernel())?;
+        let group = self.groups.last_mut().expect("an encoder always has a current group");
+        group.push(Encoded { kernel, dispatch: dispatch.clone() });
+        self.dispatches += 1;
+        Ok(())
+    }
+
+    /// Closes the current group.
+    pub fn barrier(&mut self) {
+        if self.groups.last().is_some_and(|g| !g.is_empty()) {
+            self.groups.push(Vec::new());
+        }
+    }
+
+    /// Dispatches encoded so far.
+    pub fn dispatch_count(&self) -> usize {
+        self.dispatches
+    }
+
+    /// Hands the encoded work to the worker and returns at once.
+    pub fn submit(mut self) -> Result<CpuSubmission> {
+        self.groups.retain(|g| !g.is_empty());
+        let done = Arc::new(Completion::default());
+        self.device.worker().send(Job { groups: self.groups, done: done.clone() })?;
+        Ok(CpuSubmission { done })
+    }
+}
+
+/// Work handed to the CPU worker.
+pub struct CpuSubmission {
+    done: Arc<Completion>,
+}
+
+impl CpuSubmission {
+    /// Blocks until the work has run; returns the first kernel error, if any.
+    pub fn wait(self) -> Result<()> {
+        let mut state = self.done.state.lock().map_err(|_| Error::Backend("lock poisoned".into()))?;
+        loop {
+            if let Some(result) = state.take() {
+                return result;
+            }
+            state = self.done.cv.wait(state).map_err(|_| Error::Backend("lock poisoned".into()))?;
+        }
+    }
+}

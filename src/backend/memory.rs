@@ -1,0 +1,60 @@
+//! Host memory blocks: owned aligned allocations and read-only file mappings.
+
+use std::alloc::Layout;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// Alignment of every host allocation, enough for any SIMD load.
+pub const HOST_ALIGN: usize = 64;
+
+/// An owned, zero-initialized, 64-byte-aligned block of host memory.
+pub struct HostMemory {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: `HostMemory` owns its block outright. Concurrent access goes through raw pointers
+// handed out by `as_ptr`; the executor only lets dispatches touch overlapping bytes at the same
+// time when all of them read (the conflict rules of `graph::RangeSet`), and host-side reads and
+// writes only happen while no submission is in flight.
+unsafe impl Send for HostMemory {}
+// SAFETY: see `Send` above.
+unsafe impl Sync for HostMemory {}
+
+impl HostMemory {
+    /// Allocates `size` zeroed bytes; `None` when the allocator refuses.
+    pub fn zeroed(size: usize) -> Option<Self> {
+        let layout = Layout::from_size_align(size.max(1), HOST_ALIGN).ok()?;
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        NonNull::new(raw).map(|ptr| HostMemory { ptr, layout })
+    }
+
+    /// Start of the block.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for HostMemory {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from `alloc_zeroed` with this same layout and is freed once.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// A read-only window of a memory-mapped file (model weights, zero-copy).
+pub struct MappedMemory {
+    /// The mapping, shared by every tensor of the file.
+    pub map: Arc<memmap2::Mmap>,
+    /// Start of the window in the mapping.
+    pub offset: usize,
+}
+
+impl MappedMemory {
+    /// Start of the window.
+    pub fn as_ptr(&self) -> *const u8 {
+        // SAFETY: the caller of `Memory::Mapped` construction checked `offset` against the map.
+        unsafe { self.map.as_ptr().add(self.offset) }
+    }
+}

@@ -1,0 +1,179 @@
+//! Devices, memory and buffers. `cpu/` is the reference backend; a CUDA backend plugs in beside it.
+
+mod buffer;
+pub mod cpu;
+mod dtype;
+mod memory;
+
+pub use buffer::{bytes_of, AllocId, Allocation, Buffer, Shape};
+pub use dtype::{DType, Element};
+pub use memory::{HostMemory, MappedMemory, HOST_ALIGN};
+
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+
+/// Where an allocation's bytes live.
+pub enum Memory {
+    /// Owned host memory (CPU backend).
+    Host(HostMemory),
+    /// A read-only window of a mapped file (CPU backend, zero-copy weights).
+    Mapped(MappedMemory),
+}
+
+impl Memory {
+    /// Where the memory lives, in words.
+    pub fn location(&self) -> String {
+        match self {
+            Memory::Host(_) => "cpu".into(),
+            Memory::Mapped(_) => "cpu (mapped file)".into(),
+        }
+    }
+
+    /// Pointer to the start for reading, when the memory is host-visible.
+    pub(crate) fn host_ptr(&self) -> Option<*const u8> {
+        match self {
+            Memory::Host(h) => Some(h.as_ptr() as *const u8),
+            Memory::Mapped(m) => Some(m.as_ptr()),
+        }
+    }
+
+    /// Pointer to the start for writing, when the memory is host-visible and writable.
+    pub(crate) fn host_ptr_mut(&self) -> Option<*mut u8> {
+        match self {
+            Memory::Host(h) => Some(h.as_ptr()),
+            Memory::Mapped(_) => None,
+        }
+    }
+}
+
+/// Which kind of backend a device is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    /// The CPU reference backend.
+    Cpu,
+    /// An NVIDIA GPU.
+    Cuda,
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::Cuda => "cuda",
+        })
+    }
+}
+
+/// A compute device. Cheap to clone; every clone is the same device.
+#[derive(Clone)]
+pub enum Device {
+    /// The CPU reference backend.
+    Cpu(Arc<cpu::CpuDevice>),
+}
+
+impl Device {
+    /// A CPU device whose thread pool has `threads` workers (0: one per core).
+    pub fn cpu(threads: usize) -> Result<Device> {
+        Ok(Device::Cpu(Arc::new(cpu::CpuDevice::new(threads)?)))
+    }
+
+    /// The backend kind.
+    pub fn kind(&self) -> BackendKind {
+        match self {
+            Device::Cpu(_) => BackendKind::Cpu,
+        }
+    }
+
+    /// A human-readable name.
+    pub fn name(&self) -> String {
+        match self {
+            Device::Cpu(d) => format!("cpu ({} threads)", d.threads()),
+        }
+    }
+
+    /// Allocates a zeroed buffer.
+    pub fn alloc(&self, dtype: DType, dims: &[usize]) -> Result<Buffer> {
+        let shape = Shape::new(dims)?;
+        let bytes = bytes_of(dtype, shape)?;
+        let alloc = match self {
+            Device::Cpu(d) => d.alloc_bytes(bytes)?,
+        };
+        Buffer::whole(alloc, dtype, shape)
+    }
+
+    /// Allocates a buffer and copies `data` into it.
+    pub fn upload<T: Element>(&self, data: &[T], dims: &[usize]) -> Result<Buffer> {
+        let buf = self.alloc(T::DTYPE, dims)?;
+        self.write(&buf, data)?;
+        Ok(buf)
+    }
+
+    /// Allocates a buffer of any dtype (block formats included) from raw bytes.
+    pub fn upload_bytes(&self, bytes: &[u8], dtype: DType, dims: &[usize]) -> Result<Buffer> {
+        let buf = self.alloc(dtype, dims)?;
+        self.write_bytes(&buf, bytes)?;
+        Ok(buf)
+    }
+
+    /// Copies `data` into `buf`; its byte length must equal the view's.
+    pub fn write<T: Element>(&self, buf: &Buffer, data: &[T]) -> Result<()> {
+        if buf.dtype() != T::DTYPE {
+            return Err(Error::View(format!(
+                "writing {} values into a {} buffer",
+                T::DTYPE,
+                buf.dtype()
+            )));
+        }
+        self.write_bytes(buf, bytemuck::cast_slice(data))
+    }
+
+    /// Copies raw bytes into `buf`; the length must equal the view's.
+    pub fn write_bytes(&self, buf: &Buffer, bytes: &[u8]) -> Result<()> {
+        if bytes.len() != buf.len_bytes() {
+            return Err(Error::View(format!(
+                "writing {} bytes into a view of {} bytes",
+                bytes.len(),
+                buf.len_bytes()
+            )));
+        }
+        match self {
+            Device::Cpu(d) => d.write_bytes(buf, bytes),
+        }
+    }
+
+    /// Copies a buffer's contents to the host.
+    pub fn download<T: Element>(&self, buf: &Buffer) -> Result<Vec<T>> {
+        if buf.dtype() != T::DTYPE {
+            return Err(Error::View(format!(
+                "reading {} values from a {} buffer",
+                T::DTYPE,
+                buf.dtype()
+            )));
+        }
+        let bytes = self.download_bytes(buf)?;
+        let mut out = vec![T::zeroed(); buf.elems()];
+        bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(&bytes);
+        Ok(out)
+    }
+
+    /// Copies a buffer's raw bytes to the host.
+    pub fn download_bytes(&self, buf: &Buffer) -> Result<Vec<u8>> {
+        match self {
+            Device::Cpu(d) => d.read_bytes(buf),
+        }
+    }
+
+    /// Whether a buffer lives on this device.
+    pub fn owns(&self, buf: &Buffer) -> bool {
+        match (self, &buf.allocation().memory) {
+            (Device::Cpu(_), Memory::Host(_) | Memory::Mapped(_)) => true,
+        }
+    }
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
+}

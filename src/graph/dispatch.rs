@@ -1,0 +1,332 @@
+//! The dispatch IR: a dispatch is data (kernel name, arguments with their access, launch
+//! geometry, op kind), never a closure, so one recorded list can run on any backend.
+
+use crate::backend::{AllocId, Buffer};
+use crate::error::{Error, Result};
+
+/// How a dispatch uses a buffer argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Access {
+    /// Only read.
+    Read,
+    /// Only written (every byte of the view may be overwritten).
+    Write,
+    /// Read and written in place.
+    ReadWrite,
+}
+
+impl Access {
+    /// Whether the dispatch reads the argument.
+    pub fn reads(self) -> bool {
+        matches!(self, Access::Read | Access::ReadWrite)
+    }
+
+    /// Whether the dispatch writes the argument.
+    pub fn writes(self) -> bool {
+        matches!(self, Access::Write | Access::ReadWrite)
+    }
+}
+
+/// A scalar kernel argument, fixed at record time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Scalar {
+    /// Unsigned 32-bit.
+    U32(u32),
+    /// Signed 32-bit.
+    I32(i32),
+    /// 32-bit float.
+    F32(f32),
+}
+
+/// One kernel argument.
+#[derive(Debug, Clone)]
+pub enum Arg {
+    /// A buffer view and how the kernel uses it.
+    Buffer(Buffer, Access),
+    /// A scalar.
+    Scalar(Scalar),
+}
+
+impl Arg {
+    /// A buffer the kernel reads.
+    pub fn read(buf: &Buffer) -> Arg {
+        Arg::Buffer(buf.clone(), Access::Read)
+    }
+
+    /// A buffer the kernel writes.
+    pub fn write(buf: &Buffer) -> Arg {
+        Arg::Buffer(buf.clone(), Access::Write)
+    }
+
+    /// A buffer the kernel reads and writes in place.
+    pub fn read_write(buf: &Buffer) -> Arg {
+        Arg::Buffer(buf.clone(), Access::ReadWrite)
+    }
+
+    /// An unsigned scalar.
+    pub fn u32(v: u32) -> Arg {
+        Arg::Scalar(Scalar::U32(v))
+    }
+
+    /// A signed scalar.
+    pub fn i32(v: i32) -> Arg {
+        Arg::Scalar(Scalar::I32(v))
+    }
+
+    /// A float scalar.
+    pub fn f32(v: f32) -> Arg {
+        Arg::Scalar(Scalar::F32(v))
+    }
+}
+
+/// Names one kernel in a backend's registry (CPU: a Rust function; CUDA: a compiled function).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KernelId(pub &'static str);
+
+impl std::fmt::Display for KernelId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+/// Launch geometry: blocks of threads, as CUDA sees it. The CPU backend ignores it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Grid {
+    /// Number of blocks in x, y, z.
+    pub blocks: [u32; 3],
+    /// Threads per block in x, y, z.
+    pub threads: [u32; 3],
+    /// Dynamic shared memory per block, in bytes.
+    pub shared_bytes: u32,
+}
+
+impl Grid {
+    /// `blocks` blocks of `threads` threads along x.
+    pub const fn new(blocks: u32, threads: u32) -> Grid {
+        Grid { blocks: [blocks, 1, 1], threads: [threads, 1, 1], shared_bytes: 0 }
+    }
+
+    /// Enough blocks of `threads` threads to cover `n` items along x.
+    pub fn cover(n: usize, threads: u32) -> Grid {
+        let blocks = n.div_ceil(threads as usize).max(1) as u32;
+        Grid::new(blocks, threads)
+    }
+
+    /// The same grid with `y` blocks along y.
+    pub const fn with_y(mut self, y: u32) -> Grid {
+        self.blocks[1] = y;
+        self
+    }
+
+    /// The same grid with dynamic shared memory.
+    pub const fn with_shared(mut self, bytes: u32) -> Grid {
+        self.shared_bytes = bytes;
+        self
+    }
+}
+
+/// What kind of operation a dispatch performs. Passes use it instead of kernel names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OpKind {
+    /// Matrix (or matrix-vector) product.
+    MatMul,
+    /// Expert-routed matrix product.
+    MatMulId,
+    /// RMS normalization (with or without weight).
+    RmsNorm,
+    /// RMS normalization fused with a following multiply.
+    RmsNormMul,
+    /// Rotary position embedding.
+    Rope,
+    /// Elementwise addition.
+    Add,
+    /// Elementwise multiplication.
+    Mul,
+    /// Other elementwise ops: scale, activations, softcap, SwiGLU.
+    Elementwise,
+    /// Copies and dtype conversions.
+    Copy,
+    /// Writes of new rows into a KV cache.
+    KvWrite,
+    /// Embedding lookups and other gathers.
+    Gather,
+    /// Softmax over rows.
+    Softmax,
+    /// Attention (prefill or decode).
+    Attention,
+    /// Reductions that pick an index (argmax).
+    Argmax,
+    /// A user kernel; `reorderable` is the user's declaration.
+    Custom {
+        /// Whether the optimizer may move it.
+        reorderable: bool,
+    },
+}
+
+impl OpKind {
+    /// Whether the reorder pass may move dispatches of this kind. Attention, softmax and argmax
+    /// stay in place (as in the seeds); everything else is a pure function of its declared ranges.
+    pub fn is_reorderable(self) -> bool {
+        match self {
+            OpKind::Attention | OpKind::Softmax | OpKind::Argmax => false,
+            OpKind::Custom { reorderable } => reorderable,
+            _ => true,
+        }
+    }
+
+    /// A short lowercase name for reports and traces.
+    pub fn name(self) -> &'static str {
+        match self {
+            OpKind::MatMul => "matmul",
+            OpKind::MatMulId => "matmul_id",
+            OpKind::RmsNorm => "rms_norm",
+            OpKind::RmsNormMul => "rms_norm_mul",
+            OpKind::Rope => "rope",
+            OpKind::Add => "add",
+            OpKind::Mul => "mul",
+            OpKind::Elementwise => "elementwise",
+            OpKind::Copy => "copy",
+            OpKind::KvWrite => "kv_write",
+            OpKind::Gather => "gather",
+            OpKind::Softmax => "softmax",
+            OpKind::Attention => "attention",
+            OpKind::Argmax => "argmax",
+            OpKind::Custom { .. } => "custom",
+        }
+    }
+}
+
+/// A byte range of one allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Range {
+    /// The allocation.
+    pub alloc: AllocId,
+    /// First byte.
+    pub start: usize,
+    /// One past the last byte.
+    pub end: usize,
+}
+
+impl Range {
+    /// The range a buffer view covers.
+    pub fn of(buf: &Buffer) -> Range {
+        let r = buf.byte_range();
+        Range { alloc: buf.alloc_id(), start: r.start, end: r.end }
+    }
+
+    /// Whether two ranges share at least one byte.
+    pub fn overlaps(&self, other: &Range) -> bool {
+        self.alloc == other.alloc && self.start < other.end && other.start < self.end
+    }
+
+    /// Whether `self` covers every byte of `other`.
+    pub fn covers(&self, other: &Range) -> bool {
+        self.alloc == other.alloc && self.start <= other.start && other.end <= self.end
+    }
+}
+
+/// One kernel launch: kernel, arguments, geometry, op kind, and the read and write ranges derived
+/// from the arguments.
+#[derive(Debug, Clone)]
+pub struct Dispatch {
+    kernel: KernelId,
+    args: Vec<Arg>,
+    grid: Grid,
+    op: OpKind,
+    reads: Vec<Range>,
+    writes: Vec<Range>,
+}
+
+impl Dispatch {
+    /// Builds a dispatch and derives its ranges. A written argument may not overlap any other
+    /// buffer argument of the same dispatch (an in-place update is one `ReadWrite` argument).
+    pub fn new(kernel: KernelId, args: Vec<Arg>, grid: Grid, op: OpKind) -> Result<Dispatch> {
+        let mut reads = Vec::new();
+        let mut writes = Vec::new();
+        let bufs: Vec<(&Buffer, Access)> = args
+            .iter()
+            .filter_map(|a| match a {
+                Arg::Buffer(b, acc) => Some((b, *acc)),
+                Arg::Scalar(_) => None,
+            })
+            .collect();
+        for (i, (buf, access)) in bufs.iter().enumerate() {
+            if access.writes() {
+                for (j, (other, _)) in bufs.iter().enumerate() {
+                    if i != j && buf.overlaps(other) {
+                        return Err(Error::InvalidArgument(format!(
+                            "kernel {}: written argument {i} overlaps argument {j}; \
+                             use one read-write argument for in-place updates",
+                            kernel.0
+                        )));
+                    }
+                }
+            }
+            let range = Range::of(buf);
+            if access.reads() {
+                reads.push(range);
+            }
+            if access.writes() {
+                writes.push(range);
+            }
+        }
+        Ok(Dispatch { kernel, args, grid, op, reads, writes })
+    }
+
+    /// The kernel.
+    pub fn kernel(&self) -> KernelId {
+        self.kernel
+    }
+
+    /// The arguments, in kernel order.
+    pub fn args(&self) -> &[Arg] {
+        &self.args
+    }
+
+    /// Launch geometry.
+    pub fn grid(&self) -> Grid {
+        self.grid
+    }
+
+    /// The op kind.
+    pub fn op(&self) -> OpKind {
+        self.op
+    }
+
+    /// Byte ranges the dispatch reads.
+    pub fn reads(&self) -> &[Range] {
+        &self.reads
+    }
+
+    /// Byte ranges the dispatch writes.
+    pub fn writes(&self) -> &[Range] {
+        &self.writes
+    }
+
+    /// The buffer argument at `index`, if it is one.
+    pub fn buffer_arg(&self, index: usize) -> Option<(&Buffer, Access)> {
+        match self.args.get(index) {
+            Some(Arg::Buffer(b, a)) => Some((b, *a)),
+            _ => None,
+        }
+    }
+}
+
+/// One node of a recorded graph.
+#[derive(Debug, Clone)]
+pub enum Node {
+    /// A kernel launch.
+    Dispatch(Dispatch),
+    /// Everything before must finish before anything after starts.
+    Barrier,
+}
+
+impl Node {
+    /// The dispatch, if this node is one.
+    pub fn as_dispatch(&self) -> Option<&Dispatch> {
+        match self {
+            Node::Dispatch(d) => Some(d),
+            Node::Barrier => None,
+        }
+    }
+}

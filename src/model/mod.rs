@@ -1,0 +1,10 @@
+//! Models: GGUF reading, tokenizer, chat templates, fetching the default model, the Llama-family
+//! forward pass, sampling, and the synthetic-model writer.
+
+pub mod chat;
+pub mod fetch;
+pub mod gguf;
+pub mod llama;
+pub mod sampler;
+pub mod synth;
+pub mod tokenizer;

@@ -1,0 +1,1 @@
+//! The `argmax` op family: argument checks, dispatch building, and its `Session` methods.

@@ -1,0 +1,1 @@
+//! User kernels: dispatch your own kernel, declaring each argument's access.

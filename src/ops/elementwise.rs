@@ -1,0 +1,1 @@
+//! The `elementwise` op family: argument checks, dispatch building, and its `Session` methods.

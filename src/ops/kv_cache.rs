@@ -1,0 +1,1 @@
+//! The `kv_cache` op family: argument checks, dispatch building, and its `Session` methods.

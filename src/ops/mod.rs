@@ -1,0 +1,25 @@
+//! The op catalog: one file per op family. Each family turns op parameters into a
+//! [`Dispatch`](crate::graph::Dispatch) (kernel, arguments with their access, grid) after checking
+//! every argument, and adds a [`Session`](crate::Session) method that pushes it.
+
+pub mod argmax;
+pub mod attention;
+mod check;
+pub mod copy;
+pub mod custom;
+pub mod elementwise;
+pub mod embedding;
+pub mod kv_cache;
+pub mod matmul;
+pub mod norm;
+pub mod rope;
+pub mod softmax;
+
+pub use check::Check;
+
+use crate::graph::passes::FusionRule;
+
+/// The fusion rules the optimizer applies, in order.
+pub fn fusion_rules() -> &'static [FusionRule] {
+    &[]
+}

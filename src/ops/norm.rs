@@ -1,0 +1,1 @@
+//! The `norm` op family: argument checks, dispatch building, and its `Session` methods.

@@ -1,0 +1,1 @@
+//! The `rope` op family: argument checks, dispatch building, and its `Session` methods.

@@ -1,0 +1,1 @@
+//! The `softmax` op family: argument checks, dispatch building, and its `Session` methods.

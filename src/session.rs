@@ -1,0 +1,359 @@
+//! The executor and its sessions: every op goes through [`Session::push`], which places barriers
+//! automatically (direct mode) or records the dispatch (recorded mode). [`Session::finish`] is
+//! the one way to end a session; it takes a [`Plan`] and returns a named [`FinishReport`].
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use crate::backend::{Buffer, Device};
+use crate::config::RuntimeConfig;
+use crate::error::{Error, Result};
+use crate::graph::{passes, Arg, ComputeGraph, Dispatch, Node, RangeSet};
+
+/// How a session treats its dispatches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Encode every dispatch at once, with a barrier only where it conflicts with the current
+    /// concurrent group.
+    Direct,
+    /// Record the dispatches into a [`ComputeGraph`]; optimize and run it at `finish`.
+    Recorded,
+}
+
+/// What `finish` does with a session's work. Fusion and reordering apply to recorded sessions;
+/// a direct session has already encoded its dispatches in program order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// Run the fusion pass.
+    pub fuse: bool,
+    /// Run the reorder pass with this lookahead window.
+    pub reorder: Option<usize>,
+    /// Submit the first `max(64, n/10)` dispatches before encoding the rest.
+    pub split: bool,
+    /// Measure encode and wait times.
+    pub timing: bool,
+}
+
+impl Plan {
+    /// No optimization: dispatches in program order, one submission.
+    pub const SEQUENTIAL: Plan = Plan { fuse: false, reorder: None, split: false, timing: false };
+    /// Every optimization with the default lookahead.
+    pub const OPTIMIZED: Plan =
+        Plan { fuse: true, reorder: Some(passes::DEFAULT_LOOKAHEAD), split: true, timing: false };
+}
+
+/// What `finish` did, every figure named.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct FinishReport {
+    /// Dispatches executed.
+    pub dispatches: usize,
+    /// Barriers executed.
+    pub barriers: usize,
+    /// Barriers the same dispatches would need in program order, before any pass.
+    pub barriers_sequential: usize,
+    /// Pairs of dispatches fused into one.
+    pub fusions: usize,
+    /// Dispatches the reorder pass moved.
+    pub reordered: usize,
+    /// Concurrent-group size -> number of groups of that size.
+    pub group_sizes: BTreeMap<usize, usize>,
+    /// Submissions made (2 for a split submission).
+    pub submissions: usize,
+    /// Time spent optimizing and encoding (zero unless the plan asked for timing).
+    pub encode_time: Duration,
+    /// Time spent waiting for the device after the last submission (zero unless timed).
+    pub wait_time: Duration,
+}
+
+/// Owns a device and hands out sessions.
+#[derive(Debug, Clone)]
+pub struct Executor {
+    device: Device,
+    config: RuntimeConfig,
+}
+
+impl Executor {
+    /// An executor for `device`.
+    pub fn new(device: Device) -> Self {
+        Executor { device, config: RuntimeConfig::default() }
+    }
+
+    /// The same executor with other settings.
+    pub fn with_config(mut self, config: RuntimeConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.config
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Starts a session.
+    pub fn begin(&self, mode: Mode) -> Session {
+        Session::new(self.clone(), mode)
+    }
+
+    /// Optimizes a recorded graph as `plan` says (fuse, reorder, place barriers) and reports.
+    pub fn optimize(graph: &mut ComputeGraph, plan: &Plan) -> FinishReport {
+        let barriers_sequential = sequential_barriers(graph);
+        let fusions = if plan.fuse { passes::fuse(graph, crate::ops::fusion_rules()) } else { 0 };
+        let reordered = match plan.reorder {
+            Some(lookahead) => passes::reorder(graph, lookahead),
+            None => 0,
+        };
+        let barriers = passes::place_barriers(graph);
+        FinishReport {
+            dispatches: graph.dispatch_count(),
+            barriers,
+            barriers_sequential,
+            fusions,
+            reordered,
+            group_sizes: histogram(&graph.group_sizes()),
+            ..FinishReport::default()
+        }
+    }
+
+    /// Runs a graph whose barriers are already placed, split or not, and waits for it.
+    pub fn run(&self, graph: &ComputeGraph, split: bool) -> Result<RunTimes> {
+        let nodes = graph.nodes();
+        let cut = if split { passes::split_index(graph) } else { nodes.len() };
+        let start = Instant::now();
+        let mut submissions = Vec::with_capacity(2);
+        for part in [&nodes[..cut], &nodes[cut..]] {
+            if part.iter().any(|n| n.as_dispatch().is_some()) {
+                submissions.push(self.encode_part(part)?);
+            }
+        }
+        let encoded = Instant::now();
+        let count = submissions.len();
+        for s in submissions {
+            s.wait()?;
+        }
+        Ok(RunTimes { submissions: count, encode: encoded - start, wait: encoded.elapsed() })
+    }
+
+    fn encode_part(&self, nodes: &[Node]) -> Result<Submission> {
+        match &self.device {
+            Device::Cpu(cpu) => {
+                let mut enc = cpu.encoder();
+                for node in nodes {
+                    match node {
+                        Node::Dispatch(d) => enc.encode(d)?,
+                        Node::Barrier => enc.barrier(),
+                    }
+                }
+                Ok(Submission::Cpu(enc.submit()?))
+            }
+        }
+    }
+}
+
+/// Encode and wait times of one run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunTimes {
+    /// Submissions made.
+    pub submissions: usize,
+    /// Time from the start to the last submission.
+    pub encode: Duration,
+    /// Time from the last submission until the work was done.
+    pub wait: Duration,
+}
+
+enum Submission {
+    Cpu(crate::backend::cpu::CpuSubmission),
+}
+
+impl Submission {
+    fn wait(self) -> Result<()> {
+        match self {
+            Submission::Cpu(s) => s.wait(),
+        }
+    }
+}
+
+enum Encoding {
+    Cpu { encoder: crate::backend::cpu::CpuEncoder, submitted: Vec<Submission> },
+}
+
+/// One pass of work on a device. Every op is a method (see `ops/`), each declaring which of its
+/// arguments it reads and writes; barriers follow from those declarations.
+pub struct Session {
+    executor: Executor,
+    device: Device,
+    mode: Mode,
+    graph: ComputeGraph,
+    group: RangeSet,
+    direct: Option<Encoding>,
+    barriers: usize,
+    dispatches: usize,
+    started: Instant,
+}
+
+const DIRECT_SPLIT_AT: usize = 64;
+
+impl Session {
+    fn new(executor: Executor, mode: Mode) -> Self {
+        let device = executor.device.clone();
+        let direct = match (&device, mode) {
+            (Device::Cpu(cpu), Mode::Direct) => {
+                Some(Encoding::Cpu { encoder: cpu.encoder(), submitted: Vec::new() })
+            }
+            (_, Mode::Recorded) => None,
+        };
+        Session {
+            executor,
+            device,
+            mode,
+            graph: ComputeGraph::new(),
+            group: RangeSet::new(),
+            direct,
+            barriers: 0,
+            dispatches: 0,
+            started: Instant::now(),
+        }
+    }
+
+    /// The session's device.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The session's mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Adds one dispatch: checks that its buffers live on this device, then encodes it (direct
+    /// mode, with a barrier first if it conflicts with the current group) or records it.
+    pub fn push(&mut self, dispatch: Dispatch) -> Result<()> {
+        for arg in dispatch.args() {
+            if let Arg::Buffer(buf, _) = arg {
+                self.check_device(dispatch.kernel().0, buf)?;
+            }
+        }
+        self.dispatches += 1;
+        match &mut self.direct {
+            None => {
+                self.graph.push(dispatch);
+                Ok(())
+            }
+            Some(Encoding::Cpu { encoder, .. }) => {
+                if self.group.conflicts(dispatch.reads(), dispatch.writes()) {
+                    encoder.barrier();
+                    self.barriers += 1;
+                    self.group.clear();
+                }
+                self.group.add(dispatch.reads(), dispatch.writes());
+                encoder.encode(&dispatch)?;
+                Ok(())
+            }
+        }
+        .and_then(|()| self.maybe_split_direct())
+    }
+
+    fn maybe_split_direct(&mut self) -> Result<()> {
+        // Direct mode does not know the pass's length; it submits its first 64 dispatches early.
+        let Some(Encoding::Cpu { encoder, submitted }) = &mut self.direct else { return Ok(()) };
+        if submitted.is_empty() && encoder.dispatch_count() == DIRECT_SPLIT_AT && self.executor.config.split {
+            let Device::Cpu(cpu) = &self.device;
+            let full = std::mem::replace(encoder, cpu.encoder());
+            submitted.push(Submission::Cpu(full.submit()?));
+            self.group.clear();
+        }
+        Ok(())
+    }
+
+    fn check_device(&self, op: &'static str, buf: &Buffer) -> Result<()> {
+        if self.device.owns(buf) {
+            Ok(())
+        } else {
+            Err(Error::WrongDevice {
+                op,
+                arg: "buffer",
+                got: buf.allocation().location(),
+                expected: self.device.name(),
+            })
+        }
+    }
+
+    /// Ends a recorded session without running it, handing over its graph (for inspection,
+    /// export, or replay with [`Executor::run`]). A direct session has no graph: an error.
+    pub fn into_graph(self) -> Result<ComputeGraph> {
+        match self.mode {
+            Mode::Recorded => Ok(self.graph),
+            Mode::Direct => Err(Error::InvalidArgument(
+                "into_graph needs a recorded session; this one is direct".into(),
+            )),
+        }
+    }
+
+    /// Ends the session: optimizes (recorded mode) as the plan says, submits, waits, reports.
+    pub fn finish(mut self, plan: &Plan) -> Result<FinishReport> {
+        match self.direct.take() {
+            Some(Encoding::Cpu { encoder, submitted }) => {
+                let encode_start = self.started;
+                let mut all = submitted;
+                all.push(Submission::Cpu(encoder.submit()?));
+                let encoded = Instant::now();
+                let submissions = all.len();
+                for s in all {
+                    s.wait()?;
+                }
+                let waited = encoded.elapsed();
+                let mut report = FinishReport {
+                    dispatches: self.dispatches,
+                    barriers: self.barriers,
+                    barriers_sequential: self.barriers,
+                    submissions,
+                    ..FinishReport::default()
+                };
+                if plan.timing {
+                    report.encode_time = encoded - encode_start;
+                    report.wait_time = waited;
+                }
+                Ok(report)
+            }
+            None => {
+                let start = Instant::now();
+                let mut graph = std::mem::take(&mut self.graph);
+                let mut report = Executor::optimize(&mut graph, plan);
+                let optimize_time = start.elapsed();
+                let times = self.executor.run(&graph, plan.split)?;
+                report.submissions = times.submissions;
+                if plan.timing {
+                    report.encode_time = optimize_time + times.encode;
+                    report.wait_time = times.wait;
+                }
+                Ok(report)
+            }
+        }
+    }
+}
+
+/// Barriers a graph needs in program order (its dispatches, barriers placed from ranges).
+fn sequential_barriers(graph: &ComputeGraph) -> usize {
+    let mut group = RangeSet::new();
+    let mut barriers = 0;
+    for d in graph.dispatches() {
+        if group.conflicts(d.reads(), d.writes()) {
+            barriers += 1;
+            group.clear();
+        }
+        group.add(d.reads(), d.writes());
+    }
+    barriers
+}
+
+fn histogram(sizes: &[usize]) -> BTreeMap<usize, usize> {
+    let mut h = BTreeMap::new();
+    for &s in sizes {
+        *h.entry(s).or_insert(0) += 1;
+    }
+    h
+}
