@@ -103,7 +103,11 @@ pub struct Grid {
 impl Grid {
     /// `blocks` blocks of `threads` threads along x.
     pub const fn new(blocks: u32, threads: u32) -> Grid {
-        Grid { blocks: [blocks, 1, 1], threads: [threads, 1, 1], shared_bytes: 0 }
+        Grid {
+            blocks: [blocks, 1, 1],
+            threads: [threads, 1, 1],
+            shared_bytes: 0,
+        }
     }
 
     /// Enough blocks of `threads` threads to cover `n` items along x.
@@ -211,17 +215,37 @@ impl Range {
     /// The range a buffer view covers.
     pub fn of(buf: &Buffer) -> Range {
         let r = buf.byte_range();
-        Range { alloc: buf.alloc_id(), start: r.start, end: r.end }
+        Range {
+            alloc: buf.alloc_id(),
+            start: r.start,
+            end: r.end,
+        }
     }
 
-    /// Whether two ranges share at least one byte.
+    /// Whether two ranges share at least one byte (an empty range shares none).
+    #[inline]
     pub fn overlaps(&self, other: &Range) -> bool {
-        self.alloc == other.alloc && self.start < other.end && other.start < self.end
+        self.alloc == other.alloc
+            && self.start < other.end
+            && other.start < self.end
+            && self.start < self.end
+            && other.start < other.end
     }
 
     /// Whether `self` covers every byte of `other`.
+    #[inline]
     pub fn covers(&self, other: &Range) -> bool {
         self.alloc == other.alloc && self.start <= other.start && other.end <= self.end
+    }
+
+    /// Number of bytes.
+    pub fn len(&self) -> usize {
+        self.end.saturating_sub(self.start)
+    }
+
+    /// Whether the range holds no byte.
+    pub fn is_empty(&self) -> bool {
+        self.end <= self.start
     }
 }
 
@@ -270,7 +294,14 @@ impl Dispatch {
                 writes.push(range);
             }
         }
-        Ok(Dispatch { kernel, args, grid, op, reads, writes })
+        Ok(Dispatch {
+            kernel,
+            args,
+            grid,
+            op,
+            reads,
+            writes,
+        })
     }
 
     /// The kernel.

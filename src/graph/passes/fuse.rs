@@ -1,9 +1,13 @@
 //! Fusion: a table of rules, each turning two adjacent dispatches into one.
 //!
 //! A rule matches a dispatch of kind `first` followed directly (barriers aside) by one of kind
-//! `second` that reads `first`'s output. Unlike the seeds, the pass also proves that the
-//! intermediate is dead: no later dispatch may read any byte of it before a later dispatch
-//! overwrites all of it. If that cannot be shown, the pair stays as it is.
+//! `second` that reads `first`'s output. Unlike the seeds, the pass also proves that what the
+//! fused dispatch no longer writes is dead: for every byte range the first dispatch wrote and the
+//! fused one does not (the intermediate), no later dispatch may read any byte of it before a later
+//! dispatch overwrites all of it. A range still live at the end of the graph counts as read (the
+//! caller may download it). If that cannot be shown, the pair stays as it is.
+//!
+//! A fused dispatch may fuse again with the dispatch after it (chains like add, norm, mul).
 
 use crate::error::Result;
 use crate::graph::{ComputeGraph, Dispatch, Node, OpKind, Range};
@@ -26,54 +30,75 @@ pub struct FusionRule {
 
 impl std::fmt::Debug for FusionRule {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "FusionRule({}: {:?} + {:?})", self.name, self.first, self.second)
+        write!(
+            f,
+            "FusionRule({}: {:?} + {:?})",
+            self.name, self.first, self.second
+        )
     }
 }
 
 /// Applies the rules left to right over the graph (barriers are dropped; place them again
 /// afterwards). Returns the number of fusions made.
 pub fn fuse(graph: &mut ComputeGraph, rules: &[FusionRule]) -> usize {
-    let mut dispatches: Vec<Option<Dispatch>> = std::mem::take(graph.nodes_mut())
+    let nodes = std::mem::take(graph.nodes_mut());
+    let mut input: Vec<Option<Dispatch>> = nodes
         .into_iter()
         .filter_map(|n| match n {
             Node::Dispatch(d) => Some(Some(d)),
             Node::Barrier => None,
         })
         .collect();
+    let mut out: Vec<Node> = Vec::with_capacity(input.len());
     let mut fusions = 0;
-    let mut i = 0;
-    while i + 1 < dispatches.len() {
-        let fused = match (&dispatches[i], &dispatches[i + 1]) {
-            (Some(a), Some(b)) => try_rules(rules, a, b, &dispatches[i + 2..]),
+    for i in 0..input.len() {
+        let Some(b) = input[i].take() else { continue };
+        let fused = match out.last() {
+            Some(Node::Dispatch(a)) if !rules.is_empty() => {
+                try_rules(rules, a, &b, input[i + 1..].iter().flatten())
+            }
             _ => None,
         };
-        if let Some(d) = fused {
-            dispatches[i] = Some(d);
-            dispatches[i + 1] = None;
-            dispatches.remove(i + 1);
-            fusions += 1;
+        match fused {
+            Some(d) => {
+                if let Some(last) = out.last_mut() {
+                    *last = Node::Dispatch(d);
+                }
+                fusions += 1;
+            }
+            None => out.push(Node::Dispatch(b)),
         }
-        i += 1;
     }
-    *graph.nodes_mut() = dispatches.into_iter().flatten().map(Node::Dispatch).collect();
+    *graph.nodes_mut() = out;
     fusions
 }
 
-fn try_rules(
+fn try_rules<'a>(
     rules: &[FusionRule],
     a: &Dispatch,
     b: &Dispatch,
-    rest: &[Option<Dispatch>],
+    rest: impl Iterator<Item = &'a Dispatch> + Clone,
 ) -> Option<Dispatch> {
     rules
         .iter()
         .filter(|r| r.first == a.op() && r.second == b.op())
         .find_map(|rule| {
             let mid = (rule.intermediate)(a, b)?;
-            if !is_dead_after(&mid, rest.iter().flatten()) {
+            // The rule's claim must hold: `a` writes the intermediate and `b` reads it.
+            if !a.writes().iter().any(|w| w.overlaps(&mid))
+                || !b.reads().iter().any(|r| r.overlaps(&mid))
+            {
                 return None;
             }
-            (rule.build)(a, b).ok()
+            let fused = (rule.build)(a, b).ok()?;
+            let dropped = std::iter::once(&mid).chain(a.writes().iter());
+            for w in dropped {
+                let still_written = fused.writes().iter().any(|f| f.covers(w));
+                if !still_written && !is_dead_after(w, rest.clone()) {
+                    return None;
+                }
+            }
+            Some(fused)
         })
 }
 

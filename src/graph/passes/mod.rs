@@ -8,3 +8,6 @@ mod reorder;
 pub use barriers::{place_barriers, split_index};
 pub use fuse::{fuse, FusionRule};
 pub use reorder::{reorder, DEFAULT_LOOKAHEAD};
+
+#[cfg(test)]
+mod tests;

@@ -28,7 +28,9 @@ pub fn reorder(graph: &mut ComputeGraph, lookahead: usize) -> usize {
         if used[i0] {
             continue;
         }
-        let Some(d0) = nodes[i0].as_dispatch() else { continue };
+        let Some(d0) = nodes[i0].as_dispatch() else {
+            continue;
+        };
         if group.conflicts(d0.reads(), d0.writes()) {
             if d0.op().is_reorderable() {
                 skipped.clear();
@@ -38,7 +40,9 @@ pub fn reorder(graph: &mut ComputeGraph, lookahead: usize) -> usize {
                     if used[i1] {
                         continue;
                     }
-                    let Some(d1) = nodes[i1].as_dispatch() else { continue };
+                    let Some(d1) = nodes[i1].as_dispatch() else {
+                        continue;
+                    };
                     if !d1.op().is_reorderable() {
                         break;
                     }
@@ -59,7 +63,11 @@ pub fn reorder(graph: &mut ComputeGraph, lookahead: usize) -> usize {
         order.push(i0);
         used[i0] = true;
     }
-    let moved = order.iter().enumerate().filter(|(pos, &i)| *pos != i).count();
+    let moved = order
+        .iter()
+        .enumerate()
+        .filter(|(pos, &i)| *pos != i)
+        .count();
     let mut slots: Vec<Option<Node>> = nodes.into_iter().map(Some).collect();
     *graph.nodes_mut() = order.iter().filter_map(|&i| slots[i].take()).collect();
     moved

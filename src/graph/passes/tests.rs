@@ -1,0 +1,466 @@
+//! Unit tests of the passes on synthetic dispatches: buffers from a CPU device, any kernel name,
+//! each dispatch tagged by a trailing `u32` scalar so the final order can be asserted.
+
+use super::*;
+use crate::backend::{Buffer, DType, Device};
+use crate::error::Result;
+use crate::graph::{Arg, ComputeGraph, Dispatch, Grid, KernelId, Node, OpKind, Range, Scalar};
+
+/// One allocation of 4096 f32 values; views by element range.
+struct Mem {
+    whole: Buffer,
+}
+
+impl Mem {
+    fn new(dev: &Device) -> Mem {
+        Mem {
+            whole: dev.alloc(DType::F32, &[4096]).expect("alloc"),
+        }
+    }
+
+    fn view(&self, start: usize, len: usize) -> Buffer {
+        self.whole
+            .view(start * 4, DType::F32, &[len])
+            .expect("view")
+    }
+}
+
+fn device() -> Device {
+    Device::cpu(1).expect("cpu device")
+}
+
+fn d(tag: u32, op: OpKind, reads: &[&Buffer], writes: &[&Buffer]) -> Dispatch {
+    let mut args: Vec<Arg> = reads.iter().map(|b| Arg::read(b)).collect();
+    args.extend(writes.iter().map(|b| Arg::write(b)));
+    args.push(Arg::u32(tag));
+    Dispatch::new(KernelId("synthetic"), args, Grid::new(1, 1), op).expect("dispatch")
+}
+
+fn tag(d: &Dispatch) -> u32 {
+    match d.args().last() {
+        Some(Arg::Scalar(Scalar::U32(t))) => *t,
+        other => panic!("untagged dispatch: {other:?}"),
+    }
+}
+
+fn order(g: &ComputeGraph) -> Vec<u32> {
+    g.dispatches().map(tag).collect()
+}
+
+/// The order with `|` for barriers, e.g. "0 2 | 1".
+fn layout(g: &ComputeGraph) -> String {
+    g.nodes()
+        .iter()
+        .map(|n| match n {
+            Node::Dispatch(d) => tag(d).to_string(),
+            Node::Barrier => "|".to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn graph(ds: Vec<Dispatch>) -> ComputeGraph {
+    let mut g = ComputeGraph::new();
+    for x in ds {
+        g.push(x);
+    }
+    g
+}
+
+const EW: OpKind = OpKind::Elementwise;
+const ATT: OpKind = OpKind::Attention;
+
+// ---------------------------------------------------------------- reorder
+
+#[test]
+fn given_an_independent_dispatch_after_a_dependency_when_reordered_should_join_the_first_group() {
+    let dev = device();
+    let m = Mem::new(&dev);
+    let (x, y, z) = (m.view(0, 16), m.view(16, 16), m.view(32, 16));
+    // 0 writes x; 1 reads x (conflict); 2 writes z, independent of both.
+    let mut g = graph(vec![
+        d(0, EW, &[], &[&x]),
+        d(1, EW, &[&x], &[&y]),
+        d(2, EW, &[], &[&z]),
+    ]);
+    let moved = reorder(&mut g, DEFAULT_LOOKAHEAD);
+    assert_eq!(order(&g), vec![0, 2, 1]);
+    assert_eq!(moved, 2);
+    assert_eq!(place_barriers(&mut g), 1);
+    assert_eq!(layout(&g), "0 2 | 1");
+    assert_eq!(g.group_sizes(), vec![2, 1]);
+}
+
+#[test]
+fn given_a_candidate_that_conflicts_with_a_skipped_dispatch_when_reordered_should_stay_behind_it() {
+    let dev = device();
+    let m = Mem::new(&dev);
+    let (x, y, w) = (m.view(0, 16), m.view(16, 16), m.view(48, 16));
+    // 2 reads y, which the skipped 1 writes: it may not pass 1.
+    let mut g = graph(vec![
+        d(0, EW, &[], &[&x]),
+        d(1, EW, &[&x], &[&y]),
+        d(2, EW, &[&y], &[&w]),
+    ]);
+    assert_eq!(reorder(&mut g, DEFAULT_LOOKAHEAD), 0);
+    assert_eq!(order(&g), vec![0, 1, 2]);
+}
+
+#[test]
+fn given_a_candidate_that_conflicts_with_the_group_when_reordered_should_not_move() {
+    let dev = device();
+    let m = Mem::new(&dev);
+    let (x, y, part_of_x) = (m.view(0, 16), m.view(16, 16), m.view(8, 4));
+    // 2 overwrites part of x, which the group (0) writes: write-after-write.
+    let mut g = graph(vec![
+        d(0, EW, &[], &[&x]),
+        d(1, EW, &[&x], &[&y]),
+        d(2, EW, &[], &[&part_of_x]),
+    ]);
+    reorder(&mut g, DEFAULT_LOOKAHEAD);
+    assert_eq!(order(&g), vec![0, 1, 2]);
+}
+
+#[test]
+fn given_a_non_reorderable_dispatch_in_the_window_when_reordered_should_stop_the_lookahead() {
+    let dev = device();
+    let m = Mem::new(&dev);
+    let (x, y, q, z) = (
+        m.view(0, 16),
+        m.view(16, 16),
+        m.view(32, 16),
+        m.view(64, 16),
+    );
+    // 3 is independent but lies beyond the attention (2): it may not pass it.
+    let mut g = graph(vec![
+        d(0, EW, &[], &[&x]),
+        d(1, EW, &[&x], &[&y]),
+        d(2, ATT, &[], &[&q]),
+        d(3, EW, &[], &[&z]),
+    ]);
+    assert_eq!(reorder(&mut g, DEFAULT_LOOKAHEAD), 0);
+    assert_eq!(order(&g), vec![0, 1, 2, 3]);
+}
+
+#[test]
+fn given_a_conflicting_non_reorderable_dispatch_when_reordered_should_not_pull_later_ones_before_it(
+) {
+    let dev = device();
+    let m = Mem::new(&dev);
+    let (x, q, z) = (m.view(0, 16), m.view(32, 16), m.view(64, 16));
+    // The attention (1) conflicts with 0; 2 is independent, but pulling it would move it before 1.
+    let mut g = graph(vec![
+        d(0, EW, &[], &[&x]),
+        d(1, ATT, &[&x], &[&q]),
+        d(2, EW, &[], &[&z]),
+    ]);
+    assert_eq!(reorder(&mut g, DEFAULT_LOOKAHEAD), 0);
+    assert_eq!(order(&g), vec![0, 1, 2]);
+    assert_eq!(place_barriers(&mut g), 1);
+    assert_eq!(layout(&g), "0 | 1 2");
+}
+
+#[test]
+fn given_a_non_conflicting_non_reorderable_dispatch_when_reordered_should_keep_its_place() {
+    let dev = device();
+    let m = Mem::new(&dev);
+    let (x, y, q, z) = (
+        m.view(0, 16),
+        m.view(16, 16),
+        m.view(32, 16),
+        m.view(64, 16),
+    );
+    let mut g = graph(vec![
+        d(0, EW, &[], &[&x]),
+        d(1, ATT, &[], &[&q]),
+        d(2, EW, &[&x], &[&y]),
+        d(3, EW, &[], &[&z]),
+    ]);
+    reorder(&mut g, DEFAULT_LOOKAHEAD);
+    // 3 joins the group of 0 and 1 but stays after the attention.
+    assert_eq!(order(&g), vec![0, 1, 3, 2]);
+}
+
+#[test]
+fn given_a_lookahead_window_when_reordered_should_look_no_further() {
+    let dev = device();
+    let m = Mem::new(&dev);
+    let (x, y) = (m.view(0, 16), m.view(16, 16));
+    let fillers: Vec<Buffer> = (0..4).map(|i| m.view(100 + 16 * i, 16)).collect();
+    let build = || {
+        let mut ds = vec![d(0, EW, &[], &[&x]), d(1, EW, &[&x], &[&y])];
+        for (i, f) in fillers.iter().enumerate() {
+            ds.push(d(2 + i as u32, EW, &[], &[f]));
+        }
+        graph(ds)
+    };
+    let mut g = build();
+    reorder(&mut g, 1);
+    assert_eq!(order(&g), vec![0, 2, 1, 3, 4, 5]);
+    let mut g = build();
+    reorder(&mut g, 2);
+    assert_eq!(order(&g), vec![0, 2, 3, 1, 4, 5]);
+    let mut g = build();
+    reorder(&mut g, DEFAULT_LOOKAHEAD);
+    assert_eq!(order(&g), vec![0, 2, 3, 4, 5, 1]);
+    let mut g = build();
+    assert_eq!(reorder(&mut g, 0), 0);
+    assert_eq!(order(&g), vec![0, 1, 2, 3, 4, 5]);
+}
+
+#[test]
+fn given_barriers_when_reordered_should_drop_them() {
+    let dev = device();
+    let m = Mem::new(&dev);
+    let (x, y) = (m.view(0, 16), m.view(16, 16));
+    let mut g = graph(vec![d(0, EW, &[], &[&x])]);
+    g.push_barrier();
+    g.push(d(1, EW, &[], &[&y]));
+    reorder(&mut g, DEFAULT_LOOKAHEAD);
+    assert_eq!(g.barrier_count(), 0);
+    assert_eq!(order(&g), vec![0, 1]);
+}
+
+// ---------------------------------------------------------------- barriers and split
+
+#[test]
+fn given_a_dependency_chain_when_placing_barriers_should_separate_every_step() {
+    let dev = device();
+    let m = Mem::new(&dev);
+    let (a, b, c) = (m.view(0, 16), m.view(16, 16), m.view(32, 16));
+    let mut g = graph(vec![
+        d(0, EW, &[], &[&a]),
+        d(1, EW, &[&a], &[&b]),
+        d(2, EW, &[&b], &[&c]),
+        d(3, EW, &[], &[&a.view(0, DType::F32, &[4]).expect("view")]),
+    ]);
+    // 3 overwrites part of a, which 1 read; 1 is already behind a barrier, so 3 joins 2's group.
+    g.push_barrier();
+    g.push_barrier();
+    assert_eq!(place_barriers(&mut g), 2);
+    assert_eq!(layout(&g), "0 | 1 | 2 3");
+}
+
+#[test]
+fn given_reads_only_when_placing_barriers_should_place_none() {
+    let dev = device();
+    let m = Mem::new(&dev);
+    let shared = m.view(0, 64);
+    let outs: Vec<Buffer> = (0..5).map(|i| m.view(100 + 16 * i, 16)).collect();
+    let ds = (0..5)
+        .map(|i| d(i as u32, EW, &[&shared], &[&outs[i]]))
+        .collect();
+    let mut g = graph(ds);
+    assert_eq!(place_barriers(&mut g), 0);
+    assert_eq!(g.group_sizes(), vec![5]);
+}
+
+#[test]
+fn given_touching_views_when_placing_barriers_should_place_none() {
+    let dev = device();
+    let m = Mem::new(&dev);
+    let (lo, hi) = (m.view(0, 16), m.view(16, 16));
+    let mut g = graph(vec![d(0, EW, &[], &[&lo]), d(1, EW, &[], &[&hi])]);
+    assert_eq!(place_barriers(&mut g), 0);
+}
+
+#[test]
+fn given_graph_sizes_when_splitting_should_cut_after_max_64_or_a_tenth() {
+    let dev = device();
+    let m = Mem::new(&dev);
+    let x = m.view(0, 16);
+    let build = |n: u32, barrier_every: u32| {
+        let mut g = ComputeGraph::new();
+        for i in 0..n {
+            g.push(d(i, EW, &[&x], &[&m.view(32 + (i as usize % 64) * 8, 8)]));
+            if barrier_every > 0 && i % barrier_every == 0 {
+                g.push_barrier();
+            }
+        }
+        g
+    };
+    let dispatches_before = |g: &ComputeGraph, cut: usize| {
+        g.nodes()[..cut]
+            .iter()
+            .filter(|n| n.as_dispatch().is_some())
+            .count()
+    };
+    let g = build(100, 0);
+    assert_eq!(split_index(&g), 64);
+    let g = build(1000, 0);
+    assert_eq!(split_index(&g), 100);
+    let g = build(1000, 7);
+    let cut = split_index(&g);
+    assert_eq!(dispatches_before(&g, cut), 100);
+    assert!(g.nodes()[cut - 1].as_dispatch().is_some());
+    let g = build(30, 0);
+    assert_eq!(split_index(&g), g.nodes().len());
+    assert_eq!(split_index(&ComputeGraph::new()), 0);
+}
+
+// ---------------------------------------------------------------- fuse
+
+/// A test rule: a norm followed by a multiply that reads the norm's output becomes one dispatch
+/// reading the norm's inputs and the multiply's other inputs, writing the multiply's output.
+fn norm_mul_intermediate(a: &Dispatch, b: &Dispatch) -> Option<Range> {
+    let out = *a.writes().first()?;
+    b.reads().iter().any(|r| *r == out).then_some(out)
+}
+
+fn norm_mul_build(a: &Dispatch, b: &Dispatch) -> Result<Dispatch> {
+    let out = a.writes()[0];
+    let mut args: Vec<Arg> = Vec::new();
+    for arg in a.args().iter().chain(b.args()) {
+        if let Arg::Buffer(buf, acc) = arg {
+            if Range::of(buf) != out {
+                args.push(Arg::Buffer(buf.clone(), *acc));
+            }
+        }
+    }
+    args.push(Arg::u32(tag(a) * 100 + tag(b)));
+    Dispatch::new(KernelId("fused"), args, Grid::new(1, 1), OpKind::RmsNormMul)
+}
+
+fn rules() -> Vec<FusionRule> {
+    vec![FusionRule {
+        name: "test_norm_mul",
+        first: OpKind::RmsNorm,
+        second: OpKind::Mul,
+        intermediate: norm_mul_intermediate,
+        build: norm_mul_build,
+    }]
+}
+
+struct FuseBufs {
+    x: Buffer,
+    t: Buffer,
+    w: Buffer,
+    y: Buffer,
+    z: Buffer,
+}
+
+fn fuse_bufs(m: &Mem) -> FuseBufs {
+    FuseBufs {
+        x: m.view(0, 16),
+        t: m.view(16, 16),
+        w: m.view(32, 16),
+        y: m.view(48, 16),
+        z: m.view(64, 16),
+    }
+}
+
+#[test]
+fn given_norm_mul_when_the_intermediate_is_overwritten_later_should_fuse() {
+    let dev = device();
+    let m = Mem::new(&dev);
+    let b = fuse_bufs(&m);
+    let mut g = graph(vec![
+        d(1, OpKind::RmsNorm, &[&b.x], &[&b.t]),
+        d(2, OpKind::Mul, &[&b.t, &b.w], &[&b.y]),
+        d(3, EW, &[&b.y], &[&b.t]),
+        d(4, EW, &[&b.t], &[&b.z]),
+    ]);
+    g.push_barrier();
+    assert_eq!(fuse(&mut g, &rules()), 1);
+    assert_eq!(order(&g), vec![102, 3, 4]);
+    assert_eq!(g.barrier_count(), 0);
+    let first = g.dispatches().next().expect("a dispatch");
+    assert_eq!(first.op(), OpKind::RmsNormMul);
+    assert!(!first.reads().contains(&Range::of(&b.t)));
+}
+
+#[test]
+fn given_norm_mul_when_the_intermediate_is_read_later_should_not_fuse() {
+    let dev = device();
+    let m = Mem::new(&dev);
+    let b = fuse_bufs(&m);
+    let mut g = graph(vec![
+        d(1, OpKind::RmsNorm, &[&b.x], &[&b.t]),
+        d(2, OpKind::Mul, &[&b.t, &b.w], &[&b.y]),
+        d(
+            3,
+            EW,
+            &[&b.t.view(4, DType::F32, &[1]).expect("view")],
+            &[&b.z],
+        ),
+        d(4, EW, &[], &[&b.t]),
+    ]);
+    assert_eq!(fuse(&mut g, &rules()), 0);
+    assert_eq!(order(&g), vec![1, 2, 3, 4]);
+}
+
+#[test]
+fn given_norm_mul_when_the_intermediate_is_never_overwritten_should_not_fuse() {
+    let dev = device();
+    let m = Mem::new(&dev);
+    let b = fuse_bufs(&m);
+    let mut g = graph(vec![
+        d(1, OpKind::RmsNorm, &[&b.x], &[&b.t]),
+        d(2, OpKind::Mul, &[&b.t, &b.w], &[&b.y]),
+        d(3, EW, &[&b.y], &[&b.z]),
+    ]);
+    assert_eq!(fuse(&mut g, &rules()), 0);
+    assert_eq!(g.dispatch_count(), 3);
+}
+
+#[test]
+fn given_norm_mul_when_only_part_is_overwritten_before_a_read_should_not_fuse() {
+    let dev = device();
+    let m = Mem::new(&dev);
+    let b = fuse_bufs(&m);
+    let half = b.t.view(0, DType::F32, &[8]).expect("view");
+    let mut g = graph(vec![
+        d(1, OpKind::RmsNorm, &[&b.x], &[&b.t]),
+        d(2, OpKind::Mul, &[&b.t, &b.w], &[&b.y]),
+        d(3, EW, &[], &[&half]),
+        d(4, EW, &[&b.t], &[&b.z]),
+        d(5, EW, &[], &[&b.t]),
+    ]);
+    assert_eq!(fuse(&mut g, &rules()), 0);
+}
+
+#[test]
+fn given_a_dispatch_between_norm_and_mul_when_fusing_should_not_fuse() {
+    let dev = device();
+    let m = Mem::new(&dev);
+    let b = fuse_bufs(&m);
+    let mut g = graph(vec![
+        d(1, OpKind::RmsNorm, &[&b.x], &[&b.t]),
+        d(9, EW, &[], &[&b.z]),
+        d(2, OpKind::Mul, &[&b.t, &b.w], &[&b.y]),
+        d(3, EW, &[], &[&b.t]),
+    ]);
+    assert_eq!(fuse(&mut g, &rules()), 0);
+    assert_eq!(order(&g), vec![1, 9, 2, 3]);
+}
+
+#[test]
+fn given_mul_that_does_not_read_the_norm_output_when_fusing_should_not_fuse() {
+    let dev = device();
+    let m = Mem::new(&dev);
+    let b = fuse_bufs(&m);
+    let mut g = graph(vec![
+        d(1, OpKind::RmsNorm, &[&b.x], &[&b.t]),
+        d(2, OpKind::Mul, &[&b.x, &b.w], &[&b.y]),
+        d(3, EW, &[], &[&b.t]),
+    ]);
+    assert_eq!(fuse(&mut g, &rules()), 0);
+}
+
+#[test]
+fn given_two_fusable_pairs_when_fusing_should_fuse_both_and_keep_the_rest() {
+    let dev = device();
+    let m = Mem::new(&dev);
+    let b = fuse_bufs(&m);
+    let mut g = graph(vec![
+        d(1, OpKind::RmsNorm, &[&b.x], &[&b.t]),
+        d(2, OpKind::Mul, &[&b.t, &b.w], &[&b.y]),
+        d(3, OpKind::RmsNorm, &[&b.y], &[&b.t]),
+        d(4, OpKind::Mul, &[&b.t, &b.w], &[&b.z]),
+        d(5, EW, &[&b.z], &[&b.t]),
+    ]);
+    assert_eq!(fuse(&mut g, &rules()), 2);
+    assert_eq!(order(&g), vec![102, 304, 5]);
+    assert_eq!(fuse(&mut g, &[]), 0);
+    assert_eq!(order(&g), vec![102, 304, 5]);
+}
