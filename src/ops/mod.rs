@@ -21,5 +21,5 @@ use crate::graph::passes::FusionRule;
 
 /// The fusion rules the optimizer applies, in order.
 pub fn fusion_rules() -> &'static [FusionRule] {
-    &[]
+    &[norm::RMS_NORM_MUL_FUSION]
 }

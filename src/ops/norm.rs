@@ -1,1 +1,544 @@
 //! The `norm` op family: argument checks, dispatch building, and its `Session` methods.
+//!
+//! RMS normalization over the last dimension of `x` (`dim`): every row becomes
+//! `x / sqrt(mean(x^2) + eps)`, times `weight` (one value per column) when there is one.
+//! `rms_norm_mul` multiplies the result by `m` in the same pass; `m` is one row `[dim]` broadcast
+//! over the rows, or has `x`'s shape. `x`, `weight`, `m` and `out` share one dtype: f32, f16 or
+//! bf16. The sum of squares is accumulated in f64.
+//!
+//! This file also holds the fusion rule [`RMS_NORM_MUL_FUSION`]: an `rms_norm` (or
+//! `rms_norm_no_scale`) whose output the next dispatch, a `mul`, reads as one operand becomes one
+//! `rms_norm_mul`. For f32 the fused kernel gives the same bits as the pair.
+
+use crate::backend::Buffer;
+use crate::error::{Error, Result};
+use crate::graph::passes::FusionRule;
+use crate::graph::{Arg, Dispatch, Grid, OpKind, Range, Scalar};
+use crate::ops::elementwise::{
+    binary_operands, check_disjoint, float_kernel, u32_size, FLOAT_DTYPES,
+};
+use crate::ops::Check;
+use crate::Session;
+
+/// Threads per row on a GPU; the CPU ignores it.
+const ROW_THREADS: u32 = 256;
+
+/// Checks `x`, `out` and `eps`, returning the row length and its u32 form.
+fn check_x_out(check: &Check, x: &Buffer, out: &Buffer, eps: f32) -> Result<u32> {
+    check.dtype("x", x, &FLOAT_DTYPES)?;
+    check.require("x", x.elems() > 0, || "is empty".into())?;
+    check.dtype("out", out, &[x.dtype()])?;
+    check.dims("out", out, x.dims())?;
+    check.require("eps", eps.is_finite() && eps >= 0.0, || {
+        format!("{eps} is not a finite non-negative number")
+    })?;
+    u32_size(check, "x", x.shape().last())
+}
+
+/// `weight` (or `m` as a row) must be one row of `dim` values of `x`'s dtype.
+fn check_row(check: &Check, name: &'static str, row: &Buffer, x: &Buffer) -> Result<()> {
+    let dim = x.shape().last();
+    check.dtype(name, row, &[x.dtype()])?;
+    check.require(
+        name,
+        row.elems() == dim && row.shape().last() == dim && row.shape().rank() <= 2,
+        || format!("has shape {:?}, expected [{dim}]", row.dims()),
+    )
+}
+
+fn grid_rows(rows: usize) -> Grid {
+    Grid::new(rows.min(u32::MAX as usize) as u32, ROW_THREADS)
+}
+
+/// `out = x / sqrt(mean(x^2) + eps) * weight`, per row of `x` (`[rows, dim]`, `weight` `[dim]`).
+pub fn rms_norm(x: &Buffer, weight: &Buffer, out: &Buffer, eps: f32) -> Result<Dispatch> {
+    let check = Check::op("rms_norm");
+    let dim = check_x_out(&check, x, out, eps)?;
+    check_row(&check, "weight", weight, x)?;
+    check_disjoint(&check, "out", out, &[("x", x), ("weight", weight)])?;
+    let kernel = float_kernel(
+        "rms_norm",
+        x.dtype(),
+        ["rms_norm_f32", "rms_norm_f16", "rms_norm_bf16"],
+    )?;
+    let args = vec![
+        Arg::read(x),
+        Arg::read(weight),
+        Arg::write(out),
+        Arg::f32(eps),
+        Arg::u32(dim),
+    ];
+    Dispatch::new(kernel, args, grid_rows(x.shape().rows()), OpKind::RmsNorm)
+}
+
+/// `out = x / sqrt(mean(x^2) + eps)`, per row of `x`, without a weight.
+pub fn rms_norm_no_scale(x: &Buffer, out: &Buffer, eps: f32) -> Result<Dispatch> {
+    let check = Check::op("rms_norm_no_scale");
+    let dim = check_x_out(&check, x, out, eps)?;
+    check_disjoint(&check, "out", out, &[("x", x)])?;
+    let kernel = float_kernel(
+        "rms_norm_no_scale",
+        x.dtype(),
+        [
+            "rms_norm_no_scale_f32",
+            "rms_norm_no_scale_f16",
+            "rms_norm_no_scale_bf16",
+        ],
+    )?;
+    let args = vec![Arg::read(x), Arg::write(out), Arg::f32(eps), Arg::u32(dim)];
+    Dispatch::new(kernel, args, grid_rows(x.shape().rows()), OpKind::RmsNorm)
+}
+
+/// `out = rms_norm(x[, weight]) * m`, in one pass; `m` is one row `[dim]` broadcast over the rows,
+/// or has `x`'s shape.
+pub fn rms_norm_mul(
+    x: &Buffer,
+    weight: Option<&Buffer>,
+    m: &Buffer,
+    out: &Buffer,
+    eps: f32,
+) -> Result<Dispatch> {
+    let check = Check::op("rms_norm_mul");
+    let dim = check_x_out(&check, x, out, eps)?;
+    check.dtype("m", m, &[x.dtype()])?;
+    if m.dims() != x.dims() {
+        check_row(&check, "m", m, x)?;
+    }
+    let grid = grid_rows(x.shape().rows());
+    let (kernel, args) = match weight {
+        Some(w) => {
+            check_row(&check, "weight", w, x)?;
+            check_disjoint(&check, "out", out, &[("x", x), ("weight", w), ("m", m)])?;
+            let kernel = float_kernel(
+                "rms_norm_mul",
+                x.dtype(),
+                ["rms_norm_mul_f32", "rms_norm_mul_f16", "rms_norm_mul_bf16"],
+            )?;
+            let args = vec![
+                Arg::read(x),
+                Arg::read(w),
+                Arg::read(m),
+                Arg::write(out),
+                Arg::f32(eps),
+                Arg::u32(dim),
+            ];
+            (kernel, args)
+        }
+        None => {
+            check_disjoint(&check, "out", out, &[("x", x), ("m", m)])?;
+            let kernel = float_kernel(
+                "rms_norm_mul",
+                x.dtype(),
+                [
+                    "rms_norm_no_scale_mul_f32",
+                    "rms_norm_no_scale_mul_f16",
+                    "rms_norm_no_scale_mul_bf16",
+                ],
+            )?;
+            let args = vec![
+                Arg::read(x),
+                Arg::read(m),
+                Arg::write(out),
+                Arg::f32(eps),
+                Arg::u32(dim),
+            ];
+            (kernel, args)
+        }
+    };
+    Dispatch::new(kernel, args, grid, OpKind::RmsNormMul)
+}
+
+impl Session {
+    /// RMS normalization with a weight (see [`rms_norm`]).
+    pub fn rms_norm(&mut self, x: &Buffer, weight: &Buffer, out: &Buffer, eps: f32) -> Result<()> {
+        self.push(rms_norm(x, weight, out, eps)?)
+    }
+
+    /// RMS normalization without a weight (see [`rms_norm_no_scale`]).
+    pub fn rms_norm_no_scale(&mut self, x: &Buffer, out: &Buffer, eps: f32) -> Result<()> {
+        self.push(rms_norm_no_scale(x, out, eps)?)
+    }
+
+    /// RMS normalization times `m`, fused (see [`rms_norm_mul`]).
+    pub fn rms_norm_mul(
+        &mut self,
+        x: &Buffer,
+        weight: Option<&Buffer>,
+        m: &Buffer,
+        out: &Buffer,
+        eps: f32,
+    ) -> Result<()> {
+        self.push(rms_norm_mul(x, weight, m, out, eps)?)
+    }
+}
+
+/// The parts of an `rms_norm` or `rms_norm_no_scale` dispatch: `(x, weight, out, eps)`.
+fn norm_operands(d: &Dispatch) -> Option<(&Buffer, Option<&Buffer>, &Buffer, f32)> {
+    if d.op() != OpKind::RmsNorm {
+        return None;
+    }
+    let eps_at = |i: usize| match d.args().get(i) {
+        Some(Arg::Scalar(Scalar::F32(eps))) => Some(*eps),
+        _ => None,
+    };
+    match d.args().len() {
+        // x, weight, out, eps, dim
+        5 => Some((
+            d.buffer_arg(0)?.0,
+            Some(d.buffer_arg(1)?.0),
+            d.buffer_arg(2)?.0,
+            eps_at(3)?,
+        )),
+        // x, out, eps, dim
+        4 => Some((d.buffer_arg(0)?.0, None, d.buffer_arg(1)?.0, eps_at(2)?)),
+        _ => None,
+    }
+}
+
+/// A norm + mul pair that matches the rule.
+struct NormMul<'a> {
+    x: &'a Buffer,
+    weight: Option<&'a Buffer>,
+    eps: f32,
+    /// The norm's output.
+    norm_out: &'a Buffer,
+    /// The norm's output as the mul reads it.
+    read_as: &'a Buffer,
+    /// The mul's other operand.
+    m: &'a Buffer,
+    /// The mul's output.
+    out: &'a Buffer,
+}
+
+/// Matches when the mul reads exactly the norm's output as one operand and its
+/// other operand does not touch that output.
+fn norm_mul_match<'a>(norm: &'a Dispatch, mul: &'a Dispatch) -> Option<NormMul<'a>> {
+    let (x, weight, norm_out, eps) = norm_operands(norm)?;
+    if mul.op() != OpKind::Mul {
+        return None;
+    }
+    let (a, b, out) = binary_operands(mul)?;
+    // The in-place form writes its result over `a`.
+    let out = out.unwrap_or(a);
+    let produced = Range::of(norm_out);
+    let (read_as, m) = if Range::of(a) == produced {
+        (a, b)
+    } else if Range::of(b) == produced {
+        (b, a)
+    } else {
+        return None;
+    };
+    if m.overlaps(norm_out) {
+        return None;
+    }
+    Some(NormMul {
+        x,
+        weight,
+        eps,
+        norm_out,
+        read_as,
+        m,
+        out,
+    })
+}
+
+fn norm_mul_intermediate(norm: &Dispatch, mul: &Dispatch) -> Option<Range> {
+    norm_mul_match(norm, mul).map(|p| Range::of(p.norm_out))
+}
+
+fn build_norm_mul(norm: &Dispatch, mul: &Dispatch) -> Result<Dispatch> {
+    let unmatched = |why: &str| Error::InvalidArgument(format!("rms_norm + mul: {why}"));
+    let p = norm_mul_match(norm, mul).ok_or_else(|| unmatched("the pair does not match"))?;
+    // The mul must read the norm's output with the norm's own shape and dtype, so that the
+    // fused kernel's rows are the pair's rows.
+    if p.read_as.dims() != p.norm_out.dims() || p.read_as.dtype() != p.norm_out.dtype() {
+        return Err(unmatched(
+            "the mul reads the norm's output with another shape or dtype",
+        ));
+    }
+    rms_norm_mul(p.x, p.weight, p.m, p.out, p.eps)
+}
+
+/// `rms_norm` or `rms_norm_no_scale` followed by a `mul` that reads the norm's output as `a` or
+/// `b` becomes one `rms_norm_mul`. An in-place mul over the norm's output fuses into an
+/// `rms_norm_mul` that writes that output.
+pub const RMS_NORM_MUL_FUSION: FusionRule = FusionRule {
+    name: "rms_norm+mul",
+    first: OpKind::RmsNorm,
+    second: OpKind::Mul,
+    intermediate: norm_mul_intermediate,
+    build: build_norm_mul,
+};
+
+#[cfg(test)]
+mod tests {
+    use crate::backend::{Buffer, DType, Device};
+    use crate::error::Error;
+    use crate::ops::copy::float_io::*;
+    use crate::testutil::{assert_close, random_f32};
+    use crate::{Executor, Mode, Plan};
+
+    const SHAPES: [(usize, usize); 4] = [(1, 576), (3, 577), (17, 64), (2, 5)];
+    const EPS: f32 = 1e-5;
+
+    /// f64 reference: `x / sqrt(mean(x^2) + eps) * weight * m` per row (`m` one row or full).
+    fn reference(x: &[f32], weight: Option<&[f32]>, m: Option<&[f32]>, dim: usize) -> Vec<f32> {
+        let mut out = Vec::with_capacity(x.len());
+        for (r, row) in x.chunks(dim).enumerate() {
+            let mean = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / dim as f64;
+            let inv = 1.0 / (mean + EPS as f64).sqrt();
+            for (i, &v) in row.iter().enumerate() {
+                let mut y = v as f64 * inv;
+                if let Some(w) = weight {
+                    y *= w[i] as f64;
+                }
+                if let Some(m) = m {
+                    y *= if m.len() == dim { m[i] } else { m[r * dim + i] } as f64;
+                }
+                out.push(y as f32);
+            }
+        }
+        out
+    }
+
+    fn inputs(dev: &Device, dt: DType, rows: usize, dim: usize, seed: u64) -> (Buffer, Vec<f32>) {
+        let values = rounded(dt, &random_f32(rows * dim, 2.0, seed));
+        (upload(dev, dt, &values, &[rows, dim]), values)
+    }
+
+    #[test]
+    fn rms_norm_and_no_scale_match_reference() {
+        let dev = Device::cpu(2).unwrap();
+        for dt in FLOATS {
+            let (atol, rtol) = tolerance(dt);
+            for (case, &(rows, dim)) in SHAPES.iter().enumerate() {
+                let seed = 10 * case as u64;
+                let (x, xv) = inputs(&dev, dt, rows, dim, seed);
+                let (w, wv) = inputs(&dev, dt, 1, dim, seed + 1);
+                let w = w.reshape(&[dim]).unwrap();
+                let out = dev.alloc(dt, &[rows, dim]).unwrap();
+                let out2 = dev.alloc(dt, &[rows, dim]).unwrap();
+                run_direct(&dev, |s| {
+                    s.rms_norm(&x, &w, &out, EPS)?;
+                    s.rms_norm_no_scale(&x, &out2, EPS)
+                });
+                let what = format!("rms_norm {dt} [{rows}, {dim}] seed {seed}");
+                assert_close(
+                    &download(&dev, &out),
+                    &reference(&xv, Some(&wv), None, dim),
+                    atol,
+                    rtol,
+                    &what,
+                );
+                let what = format!("rms_norm_no_scale {dt} [{rows}, {dim}] seed {seed}");
+                assert_close(
+                    &download(&dev, &out2),
+                    &reference(&xv, None, None, dim),
+                    atol,
+                    rtol,
+                    &what,
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn rms_norm_mul_matches_reference_for_row_and_full_m() {
+        let dev = Device::cpu(2).unwrap();
+        for dt in FLOATS {
+            let (atol, rtol) = tolerance(dt);
+            for (case, &(rows, dim)) in SHAPES.iter().enumerate() {
+                let seed = 1000 + 10 * case as u64;
+                let (x, xv) = inputs(&dev, dt, rows, dim, seed);
+                let (w, wv) = inputs(&dev, dt, 1, dim, seed + 1);
+                let (m_row, m_row_v) = inputs(&dev, dt, 1, dim, seed + 2);
+                let m_row = m_row.reshape(&[dim]).unwrap();
+                let (m_full, m_full_v) = inputs(&dev, dt, rows, dim, seed + 3);
+                let outs: Vec<Buffer> = (0..4)
+                    .map(|_| dev.alloc(dt, &[rows, dim]).unwrap())
+                    .collect();
+                run_direct(&dev, |s| {
+                    s.rms_norm_mul(&x, Some(&w), &m_row, &outs[0], EPS)?;
+                    s.rms_norm_mul(&x, Some(&w), &m_full, &outs[1], EPS)?;
+                    s.rms_norm_mul(&x, None, &m_row, &outs[2], EPS)?;
+                    s.rms_norm_mul(&x, None, &m_full, &outs[3], EPS)
+                });
+                let wants = [
+                    reference(&xv, Some(&wv), Some(&m_row_v), dim),
+                    reference(&xv, Some(&wv), Some(&m_full_v), dim),
+                    reference(&xv, None, Some(&m_row_v), dim),
+                    reference(&xv, None, Some(&m_full_v), dim),
+                ];
+                for (k, (out, want)) in outs.iter().zip(&wants).enumerate() {
+                    let what = format!("rms_norm_mul case {k} {dt} [{rows}, {dim}] seed {seed}");
+                    assert_close(&download(&dev, out), want, atol, rtol, &what);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn norm_ops_reject_bad_arguments() {
+        let dev = Device::cpu(2).unwrap();
+        let x = dev.alloc(DType::F32, &[3, 64]).unwrap();
+        let out = dev.alloc(DType::F32, &[3, 64]).unwrap();
+        let w16 = dev.alloc(DType::F16, &[64]).unwrap();
+        let w_short = dev.alloc(DType::F32, &[63]).unwrap();
+        let ints = dev.alloc(DType::I32, &[3, 64]).unwrap();
+        let m_bad = dev.alloc(DType::F32, &[2, 64]).unwrap();
+        match super::rms_norm(&x, &w16, &out, EPS) {
+            Err(Error::DType {
+                op: "rms_norm",
+                arg: "weight",
+                ..
+            }) => {}
+            other => panic!("expected a dtype error on weight, got {other:?}"),
+        }
+        match super::rms_norm(&x, &w_short, &out, EPS) {
+            Err(Error::Shape {
+                op: "rms_norm",
+                arg: "weight",
+                ..
+            }) => {}
+            other => panic!("expected a shape error on weight, got {other:?}"),
+        }
+        match super::rms_norm_no_scale(&ints, &out, EPS) {
+            Err(Error::DType {
+                op: "rms_norm_no_scale",
+                arg: "x",
+                ..
+            }) => {}
+            other => panic!("expected a dtype error on x, got {other:?}"),
+        }
+        match super::rms_norm_no_scale(&x, &m_bad, EPS) {
+            Err(Error::Shape {
+                op: "rms_norm_no_scale",
+                arg: "out",
+                ..
+            }) => {}
+            other => panic!("expected a shape error on out, got {other:?}"),
+        }
+        match super::rms_norm_no_scale(&x, &x, EPS) {
+            Err(Error::Shape {
+                op: "rms_norm_no_scale",
+                arg: "out",
+                ..
+            }) => {}
+            other => panic!("expected an overlap error on out, got {other:?}"),
+        }
+        match super::rms_norm_mul(&x, None, &m_bad, &out, EPS) {
+            Err(Error::Shape {
+                op: "rms_norm_mul",
+                arg: "m",
+                ..
+            }) => {}
+            other => panic!("expected a shape error on m, got {other:?}"),
+        }
+        match super::rms_norm_no_scale(&x, &out, f32::NAN) {
+            Err(Error::Shape {
+                op: "rms_norm_no_scale",
+                arg: "eps",
+                ..
+            }) => {}
+            other => panic!("expected an error on eps, got {other:?}"),
+        }
+    }
+
+    /// Records `norm -> mul -> tail` and runs it with `plan`; returns (fusions, mul output).
+    fn run_norm_mul(
+        dev: &Device,
+        plan: &Plan,
+        weighted: bool,
+        norm_out_as_b: bool,
+        tail_reads_intermediate: bool,
+    ) -> (usize, Vec<f32>) {
+        let (rows, dim) = (3, 577);
+        let x = dev
+            .upload(&random_f32(rows * dim, 2.0, 7), &[rows, dim])
+            .unwrap();
+        let w = dev.upload(&random_f32(dim, 1.5, 8), &[dim]).unwrap();
+        let m = dev.upload(&random_f32(dim, 1.5, 9), &[dim]).unwrap();
+        let tmp = dev.alloc(DType::F32, &[rows, dim]).unwrap();
+        let out = dev.alloc(DType::F32, &[rows, dim]).unwrap();
+        let other = dev.alloc(DType::F32, &[rows, dim]).unwrap();
+        let mut s = Executor::new(dev.clone()).begin(Mode::Recorded);
+        if weighted {
+            s.rms_norm(&x, &w, &tmp, EPS).unwrap();
+        } else {
+            s.rms_norm_no_scale(&x, &tmp, EPS).unwrap();
+        }
+        if norm_out_as_b {
+            // `m` as `a` must have the full shape: broadcast only applies to `b`.
+            let m_full = dev
+                .upload(&random_f32(rows * dim, 1.5, 10), &[rows, dim])
+                .unwrap();
+            s.mul(&m_full, &tmp, &out).unwrap();
+        } else {
+            s.mul(&tmp, &m, &out).unwrap();
+        }
+        if tail_reads_intermediate {
+            s.add(&tmp, &x, &other).unwrap();
+        } else {
+            // Overwrites the whole intermediate, so it is dead after the mul.
+            s.copy(&x, &tmp).unwrap();
+        }
+        let report = s.finish(plan).unwrap();
+        (report.fusions, dev.download(&out).unwrap())
+    }
+
+    #[test]
+    fn norm_then_mul_fuses_and_matches_unfused() {
+        let dev = Device::cpu(2).unwrap();
+        for weighted in [true, false] {
+            for as_b in [false, true] {
+                let (f0, unfused) = run_norm_mul(&dev, &Plan::SEQUENTIAL, weighted, as_b, false);
+                let (f1, fused) = run_norm_mul(&dev, &Plan::OPTIMIZED, weighted, as_b, false);
+                assert_eq!(
+                    (f0, f1),
+                    (0, 1),
+                    "weighted {weighted}, norm output as b {as_b}"
+                );
+                // Stated tolerance 1e-6 relative (for f32 the kernels give the same bits).
+                let what = format!("fused vs unfused, weighted {weighted}, as b {as_b}");
+                assert_close(&fused, &unfused, 0.0, 1e-6, &what);
+            }
+        }
+    }
+
+    #[test]
+    fn norm_then_mul_is_not_fused_when_the_intermediate_is_read_later() {
+        let dev = Device::cpu(2).unwrap();
+        let (_, unfused) = run_norm_mul(&dev, &Plan::SEQUENTIAL, true, false, true);
+        let (fusions, optimized) = run_norm_mul(&dev, &Plan::OPTIMIZED, true, false, true);
+        assert_eq!(fusions, 0);
+        assert_close(&optimized, &unfused, 0.0, 0.0, "optimized vs sequential");
+    }
+
+    #[test]
+    fn in_place_mul_over_the_norm_output_fuses() {
+        let dev = Device::cpu(2).unwrap();
+        let (rows, dim) = (17, 64);
+        let x = dev
+            .upload(&random_f32(rows * dim, 2.0, 21), &[rows, dim])
+            .unwrap();
+        let w = dev.upload(&random_f32(dim, 1.5, 22), &[dim]).unwrap();
+        let m = dev.upload(&random_f32(dim, 1.5, 23), &[dim]).unwrap();
+        let mut results = Vec::new();
+        for plan in [Plan::SEQUENTIAL, Plan::OPTIMIZED] {
+            let tmp = dev.alloc(DType::F32, &[rows, dim]).unwrap();
+            let mut s = Executor::new(dev.clone()).begin(Mode::Recorded);
+            s.rms_norm(&x, &w, &tmp, EPS).unwrap();
+            s.mul_inplace(&tmp, &m).unwrap();
+            let report = s.finish(&plan).unwrap();
+            results.push((report.fusions, dev.download(&tmp).unwrap()));
+        }
+        assert_eq!((results[0].0, results[1].0), (0, 1));
+        assert_close(
+            &results[1].1,
+            &results[0].1,
+            0.0,
+            1e-6,
+            "in-place fused vs unfused",
+        );
+    }
+}

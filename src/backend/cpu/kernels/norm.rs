@@ -1,8 +1,200 @@
-//! CPU kernels of the `norm` op family.
+//! CPU kernels of the `norm` op family: RMS normalization, with or without a weight, and fused
+//! with a following multiply.
+//!
+//! Every row is normalized independently: `y = x / sqrt(mean(x^2) + eps) [* weight] [* m]`. The
+//! sum of squares is accumulated in f64; the products are f32, in the same order as the unfused
+//! kernels (`(x * inv) * weight`, then `* m`), so for f32 the fused kernel gives the same bits as
+//! `rms_norm` followed by `mul`.
+//!
+//! Argument layouts (the ops in `ops::norm` build them):
+//! - `rms_norm_<t>`: x, weight, out, eps: f32, dim: u32
+//! - `rms_norm_no_scale_<t>`: x, out, eps, dim
+//! - `rms_norm_mul_<t>`: x, weight, m, out, eps, dim
+//! - `rms_norm_no_scale_mul_<t>`: x, m, out, eps, dim
+//!
+//! `m` holds either one row (`dim` values, broadcast over rows) or one value per element of `x`.
 
-use crate::backend::cpu::CpuRegistry;
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+use super::copy::Float;
+use crate::backend::cpu::{CpuRegistry, KernelArgs};
+use crate::error::{Error, Result};
+
+/// Rows per parallel task: enough rows that a task holds at least this many elements.
+const MIN_TASK_ELEMS: usize = 1 << 13;
+
+/// Sum of squares of a row, accumulated in f64 over four lanes.
+#[inline]
+pub(crate) fn sum_squares<T: Float>(row: &[T]) -> f64 {
+    let mut acc = [0f64; 4];
+    let mut chunks = row.chunks_exact(4);
+    for c in &mut chunks {
+        for (a, v) in acc.iter_mut().zip(c) {
+            let f = v.to_f32() as f64;
+            *a += f * f;
+        }
+    }
+    let tail: f64 = chunks
+        .remainder()
+        .iter()
+        .map(|v| (v.to_f32() as f64).powi(2))
+        .sum();
+    acc[0] + acc[1] + acc[2] + acc[3] + tail
+}
+
+/// The reciprocal RMS of a row: `1 / sqrt(mean(x^2) + eps)`.
+#[inline]
+fn inv_rms<T: Float>(row: &[T], eps: f32) -> f32 {
+    let mean = sum_squares(row) / row.len() as f64;
+    (1.0 / (mean + eps as f64).sqrt()) as f32
+}
+
+/// The operands of one normalization, already taken from the kernel arguments.
+struct NormOperands<'a, T> {
+    x: &'a [T],
+    weight: Option<&'a [T]>,
+    m: Option<&'a [T]>,
+    out: &'a mut [T],
+    dim: usize,
+    eps: f32,
+}
+
+fn run_norm<T: Float>(args: &KernelArgs<'_>, op: NormOperands<'_, T>) -> Result<()> {
+    let NormOperands {
+        x,
+        weight,
+        m,
+        out,
+        dim,
+        eps,
+    } = op;
+    let bad = |msg: String| Error::Kernel {
+        kernel: args.kernel().0,
+        msg,
+    };
+    if dim == 0 || x.len() % dim != 0 || out.len() != x.len() {
+        return Err(bad(format!(
+            "x has {} values, out {}, dim {dim}",
+            x.len(),
+            out.len()
+        )));
+    }
+    if weight.is_some_and(|w| w.len() != dim) {
+        return Err(bad(format!("weight must have {dim} values")));
+    }
+    let m_full = match m {
+        Some(m) if m.len() == x.len() => true,
+        Some(m) if m.len() == dim => false,
+        Some(m) => {
+            return Err(bad(format!(
+                "m has {} values, expected {dim} or {}",
+                m.len(),
+                x.len()
+            )))
+        }
+        None => false,
+    };
+    let min_rows = (MIN_TASK_ELEMS / dim).max(1);
+    out.par_chunks_mut(dim)
+        .with_min_len(min_rows)
+        .enumerate()
+        .for_each(|(r, o)| {
+            let xr = &x[r * dim..(r + 1) * dim];
+            let inv = inv_rms(xr, eps);
+            let mr = m.map(|m| {
+                if m_full {
+                    &m[r * dim..(r + 1) * dim]
+                } else {
+                    m
+                }
+            });
+            match (weight, mr) {
+                (Some(w), Some(mr)) => {
+                    for (((o, &xv), &wv), &mv) in o.iter_mut().zip(xr).zip(w).zip(mr) {
+                        *o = T::from_f32(xv.to_f32() * inv * wv.to_f32() * mv.to_f32());
+                    }
+                }
+                (Some(w), None) => {
+                    for ((o, &xv), &wv) in o.iter_mut().zip(xr).zip(w) {
+                        *o = T::from_f32(xv.to_f32() * inv * wv.to_f32());
+                    }
+                }
+                (None, Some(mr)) => {
+                    for ((o, &xv), &mv) in o.iter_mut().zip(xr).zip(mr) {
+                        *o = T::from_f32(xv.to_f32() * inv * mv.to_f32());
+                    }
+                }
+                (None, None) => {
+                    for (o, &xv) in o.iter_mut().zip(xr) {
+                        *o = T::from_f32(xv.to_f32() * inv);
+                    }
+                }
+            }
+        });
+    Ok(())
+}
+
+fn rms_norm<T: Float>(args: &KernelArgs<'_>) -> Result<()> {
+    let op = NormOperands {
+        x: args.input::<T>(0)?,
+        weight: Some(args.input::<T>(1)?),
+        m: None,
+        out: args.output::<T>(2)?,
+        eps: args.f32(3)?,
+        dim: args.usize(4)?,
+    };
+    run_norm(args, op)
+}
+
+fn rms_norm_no_scale<T: Float>(args: &KernelArgs<'_>) -> Result<()> {
+    let op = NormOperands {
+        x: args.input::<T>(0)?,
+        weight: None,
+        m: None,
+        out: args.output::<T>(1)?,
+        eps: args.f32(2)?,
+        dim: args.usize(3)?,
+    };
+    run_norm(args, op)
+}
+
+fn rms_norm_mul<T: Float>(args: &KernelArgs<'_>) -> Result<()> {
+    let op = NormOperands {
+        x: args.input::<T>(0)?,
+        weight: Some(args.input::<T>(1)?),
+        m: Some(args.input::<T>(2)?),
+        out: args.output::<T>(3)?,
+        eps: args.f32(4)?,
+        dim: args.usize(5)?,
+    };
+    run_norm(args, op)
+}
+
+fn rms_norm_no_scale_mul<T: Float>(args: &KernelArgs<'_>) -> Result<()> {
+    let op = NormOperands {
+        x: args.input::<T>(0)?,
+        weight: None,
+        m: Some(args.input::<T>(1)?),
+        out: args.output::<T>(2)?,
+        eps: args.f32(3)?,
+        dim: args.usize(4)?,
+    };
+    run_norm(args, op)
+}
 
 /// Registers this family's kernels.
 pub(super) fn register(registry: &mut CpuRegistry) {
-    let _ = registry;
+    registry.register("rms_norm_f32", rms_norm::<f32>);
+    registry.register("rms_norm_f16", rms_norm::<f16>);
+    registry.register("rms_norm_bf16", rms_norm::<bf16>);
+    registry.register("rms_norm_no_scale_f32", rms_norm_no_scale::<f32>);
+    registry.register("rms_norm_no_scale_f16", rms_norm_no_scale::<f16>);
+    registry.register("rms_norm_no_scale_bf16", rms_norm_no_scale::<bf16>);
+    registry.register("rms_norm_mul_f32", rms_norm_mul::<f32>);
+    registry.register("rms_norm_mul_f16", rms_norm_mul::<f16>);
+    registry.register("rms_norm_mul_bf16", rms_norm_mul::<bf16>);
+    registry.register("rms_norm_no_scale_mul_f32", rms_norm_no_scale_mul::<f32>);
+    registry.register("rms_norm_no_scale_mul_f16", rms_norm_no_scale_mul::<f16>);
+    registry.register("rms_norm_no_scale_mul_bf16", rms_norm_no_scale_mul::<bf16>);
 }
