@@ -1,8 +1,450 @@
-//! CPU kernels of the `attention` op family.
+//! CPU kernels of the `attention` op family: causal scaled dot-product attention of query rows
+//! against one layer's KV cache, with grouped-query heads and an optional softcap.
+//!
+//! - `attention_{f32,f16}` (prefill, any number of rows): one work item per (row, KV head); the
+//!   item computes every query head of that KV head's group with an online softmax over blocks of
+//!   keys, so each K/V row is loaded (and converted from f16) once per group.
+//! - `attention_decode_partial_{f32,f16}` and `attention_decode_combine` (decode, one row): the KV
+//!   length is cut into chunks; the partial pass writes, per (chunk, head), the running maximum,
+//!   the sum of exponentials and the unnormalized weighted V sum; the combine pass merges them.
+//!
+//! Argument order (built by `ops::attention`):
+//! - prefill: `q, k_cache, v_cache, step, out, n_head, n_kv_head, head_dim, scale, softcap`;
+//! - partial: `q, k_cache, v_cache, step, partials, n_head, n_kv_head, head_dim, scale, softcap,
+//!   chunk_len, max_chunks`;
+//! - combine: `partials, step, out, n_head, head_dim, chunk_len, max_chunks`.
+//!
+//! `softcap` is 0 when off. The KV length is never a scalar: every kernel reads `pos0` from the
+//! step buffer at run time, so one recorded decode graph serves every step.
 
-use crate::backend::cpu::CpuRegistry;
+use std::cell::RefCell;
+use std::ops::Range;
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use rayon::prelude::*;
+
+use crate::backend::cpu::{CpuRegistry, KernelArgs};
+use crate::error::{Error, Result};
 
 /// Registers this family's kernels.
 pub(super) fn register(registry: &mut CpuRegistry) {
-    let _ = registry;
+    registry.register("attention_f32", attention_prefill::<f32>);
+    registry.register("attention_f16", attention_prefill::<f16>);
+    registry.register(
+        "attention_decode_partial_f32",
+        attention_decode_partial::<f32>,
+    );
+    registry.register(
+        "attention_decode_partial_f16",
+        attention_decode_partial::<f16>,
+    );
+    registry.register("attention_decode_combine", attention_decode_combine);
+}
+
+/// Keys scored together before one rescale of the running state.
+const KEY_BLOCK: usize = 32;
+
+/// Argument positions shared by the prefill and partial kernels.
+const ARG_Q: usize = 0;
+const ARG_K: usize = 1;
+const ARG_V: usize = 2;
+const ARG_STEP: usize = 3;
+const ARG_OUT: usize = 4;
+const ARG_N_HEAD: usize = 5;
+
+/// A KV cache element type: f32 rows are used in place, f16 rows are converted into a scratch row.
+trait CacheElem: bytemuck::Pod + Send + Sync {
+    /// The row `src` as f32 values, using `buf` (same length) when a conversion is needed.
+    fn row<'a>(src: &'a [Self], buf: &'a mut [f32]) -> &'a [f32];
+}
+
+impl CacheElem for f32 {
+    fn row<'a>(src: &'a [f32], _buf: &'a mut [f32]) -> &'a [f32] {
+        src
+    }
+}
+
+impl CacheElem for f16 {
+    fn row<'a>(src: &'a [f16], buf: &'a mut [f32]) -> &'a [f32] {
+        src.convert_to_f32_slice(buf);
+        buf
+    }
+}
+
+fn kernel_err(args: &KernelArgs<'_>, msg: String) -> Error {
+    Error::Kernel {
+        kernel: args.kernel().0,
+        msg,
+    }
+}
+
+/// Head geometry and score parameters, read from the scalars and the cache's dimensions.
+#[derive(Debug, Clone, Copy)]
+struct Geometry {
+    n_head: usize,
+    n_kv_head: usize,
+    head_dim: usize,
+    /// Query heads per KV head.
+    group: usize,
+    /// Positions the cache holds.
+    max_ctx: usize,
+    scale: f32,
+    softcap: Option<f32>,
+}
+
+impl Geometry {
+    /// Reads the five scalars starting at `ARG_N_HEAD` and checks them against the K and V caches.
+    fn read(args: &KernelArgs<'_>) -> Result<Geometry> {
+        let n_head = args.usize(ARG_N_HEAD)?;
+        let n_kv_head = args.usize(ARG_N_HEAD + 1)?;
+        let head_dim = args.usize(ARG_N_HEAD + 2)?;
+        let scale = args.f32(ARG_N_HEAD + 3)?;
+        let cap = args.f32(ARG_N_HEAD + 4)?;
+        if n_head == 0 || n_kv_head == 0 || head_dim == 0 || n_head % n_kv_head != 0 {
+            return Err(kernel_err(
+                args,
+                format!("bad heads: n_head {n_head}, n_kv_head {n_kv_head}, head_dim {head_dim}"),
+            ));
+        }
+        let (k, _) = args.buffer(ARG_K)?;
+        let (v, _) = args.buffer(ARG_V)?;
+        let dims = k.dims();
+        if dims.len() != 3 || dims[0] != n_kv_head || dims[2] != head_dim || v.dims() != dims {
+            return Err(kernel_err(
+                args,
+                format!(
+                    "caches of shape {dims:?} and {:?}, expected [{n_kv_head}, max_ctx, {head_dim}]",
+                    v.dims()
+                ),
+            ));
+        }
+        Ok(Geometry {
+            n_head,
+            n_kv_head,
+            head_dim,
+            group: n_head / n_kv_head,
+            max_ctx: dims[1],
+            scale,
+            softcap: (cap != 0.0).then_some(cap),
+        })
+    }
+
+    /// Elements of one KV head's slab of the cache.
+    fn kv_stride(&self) -> usize {
+        self.max_ctx * self.head_dim
+    }
+}
+
+/// Reads `pos0` from the step buffer at `index` and checks that `rows` query rows starting there
+/// fit in a cache of `max_ctx` positions.
+fn read_pos0(args: &KernelArgs<'_>, index: usize, rows: usize, max_ctx: usize) -> Result<usize> {
+    let step = args.input::<i32>(index)?;
+    let pos0 = *step
+        .first()
+        .ok_or_else(|| kernel_err(args, "the step buffer is empty".into()))?;
+    let start =
+        usize::try_from(pos0).map_err(|_| kernel_err(args, format!("pos0 {pos0} is negative")))?;
+    if start.checked_add(rows).is_none_or(|end| end > max_ctx) {
+        return Err(kernel_err(
+            args,
+            format!("pos0 {pos0} + {rows} rows exceeds the cache's {max_ctx} positions"),
+        ));
+    }
+    Ok(start)
+}
+
+/// Online-softmax state of the query heads of one group, kept per thread and reused.
+#[derive(Default)]
+struct Scratch {
+    /// `[group, KEY_BLOCK]` scores, then probabilities, of the current block.
+    scores: Vec<f32>,
+    /// `[group, head_dim]` weighted V sums, relative to `max`.
+    acc: Vec<f32>,
+    /// Running maximum score per head.
+    max: Vec<f32>,
+    /// Running sum of `exp(score - max)` per head.
+    sum: Vec<f32>,
+    /// One K row converted to f32 (f16 caches).
+    k_row: Vec<f32>,
+    /// One V row converted to f32 (f16 caches).
+    v_row: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+impl Scratch {
+    /// Empties the state for `group` heads of `head_dim`; grows the vectors only when needed.
+    fn reset(&mut self, group: usize, head_dim: usize) {
+        fn refill(v: &mut Vec<f32>, len: usize, value: f32) {
+            v.clear();
+            v.resize(len, value);
+        }
+        refill(&mut self.scores, group * KEY_BLOCK, 0.0);
+        refill(&mut self.acc, group * head_dim, 0.0);
+        refill(&mut self.max, group, f32::NEG_INFINITY);
+        refill(&mut self.sum, group, 0.0);
+        refill(&mut self.k_row, head_dim, 0.0);
+        refill(&mut self.v_row, head_dim, 0.0);
+    }
+
+    /// Folds keys `keys` of one KV head into the state of its `group` query heads. `q` holds the
+    /// group's query vectors (`[group, head_dim]`), `k` and `v` the KV head's cache slab.
+    fn accumulate<T: CacheElem>(
+        &mut self,
+        geo: &Geometry,
+        q: &[f32],
+        k: &[T],
+        v: &[T],
+        keys: Range<usize>,
+    ) {
+        let hd = geo.head_dim;
+        let Scratch {
+            scores,
+            acc,
+            max,
+            sum,
+            k_row,
+            v_row,
+        } = self;
+        let mut start = keys.start;
+        while start < keys.end {
+            let n = KEY_BLOCK.min(keys.end - start);
+            for t in 0..n {
+                let pos = start + t;
+                let key = T::row(&k[pos * hd..(pos + 1) * hd], k_row);
+                for (j, qh) in q.chunks_exact(hd).enumerate() {
+                    let mut s = dot(qh, key) * geo.scale;
+                    if let Some(cap) = geo.softcap {
+                        s = cap * (s / cap).tanh();
+                    }
+                    scores[j * KEY_BLOCK + t] = s;
+                }
+            }
+            for j in 0..geo.group {
+                let row = &mut scores[j * KEY_BLOCK..j * KEY_BLOCK + n];
+                let block_max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let new_max = max[j].max(block_max);
+                if new_max > max[j] {
+                    // exp(-inf) = 0 on the first block, where the state is still empty.
+                    let c = (max[j] - new_max).exp();
+                    sum[j] *= c;
+                    acc[j * hd..(j + 1) * hd].iter_mut().for_each(|a| *a *= c);
+                    max[j] = new_max;
+                }
+                let mut block_sum = 0.0f32;
+                for s in row.iter_mut() {
+                    *s = (*s - new_max).exp();
+                    block_sum += *s;
+                }
+                sum[j] += block_sum;
+            }
+            for t in 0..n {
+                let pos = start + t;
+                let value = T::row(&v[pos * hd..(pos + 1) * hd], v_row);
+                for (j, a) in acc.chunks_exact_mut(hd).enumerate() {
+                    axpy(a, scores[j * KEY_BLOCK + t], value);
+                }
+            }
+            start += n;
+        }
+    }
+}
+
+/// Dot product with eight independent partial sums (so the loop vectorizes).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for ((l, x), y) in lanes.iter_mut().zip(x).zip(y) {
+            *l += x * y;
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// `y += a * x`.
+fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    for (y, x) in y.iter_mut().zip(x) {
+        *y += a * x;
+    }
+}
+
+/// Prefill: `out[r, h] = softmax(q[r, h] . K[0..=pos0+r] * scale) V` per query row and head.
+fn attention_prefill<T: CacheElem>(args: &KernelArgs<'_>) -> Result<()> {
+    let geo = Geometry::read(args)?;
+    let q = args.input::<f32>(ARG_Q)?;
+    let k = args.input::<T>(ARG_K)?;
+    let v = args.input::<T>(ARG_V)?;
+    let out = args.output::<f32>(ARG_OUT)?;
+    let width = geo.n_head * geo.head_dim;
+    if q.len() != out.len() || q.len() % width != 0 || q.is_empty() {
+        return Err(kernel_err(
+            args,
+            format!(
+                "q has {} and out {} values, expected rows x {width}",
+                q.len(),
+                out.len()
+            ),
+        ));
+    }
+    let rows = q.len() / width;
+    let pos0 = read_pos0(args, ARG_STEP, rows, geo.max_ctx)?;
+    let unit = geo.group * geo.head_dim;
+    let stride = geo.kv_stride();
+    out.par_chunks_mut(unit).enumerate().for_each(|(item, o)| {
+        let (row, kv) = (item / geo.n_kv_head, item % geo.n_kv_head);
+        let qh = &q[item * unit..(item + 1) * unit];
+        let slab = kv * stride..(kv + 1) * stride;
+        SCRATCH.with(|cell| {
+            let mut st = cell.borrow_mut();
+            st.reset(geo.group, geo.head_dim);
+            st.accumulate(&geo, qh, &k[slab.clone()], &v[slab], 0..pos0 + row + 1);
+            for ((o, acc), sum) in o
+                .chunks_exact_mut(geo.head_dim)
+                .zip(st.acc.chunks_exact(geo.head_dim))
+                .zip(&st.sum)
+            {
+                let inv = 1.0 / sum;
+                o.iter_mut().zip(acc).for_each(|(o, a)| *o = a * inv);
+            }
+        });
+    });
+    Ok(())
+}
+
+/// Decode, first pass: one partial record `[max, sum, acc[head_dim]]` per (chunk, head), laid out
+/// `[max_chunks, n_head, head_dim + 2]`; only the chunks covering `0..=pos0` are written.
+fn attention_decode_partial<T: CacheElem>(args: &KernelArgs<'_>) -> Result<()> {
+    let geo = Geometry::read(args)?;
+    let chunk_len = args.usize(ARG_N_HEAD + 5)?;
+    let max_chunks = args.usize(ARG_N_HEAD + 6)?;
+    let q = args.input::<f32>(ARG_Q)?;
+    let k = args.input::<T>(ARG_K)?;
+    let v = args.input::<T>(ARG_V)?;
+    let partials = args.output::<f32>(ARG_OUT)?;
+    let hd = geo.head_dim;
+    let rec = hd + 2;
+    if q.len() != geo.n_head * hd {
+        return Err(kernel_err(
+            args,
+            format!(
+                "q has {} values, expected one row of {}",
+                q.len(),
+                geo.n_head * hd
+            ),
+        ));
+    }
+    check_partials(args, partials.len(), geo.n_head, hd, chunk_len, max_chunks)?;
+    let pos0 = read_pos0(args, ARG_STEP, 1, geo.max_ctx)?;
+    let kv_len = pos0 + 1;
+    let chunks = used_chunks(args, kv_len, chunk_len, max_chunks)?;
+    let unit = geo.group * rec;
+    let stride = geo.kv_stride();
+    partials[..chunks * geo.n_head * rec]
+        .par_chunks_mut(unit)
+        .enumerate()
+        .for_each(|(item, recs)| {
+            let (chunk, kv) = (item / geo.n_kv_head, item % geo.n_kv_head);
+            let keys = chunk * chunk_len..((chunk + 1) * chunk_len).min(kv_len);
+            let qh = &q[kv * geo.group * hd..(kv + 1) * geo.group * hd];
+            let slab = kv * stride..(kv + 1) * stride;
+            SCRATCH.with(|cell| {
+                let mut st = cell.borrow_mut();
+                st.reset(geo.group, hd);
+                st.accumulate(&geo, qh, &k[slab.clone()], &v[slab], keys);
+                for (j, r) in recs.chunks_exact_mut(rec).enumerate() {
+                    r[0] = st.max[j];
+                    r[1] = st.sum[j];
+                    r[2..].copy_from_slice(&st.acc[j * hd..(j + 1) * hd]);
+                }
+            });
+        });
+    Ok(())
+}
+
+/// Decode, second pass: merges the partial records of each head into its output row.
+fn attention_decode_combine(args: &KernelArgs<'_>) -> Result<()> {
+    let partials = args.input::<f32>(0)?;
+    let out = args.output::<f32>(2)?;
+    let n_head = args.usize(3)?;
+    let hd = args.usize(4)?;
+    let chunk_len = args.usize(5)?;
+    let max_chunks = args.usize(6)?;
+    if n_head == 0 || hd == 0 || out.len() != n_head * hd {
+        return Err(kernel_err(
+            args,
+            format!(
+                "out has {} values, expected n_head {n_head} x head_dim {hd}",
+                out.len()
+            ),
+        ));
+    }
+    check_partials(args, partials.len(), n_head, hd, chunk_len, max_chunks)?;
+    let pos0 = read_pos0(args, 1, 1, max_chunks * chunk_len)?;
+    let chunks = used_chunks(args, pos0 + 1, chunk_len, max_chunks)?;
+    let rec = hd + 2;
+    out.par_chunks_mut(hd).enumerate().for_each(|(h, o)| {
+        let record = |c: usize| &partials[(c * n_head + h) * rec..(c * n_head + h + 1) * rec];
+        let max = (0..chunks)
+            .map(|c| record(c)[0])
+            .fold(f32::NEG_INFINITY, f32::max);
+        o.fill(0.0);
+        let mut total = 0.0f32;
+        for c in 0..chunks {
+            let r = record(c);
+            let w = (r[0] - max).exp();
+            total += w * r[1];
+            axpy(o, w, &r[2..]);
+        }
+        let inv = 1.0 / total;
+        o.iter_mut().for_each(|x| *x *= inv);
+    });
+    Ok(())
+}
+
+/// Checks the scratch length against `[max_chunks, n_head, head_dim + 2]`.
+fn check_partials(
+    args: &KernelArgs<'_>,
+    len: usize,
+    n_head: usize,
+    hd: usize,
+    chunk_len: usize,
+    max_chunks: usize,
+) -> Result<()> {
+    if chunk_len == 0 || max_chunks == 0 || len != max_chunks * n_head * (hd + 2) {
+        return Err(kernel_err(
+            args,
+            format!(
+                "partials has {len} values, expected max_chunks {max_chunks} x n_head {n_head} x \
+                 (head_dim {hd} + 2), with chunk_len {chunk_len} > 0"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Chunks of `chunk_len` covering `kv_len` keys; an error when the scratch has fewer.
+fn used_chunks(
+    args: &KernelArgs<'_>,
+    kv_len: usize,
+    chunk_len: usize,
+    max_chunks: usize,
+) -> Result<usize> {
+    let chunks = kv_len.div_ceil(chunk_len);
+    if chunks > max_chunks {
+        return Err(kernel_err(
+            args,
+            format!("KV length {kv_len} needs {chunks} chunks of {chunk_len}, the scratch holds {max_chunks}"),
+        ));
+    }
+    Ok(chunks)
 }
