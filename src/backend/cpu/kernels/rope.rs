@@ -1,8 +1,134 @@
-//! CPU kernels of the `rope` op family.
+//! CPU kernels of the `rope` op family: rotary position embedding, normal (adjacent pairs) and
+//! NeoX (halves) layouts, partial rotary dimension, optional frequency factors.
+//!
+//! Row `r` of `x` holds `n_heads` heads of `head_dim` values and is rotated by the position
+//! `positions[r]`. Pair `i < rotary_dim / 2` of each head turns by
+//! `theta_i = pos * base^(-2i / rotary_dim) / freq_factor_i`; the angle and its sine and cosine are
+//! computed in f64 once per row (shared by every head), the rotation in f32. Values past
+//! `rotary_dim` are copied unchanged.
+//!
+//! Argument layouts (the op in `ops::rope` builds them), buffers first, then scalars:
+//! - `rope_<t>`: x, positions (i32), out, then head_dim: u32, rotary_dim: u32, base: f32, mode: u32
+//! - `rope_ff_<t>`: x, positions, freq_factors (f32), out, then the same scalars
+//! - `..._inplace`: the same without `out`, `x` read-write.
+//!
+//! `mode` 0 rotates `(x[2i], x[2i + 1])`, mode 1 rotates `(x[i], x[i + rotary_dim / 2])`.
 
-use crate::backend::cpu::CpuRegistry;
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+use super::copy::Float;
+use crate::backend::cpu::{CpuRegistry, KernelArgs};
+use crate::error::{Error, Result};
+
+/// The most rotated pairs per head the kernel supports (its per-row table lives on the stack);
+/// half of `ops::rope::MAX_ROTARY_DIM`.
+const MAX_ROPE_PAIRS: usize = 512;
+
+/// Rows per parallel task, at least.
+const MIN_TASK_ELEMS: usize = 1 << 13;
+
+fn rope<T: Float, const FREQ_FACTORS: bool, const INPLACE: bool>(
+    args: &KernelArgs<'_>,
+) -> Result<()> {
+    let bad = |msg: String| Error::Kernel {
+        kernel: args.kernel().0,
+        msg,
+    };
+    let x = if INPLACE {
+        None
+    } else {
+        Some(args.input::<T>(0)?)
+    };
+    let positions = args.input::<i32>(1)?;
+    let freq = if FREQ_FACTORS {
+        Some(args.input::<f32>(2)?)
+    } else {
+        None
+    };
+    let out_index = if INPLACE {
+        0
+    } else {
+        2 + FREQ_FACTORS as usize
+    };
+    let out = args.output::<T>(out_index)?;
+    let s = if INPLACE {
+        2 + FREQ_FACTORS as usize
+    } else {
+        out_index + 1
+    };
+    let (head_dim, rotary_dim, base, mode) = (
+        args.usize(s)?,
+        args.usize(s + 1)?,
+        args.f32(s + 2)?,
+        args.u32(s + 3)?,
+    );
+    let pairs = rotary_dim / 2;
+    let rows = positions.len();
+    if rows == 0 || out.len() % rows != 0 || x.is_some_and(|x| x.len() != out.len()) {
+        return Err(bad(format!(
+            "{} values do not split into {rows} rows",
+            out.len()
+        )));
+    }
+    let row_len = out.len() / rows;
+    if head_dim == 0 || row_len % head_dim != 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim {
+        return Err(bad(format!(
+            "row {row_len}, head_dim {head_dim}, rotary_dim {rotary_dim}"
+        )));
+    }
+    if pairs > MAX_ROPE_PAIRS || freq.is_some_and(|f| f.len() != pairs) || mode > 1 {
+        return Err(bad(format!(
+            "rotary_dim {rotary_dim}, mode {mode}, or freq_factors length"
+        )));
+    }
+    let neox = mode == 1;
+    let min_rows = (MIN_TASK_ELEMS / row_len).max(1);
+    out.par_chunks_mut(row_len)
+        .with_min_len(min_rows)
+        .enumerate()
+        .for_each(|(r, o)| {
+            let pos = positions[r] as f64;
+            let mut cos_sin = [(0f32, 0f32); MAX_ROPE_PAIRS];
+            for (i, cs) in cos_sin[..pairs].iter_mut().enumerate() {
+                let inv_freq = (base as f64).powf(-2.0 * i as f64 / rotary_dim as f64);
+                let ff = freq.map_or(1.0, |f| f[i] as f64);
+                let (s, c) = (pos * inv_freq / ff).sin_cos();
+                *cs = (c as f32, s as f32);
+            }
+            let cos_sin = &cos_sin[..pairs];
+            let xr = x.map(|x| &x[r * row_len..(r + 1) * row_len]);
+            for (h, oh) in o.chunks_exact_mut(head_dim).enumerate() {
+                if let Some(xr) = xr {
+                    oh.copy_from_slice(&xr[h * head_dim..(h + 1) * head_dim]);
+                }
+                for (i, &(c, s)) in cos_sin.iter().enumerate() {
+                    let (j0, j1) = if neox {
+                        (i, i + pairs)
+                    } else {
+                        (2 * i, 2 * i + 1)
+                    };
+                    let (a, b) = (oh[j0].to_f32(), oh[j1].to_f32());
+                    oh[j0] = T::from_f32(a * c - b * s);
+                    oh[j1] = T::from_f32(a * s + b * c);
+                }
+            }
+        });
+    Ok(())
+}
 
 /// Registers this family's kernels.
 pub(super) fn register(registry: &mut CpuRegistry) {
-    let _ = registry;
+    registry.register("rope_f32", rope::<f32, false, false>);
+    registry.register("rope_f16", rope::<f16, false, false>);
+    registry.register("rope_bf16", rope::<bf16, false, false>);
+    registry.register("rope_ff_f32", rope::<f32, true, false>);
+    registry.register("rope_ff_f16", rope::<f16, true, false>);
+    registry.register("rope_ff_bf16", rope::<bf16, true, false>);
+    registry.register("rope_f32_inplace", rope::<f32, false, true>);
+    registry.register("rope_f16_inplace", rope::<f16, false, true>);
+    registry.register("rope_bf16_inplace", rope::<bf16, false, true>);
+    registry.register("rope_ff_f32_inplace", rope::<f32, true, true>);
+    registry.register("rope_ff_f16_inplace", rope::<f16, true, true>);
+    registry.register("rope_ff_bf16_inplace", rope::<bf16, true, true>);
 }
