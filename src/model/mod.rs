@@ -4,6 +4,7 @@
 pub mod chat;
 pub mod fetch;
 pub mod gguf;
+pub mod gguf_write;
 pub mod llama;
 pub mod sampler;
 pub mod synth;
