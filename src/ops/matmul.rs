@@ -1,1 +1,234 @@
 //! The `matmul` op family: argument checks, dispatch building, and its `Session` methods.
+//!
+//! Every product computes `y[r, o] = sum_i x[r, i] * W[o, i]`: activations `x` are f32
+//! `[rows, k]` (any rank, the last dimension is `k`), a weight matrix is `[n, k]` with each row's
+//! `k` values contiguous (GGUF `ne = [k, n]`) and quantized blocks along `k`, and `out` is f32 with
+//! `rows * n` values and last dimension `n`. Weights are dequantized on the fly and sums are f32.
+
+use crate::backend::{Buffer, DType};
+use crate::error::Result;
+use crate::graph::{Arg, Dispatch, Grid, KernelId, OpKind};
+use crate::ops::Check;
+use crate::quant::AffineParams;
+use crate::session::Session;
+
+/// Weight dtypes [`matmul`] and [`matmul_id`] accept.
+pub const WEIGHT_DTYPES: [DType; 8] = [
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q8_0,
+    DType::Q4K,
+    DType::Q6K,
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+];
+
+fn kernel_name(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F16 => "matmul_f16",
+        DType::BF16 => "matmul_bf16",
+        DType::Q4_0 => "matmul_q4_0",
+        DType::Q4_1 => "matmul_q4_1",
+        DType::Q8_0 => "matmul_q8_0",
+        DType::Q4K => "matmul_q4_k",
+        DType::Q6K => "matmul_q6_k",
+        _ => "matmul_f32",
+    }
+}
+
+fn id_kernel_name(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F16 => "matmul_id_f16",
+        DType::BF16 => "matmul_id_bf16",
+        DType::Q4_0 => "matmul_id_q4_0",
+        DType::Q4_1 => "matmul_id_q4_1",
+        DType::Q8_0 => "matmul_id_q8_0",
+        DType::Q4K => "matmul_id_q4_k",
+        DType::Q6K => "matmul_id_q6_k",
+        _ => "matmul_id_f32",
+    }
+}
+
+fn to_u32(c: &Check, arg: &'static str, v: usize) -> Result<u32> {
+    let mut out = 0;
+    c.require(arg, u32::try_from(v).map(|x| out = x).is_ok(), || {
+        format!("size {v} exceeds u32")
+    })?;
+    Ok(out)
+}
+
+/// Checks `x` and `out` against `k` and `n` and returns the number of activation rows.
+fn check_rows(c: &Check, x: &Buffer, out: &Buffer, k: usize, n: usize) -> Result<usize> {
+    c.dtype("x", x, &[DType::F32])?;
+    c.dtype("out", out, &[DType::F32])?;
+    c.require("x", x.shape().rank() >= 1, || "must have rank >= 1".into())?;
+    c.last_dim("x", x, k)?;
+    let rows = x.shape().rows();
+    c.require("x", rows >= 1, || {
+        format!("has no rows (shape {:?})", x.dims())
+    })?;
+    c.last_dim("out", out, n)?;
+    c.elems("out", out, rows * n)?;
+    Ok(rows)
+}
+
+/// `out[rows, n] = x[rows, k] · W[n, k]ᵀ` for a weight of any of [`WEIGHT_DTYPES`]. One row takes
+/// the vector (decode) form, more rows the matrix (prefill) form.
+pub fn matmul(x: &Buffer, w: &Buffer, out: &Buffer) -> Result<Dispatch> {
+    let c = Check::op("matmul");
+    c.dtype("w", w, &WEIGHT_DTYPES)?;
+    c.require("w", w.shape().rank() == 2, || {
+        format!("must be [n, k], got shape {:?}", w.dims())
+    })?;
+    let (n, k) = (w.dims()[0], w.dims()[1]);
+    c.require("w", n >= 1 && k >= 1, || {
+        format!("has an empty dimension (shape {:?})", w.dims())
+    })?;
+    let rows = check_rows(&c, x, out, k, n)?;
+    let args = vec![
+        Arg::read(x),
+        Arg::read(w),
+        Arg::write(out),
+        Arg::u32(to_u32(&c, "x", rows)?),
+        Arg::u32(to_u32(&c, "w", k)?),
+        Arg::u32(to_u32(&c, "w", n)?),
+    ];
+    let grid = Grid::cover(n, 128).with_y(rows.min(u32::MAX as usize) as u32);
+    Dispatch::new(KernelId(kernel_name(w.dtype())), args, grid, OpKind::MatMul)
+}
+
+/// The MLX affine product: `w` is u32 `[n, k * bits / 32]` of packed quants, `scales` and
+/// `biases` are f32 or f16 `[n, k / group_size]` (the same dtype), and
+/// `W[o, i] = scale * q + bias`. `bits` is 4 or 8, `group_size` 32, 64 or 128.
+pub fn matmul_affine(
+    x: &Buffer,
+    w: &Buffer,
+    scales: &Buffer,
+    biases: &Buffer,
+    bits: u32,
+    group_size: usize,
+    out: &Buffer,
+) -> Result<Dispatch> {
+    let c = Check::op("matmul_affine");
+    c.require("bits", bits == 4 || bits == 8, || {
+        format!("must be 4 or 8, got {bits}")
+    })?;
+    let params = AffineParams::new(bits, group_size).map_err(|_| {
+        crate::Error::shape(
+            "matmul_affine",
+            "group_size",
+            format!("must be 32, 64 or 128, got {group_size}"),
+        )
+    })?;
+    c.dtype("w", w, &[DType::U32])?;
+    c.require("w", w.shape().rank() == 2, || {
+        format!("must be [n, k * bits / 32], got {:?}", w.dims())
+    })?;
+    let n = w.dims()[0];
+    let k = x.shape().last();
+    c.require("x", k >= 1 && k % group_size == 0, || {
+        format!("last dimension {k} is not a whole number of groups of {group_size}")
+    })?;
+    c.dims("w", w, &[n, params.words_per_row(k)])?;
+    c.dtype("scales", scales, &[DType::F32, DType::F16])?;
+    c.dims("scales", scales, &[n, params.groups_per_row(k)])?;
+    c.dtype("biases", biases, &[scales.dtype()])?;
+    c.dims("biases", biases, &[n, params.groups_per_row(k)])?;
+    c.require("w", n >= 1, || "has no rows".into())?;
+    let rows = check_rows(&c, x, out, k, n)?;
+    let args = vec![
+        Arg::read(x),
+        Arg::read(w),
+        Arg::read(scales),
+        Arg::read(biases),
+        Arg::write(out),
+        Arg::u32(to_u32(&c, "x", rows)?),
+        Arg::u32(to_u32(&c, "x", k)?),
+        Arg::u32(to_u32(&c, "w", n)?),
+        Arg::u32(bits),
+        Arg::u32(group_size as u32),
+    ];
+    let grid = Grid::cover(n, 128).with_y(rows.min(u32::MAX as usize) as u32);
+    Dispatch::new(KernelId("matmul_affine"), args, grid, OpKind::MatMul)
+}
+
+/// The expert-routed product: `out[r, s, :] = W[ids[r, s]] · x[r, :]` with `x` f32 `[rows, k]`,
+/// `w` `[experts, n, k]` of any of [`WEIGHT_DTYPES`], `ids` i32 `[rows, slots]` (read on the device
+/// when the dispatch runs; an id outside `0..experts` is a kernel error naming it) and `out` f32
+/// `[rows, slots, n]`.
+pub fn matmul_id(x: &Buffer, w: &Buffer, ids: &Buffer, out: &Buffer) -> Result<Dispatch> {
+    let c = Check::op("matmul_id");
+    c.dtype("w", w, &WEIGHT_DTYPES)?;
+    c.require("w", w.shape().rank() == 3, || {
+        format!("must be [experts, n, k], got {:?}", w.dims())
+    })?;
+    let (experts, n, k) = (w.dims()[0], w.dims()[1], w.dims()[2]);
+    c.require("w", experts >= 1 && n >= 1 && k >= 1, || {
+        format!("has an empty dimension {:?}", w.dims())
+    })?;
+    c.dtype("x", x, &[DType::F32])?;
+    c.require("x", x.shape().rank() == 2, || {
+        format!("must be [rows, k], got {:?}", x.dims())
+    })?;
+    c.last_dim("x", x, k)?;
+    let rows = x.dims()[0];
+    c.dtype("ids", ids, &[DType::I32])?;
+    c.require(
+        "ids",
+        ids.shape().rank() == 2 && ids.dims()[0] == rows,
+        || format!("must be [rows = {rows}, slots], got {:?}", ids.dims()),
+    )?;
+    let slots = ids.dims()[1];
+    c.dtype("out", out, &[DType::F32])?;
+    c.dims("out", out, &[rows, slots, n])?;
+    let args = vec![
+        Arg::read(x),
+        Arg::read(w),
+        Arg::read(ids),
+        Arg::write(out),
+        Arg::u32(to_u32(&c, "x", rows)?),
+        Arg::u32(to_u32(&c, "w", k)?),
+        Arg::u32(to_u32(&c, "w", n)?),
+        Arg::u32(to_u32(&c, "ids", slots)?),
+        Arg::u32(to_u32(&c, "w", experts)?),
+    ];
+    let grid = Grid::cover(n, 128).with_y((rows * slots).min(u32::MAX as usize) as u32);
+    Dispatch::new(
+        KernelId(id_kernel_name(w.dtype())),
+        args,
+        grid,
+        OpKind::MatMulId,
+    )
+}
+
+impl Session {
+    /// Pushes [`matmul`]: `out = x · wᵀ`.
+    pub fn matmul(&mut self, x: &Buffer, w: &Buffer, out: &Buffer) -> Result<()> {
+        self.push(matmul(x, w, out)?)
+    }
+
+    /// Pushes [`matmul_affine`]: the MLX affine product.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_affine(
+        &mut self,
+        x: &Buffer,
+        w: &Buffer,
+        scales: &Buffer,
+        biases: &Buffer,
+        bits: u32,
+        group_size: usize,
+        out: &Buffer,
+    ) -> Result<()> {
+        self.push(matmul_affine(x, w, scales, biases, bits, group_size, out)?)
+    }
+
+    /// Pushes [`matmul_id`]: the expert-routed product.
+    pub fn matmul_id(&mut self, x: &Buffer, w: &Buffer, ids: &Buffer, out: &Buffer) -> Result<()> {
+        self.push(matmul_id(x, w, ids, out)?)
+    }
+}
+
+#[cfg(test)]
+#[path = "matmul_tests.rs"]
+mod tests;

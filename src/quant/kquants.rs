@@ -182,13 +182,13 @@ impl BlockQ6K {
             scales: [0; QK_K / 16],
             d: f32_to_f16_bits(d),
         };
-        for j in 0..16 {
-            blk.scales[j] = grid_up(want[j], d, 127) as i8 as u8;
+        for (sc, &w) in blk.scales.iter_mut().zip(&want) {
+            *sc = grid_up(w, d, 127) as i8 as u8;
         }
-        for i in 0..QK_K {
+        for (i, &v) in x.iter().enumerate() {
             let s = d * blk.scales[i / 16] as i8 as f32;
             let inv = if s != 0.0 { 1.0 / s } else { 0.0 };
-            let q = ((x[i] * inv).round().clamp(-32.0, 31.0) as i32 + 32) as u8;
+            let q = ((v * inv).round().clamp(-32.0, 31.0) as i32 + 32) as u8;
             let (h, r) = (i / 128, i % 128);
             let (quarter, l) = (r / 32, r % 32);
             let lo_idx = 64 * h + 32 * (quarter % 2) + l;

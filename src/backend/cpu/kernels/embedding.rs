@@ -1,8 +1,74 @@
-//! CPU kernels of the `embedding` op family.
+//! CPU kernels of the `embedding` op family: gather rows of a (possibly quantized) table by token
+//! id and dequantize them to f32.
+//!
+//! Argument layout (`ops::embedding` builds it): `embedding_<t>`: table `[vocab, dim]`, ids i32
+//! `[rows]`, out f32 `[rows, dim]`, vocab: u32, dim: u32. Every id is checked against `vocab`
+//! before any row is read; an id out of range is a kernel error naming it.
 
-use crate::backend::cpu::CpuRegistry;
+use rayon::prelude::*;
+
+use crate::backend::cpu::{CpuRegistry, KernelArgs};
+use crate::error::{Error, Result};
 
 /// Registers this family's kernels.
 pub(super) fn register(registry: &mut CpuRegistry) {
-    let _ = registry;
+    for name in [
+        "embedding_f32",
+        "embedding_f16",
+        "embedding_bf16",
+        "embedding_q4_0",
+        "embedding_q4_1",
+        "embedding_q8_0",
+        "embedding_q4_k",
+        "embedding_q6_k",
+    ] {
+        registry.register(name, embedding_kernel);
+    }
+}
+
+fn embedding_kernel(args: &KernelArgs<'_>) -> Result<()> {
+    let err = |msg: String| Error::Kernel {
+        kernel: args.kernel().0,
+        msg,
+    };
+    let (tbuf, _) = args.buffer(0)?;
+    let table = args.input_bytes(0)?;
+    let ids = args.input::<i32>(1)?;
+    let out = args.output::<f32>(2)?;
+    let (vocab, dim) = (args.usize(3)?, args.usize(4)?);
+    let dtype = tbuf.dtype();
+    let row_bytes = dtype
+        .bytes_for(dim)
+        .ok_or_else(|| err(format!("dim {dim} is not a whole number of {dtype} blocks")))?;
+    if table.len() != vocab * row_bytes || out.len() != ids.len() * dim {
+        return Err(err(format!(
+            "table of {} bytes for {vocab} x {dim} {dtype}, out of {} values for {} ids",
+            table.len(),
+            out.len(),
+            ids.len()
+        )));
+    }
+    if let Some((i, &id)) = ids
+        .iter()
+        .enumerate()
+        .find(|(_, &id)| id < 0 || id as usize >= vocab)
+    {
+        return Err(err(format!(
+            "token id {id} at ids[{i}] is outside the vocabulary 0..{vocab}"
+        )));
+    }
+    if dim == 0 {
+        return Ok(());
+    }
+    out.par_chunks_mut(dim)
+        .zip(ids.par_iter())
+        .for_each(|(row, &id)| {
+            let id = id as usize;
+            crate::quant::dequantize_unchecked(
+                dtype,
+                &table[id * row_bytes..(id + 1) * row_bytes],
+                row,
+            );
+        });
+    Ok(())
 }

@@ -1,8 +1,408 @@
-//! CPU kernels of the `matmul` op family.
+//! CPU kernels of the `matmul` op family: `y[r, o] = sum_i x[r, i] * W[o, i]` with f32 activations
+//! and weights in any GGML block format, f32, f16, bf16 or the MLX affine format.
+//!
+//! Weights are dequantized on the fly and every sum is f32. One row of activations (decode) takes
+//! the vector form: rayon over chunks of output rows, each a fused dequantize-and-dot. More rows
+//! (prefill) take the matrix form: rayon over tiles of [`NR`] output columns; each task
+//! dequantizes its tile of weight rows once into a packed f32 buffer (thread-local, so no heap
+//! allocation per dispatch once warm) and runs the register-blocked micro-kernel over all
+//! activation rows, [`MR`] at a time.
+//!
+//! Argument layouts (the ops in `ops::matmul` build them):
+//! - `matmul_<w>`: x, w, out, rows: u32, k: u32, n: u32
+//! - `matmul_affine`: x, packed w (u32), scales, biases (f32 or f16), out, rows, k, n, bits, group
+//! - `matmul_id_<w>`: x, w `[experts, n, k]`, ids i32 `[rows, slots]`, out, rows, k, n, slots, experts
 
-use crate::backend::cpu::CpuRegistry;
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+use super::matmul_simd::{dot_f32, dot_row, micro_kernel, Isa, MR, NR};
+use crate::backend::cpu::{CpuRegistry, KernelArgs};
+use crate::backend::DType;
+use crate::error::{Error, Result};
+use crate::quant::{AffineParams, QK_K};
 
 /// Registers this family's kernels.
 pub(super) fn register(registry: &mut CpuRegistry) {
-    let _ = registry;
+    for (name, id_name) in [
+        ("matmul_f32", "matmul_id_f32"),
+        ("matmul_f16", "matmul_id_f16"),
+        ("matmul_bf16", "matmul_id_bf16"),
+        ("matmul_q4_0", "matmul_id_q4_0"),
+        ("matmul_q4_1", "matmul_id_q4_1"),
+        ("matmul_q8_0", "matmul_id_q8_0"),
+        ("matmul_q4_k", "matmul_id_q4_k"),
+        ("matmul_q6_k", "matmul_id_q6_k"),
+    ] {
+        registry.register(name, matmul_kernel);
+        registry.register(id_name, matmul_id_kernel);
+    }
+    registry.register("matmul_affine", matmul_affine_kernel);
 }
+
+/// Where the rows of a weight matrix come from.
+#[derive(Clone, Copy)]
+pub(crate) enum WeightRows<'a> {
+    /// `n` rows of `row_bytes` bytes of a GGML or float dtype.
+    Plain {
+        /// The format.
+        dtype: DType,
+        /// All rows.
+        bytes: &'a [u8],
+        /// Bytes per row.
+        row_bytes: usize,
+    },
+    /// MLX affine rows.
+    Affine {
+        /// Packed quants, `words` per row.
+        packed: &'a [u32],
+        /// Scales, `groups` per row, f32 or f16 bytes.
+        scales: &'a [u8],
+        /// Biases, as the scales.
+        biases: &'a [u8],
+        /// Whether scales and biases are f16 (else f32).
+        half: bool,
+        /// Bits and group size.
+        params: AffineParams,
+        /// Values per row.
+        k: usize,
+    },
+}
+
+impl WeightRows<'_> {
+    /// Writes weight row `o` as f32 into `out` (`k` values).
+    fn dequant_row(&self, o: usize, out: &mut [f32]) {
+        match *self {
+            WeightRows::Plain {
+                dtype,
+                bytes,
+                row_bytes,
+            } => crate::quant::dequantize_unchecked(
+                dtype,
+                &bytes[o * row_bytes..(o + 1) * row_bytes],
+                out,
+            ),
+            WeightRows::Affine {
+                packed,
+                scales,
+                biases,
+                half,
+                params,
+                k,
+            } => {
+                let words = params.words_per_row(k);
+                let groups = params.groups_per_row(k);
+                let row = &packed[o * words..(o + 1) * words];
+                let per_word = params.per_word();
+                let mask = (1u32 << params.bits) - 1;
+                for g in 0..groups {
+                    let s = scalar_at(scales, o * groups + g, half);
+                    let b = scalar_at(biases, o * groups + g, half);
+                    let first = g * params.group_size;
+                    for (i, v) in out[first..first + params.group_size].iter_mut().enumerate() {
+                        let idx = first + i;
+                        let q = (row[idx / per_word] >> (params.bits as usize * (idx % per_word)))
+                            & mask;
+                        *v = s * q as f32 + b;
+                    }
+                }
+            }
+        }
+    }
+
+    /// `dot(x, W[o])`; `scratch` holds at least `k` values.
+    #[inline]
+    fn dot(&self, isa: Isa, o: usize, x: &[f32], scratch: &mut [f32]) -> f32 {
+        match *self {
+            WeightRows::Plain {
+                dtype,
+                bytes,
+                row_bytes,
+            } => dot_row(
+                isa,
+                dtype,
+                &bytes[o * row_bytes..(o + 1) * row_bytes],
+                x,
+                scratch,
+            ),
+            WeightRows::Affine { k, .. } => {
+                let tmp = &mut scratch[..k];
+                self.dequant_row(o, tmp);
+                dot_f32(isa, tmp, x)
+            }
+        }
+    }
+}
+
+/// Value `i` of a little-endian f32 or f16 array.
+#[inline]
+fn scalar_at(bytes: &[u8], i: usize, half: bool) -> f32 {
+    if half {
+        half::f16::from_bits(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])).to_f32()
+    } else {
+        f32::from_le_bytes([
+            bytes[4 * i],
+            bytes[4 * i + 1],
+            bytes[4 * i + 2],
+            bytes[4 * i + 3],
+        ])
+    }
+}
+
+thread_local! {
+    /// Per-thread scratch: a packed weight tile and a dequantized row. Borrowed only inside code
+    /// that makes no rayon call, so a task can never re-enter it.
+    static SCRATCH: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+fn with_scratch<R>(tile: usize, row: usize, f: impl FnOnce(&mut [f32], &mut [f32]) -> R) -> R {
+    SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        let (t, r) = &mut *s;
+        if t.len() < tile {
+            t.resize(tile, 0.0);
+        }
+        if r.len() < row {
+            r.resize(row, 0.0);
+        }
+        f(&mut t[..tile], &mut r[..row])
+    })
+}
+
+/// Pointer to the output matrix, shared by tasks that write disjoint columns.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: the tasks of one product write disjoint elements (see `matmul_rows`).
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The pointer (a method, so closures capture the whole `Send` wrapper).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// `out[r * n + o] = dot(x[r * k..], W[o])` for `rows` activation rows. `x` holds `rows * k`
+/// values, `out` `rows * n`; `w` has `n` rows of `k` values.
+pub(crate) fn matmul_rows(
+    isa: Isa,
+    w: &WeightRows<'_>,
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    debug_assert!(x.len() >= rows * k && out.len() >= rows * n);
+    if rows == 1 {
+        let chunk = (n / (rayon::current_num_threads() * 8)).clamp(8, 512);
+        let scratch_len = k.max(QK_K);
+        out[..n]
+            .par_chunks_mut(chunk)
+            .enumerate()
+            .for_each(|(c, oc)| {
+                with_scratch(0, scratch_len, |_, row| {
+                    for (j, o) in oc.iter_mut().enumerate() {
+                        *o = w.dot(isa, c * chunk + j, &x[..k], row);
+                    }
+                })
+            });
+        return;
+    }
+    let tiles = n.div_ceil(NR);
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    (0..tiles).into_par_iter().for_each(|t| {
+        let o0 = t * NR;
+        let width = NR.min(n - o0);
+        with_scratch(k * NR, k, |packed, row| {
+            for j in 0..NR {
+                if j < width {
+                    w.dequant_row(o0 + j, row);
+                    for (p, &v) in row.iter().enumerate() {
+                        packed[p * NR + j] = v;
+                    }
+                } else {
+                    for p in 0..k {
+                        packed[p * NR + j] = 0.0;
+                    }
+                }
+            }
+            let mut c = [[0f32; NR]; MR];
+            let mut r0 = 0;
+            while r0 < rows {
+                let m = MR.min(rows - r0);
+                micro_kernel(isa, &x[r0 * k..], k, m, packed, k, &mut c);
+                for (i, ci) in c.iter().enumerate().take(m) {
+                    let base = (r0 + i) * n + o0;
+                    // SAFETY: `base + width <= rows * n <= out.len()`, and only the task of tile
+                    // `t` writes columns `o0..o0 + width`, so no two tasks touch one element.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(ci.as_ptr(), out_ptr.get().add(base), width)
+                    };
+                }
+                r0 += m;
+            }
+        })
+    });
+}
+
+fn kernel_err(args: &KernelArgs<'_>, msg: String) -> Error {
+    Error::Kernel {
+        kernel: args.kernel().0,
+        msg,
+    }
+}
+
+fn check_len(args: &KernelArgs<'_>, what: &str, got: usize, want: usize) -> Result<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(kernel_err(
+            args,
+            format!("{what} has {got} elements or bytes, expected {want}"),
+        ))
+    }
+}
+
+fn matmul_kernel(args: &KernelArgs<'_>) -> Result<()> {
+    let x = args.input::<f32>(0)?;
+    let (wbuf, _) = args.buffer(1)?;
+    let w = args.input_bytes(1)?;
+    let out = args.output::<f32>(2)?;
+    let (rows, k, n) = (args.usize(3)?, args.usize(4)?, args.usize(5)?);
+    let dtype = wbuf.dtype();
+    let row_bytes = dtype.bytes_for(k).ok_or_else(|| {
+        kernel_err(
+            args,
+            format!("k = {k} is not a whole number of {dtype} blocks"),
+        )
+    })?;
+    check_len(args, "x", x.len(), rows * k)?;
+    check_len(args, "w", w.len(), n * row_bytes)?;
+    check_len(args, "out", out.len(), rows * n)?;
+    matmul_rows(
+        Isa::detect(),
+        &WeightRows::Plain {
+            dtype,
+            bytes: w,
+            row_bytes,
+        },
+        x,
+        rows,
+        k,
+        n,
+        out,
+    );
+    Ok(())
+}
+
+fn matmul_affine_kernel(args: &KernelArgs<'_>) -> Result<()> {
+    let x = args.input::<f32>(0)?;
+    let packed = args.input::<u32>(1)?;
+    let (sbuf, _) = args.buffer(2)?;
+    let scales = args.input_bytes(2)?;
+    let biases = args.input_bytes(3)?;
+    let out = args.output::<f32>(4)?;
+    let (rows, k, n) = (args.usize(5)?, args.usize(6)?, args.usize(7)?);
+    let params = AffineParams::new(args.u32(8)?, args.usize(9)?)
+        .map_err(|e| kernel_err(args, e.to_string()))?;
+    let half = sbuf.dtype() == DType::F16;
+    let groups = n * params.groups_per_row(k);
+    check_len(args, "x", x.len(), rows * k)?;
+    check_len(args, "w", packed.len(), n * params.words_per_row(k))?;
+    check_len(
+        args,
+        "scales",
+        scales.len(),
+        groups * if half { 2 } else { 4 },
+    )?;
+    check_len(args, "biases", biases.len(), scales.len())?;
+    check_len(args, "out", out.len(), rows * n)?;
+    let w = WeightRows::Affine {
+        packed,
+        scales,
+        biases,
+        half,
+        params,
+        k,
+    };
+    matmul_rows(Isa::detect(), &w, x, rows, k, n, out);
+    Ok(())
+}
+
+/// The expert-routed product on the host: `out[r, s, :] = W[ids[r, s]] x[r, :]`. An expert id
+/// outside `0..experts` is an error naming it.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_id_rows(
+    isa: Isa,
+    dtype: DType,
+    w: &[u8],
+    ids: &[i32],
+    x: &[f32],
+    (rows, k, n, slots, experts): (usize, usize, usize, usize, usize),
+    out: &mut [f32],
+) -> std::result::Result<(), String> {
+    let row_bytes = dtype
+        .bytes_for(k)
+        .ok_or_else(|| format!("k = {k} is not whole {dtype} blocks"))?;
+    if let Some((i, &e)) = ids
+        .iter()
+        .enumerate()
+        .find(|(_, &e)| e < 0 || e as usize >= experts)
+    {
+        return Err(format!(
+            "expert id {e} at ids[{}, {}] is outside 0..{experts}",
+            i / slots.max(1),
+            i % slots.max(1)
+        ));
+    }
+    let expert_bytes = n * row_bytes;
+    out[..rows * slots * n]
+        .par_chunks_mut(n.max(1))
+        .enumerate()
+        .for_each(|(pair, o)| {
+            let (r, e) = (pair / slots, ids[pair] as usize);
+            let wr = WeightRows::Plain {
+                dtype,
+                bytes: &w[e * expert_bytes..(e + 1) * expert_bytes],
+                row_bytes,
+            };
+            matmul_rows(isa, &wr, &x[r * k..(r + 1) * k], 1, k, n, o);
+        });
+    Ok(())
+}
+
+fn matmul_id_kernel(args: &KernelArgs<'_>) -> Result<()> {
+    let x = args.input::<f32>(0)?;
+    let (wbuf, _) = args.buffer(1)?;
+    let w = args.input_bytes(1)?;
+    let ids = args.input::<i32>(2)?;
+    let out = args.output::<f32>(3)?;
+    let dims = (
+        args.usize(4)?,
+        args.usize(5)?,
+        args.usize(6)?,
+        args.usize(7)?,
+        args.usize(8)?,
+    );
+    let (rows, k, n, slots, experts) = dims;
+    let dtype = wbuf.dtype();
+    let row_bytes = dtype.bytes_for(k).unwrap_or(usize::MAX);
+    check_len(args, "x", x.len(), rows * k)?;
+    check_len(
+        args,
+        "w",
+        w.len(),
+        experts.saturating_mul(n).saturating_mul(row_bytes),
+    )?;
+    check_len(args, "ids", ids.len(), rows * slots)?;
+    check_len(args, "out", out.len(), rows * slots * n)?;
+    matmul_id_rows(Isa::detect(), dtype, w, ids, x, dims, out).map_err(|m| kernel_err(args, m))
+}
+
+#[cfg(test)]
+#[path = "matmul_tests.rs"]
+mod tests;

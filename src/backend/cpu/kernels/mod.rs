@@ -7,6 +7,7 @@ mod elementwise;
 mod embedding;
 mod kv_cache;
 mod matmul;
+mod matmul_simd;
 mod norm;
 mod rope;
 mod softmax;

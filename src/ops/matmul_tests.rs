@@ -1,0 +1,289 @@
+//! The matmul ops through a CPU session against a float64 reference of the dequantized weights.
+//!
+//! Tolerance: f32 accumulation, `|got - want| <= 1e-4 * sum_i |x_i| * (|w_i| + 1)` per output
+//! (the `+ 1` covers the Q4_1 / affine split `d * sum(x q) + m * sum(x)`, whose terms can be
+//! larger than `|w|`; in practice errors are below 1e-6 of that scale).
+
+use super::*;
+use crate::backend::Device;
+use crate::quant::{dequantize, quantize, quantize_affine};
+use crate::session::{Executor, Mode, Plan};
+use crate::testutil::random_f32;
+
+fn device() -> Device {
+    Device::cpu(2).unwrap()
+}
+
+/// Reference `y[r, o]` and its error scale, in f64 from dequantized weights `wf` `[n, k]`.
+fn reference(x: &[f32], wf: &[f32], rows: usize, k: usize, n: usize) -> (Vec<f64>, Vec<f64>) {
+    let mut y = vec![0f64; rows * n];
+    let mut s = vec![0f64; rows * n];
+    for r in 0..rows {
+        for o in 0..n {
+            for i in 0..k {
+                let (a, b) = (x[r * k + i] as f64, wf[o * k + i] as f64);
+                y[r * n + o] += a * b;
+                s[r * n + o] += a.abs() * (b.abs() + 1.0);
+            }
+        }
+    }
+    (y, s)
+}
+
+fn assert_matches(got: &[f32], want: &[f64], scale: &[f64], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, ((g, w), s)) in got.iter().zip(want).zip(scale).enumerate() {
+        let tol = 1e-4 * s + 1e-30;
+        assert!(
+            ((*g as f64) - w).abs() <= tol,
+            "{what}: index {i}: got {g}, want {w} (tol {tol:e})"
+        );
+    }
+}
+
+fn run_matmul(dtype: DType, rows: usize, k: usize, n: usize, seed: u64) {
+    let dev = device();
+    let x = random_f32(rows * k, 1.0, seed);
+    let wv = random_f32(n * k, 0.5, seed + 1000);
+    let wb = quantize(dtype, &wv).unwrap();
+    let wf = dequantize(dtype, &wb).unwrap();
+    let xb = dev.upload(&x, &[rows, k]).unwrap();
+    let wbuf = dev.upload_bytes(&wb, dtype, &[n, k]).unwrap();
+    let out = dev.alloc(DType::F32, &[rows, n]).unwrap();
+    let mut s = Executor::new(dev.clone()).begin(Mode::Direct);
+    s.matmul(&xb, &wbuf, &out).unwrap();
+    s.finish(&Plan::SEQUENTIAL).unwrap();
+    let got: Vec<f32> = dev.download(&out).unwrap();
+    let (want, scale) = reference(&x, &wf, rows, k, n);
+    assert_matches(
+        &got,
+        &want,
+        &scale,
+        &format!("matmul {dtype} rows {rows} k {k} n {n} seed {seed}"),
+    );
+}
+
+#[test]
+fn matmul_q4_1_q8_0_f32_odd_shapes() {
+    for dtype in [DType::Q4_1, DType::Q8_0, DType::F32] {
+        for (k, n) in [(64, 1), (64, 7), (576, 192), (1536, 7)] {
+            for rows in [1, 2, 17] {
+                run_matmul(dtype, rows, k, n, (k * 31 + n * 7 + rows) as u64);
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_other_formats_odd_shapes() {
+    for dtype in [DType::Q4_0, DType::F16, DType::BF16] {
+        for (k, n) in [(64, 7), (576, 192), (1536, 1)] {
+            for rows in [1, 2, 17] {
+                run_matmul(dtype, rows, k, n, (k + n + rows) as u64);
+            }
+        }
+    }
+    for dtype in [DType::Q4K, DType::Q6K] {
+        for (k, n) in [(256, 7), (1536, 19), (512, 1)] {
+            for rows in [1, 2, 17] {
+                run_matmul(dtype, rows, k, n, (k + n + rows) as u64 + 5);
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_recorded_and_3d_activations() {
+    let dev = device();
+    let (k, n) = (64, 9);
+    let x = random_f32(2 * 3 * k, 1.0, 77);
+    let wv = random_f32(n * k, 1.0, 78);
+    let xb = dev.upload(&x, &[2, 3, k]).unwrap();
+    let wbuf = dev.upload(&wv, &[n, k]).unwrap();
+    let out = dev.alloc(DType::F32, &[2, 3, n]).unwrap();
+    let mut s = Executor::new(dev.clone()).begin(Mode::Recorded);
+    s.matmul(&xb, &wbuf, &out).unwrap();
+    s.finish(&Plan::OPTIMIZED).unwrap();
+    let got: Vec<f32> = dev.download(&out).unwrap();
+    let (want, scale) = reference(&x, &wv, 6, k, n);
+    assert_matches(&got, &want, &scale, "recorded 3-d matmul");
+}
+
+#[test]
+fn matmul_affine_matches_reference() {
+    let dev = device();
+    for (bits, group, half_scales) in [
+        (4, 32, false),
+        (4, 64, true),
+        (8, 128, false),
+        (8, 32, true),
+    ] {
+        for rows in [1, 3, 17] {
+            let (k, n) = (256, 7);
+            let seed = (bits * 100 + group as u32 + rows as u32) as u64;
+            let x = random_f32(rows * k, 1.0, seed);
+            let p = AffineParams::new(bits, group).unwrap();
+            let mut m = quantize_affine(&random_f32(n * k, 1.0, seed + 1), k, p).unwrap();
+            if half_scales {
+                for v in m.scales.iter_mut().chain(m.biases.iter_mut()) {
+                    *v = half::f16::from_f32(*v).to_f32();
+                }
+            }
+            let wf = m.dequantize();
+            let g = k / group;
+            let (sb, bb) = if half_scales {
+                let h = |v: &[f32]| {
+                    v.iter()
+                        .map(|&f| half::f16::from_f32(f))
+                        .collect::<Vec<_>>()
+                };
+                (
+                    dev.upload(&h(&m.scales), &[n, g]).unwrap(),
+                    dev.upload(&h(&m.biases), &[n, g]).unwrap(),
+                )
+            } else {
+                (
+                    dev.upload(&m.scales, &[n, g]).unwrap(),
+                    dev.upload(&m.biases, &[n, g]).unwrap(),
+                )
+            };
+            let xb = dev.upload(&x, &[rows, k]).unwrap();
+            let wb = dev.upload(&m.packed, &[n, k * bits as usize / 32]).unwrap();
+            let out = dev.alloc(DType::F32, &[rows, n]).unwrap();
+            let mut s = Executor::new(dev.clone()).begin(Mode::Direct);
+            s.matmul_affine(&xb, &wb, &sb, &bb, bits, group, &out)
+                .unwrap();
+            s.finish(&Plan::SEQUENTIAL).unwrap();
+            let got: Vec<f32> = dev.download(&out).unwrap();
+            let (want, scale) = reference(&x, &wf, rows, k, n);
+            assert_matches(
+                &got,
+                &want,
+                &scale,
+                &format!("affine bits {bits} group {group} rows {rows}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn matmul_id_routes_rows_to_experts() {
+    let dev = device();
+    for dtype in [DType::Q4_1, DType::Q8_0, DType::F32, DType::Q4K] {
+        let (experts, k, n, rows, slots) = (4, 256, 7, 3, 2);
+        let wv = random_f32(experts * n * k, 0.5, 90);
+        let wb = quantize(dtype, &wv).unwrap();
+        let wf = dequantize(dtype, &wb).unwrap();
+        let x = random_f32(rows * k, 1.0, 91);
+        let ids: Vec<i32> = vec![3, 0, 1, 1, 2, 3];
+        let xb = dev.upload(&x, &[rows, k]).unwrap();
+        let wbuf = dev.upload_bytes(&wb, dtype, &[experts, n, k]).unwrap();
+        let ib = dev.upload(&ids, &[rows, slots]).unwrap();
+        let out = dev.alloc(DType::F32, &[rows, slots, n]).unwrap();
+        let mut s = Executor::new(dev.clone()).begin(Mode::Direct);
+        s.matmul_id(&xb, &wbuf, &ib, &out).unwrap();
+        s.finish(&Plan::SEQUENTIAL).unwrap();
+        let got: Vec<f32> = dev.download(&out).unwrap();
+        for r in 0..rows {
+            for sl in 0..slots {
+                let e = ids[r * slots + sl] as usize;
+                let (want, scale) = reference(
+                    &x[r * k..(r + 1) * k],
+                    &wf[e * n * k..(e + 1) * n * k],
+                    1,
+                    k,
+                    n,
+                );
+                let g = &got[(r * slots + sl) * n..(r * slots + sl + 1) * n];
+                assert_matches(
+                    g,
+                    &want,
+                    &scale,
+                    &format!("matmul_id {dtype} row {r} slot {sl}"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_id_bad_expert_is_a_kernel_error() {
+    let dev = device();
+    let (experts, k, n) = (2, 64, 3);
+    let wbuf = dev
+        .upload(&random_f32(experts * n * k, 1.0, 1), &[experts, n, k])
+        .unwrap();
+    let xb = dev.upload(&random_f32(k, 1.0, 2), &[1, k]).unwrap();
+    let ib = dev.upload(&[5i32], &[1, 1]).unwrap();
+    let out = dev.alloc(DType::F32, &[1, 1, n]).unwrap();
+    let mut s = Executor::new(dev.clone()).begin(Mode::Direct);
+    s.matmul_id(&xb, &wbuf, &ib, &out).unwrap();
+    let err = s.finish(&Plan::SEQUENTIAL).unwrap_err().to_string();
+    assert!(err.contains("expert id 5"), "{err}");
+}
+
+#[test]
+fn wrong_dtypes_and_shapes_name_op_and_argument() {
+    let dev = device();
+    let x = dev.alloc(DType::F32, &[2, 64]).unwrap();
+    let w = dev.alloc(DType::Q4_1, &[8, 64]).unwrap();
+    let out = dev.alloc(DType::F32, &[2, 8]).unwrap();
+    assert!(matmul(&x, &w, &out).is_ok());
+    let cases = [
+        (
+            matmul(&dev.alloc(DType::F16, &[2, 64]).unwrap(), &w, &out),
+            "`x`",
+        ),
+        (
+            matmul(&x, &dev.alloc(DType::I32, &[8, 64]).unwrap(), &out),
+            "`w`",
+        ),
+        (
+            matmul(&x, &dev.alloc(DType::Q4_1, &[8, 96]).unwrap(), &out),
+            "`x`",
+        ),
+        (
+            matmul(&x, &w, &dev.alloc(DType::F32, &[2, 7]).unwrap()),
+            "`out`",
+        ),
+        (
+            matmul(&x, &w, &dev.alloc(DType::F32, &[3, 8]).unwrap()),
+            "`out`",
+        ),
+        (
+            matmul(&x, &dev.alloc(DType::Q8_0, &[2, 8, 64]).unwrap(), &out),
+            "`w`",
+        ),
+    ];
+    for (i, (r, arg)) in cases.into_iter().enumerate() {
+        let e = r
+            .err()
+            .unwrap_or_else(|| panic!("case {i} should fail"))
+            .to_string();
+        assert!(e.starts_with("matmul") && e.contains(arg), "case {i}: {e}");
+    }
+    let wu = dev.alloc(DType::U32, &[8, 8]).unwrap();
+    let sc = dev.alloc(DType::F32, &[8, 2]).unwrap();
+    let e = matmul_affine(&x, &wu, &sc, &sc, 3, 32, &out)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("matmul_affine") && e.contains("`bits`"), "{e}");
+    let e = matmul_affine(
+        &x,
+        &wu,
+        &sc,
+        &dev.alloc(DType::F16, &[8, 2]).unwrap(),
+        4,
+        32,
+        &out,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("matmul_affine") && e.contains("`biases`"), "{e}");
+    let ids = dev.alloc(DType::F32, &[2, 1]).unwrap();
+    let w3 = dev.alloc(DType::Q8_0, &[2, 8, 64]).unwrap();
+    let e = matmul_id(&x, &w3, &ids, &dev.alloc(DType::F32, &[2, 1, 8]).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("matmul_id") && e.contains("`ids`"), "{e}");
+}
