@@ -150,6 +150,16 @@ impl Executor {
                 }
                 Ok(Submission::Cpu(enc.submit()?))
             }
+            Device::Cuda(cuda) => {
+                // One stream: launches run in order, so barriers need no command.
+                let mut enc = cuda.encoder();
+                for node in nodes {
+                    if let Node::Dispatch(d) = node {
+                        enc.encode(d)?;
+                    }
+                }
+                Ok(Submission::Cuda(cuda.clone()))
+            }
         }
     }
 }
@@ -167,18 +177,22 @@ pub struct RunTimes {
 
 enum Submission {
     Cpu(crate::backend::cpu::CpuSubmission),
+    /// Work launched into the device's stream; waiting synchronizes the stream.
+    Cuda(std::sync::Arc<crate::backend::cuda::CudaDevice>),
 }
 
 impl Submission {
     fn wait(self) -> Result<()> {
         match self {
             Submission::Cpu(s) => s.wait(),
+            Submission::Cuda(d) => d.synchronize(),
         }
     }
 }
 
 enum Encoding {
     Cpu { encoder: crate::backend::cpu::CpuEncoder, submitted: Vec<Submission> },
+    Cuda { encoder: crate::backend::cuda::CudaEncoder },
 }
 
 /// One pass of work on a device. Every op is a method (see `ops/`), each declaring which of its
@@ -204,6 +218,7 @@ impl Session {
             (Device::Cpu(cpu), Mode::Direct) => {
                 Some(Encoding::Cpu { encoder: cpu.encoder(), submitted: Vec::new() })
             }
+            (Device::Cuda(cuda), Mode::Direct) => Some(Encoding::Cuda { encoder: cuda.encoder() }),
             (_, Mode::Recorded) => None,
         };
         Session {
@@ -253,6 +268,16 @@ impl Session {
                 encoder.encode(&dispatch)?;
                 Ok(())
             }
+            Some(Encoding::Cuda { encoder }) => {
+                // Stream order is the barrier; count barriers as the CPU backend would place them.
+                if self.group.conflicts(dispatch.reads(), dispatch.writes()) {
+                    encoder.barrier();
+                    self.barriers += 1;
+                    self.group.clear();
+                }
+                self.group.add(dispatch.reads(), dispatch.writes());
+                encoder.encode(&dispatch)
+            }
         }
         .and_then(|()| self.maybe_split_direct())
     }
@@ -261,7 +286,7 @@ impl Session {
         // Direct mode does not know the pass's length; it submits its first 64 dispatches early.
         let Some(Encoding::Cpu { encoder, submitted }) = &mut self.direct else { return Ok(()) };
         if submitted.is_empty() && encoder.dispatch_count() == DIRECT_SPLIT_AT && self.executor.config.split {
-            let Device::Cpu(cpu) = &self.device;
+            let Device::Cpu(cpu) = &self.device else { return Ok(()) };
             let full = std::mem::replace(encoder, cpu.encoder());
             submitted.push(Submission::Cpu(full.submit()?));
             self.group.clear();
@@ -316,6 +341,22 @@ impl Session {
                 if plan.timing {
                     report.encode_time = encoded - encode_start;
                     report.wait_time = waited;
+                }
+                Ok(report)
+            }
+            Some(Encoding::Cuda { encoder }) => {
+                let encoded = Instant::now();
+                encoder.finish()?;
+                let mut report = FinishReport {
+                    dispatches: self.dispatches,
+                    barriers: self.barriers,
+                    barriers_sequential: self.barriers,
+                    submissions: 1,
+                    ..FinishReport::default()
+                };
+                if plan.timing {
+                    report.encode_time = encoded - self.started;
+                    report.wait_time = encoded.elapsed();
                 }
                 Ok(report)
             }

@@ -2,6 +2,7 @@
 
 mod buffer;
 pub mod cpu;
+pub mod cuda;
 mod dtype;
 mod memory;
 
@@ -19,6 +20,8 @@ pub enum Memory {
     Host(HostMemory),
     /// A read-only window of a mapped file (CPU backend, zero-copy weights).
     Mapped(MappedMemory),
+    /// Device memory of a CUDA GPU.
+    Cuda(cuda::CudaMemory),
 }
 
 impl Memory {
@@ -27,6 +30,7 @@ impl Memory {
         match self {
             Memory::Host(_) => "cpu".into(),
             Memory::Mapped(_) => "cpu (mapped file)".into(),
+            Memory::Cuda(m) => format!("cuda:{}", m.ordinal()),
         }
     }
 
@@ -35,6 +39,7 @@ impl Memory {
         match self {
             Memory::Host(h) => Some(h.as_ptr() as *const u8),
             Memory::Mapped(m) => Some(m.as_ptr()),
+            Memory::Cuda(_) => None,
         }
     }
 
@@ -42,7 +47,7 @@ impl Memory {
     pub(crate) fn host_ptr_mut(&self) -> Option<*mut u8> {
         match self {
             Memory::Host(h) => Some(h.as_ptr()),
-            Memory::Mapped(_) => None,
+            Memory::Mapped(_) | Memory::Cuda(_) => None,
         }
     }
 }
@@ -70,6 +75,8 @@ impl std::fmt::Display for BackendKind {
 pub enum Device {
     /// The CPU reference backend.
     Cpu(Arc<cpu::CpuDevice>),
+    /// An NVIDIA GPU.
+    Cuda(Arc<cuda::CudaDevice>),
 }
 
 impl Device {
@@ -78,10 +85,32 @@ impl Device {
         Ok(Device::Cpu(Arc::new(cpu::CpuDevice::new(threads)?)))
     }
 
+    /// CUDA device `ordinal` with options from the environment ([`cuda::CudaOptions::from_env`]);
+    /// an error (never a panic) when there is no driver or no such device.
+    pub fn cuda(ordinal: usize) -> Result<Device> {
+        Device::cuda_with(ordinal, &cuda::CudaOptions::from_env())
+    }
+
+    /// CUDA device `ordinal` with explicit options.
+    pub fn cuda_with(ordinal: usize, options: &cuda::CudaOptions) -> Result<Device> {
+        Ok(Device::Cuda(Arc::new(cuda::CudaDevice::new(ordinal, options)?)))
+    }
+
+    /// CUDA device 0 when a driver and a device are present, else the CPU with `threads` threads.
+    pub fn auto(threads: usize) -> Result<Device> {
+        if cuda::driver_present() && cuda::device_count().unwrap_or(0) > 0 {
+            if let Ok(d) = Device::cuda(0) {
+                return Ok(d);
+            }
+        }
+        Device::cpu(threads)
+    }
+
     /// The backend kind.
     pub fn kind(&self) -> BackendKind {
         match self {
             Device::Cpu(_) => BackendKind::Cpu,
+            Device::Cuda(_) => BackendKind::Cuda,
         }
     }
 
@@ -89,6 +118,7 @@ impl Device {
     pub fn name(&self) -> String {
         match self {
             Device::Cpu(d) => format!("cpu ({} threads)", d.threads()),
+            Device::Cuda(d) => d.name(),
         }
     }
 
@@ -98,6 +128,19 @@ impl Device {
         let bytes = bytes_of(dtype, shape)?;
         let alloc = match self {
             Device::Cpu(d) => d.alloc_bytes(bytes)?,
+            Device::Cuda(d) => d.alloc_bytes(bytes)?,
+        };
+        Buffer::whole(alloc, dtype, shape)
+    }
+
+    /// Allocates a scratch buffer whose contents are undefined (zeroed on the CPU). On CUDA it
+    /// comes from the device's caching pool, so steady-state passes make no driver allocation.
+    pub fn alloc_scratch(&self, dtype: DType, dims: &[usize]) -> Result<Buffer> {
+        let shape = Shape::new(dims)?;
+        let bytes = bytes_of(dtype, shape)?;
+        let alloc = match self {
+            Device::Cpu(d) => d.alloc_bytes(bytes)?,
+            Device::Cuda(d) => d.alloc_scratch_bytes(bytes)?,
         };
         Buffer::whole(alloc, dtype, shape)
     }
@@ -139,6 +182,7 @@ impl Device {
         }
         match self {
             Device::Cpu(d) => d.write_bytes(buf, bytes),
+            Device::Cuda(d) => d.write_bytes(buf, bytes),
         }
     }
 
@@ -161,6 +205,7 @@ impl Device {
     pub fn download_bytes(&self, buf: &Buffer) -> Result<Vec<u8>> {
         match self {
             Device::Cpu(d) => d.read_bytes(buf),
+            Device::Cuda(d) => d.read_bytes(buf),
         }
     }
 
@@ -168,6 +213,8 @@ impl Device {
     pub fn owns(&self, buf: &Buffer) -> bool {
         match (self, &buf.allocation().memory) {
             (Device::Cpu(_), Memory::Host(_) | Memory::Mapped(_)) => true,
+            (Device::Cuda(d), Memory::Cuda(m)) => m.ordinal() == d.ordinal(),
+            _ => false,
         }
     }
 }

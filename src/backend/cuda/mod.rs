@@ -1,0 +1,320 @@
+//! The CUDA backend, through `cudarc` with dynamic loading: the crate builds and runs where there
+//! is no CUDA, and finds the driver and NVRTC at run time.
+//!
+//! - Discovery never panics: [`driver_present`] is checked before any driver call.
+//! - [`CudaDevice`]: one context (the device's primary context), one stream, a
+//!   [`KernelRegistry`] (NVRTC-compiled, disk-cached cubins) and a [`ScratchPool`].
+//! - Memory is plain device memory (`cuMemAlloc`), never managed memory. Host copies go through
+//!   the device's stream and wait for it, so they are ordered after every launch before them.
+//! - [`CudaEncoder`] launches dispatches into the stream; stream order is the barrier.
+
+mod cache;
+mod encoder;
+mod memory;
+pub mod nvrtc;
+mod registry;
+
+pub use cache::{cache_key, default_cache_dir, CubinCache};
+pub use encoder::CudaEncoder;
+pub use memory::{size_class, CudaMemory, PoolStats, ScratchPool};
+pub use registry::{
+    all_kernel_names, arch_for, include_dir_from_env, kernel_names_in, Kernel, KernelCompiler,
+    KernelRegistry, KernelSource, PRELUDE, SOURCES,
+};
+
+use std::ffi::c_int;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use cudarc::driver::{result, sys, CudaContext, CudaStream};
+
+use super::{Allocation, Buffer, Memory};
+use crate::error::{Error, Result};
+use memory::driver_err;
+
+/// The architecture NVRTC targets when there is no device to ask (H100 / H200).
+pub const DEFAULT_ARCH: &str = "sm_90";
+
+/// Whether the CUDA driver library (`libcuda`) can be loaded.
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to open the library; no driver function is called.
+    unsafe { sys::is_culib_present() }
+}
+
+fn require_driver() -> Result<()> {
+    if !driver_present() {
+        return Err(Error::Cuda(
+            "no CUDA driver found (libcuda is not on the library path)".into(),
+        ));
+    }
+    result::init().map_err(driver_err("cuInit"))
+}
+
+/// The driver's CUDA version (`"13.0"`), or `None` without a driver.
+pub fn driver_version() -> Option<String> {
+    if !driver_present() {
+        return None;
+    }
+    let mut v: c_int = 0;
+    // SAFETY: the library is present; `v` is valid for writes. No context is needed.
+    let r = unsafe { sys::cuDriverGetVersion(&mut v) };
+    (r == sys::CUresult::CUDA_SUCCESS).then(|| format!("{}.{}", v / 1000, (v % 1000) / 10))
+}
+
+/// Number of CUDA devices (an error without a driver).
+pub fn device_count() -> Result<usize> {
+    require_driver()?;
+    result::device::get_count()
+        .map(|n| n.max(0) as usize)
+        .map_err(driver_err("cuDeviceGetCount"))
+}
+
+/// What discovery knows about one device, without creating a context.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceInfo {
+    /// The ordinal.
+    pub ordinal: usize,
+    /// The marketing name.
+    pub name: String,
+    /// Compute capability, major and minor.
+    pub compute_capability: (i32, i32),
+    /// Total memory in bytes.
+    pub total_memory: usize,
+    /// Streaming multiprocessors.
+    pub multiprocessors: i32,
+}
+
+/// Every device the driver reports (an error without a driver).
+pub fn devices() -> Result<Vec<DeviceInfo>> {
+    (0..device_count()?).map(device_info).collect()
+}
+
+/// One device's description.
+pub fn device_info(ordinal: usize) -> Result<DeviceInfo> {
+    require_driver()?;
+    let dev = result::device::get(ordinal as c_int).map_err(driver_err("cuDeviceGet"))?;
+    let attr = |a: sys::CUdevice_attribute| {
+        // SAFETY: `dev` is a valid device handle from `cuDeviceGet`.
+        unsafe { result::device::get_attribute(dev, a) }.map_err(driver_err("cuDeviceGetAttribute"))
+    };
+    use sys::CUdevice_attribute as A;
+    Ok(DeviceInfo {
+        ordinal,
+        name: result::device::get_name(dev).map_err(driver_err("cuDeviceGetName"))?,
+        compute_capability: (
+            attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        ),
+        // SAFETY: as above.
+        total_memory: unsafe { result::device::total_mem(dev) }
+            .map_err(driver_err("cuDeviceTotalMem"))?,
+        multiprocessors: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+    })
+}
+
+/// How a CUDA device is set up. Built once (from the environment or flags) and passed down.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CudaOptions {
+    /// Directory of the CUDA headers (`cuda_fp16.h`) for NVRTC.
+    pub include_dir: Option<PathBuf>,
+    /// Directory of the cubin cache; `None` compiles every run.
+    pub cache_dir: Option<PathBuf>,
+    /// Architecture to compile for; `None` asks the device (`sm_90` on H100/H200).
+    pub arch: Option<String>,
+    /// Wait for the stream after every launch (per-op synchronized mode, for comparison).
+    pub sync_each_launch: bool,
+}
+
+impl CudaOptions {
+    /// The defaults, reading the environment once: headers from `ONEPASS_CUDA_INCLUDE` or the
+    /// toolkit, cubins cached under the user's cache directory.
+    pub fn from_env() -> Self {
+        CudaOptions {
+            include_dir: include_dir_from_env(),
+            cache_dir: default_cache_dir(),
+            arch: None,
+            sync_each_launch: false,
+        }
+    }
+}
+
+/// One CUDA device: context, stream, kernels and scratch pool.
+pub struct CudaDevice {
+    info: DeviceInfo,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    registry: KernelRegistry,
+    pool: Arc<ScratchPool>,
+    sync_each_launch: AtomicBool,
+}
+
+impl CudaDevice {
+    /// Opens device `ordinal`: an error (never a panic) when there is no driver or no such device.
+    pub fn new(ordinal: usize, options: &CudaOptions) -> Result<Self> {
+        let count = device_count()?;
+        if ordinal >= count {
+            return Err(Error::Cuda(format!(
+                "no CUDA device {ordinal} (found {count})"
+            )));
+        }
+        let info = device_info(ordinal)?;
+        let ctx = CudaContext::new(ordinal).map_err(driver_err("creating the CUDA context"))?;
+        let stream = ctx
+            .new_stream()
+            .map_err(driver_err("creating the CUDA stream"))?;
+        let arch = options
+            .arch
+            .clone()
+            .unwrap_or_else(|| arch_for(info.compute_capability));
+        let compiler = KernelCompiler::new(
+            &arch,
+            options.include_dir.as_deref(),
+            options.cache_dir.clone(),
+        );
+        let registry = KernelRegistry::new(ctx.clone(), compiler);
+        let pool = ScratchPool::new(ctx.clone());
+        Ok(CudaDevice {
+            info,
+            ctx,
+            stream,
+            registry,
+            pool,
+            sync_each_launch: AtomicBool::new(options.sync_each_launch),
+        })
+    }
+
+    /// What discovery reported about the device.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// The device ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.info.ordinal
+    }
+
+    /// A human-readable name (`cuda:0 (NVIDIA H100 80GB HBM3, sm_90)`).
+    pub fn name(&self) -> String {
+        format!(
+            "cuda:{} ({}, {})",
+            self.info.ordinal,
+            self.info.name,
+            self.registry.compiler().arch()
+        )
+    }
+
+    /// The kernel registry.
+    pub fn registry(&self) -> &KernelRegistry {
+        &self.registry
+    }
+
+    /// The scratch pool.
+    pub fn pool(&self) -> &Arc<ScratchPool> {
+        &self.pool
+    }
+
+    /// The context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The raw stream handle every launch and copy goes into.
+    pub fn cu_stream(&self) -> sys::CUstream {
+        self.stream.cu_stream()
+    }
+
+    /// Whether encoders wait after every launch.
+    pub fn sync_each_launch(&self) -> bool {
+        self.sync_each_launch.load(Ordering::Relaxed)
+    }
+
+    /// Makes encoders created from now on wait after every launch (or not).
+    pub fn set_sync_each_launch(&self, on: bool) {
+        self.sync_each_launch.store(on, Ordering::Relaxed);
+    }
+
+    /// Makes the device's context current on this thread.
+    pub(crate) fn bind(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver_err("binding the CUDA context"))
+    }
+
+    /// Waits until everything in the stream has run; reports asynchronous kernel faults.
+    pub fn synchronize(&self) -> Result<()> {
+        encoder::sync_stream(self)
+    }
+
+    /// A fresh encoder for one pass.
+    pub fn encoder(self: &Arc<Self>) -> CudaEncoder {
+        CudaEncoder::new(self.clone())
+    }
+
+    /// A zeroed plain allocation.
+    pub(crate) fn alloc_bytes(&self, bytes: usize) -> Result<Arc<Allocation>> {
+        let mem = CudaMemory::alloc_zeroed(&self.ctx, bytes)?;
+        Ok(Allocation::new(bytes, Memory::Cuda(mem)))
+    }
+
+    /// A scratch allocation from the pool; its contents are undefined.
+    pub(crate) fn alloc_scratch_bytes(&self, bytes: usize) -> Result<Arc<Allocation>> {
+        let mem = self.pool.take(bytes)?;
+        Ok(Allocation::new(bytes, Memory::Cuda(mem)))
+    }
+
+    fn address(&self, buf: &Buffer) -> Result<u64> {
+        match &buf.allocation().memory {
+            Memory::Cuda(m) if m.ordinal() == self.ordinal() => {
+                Ok(m.device_ptr() + buf.offset() as u64)
+            }
+            other => Err(Error::View(format!(
+                "{buf:?} lives on {}, not {}",
+                other.location(),
+                self.name()
+            ))),
+        }
+    }
+
+    /// Copies host bytes into a view, ordered after every launch before it; returns when done.
+    pub(crate) fn write_bytes(&self, buf: &Buffer, bytes: &[u8]) -> Result<()> {
+        let dst = self.address(buf)?;
+        if bytes.len() != buf.len_bytes() {
+            return Err(Error::View(format!(
+                "writing {} bytes into {buf:?}",
+                bytes.len()
+            )));
+        }
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the destination view lies inside its live allocation and has `bytes.len()`
+        // bytes; the copy is waited for before `bytes` can go away.
+        unsafe { result::memcpy_htod_async(dst, bytes, self.cu_stream()) }
+            .map_err(driver_err("cuMemcpyHtoDAsync"))?;
+        self.synchronize()
+    }
+
+    /// Copies a view to the host, after every launch before it.
+    pub(crate) fn read_bytes(&self, buf: &Buffer) -> Result<Vec<u8>> {
+        let src = self.address(buf)?;
+        let mut out = vec![0u8; buf.len_bytes()];
+        if out.is_empty() {
+            return Ok(out);
+        }
+        self.bind()?;
+        // SAFETY: the source view lies inside its live allocation and has `out.len()` bytes; the
+        // copy is waited for before `out` is returned.
+        unsafe { result::memcpy_dtoh_async(&mut out, src, self.cu_stream()) }
+            .map_err(driver_err("cuMemcpyDtoHAsync"))?;
+        self.synchronize()?;
+        Ok(out)
+    }
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
+}

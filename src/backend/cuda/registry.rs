@@ -1,0 +1,324 @@
+//! The CUDA kernel registry: CUDA C sources embedded in the binary (one file per op family under
+//! `kernels/`), compiled by NVRTC to a cubin for the device's architecture at first use, cached on
+//! disk, loaded as modules, and looked up by kernel name.
+//!
+//! A kernel's name is the name of its `extern "C" __global__` function, which is the same name the
+//! CPU backend registers, so one [`KernelId`] names the same op on every backend.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule};
+
+use super::cache::{cache_key, CubinCache};
+use super::nvrtc::{compile_cubin, compile_options, nvrtc_version, CompileFailure};
+use crate::error::{Error, Result};
+use crate::graph::KernelId;
+
+/// Helpers every family source may use (included before each family's source).
+pub const PRELUDE: &str = include_str!("kernels/prelude.cuh");
+
+/// One op family's CUDA C source.
+#[derive(Debug, Clone, Copy)]
+pub struct KernelSource {
+    /// The family (and file) name: `norm`, `matmul`, ...
+    pub family: &'static str,
+    /// The CUDA C source, without the prelude.
+    pub source: &'static str,
+}
+
+/// Every embedded family source.
+pub const SOURCES: &[KernelSource] = &[KernelSource {
+    family: "test",
+    source: include_str!("kernels/test.cu"),
+}];
+
+impl KernelSource {
+    /// The full text NVRTC compiles: the prelude, then the family's source.
+    pub fn full_text(&self) -> String {
+        format!(
+            "#line 1 \"prelude.cuh\"\n{PRELUDE}\n#line 1 \"{}.cu\"\n{}",
+            self.family, self.source
+        )
+    }
+
+    /// The names of the kernels this source defines (`extern "C" __global__ void NAME(`).
+    pub fn kernel_names(&self) -> Vec<&'static str> {
+        kernel_names_in(self.source)
+    }
+}
+
+/// The names of the `extern "C" __global__` functions a source defines, in order.
+pub fn kernel_names_in(source: &'static str) -> Vec<&'static str> {
+    const MARK: &str = "extern \"C\" __global__ void ";
+    let mut names = Vec::new();
+    let mut rest = source;
+    while let Some(at) = rest.find(MARK) {
+        let tail = &rest[at + MARK.len()..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        if end > 0 {
+            names.push(&tail[..end]);
+        }
+        rest = &tail[end..];
+    }
+    names
+}
+
+/// Every CUDA kernel name, sorted.
+pub fn all_kernel_names() -> Vec<&'static str> {
+    let mut v: Vec<_> = SOURCES.iter().flat_map(|s| s.kernel_names()).collect();
+    v.sort_unstable();
+    v
+}
+
+/// The compute capability as an NVRTC architecture: `(9, 0)` -> `sm_90`.
+pub fn arch_for(compute_capability: (i32, i32)) -> String {
+    format!("sm_{}{}", compute_capability.0, compute_capability.1)
+}
+
+/// The CUDA header directory: `ONEPASS_CUDA_INCLUDE` when set, else the toolkit's
+/// `/usr/local/cuda/include` (or `$CUDA_HOME/include`, `$CUDA_PATH/include`) when it exists.
+/// Read once at start and passed down.
+pub fn include_dir_from_env() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("ONEPASS_CUDA_INCLUDE").filter(|v| !v.is_empty()) {
+        return Some(PathBuf::from(dir));
+    }
+    let candidates = ["CUDA_HOME", "CUDA_PATH"]
+        .iter()
+        .filter_map(std::env::var_os)
+        .map(|root| PathBuf::from(root).join("include"))
+        .chain(std::iter::once(PathBuf::from("/usr/local/cuda/include")));
+    candidates
+        .into_iter()
+        .find(|d| d.join("cuda_fp16.h").exists())
+}
+
+/// Compiles family sources to cubins for one architecture, through the disk cache.
+#[derive(Debug, Clone)]
+pub struct KernelCompiler {
+    arch: String,
+    options: Vec<String>,
+    cache: Option<CubinCache>,
+}
+
+impl KernelCompiler {
+    /// A compiler for `arch` (`sm_90`), with CUDA headers from `include_dir` and cubins cached in
+    /// `cache_dir` (no disk cache when `None`).
+    pub fn new(arch: &str, include_dir: Option<&Path>, cache_dir: Option<PathBuf>) -> Self {
+        KernelCompiler {
+            arch: arch.to_string(),
+            options: compile_options(arch, include_dir),
+            cache: cache_dir.map(CubinCache::new),
+        }
+    }
+
+    /// The target architecture.
+    pub fn arch(&self) -> &str {
+        &self.arch
+    }
+
+    /// The NVRTC options.
+    pub fn options(&self) -> &[String] {
+        &self.options
+    }
+
+    /// The cubin of one family: from the cache when a verified entry exists, else compiled (and
+    /// stored; a failure to store is logged, not fatal).
+    pub fn cubin(&self, src: &KernelSource) -> Result<Vec<u8>> {
+        let version = nvrtc_version().ok_or_else(|| {
+            Error::Cuda(
+                "libnvrtc not found: install the CUDA NVRTC library (see the README)".into(),
+            )
+        })?;
+        let text = src.full_text();
+        let key = cache_key(&text, &self.options, version);
+        if let Some(cache) = &self.cache {
+            if let Some(cubin) = cache.load(src.family, &key) {
+                return Ok(cubin);
+            }
+        }
+        let cubin = self.compile_text(src.family, &text)?;
+        if let Some(cache) = &self.cache {
+            if let Err(e) = cache.store(src.family, &key, &cubin) {
+                tracing::warn!("cannot cache the {} cubin: {e}", src.family);
+            }
+        }
+        Ok(cubin)
+    }
+
+    /// Compiles one family without the cache (the doctor's and the tests' check).
+    pub fn compile(&self, src: &KernelSource) -> std::result::Result<Vec<u8>, CompileFailure> {
+        self.compile_text(src.family, &src.full_text())
+    }
+
+    fn compile_text(
+        &self,
+        family: &str,
+        text: &str,
+    ) -> std::result::Result<Vec<u8>, CompileFailure> {
+        compile_cubin(&format!("{family}.cu"), text, &self.options)
+    }
+}
+
+/// A loaded kernel: the function handle and the module that keeps it valid.
+#[derive(Clone)]
+pub struct Kernel {
+    function: Arc<CudaFunction>,
+    max_dynamic_shared: Arc<Mutex<u32>>,
+}
+
+impl Kernel {
+    /// The raw function handle, valid while this `Kernel` lives.
+    pub fn cu_function(&self) -> sys::CUfunction {
+        self.function.cu_function()
+    }
+
+    /// Raises the kernel's dynamic shared-memory limit to `bytes` when it is above 48 KiB (the
+    /// default limit) and above what was set before.
+    pub fn ensure_dynamic_shared(&self, bytes: u32) -> Result<()> {
+        if bytes <= 48 * 1024 {
+            return Ok(());
+        }
+        let mut cur = self
+            .max_dynamic_shared
+            .lock()
+            .map_err(|_| Error::Cuda("kernel lock poisoned".into()))?;
+        if bytes > *cur {
+            self.function
+                .set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    bytes as i32,
+                )
+                .map_err(|e| {
+                    Error::Cuda(format!(
+                        "raising the shared-memory limit to {bytes} bytes: {e}"
+                    ))
+                })?;
+            *cur = bytes;
+        }
+        Ok(())
+    }
+}
+
+/// The registry of one device: loads each family's module at first use of one of its kernels.
+pub struct KernelRegistry {
+    ctx: Arc<CudaContext>,
+    compiler: KernelCompiler,
+    family_of: HashMap<&'static str, usize>,
+    modules: Mutex<HashMap<usize, Arc<CudaModule>>>,
+    kernels: RwLock<HashMap<&'static str, Kernel>>,
+}
+
+impl KernelRegistry {
+    /// A registry for `ctx` compiling with `compiler`.
+    pub fn new(ctx: Arc<CudaContext>, compiler: KernelCompiler) -> Self {
+        let mut family_of = HashMap::new();
+        for (i, src) in SOURCES.iter().enumerate() {
+            for name in src.kernel_names() {
+                family_of.insert(name, i);
+            }
+        }
+        KernelRegistry {
+            ctx,
+            compiler,
+            family_of,
+            modules: Mutex::new(HashMap::new()),
+            kernels: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// The compiler.
+    pub fn compiler(&self) -> &KernelCompiler {
+        &self.compiler
+    }
+
+    /// Whether the registry has a kernel of this name.
+    pub fn contains(&self, id: KernelId) -> bool {
+        self.family_of.contains_key(id.0)
+    }
+
+    /// The kernel named `id`, compiling and loading its family's module on first use.
+    pub fn get(&self, id: KernelId) -> Result<Kernel> {
+        if let Some(k) = self.kernels.read().map_err(|_| lock_err())?.get(id.0) {
+            return Ok(k.clone());
+        }
+        let family = *self
+            .family_of
+            .get(id.0)
+            .ok_or_else(|| Error::UnknownKernel {
+                name: id.0.to_string(),
+                backend: "cuda",
+            })?;
+        let module = self.module(family)?;
+        let function = module.load_function(id.0).map_err(|e| {
+            Error::Cuda(format!(
+                "loading kernel {} from {}.cu: {e}",
+                id.0, SOURCES[family].family
+            ))
+        })?;
+        let kernel = Kernel {
+            function: Arc::new(function),
+            max_dynamic_shared: Arc::new(Mutex::new(48 * 1024)),
+        };
+        self.kernels
+            .write()
+            .map_err(|_| lock_err())?
+            .insert(id.0, kernel.clone());
+        Ok(kernel)
+    }
+
+    fn module(&self, family: usize) -> Result<Arc<CudaModule>> {
+        let mut modules = self.modules.lock().map_err(|_| lock_err())?;
+        if let Some(m) = modules.get(&family) {
+            return Ok(m.clone());
+        }
+        let src = &SOURCES[family];
+        let cubin = self.compiler.cubin(src)?;
+        let module = self
+            .ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
+            .map_err(|e| Error::Cuda(format!("loading the {}.cu cubin: {e}", src.family)))?;
+        modules.insert(family, module.clone());
+        Ok(module)
+    }
+
+    /// Compiles and loads every family now (instead of at first use).
+    pub fn load_all(&self) -> Result<()> {
+        (0..SOURCES.len()).try_for_each(|i| self.module(i).map(|_| ()))
+    }
+}
+
+fn lock_err() -> Error {
+    Error::Cuda("kernel registry lock poisoned".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_names_are_found_in_source() {
+        let src = "extern \"C\" __global__ void a_f32(float* x) {}\n\
+                   __device__ float helper() { return 1.0f; }\n\
+                   extern \"C\" __global__ void b_f16_q4_1(const void* w) {}";
+        assert_eq!(kernel_names_in(src), vec!["a_f32", "b_f16_q4_1"]);
+    }
+
+    #[test]
+    fn every_kernel_name_is_unique() {
+        let names = all_kernel_names();
+        let mut dedup = names.clone();
+        dedup.dedup();
+        assert_eq!(names, dedup, "a kernel name appears in two sources");
+        assert!(!names.is_empty());
+    }
+
+    #[test]
+    fn arch_string() {
+        assert_eq!(arch_for((9, 0)), "sm_90");
+        assert_eq!(arch_for((8, 6)), "sm_86");
+    }
+}

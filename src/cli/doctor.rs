@@ -1,0 +1,150 @@
+//! `onepass doctor [--json]`: what this machine offers the CUDA backend. Driver and NVRTC versions,
+//! devices with their compute capability, and whether every embedded kernel family compiles
+//! (NVRTC only, no GPU needed: without a device it compiles for `sm_90`).
+
+use std::time::Instant;
+
+use onepass::backend::cuda::{
+    all_kernel_names, arch_for, devices, driver_present, driver_version, include_dir_from_env,
+    nvrtc, DeviceInfo, KernelCompiler, DEFAULT_ARCH, SOURCES,
+};
+
+/// One kernel family that failed to compile.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FamilyFailure {
+    /// The family (source file without `.cu`).
+    pub family: String,
+    /// NVRTC's status, options and log.
+    pub error: String,
+}
+
+/// Everything the doctor found.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DoctorReport {
+    /// The driver's CUDA version, or null without a driver.
+    pub cuda_driver: Option<String>,
+    /// NVRTC's version, or null when libnvrtc cannot be found.
+    pub nvrtc: Option<String>,
+    /// The devices the driver reports (empty without a driver).
+    pub devices: Vec<DeviceInfo>,
+    /// Why device discovery failed, when it did with a driver present.
+    pub device_error: Option<String>,
+    /// The CUDA header directory NVRTC uses, if any.
+    pub include_dir: Option<String>,
+    /// The architecture the kernels were compiled for.
+    pub arch: String,
+    /// Kernel families (source files).
+    pub families: usize,
+    /// Kernels (entry points) in all families.
+    pub kernels: usize,
+    /// Kernels whose family compiled.
+    pub kernels_compiled: usize,
+    /// Kernels whose family failed to compile (or could not be compiled: no NVRTC).
+    pub kernels_failed: usize,
+    /// The failing families, with NVRTC's log.
+    pub failures: Vec<FamilyFailure>,
+    /// Seconds spent compiling.
+    pub compile_seconds: f64,
+}
+
+/// Gathers the report.
+pub fn diagnose() -> DoctorReport {
+    let cuda_driver = driver_version();
+    let (devices, device_error) = if driver_present() {
+        match devices() {
+            Ok(d) => (d, None),
+            Err(e) => (Vec::new(), Some(e.to_string())),
+        }
+    } else {
+        (Vec::new(), None)
+    };
+    let arch = devices
+        .first()
+        .map(|d| arch_for(d.compute_capability))
+        .unwrap_or_else(|| DEFAULT_ARCH.to_string());
+    let include = include_dir_from_env();
+    let nvrtc_version = nvrtc::nvrtc_version();
+    let kernels = all_kernel_names().len();
+    let start = Instant::now();
+    let mut failures = Vec::new();
+    let mut kernels_failed = 0;
+    if nvrtc_version.is_some() {
+        let compiler = KernelCompiler::new(&arch, include.as_deref(), None);
+        for src in SOURCES {
+            if let Err(f) = compiler.compile(src) {
+                kernels_failed += src.kernel_names().len();
+                failures.push(FamilyFailure {
+                    family: src.family.to_string(),
+                    error: f.to_string(),
+                });
+            }
+        }
+    } else {
+        kernels_failed = kernels;
+        failures.push(FamilyFailure {
+            family: "*".into(),
+            error: "libnvrtc not found on the library path; no kernel can be compiled".into(),
+        });
+    }
+    DoctorReport {
+        cuda_driver,
+        nvrtc: nvrtc_version.map(|(a, b)| format!("{a}.{b}")),
+        devices,
+        device_error,
+        include_dir: include.map(|p| p.display().to_string()),
+        arch,
+        families: SOURCES.len(),
+        kernels,
+        kernels_compiled: kernels - kernels_failed,
+        kernels_failed,
+        failures,
+        compile_seconds: start.elapsed().as_secs_f64(),
+    }
+}
+
+fn or_none(v: &Option<String>) -> &str {
+    v.as_deref().unwrap_or("not found")
+}
+
+/// Prints the report (one JSON object with `json`); an error when a kernel failed to compile.
+pub fn run(json: bool) -> anyhow::Result<()> {
+    let r = diagnose();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        println!("CUDA driver:  {}", or_none(&r.cuda_driver));
+        println!("NVRTC:        {}", or_none(&r.nvrtc));
+        println!("headers:      {}", or_none(&r.include_dir));
+        if let Some(e) = &r.device_error {
+            println!("devices:      error: {e}");
+        } else if r.devices.is_empty() {
+            println!("devices:      none");
+        }
+        for d in &r.devices {
+            println!(
+                "device {}:     {} (compute {}.{}, {} SMs, {:.1} GiB)",
+                d.ordinal,
+                d.name,
+                d.compute_capability.0,
+                d.compute_capability.1,
+                d.multiprocessors,
+                d.total_memory as f64 / (1u64 << 30) as f64
+            );
+        }
+        println!(
+            "kernels:      {} of {} compiled for {} ({} families, {:.2} s), {} failed",
+            r.kernels_compiled, r.kernels, r.arch, r.families, r.compile_seconds, r.kernels_failed
+        );
+        for f in &r.failures {
+            println!("\nfamily {}:\n{}", f.family, f.error);
+        }
+    }
+    if r.kernels_failed > 0 {
+        anyhow::bail!(
+            "{} of {} CUDA kernels did not compile",
+            r.kernels_failed,
+            r.kernels
+        );
+    }
+    Ok(())
+}
