@@ -1,11 +1,7 @@
 //! The `onepass` command-line tool.
 
-fn main() {
-    std::process::exit(onepass_cli::main());
-}
+mod cli;
 
-mod onepass_cli {
-    pub fn main() -> i32 {
-        0
-    }
+fn main() {
+    std::process::exit(cli::main());
 }

@@ -2,6 +2,7 @@
 //! forward pass, sampling, and the synthetic-model writer.
 
 pub mod chat;
+pub mod engine;
 pub mod fetch;
 pub mod gguf;
 pub mod gguf_write;

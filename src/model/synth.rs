@@ -1,1 +1,340 @@
-//! `synth`.
+//! Synthetic models: a GGUF of a known Llama shape with random weights, for speed work on
+//! machines where the real weights cannot go (speed does not depend on weight values).
+//!
+//! Weights are uniform in `±sqrt(3 / fan_in)` (unit variance through each product), norm weights
+//! are 1, so activations stay bounded. Tensors are produced and quantized while the file is written,
+//! so even an 8B shape never sits in memory whole.
+
+use std::path::Path;
+
+use rayon::prelude::*;
+
+use crate::backend::DType;
+use crate::error::{Error, Result};
+use crate::model::gguf::{Array, GgufFile, Value, ValueType};
+use crate::model::gguf_write::GgufWriter;
+
+/// A model shape `synth` knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SynthShape {
+    /// SmolLM2-135M: 30 layers, hidden 576, 9/3 heads, FFN 1536, vocabulary 49152.
+    #[value(name = "smollm2")]
+    SmolLm2,
+    /// Llama 3.2 1B: 16 layers, hidden 2048, 32/8 heads, FFN 8192, vocabulary 128256.
+    #[value(name = "llama-3.2-1b")]
+    Llama32_1b,
+    /// Llama 3.1 8B: 32 layers, hidden 4096, 32/8 heads, FFN 14336, vocabulary 128256.
+    #[value(name = "llama-3.1-8b")]
+    Llama31_8b,
+}
+
+/// The hyperparameters of a shape.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ShapeParams {
+    /// Name written into `general.name`.
+    pub name: &'static str,
+    /// Transformer blocks.
+    pub n_layer: usize,
+    /// Hidden size.
+    pub dim: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads.
+    pub n_kv_head: usize,
+    /// Feed-forward size.
+    pub ffn_dim: usize,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// RoPE base.
+    pub rope_base: f32,
+    /// Training context.
+    pub ctx: usize,
+    /// Whether the LM head is the embedding.
+    pub tied: bool,
+}
+
+impl SynthShape {
+    /// The shape's hyperparameters.
+    pub fn params(self) -> ShapeParams {
+        match self {
+            SynthShape::SmolLm2 => ShapeParams {
+                name: "synthetic SmolLM2-135M",
+                n_layer: 30,
+                dim: 576,
+                n_head: 9,
+                n_kv_head: 3,
+                ffn_dim: 1536,
+                vocab: 49152,
+                rope_base: 100000.0,
+                ctx: 8192,
+                tied: true,
+            },
+            SynthShape::Llama32_1b => ShapeParams {
+                name: "synthetic Llama-3.2-1B",
+                n_layer: 16,
+                dim: 2048,
+                n_head: 32,
+                n_kv_head: 8,
+                ffn_dim: 8192,
+                vocab: 128256,
+                rope_base: 500000.0,
+                ctx: 131072,
+                tied: true,
+            },
+            SynthShape::Llama31_8b => ShapeParams {
+                name: "synthetic Llama-3.1-8B",
+                n_layer: 32,
+                dim: 4096,
+                n_head: 32,
+                n_kv_head: 8,
+                ffn_dim: 14336,
+                vocab: 128256,
+                rope_base: 500000.0,
+                ctx: 131072,
+                tied: false,
+            },
+        }
+    }
+}
+
+/// What to write.
+#[derive(Debug, Clone)]
+pub struct SynthSpec {
+    /// The shape.
+    pub shape: SynthShape,
+    /// The matrices' format (Q4_0, Q4_1, Q8_0 or Q4_K).
+    pub quant: DType,
+    /// Seed of the weights.
+    pub seed: u64,
+}
+
+/// Writes the synthetic model to `out` (atomically). `tokenizer_from` supplies the tokenizer
+/// metadata (the default model's, padded to the shape's vocabulary); without it a byte-level
+/// vocabulary is made. `progress(done, total)` reports bytes written.
+pub fn write_synthetic(
+    spec: &SynthSpec,
+    tokenizer_from: Option<&GgufFile>,
+    out: &Path,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<()> {
+    if !matches!(spec.quant, DType::Q4_0 | DType::Q4_1 | DType::Q8_0 | DType::Q4K) {
+        return Err(Error::InvalidArgument(format!(
+            "synth writes q4_0, q4_1, q8_0 or q4_k matrices, not {}",
+            spec.quant
+        )));
+    }
+    let p = spec.shape.params();
+    let head_dim = p.dim / p.n_head;
+    let mut w = GgufWriter::new();
+    w.add_str("general.architecture", "llama")?;
+    w.add_str("general.name", p.name)?;
+    w.add_u32("general.file_type", file_type(spec.quant))?;
+    w.add_u32("llama.context_length", p.ctx as u32)?;
+    w.add_u32("llama.embedding_length", p.dim as u32)?;
+    w.add_u32("llama.block_count", p.n_layer as u32)?;
+    w.add_u32("llama.feed_forward_length", p.ffn_dim as u32)?;
+    w.add_u32("llama.rope.dimension_count", head_dim as u32)?;
+    w.add_u32("llama.attention.head_count", p.n_head as u32)?;
+    w.add_u32("llama.attention.head_count_kv", p.n_kv_head as u32)?;
+    w.add_f32("llama.attention.layer_norm_rms_epsilon", 1e-5)?;
+    w.add_f32("llama.rope.freq_base", p.rope_base)?;
+    w.add_u32("llama.vocab_size", p.vocab as u32)?;
+    add_tokenizer(&mut w, tokenizer_from, p.vocab)?;
+
+    let seed = spec.seed;
+    let mut index = 0u64;
+    let mut next_id = || {
+        index += 1;
+        seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ index
+    };
+    // Q4_K needs rows that are whole 256-value super-blocks; other widths fall back to Q4_1.
+    let mat_type = |cols: usize| {
+        if spec.quant == DType::Q4K && cols % 256 != 0 {
+            DType::Q4_1
+        } else {
+            spec.quant
+        }
+    };
+    let (d, hd, f) = (p.dim, head_dim, p.ffn_dim);
+    w.add_tensor_with("token_embd.weight", &[p.vocab, d], DType::Q8_0, random_matrix(next_id(), d, DType::Q8_0, 1.0))?;
+    for i in 0..p.n_layer {
+        let n = |s: &str| format!("blk.{i}.{s}.weight");
+        w.add_tensor_with(&n("attn_norm"), &[d], DType::F32, ones())?;
+        for (name, rows, cols) in [
+            ("attn_q", p.n_head * hd, d),
+            ("attn_k", p.n_kv_head * hd, d),
+            ("attn_v", p.n_kv_head * hd, d),
+            ("attn_output", d, p.n_head * hd),
+        ] {
+            let t = mat_type(cols);
+            w.add_tensor_with(&n(name), &[rows, cols], t, random_matrix(next_id(), cols, t, fan_in_scale(cols)))?;
+        }
+        w.add_tensor_with(&n("ffn_norm"), &[d], DType::F32, ones())?;
+        for (name, rows, cols) in [("ffn_gate", f, d), ("ffn_up", f, d), ("ffn_down", d, f)] {
+            let t = mat_type(cols);
+            w.add_tensor_with(&n(name), &[rows, cols], t, random_matrix(next_id(), cols, t, fan_in_scale(cols)))?;
+        }
+    }
+    w.add_tensor_with("output_norm.weight", &[d], DType::F32, ones())?;
+    if !p.tied {
+        let t = mat_type(d);
+        w.add_tensor_with("output.weight", &[p.vocab, d], t, random_matrix(next_id(), d, t, fan_in_scale(d)))?;
+    }
+    w.write_to(out, progress)
+}
+
+/// GGML's `general.file_type` code for a model whose matrices are `quant`.
+fn file_type(quant: DType) -> u32 {
+    match quant {
+        DType::Q4_0 => 2,
+        DType::Q4_1 => 3,
+        DType::Q8_0 => 7,
+        _ => 15, // Q4_K_M
+    }
+}
+
+fn fan_in_scale(cols: usize) -> f32 {
+    (3.0 / cols as f32).sqrt()
+}
+
+fn ones<'a>() -> crate::model::gguf_write::TensorProducer<'a> {
+    Box::new(|bytes: &mut [u8]| {
+        for c in bytes.chunks_exact_mut(4) {
+            c.copy_from_slice(&1.0f32.to_le_bytes());
+        }
+        Ok(())
+    })
+}
+
+/// A producer of a `[rows, cols]` matrix of `dtype` with values uniform in `±scale`, each row from
+/// its own seeded stream so rows are made in parallel and the file is the same on every run.
+fn random_matrix<'a>(
+    seed: u64,
+    cols: usize,
+    dtype: DType,
+    scale: f32,
+) -> crate::model::gguf_write::TensorProducer<'a> {
+    Box::new(move |bytes: &mut [u8]| {
+        let row_bytes = dtype.bytes_for(cols).ok_or_else(|| {
+            Error::InvalidArgument(format!("{cols} columns are not whole {dtype} blocks"))
+        })?;
+        bytes.par_chunks_mut(row_bytes).enumerate().try_for_each(|(r, out)| {
+            let mut state = seed ^ (r as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
+            let values: Vec<f32> = (0..cols)
+                .map(|_| {
+                    state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                    let mut z = state;
+                    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                    z ^= z >> 31;
+                    let unit = (z >> 40) as f32 / (1u64 << 24) as f32;
+                    (unit * 2.0 - 1.0) * scale
+                })
+                .collect();
+            let q = crate::quant::quantize(dtype, &values)?;
+            out.copy_from_slice(&q);
+            Ok(())
+        })
+    })
+}
+
+/// Copies the `tokenizer.*` metadata of `from` (padding the vocabulary to `vocab` entries), or
+/// makes a byte-level vocabulary when there is no source.
+fn add_tokenizer(w: &mut GgufWriter<'_>, from: Option<&GgufFile>, vocab: usize) -> Result<()> {
+    let Some(src) = from else {
+        let mut tokens: Vec<String> = vec!["<|endoftext|>".into(), "<|im_start|>".into(), "<|im_end|>".into()];
+        let mut types = vec![3i32, 3, 3];
+        for b in 0..=255u32 {
+            tokens.push(byte_level_char(b).to_string());
+            types.push(1);
+        }
+        return pad_and_add(w, tokens, types, vocab, Vec::new(), "smollm");
+    };
+    let strings = |key: &str| -> Result<Vec<String>> {
+        match src.get(key).and_then(Value::as_array) {
+            Some(a) => Ok(a.values.iter().filter_map(|v| v.as_str().map(str::to_string)).collect()),
+            None => Err(src.err(format!("tokenizer source lacks `{key}`"))),
+        }
+    };
+    let tokens = strings("tokenizer.ggml.tokens")?;
+    let merges = strings("tokenizer.ggml.merges").unwrap_or_default();
+    let types: Vec<i32> = match src.get("tokenizer.ggml.token_type").and_then(Value::as_array) {
+        Some(a) => a.values.iter().map(|v| v.as_integer().unwrap_or(1) as i32).collect(),
+        None => vec![1; tokens.len()],
+    };
+    if tokens.len() > vocab {
+        return Err(Error::InvalidArgument(format!(
+            "the tokenizer source has {} tokens, more than the shape's vocabulary of {vocab}",
+            tokens.len()
+        )));
+    }
+    for (k, v) in src.metadata() {
+        let copied = k.starts_with("tokenizer.")
+            && !matches!(k.as_str(), "tokenizer.ggml.tokens" | "tokenizer.ggml.token_type" | "tokenizer.ggml.merges");
+        if copied {
+            w.add(k, v.clone())?;
+        }
+    }
+    let pre = src.get("tokenizer.ggml.pre").and_then(Value::as_str).unwrap_or("smollm").to_string();
+    let has_model = src.get("tokenizer.ggml.model").is_some();
+    pad_and_add_arrays(w, tokens, types, vocab, merges)?;
+    if !has_model {
+        w.add_str("tokenizer.ggml.model", "gpt2")?;
+        w.add_str("tokenizer.ggml.pre", &pre)?;
+    }
+    Ok(())
+}
+
+fn pad_and_add(
+    w: &mut GgufWriter<'_>,
+    tokens: Vec<String>,
+    types: Vec<i32>,
+    vocab: usize,
+    merges: Vec<String>,
+    pre: &str,
+) -> Result<()> {
+    w.add_str("tokenizer.ggml.model", "gpt2")?;
+    w.add_str("tokenizer.ggml.pre", pre)?;
+    w.add_u32("tokenizer.ggml.bos_token_id", 1)?;
+    w.add_u32("tokenizer.ggml.eos_token_id", 2)?;
+    w.add_u32("tokenizer.ggml.padding_token_id", 0)?;
+    w.add_bool("tokenizer.ggml.add_bos_token", false)?;
+    pad_and_add_arrays(w, tokens, types, vocab, merges)
+}
+
+fn pad_and_add_arrays(
+    w: &mut GgufWriter<'_>,
+    mut tokens: Vec<String>,
+    mut types: Vec<i32>,
+    vocab: usize,
+    merges: Vec<String>,
+) -> Result<()> {
+    types.resize(tokens.len(), 1);
+    let mut i = 0;
+    while tokens.len() < vocab {
+        tokens.push(format!("<|synthetic_{i}|>"));
+        types.push(4); // user-defined: never produced by merges, decodes to its text
+        i += 1;
+    }
+    w.add_str_array("tokenizer.ggml.tokens", &tokens)?;
+    w.add_i32_array("tokenizer.ggml.token_type", &types)?;
+    w.add(
+        "tokenizer.ggml.merges",
+        Value::Array(Array { elem_type: ValueType::String, values: merges.into_iter().map(Value::String).collect() }),
+    )?;
+    Ok(())
+}
+
+/// The GPT-2 byte-level character for byte `b`.
+fn byte_level_char(b: u32) -> char {
+    let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    if printable {
+        char::from_u32(b).unwrap_or('?')
+    } else {
+        // Unprintable bytes map to 256 + their rank among the unprintable bytes.
+        let rank = (0..b)
+            .filter(|&x| !((33..=126).contains(&x) || (161..=172).contains(&x) || (174..=255).contains(&x)))
+            .count() as u32;
+        char::from_u32(256 + rank).unwrap_or('?')
+    }
+}

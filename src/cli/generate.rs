@@ -1,0 +1,147 @@
+//! `onepass generate`: stream text from a prompt.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use onepass::model::chat::{ChatMessage, ChatTemplate};
+use onepass::model::llama::Logits;
+use onepass::model::sampler::SamplerConfig;
+
+use super::common::{load, ModelArgs, RunArgs};
+
+/// Flags of `generate`.
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    /// The prompt (read from standard input when absent).
+    pub prompt: Option<String>,
+    /// Wrap the prompt in the model's chat template as a user message.
+    #[arg(long)]
+    pub chat: bool,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Most tokens to generate.
+    #[arg(short = 'n', long = "max-tokens", default_value_t = 128)]
+    pub max_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Keep only the K most likely tokens (0: off).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Nucleus sampling threshold (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Drop tokens less likely than this fraction of the most likely one (0: off).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Penalty for tokens seen recently (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Seed of the sampler.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Keep generating after an end-of-generation token.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Print one JSON object (ids, text, speeds) on the last line of standard output.
+    #[arg(long)]
+    pub json: bool,
+    /// Write the logits of the last prompt position to FILE (raw little-endian f32).
+    #[arg(long, value_name = "FILE")]
+    pub logits_out: Option<PathBuf>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// Reads the prompt from the argument or from standard input.
+fn prompt_text(arg: Option<String>) -> anyhow::Result<String> {
+    let text = match arg {
+        Some(t) => t,
+        None => {
+            let mut bytes = Vec::new();
+            std::io::stdin().read_to_end(&mut bytes).context("reading the prompt from standard input")?;
+            String::from_utf8(bytes).map_err(|e| {
+                anyhow::anyhow!("the prompt on standard input is not valid UTF-8 (byte {})", e.utf8_error().valid_up_to())
+            })?
+        }
+    };
+    if text.is_empty() {
+        bail!("the prompt is empty: pass a prompt as an argument or on standard input");
+    }
+    Ok(text)
+}
+
+/// Runs `generate`.
+pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
+    let sampler = SamplerConfig {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repetition_penalty: args.repeat_penalty,
+        seed: args.seed,
+        ..SamplerConfig::default()
+    };
+    sampler.validate()?;
+    let text = prompt_text(args.prompt)?;
+    let mut loaded = load(&args.model, &args.run)?;
+    let tok = &loaded.tokenizer;
+    let text = if args.chat {
+        let template = ChatTemplate::from_gguf(&loaded.file, tok)?
+            .ok_or_else(|| anyhow::anyhow!("--chat: the model has no chat template"))?;
+        template.render(&[ChatMessage::user(text)], true)?
+    } else {
+        text
+    };
+    let prompt_ids = tok.encode(&text, true)?;
+    if prompt_ids.is_empty() {
+        bail!("the prompt encodes to no tokens");
+    }
+    let stop_ids = if args.ignore_eos { Vec::new() } else { tok.eog_ids().to_vec() };
+    let engine = &mut loaded.engine;
+    if let Some(path) = &args.logits_out {
+        engine.prefill(&prompt_ids, Logits::Last)?;
+        let logits = engine.logits(1)?;
+        let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+        std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))?;
+    }
+    let stream = !args.json;
+    let mut out = std::io::stdout().lock();
+    let mut decoder = tok.stream_decoder().skip_special(true);
+    let stats = engine.generate(&prompt_ids, args.max_tokens, &sampler, &stop_ids, |id| {
+        if stream {
+            let piece = decoder.push(id)?;
+            // A closed stdout (a pipe into `head`) ends the output, not the run.
+            let _ = out.write_all(piece.as_bytes()).and_then(|()| out.flush());
+        }
+        Ok(())
+    })?;
+    let text = tok.decode_skip_special(&stats.generated_ids)?;
+    if stream {
+        let _ = out.write_all(decoder.finish().as_bytes());
+        writeln!(out)?;
+    } else {
+        let obj = serde_json::json!({
+            "prompt_ids": stats.prompt_ids,
+            "generated_ids": stats.generated_ids,
+            "text": text,
+            "prompt_tok_s": stats.prompt_tok_s,
+            "decode_tok_s": stats.decode_tok_s,
+            "stopped_at_eos": stats.stopped_at_eos,
+            "mode": engine.mode().name(),
+        });
+        writeln!(out, "{obj}")?;
+    }
+    eprintln!(
+        "prompt: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s ({}, {})",
+        stats.prompt_ids.len(),
+        stats.prompt_tok_s,
+        stats.generated_ids.len(),
+        stats.decode_tok_s,
+        engine.llama().device().name(),
+        engine.mode().name(),
+    );
+    Ok(())
+}

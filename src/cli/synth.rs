@@ -1,0 +1,80 @@
+//! `onepass synth`: write a GGUF of a known shape with random weights.
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use onepass::model::gguf::GgufFile;
+use onepass::model::synth::{write_synthetic, SynthShape, SynthSpec};
+use onepass::DType;
+
+use super::common::model_path;
+
+/// The matrix formats `synth` writes.
+#[derive(ValueEnum, Debug, Clone, Copy)]
+pub enum SynthQuant {
+    /// GGML Q4_0.
+    #[value(name = "q4_0")]
+    Q4_0,
+    /// GGML Q4_1 (the default model's format).
+    #[value(name = "q4_1")]
+    Q4_1,
+    /// GGML Q8_0.
+    #[value(name = "q8_0")]
+    Q8_0,
+    /// GGML Q4_K (matrices whose width is not a multiple of 256 fall back to Q4_1).
+    #[value(name = "q4_k")]
+    Q4K,
+}
+
+/// Flags of `synth`.
+#[derive(Args, Debug)]
+pub struct SynthArgs {
+    /// The shape to copy.
+    #[arg(long, value_enum)]
+    pub like: SynthShape,
+    /// Format of the matrices.
+    #[arg(long, value_enum, default_value_t = SynthQuant::Q4_1)]
+    pub quant: SynthQuant,
+    /// Seed of the random weights.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Where to copy the tokenizer from: a GGUF path or `smollm2`; without it, the default
+    /// model's tokenizer is used when it is already in the cache, else a byte-level vocabulary.
+    #[arg(long, value_name = "MODEL")]
+    pub tokenizer_from: Option<String>,
+    /// Output file.
+    #[arg(short = 'o', long)]
+    pub output: PathBuf,
+}
+
+/// Runs `synth`.
+pub fn run(args: SynthArgs) -> anyhow::Result<()> {
+    let quant = match args.quant {
+        SynthQuant::Q4_0 => DType::Q4_0,
+        SynthQuant::Q4_1 => DType::Q4_1,
+        SynthQuant::Q8_0 => DType::Q8_0,
+        SynthQuant::Q4K => DType::Q4K,
+    };
+    let source = match &args.tokenizer_from {
+        Some(spec) => Some(GgufFile::open(model_path(spec)?)?),
+        None => super::common::cached_default_model().and_then(|p| GgufFile::open(p).ok()),
+    };
+    if source.is_none() {
+        eprintln!("note: the default model is not in the cache; writing a byte-level vocabulary");
+    }
+    let spec = SynthSpec { shape: args.like, quant, seed: args.seed };
+    let bar = ProgressBar::new(0).with_style(
+        ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_message(format!("writing {}", args.output.display()));
+    write_synthetic(&spec, source.as_ref(), &args.output, &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })?;
+    bar.finish_and_clear();
+    let size = std::fs::metadata(&args.output).map(|m| m.len()).unwrap_or(0);
+    eprintln!("wrote {} ({:.1} MB, {:?} like {:?})", args.output.display(), size as f64 / 1e6, quant, args.like);
+    Ok(())
+}
