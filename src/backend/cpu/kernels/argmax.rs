@@ -1,8 +1,73 @@
-//! CPU kernels of the `argmax` op family.
+//! CPU kernels of the `argmax` op family: the index of the largest value of each row.
+//!
+//! Ties go to the first index; NaN values are skipped (a row of only NaN gives 0).
+//!
+//! Argument layout: `argmax_f32`: x, out (i32 `[rows]`), n: u32 (the row length).
 
-use crate::backend::cpu::CpuRegistry;
+use rayon::prelude::*;
+
+use crate::backend::cpu::{CpuRegistry, KernelArgs};
+use crate::error::{Error, Result};
+
+/// Rows longer than this are scanned in parallel chunks.
+const PARALLEL_ROW: usize = 1 << 15;
+
+/// The best `(value, index)` of a slice whose first element has index `offset`; `None` when every
+/// value is NaN.
+#[inline]
+fn best_of(values: &[f32], offset: usize) -> Option<(f32, usize)> {
+    let mut best: Option<(f32, usize)> = None;
+    for (i, &v) in values.iter().enumerate() {
+        if v.is_nan() {
+            continue;
+        }
+        match best {
+            Some((b, _)) if v <= b => {}
+            _ => best = Some((v, offset + i)),
+        }
+    }
+    best
+}
+
+/// Of two candidates, the larger value, or the lower index on a tie.
+fn better(a: Option<(f32, usize)>, b: Option<(f32, usize)>) -> Option<(f32, usize)> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(if y.0 > x.0 || (y.0 == x.0 && y.1 < x.1) {
+            y
+        } else {
+            x
+        }),
+        (x, None) => x,
+        (None, y) => y,
+    }
+}
+
+fn argmax_f32(args: &KernelArgs<'_>) -> Result<()> {
+    let x = args.input::<f32>(0)?;
+    let out = args.output::<i32>(1)?;
+    let n = args.usize(2)?;
+    if n == 0 || n > i32::MAX as usize || x.len() != out.len() * n {
+        return Err(Error::Kernel {
+            kernel: args.kernel().0,
+            msg: format!("x has {} values, out {} rows of {n}", x.len(), out.len()),
+        });
+    }
+    out.par_iter_mut().enumerate().for_each(|(r, o)| {
+        let row = &x[r * n..(r + 1) * n];
+        let best = if n > PARALLEL_ROW {
+            row.par_chunks(PARALLEL_ROW / 4)
+                .enumerate()
+                .map(|(c, chunk)| best_of(chunk, c * (PARALLEL_ROW / 4)))
+                .reduce(|| None, better)
+        } else {
+            best_of(row, 0)
+        };
+        *o = best.map_or(0, |(_, i)| i as i32);
+    });
+    Ok(())
+}
 
 /// Registers this family's kernels.
 pub(super) fn register(registry: &mut CpuRegistry) {
-    let _ = registry;
+    registry.register("argmax_f32", argmax_f32);
 }
