@@ -1,1 +1,483 @@
-//! `tokenizer`.
+//! The model's tokenizer, built from GGUF metadata on top of the `tokenizers` crate.
+//!
+//! Supported: `tokenizer.ggml.model = "gpt2"` (byte-level BPE) with the pre-tokenizers
+//! `smollm` (every digit on its own, then the GPT-2 split pattern), `llama-bpe` / `llama3` /
+//! `llama-v3` (the Llama-3 split pattern; merges ignored for words already in the vocabulary) and
+//! `gpt-2` / `default` (the GPT-2 pattern alone). Tokens of token_type 3 (control) become special
+//! tokens, tokens of type 4 (user-defined) are matched whole in the text as ordinary added tokens.
+//!
+//! Decoding is done here from the byte-level token strings (the same bytes the `tokenizers`
+//! ByteLevel decoder produces), so that [`StreamDecoder`] can hand out text exactly at UTF-8
+//! character boundaries while tokens arrive one by one.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
+
+use crate::error::{Error, Result};
+use crate::model::gguf::GgufFile;
+
+/// The Llama-3 pre-tokenizer split pattern (also used by llama.cpp for `llama-bpe`).
+const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// GGUF token_type of control (special) tokens.
+const TOKEN_TYPE_CONTROL: i32 = 3;
+/// GGUF token_type of user-defined tokens.
+const TOKEN_TYPE_USER_DEFINED: i32 = 4;
+
+/// Token texts that end a generation when present in the vocabulary.
+const END_OF_GENERATION_TEXTS: [&str; 6] = [
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<end_of_turn>",
+];
+
+/// The pre-tokenizer named by `tokenizer.ggml.pre`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PreTokenizer {
+    /// `smollm`: digits one by one, then the GPT-2 pattern.
+    SmolLm,
+    /// `llama-bpe` (also `llama3`, `llama-v3`): the Llama-3 pattern.
+    Llama3,
+    /// `gpt-2` (or `default`): the GPT-2 pattern.
+    Gpt2,
+}
+
+impl PreTokenizer {
+    /// The pre-tokenizer for a `tokenizer.ggml.pre` value, or `None` for one not supported.
+    pub fn from_name(name: &str) -> Option<PreTokenizer> {
+        match name {
+            "smollm" => Some(PreTokenizer::SmolLm),
+            "llama-bpe" | "llama3" | "llama-v3" => Some(PreTokenizer::Llama3),
+            "gpt-2" | "gpt2" | "default" => Some(PreTokenizer::Gpt2),
+            _ => None,
+        }
+    }
+
+    fn build(self) -> Result<PreTokenizerWrapper, String> {
+        Ok(match self {
+            PreTokenizer::SmolLm => PreTokenizerWrapper::Sequence(Sequence::new(vec![
+                PreTokenizerWrapper::Digits(Digits::new(true)),
+                PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true)),
+            ])),
+            PreTokenizer::Llama3 => {
+                let split = Split::new(
+                    SplitPattern::Regex(LLAMA3_PATTERN.into()),
+                    SplitDelimiterBehavior::Isolated,
+                    false,
+                )
+                .map_err(|e| format!("the Llama-3 split pattern: {e}"))?;
+                PreTokenizerWrapper::Sequence(Sequence::new(vec![
+                    PreTokenizerWrapper::Split(split),
+                    PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, false)),
+                ]))
+            }
+            PreTokenizer::Gpt2 => PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true)),
+        })
+    }
+}
+
+/// A byte-level BPE tokenizer read from a GGUF file.
+pub struct Tokenizer {
+    /// Splits special tokens written in the text out as single tokens.
+    with_special: tokenizers::Tokenizer,
+    /// The same, but special-token text is tokenized as ordinary text (built on first use).
+    without_special: OnceLock<std::result::Result<tokenizers::Tokenizer, String>>,
+    tokens: Vec<String>,
+    special: Vec<bool>,
+    pre: PreTokenizer,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    add_bos: bool,
+    eog: Vec<u32>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab", &self.tokens.len())
+            .field("pre", &self.pre)
+            .field("bos", &self.bos)
+            .field("eos", &self.eos)
+            .field("add_bos", &self.add_bos)
+            .field("eog", &self.eog)
+            .finish()
+    }
+}
+
+impl Tokenizer {
+    /// Builds the tokenizer from the `tokenizer.ggml.*` metadata of a GGUF file.
+    pub fn from_gguf(gguf: &GgufFile) -> Result<Tokenizer> {
+        let kind = gguf.get_str("tokenizer.ggml.model")?;
+        if kind != "gpt2" {
+            return Err(gguf.err(format!(
+                "tokenizer.ggml.model = `{kind}` is not supported (only `gpt2`, byte-level BPE)"
+            )));
+        }
+        let pre_name = gguf.opt_str("tokenizer.ggml.pre")?.unwrap_or("default");
+        let pre = PreTokenizer::from_name(pre_name).ok_or_else(|| {
+            gguf.err(format!(
+                "tokenizer.ggml.pre = `{pre_name}` is not supported (supported: smollm, llama-bpe, gpt-2)"
+            ))
+        })?;
+        let tokens: Vec<String> = gguf
+            .get_str_array("tokenizer.ggml.tokens")?
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        let n = tokens.len();
+        if n == 0 || u32::try_from(n).is_err() {
+            return Err(gguf.err(format!("tokenizer.ggml.tokens has {n} entries")));
+        }
+        let types = match gguf.get("tokenizer.ggml.token_type") {
+            Some(_) => gguf.get_i32_array("tokenizer.ggml.token_type")?,
+            None => vec![1; n],
+        };
+        if types.len() != n {
+            return Err(gguf.err(format!(
+                "tokenizer.ggml.token_type has {} entries but tokenizer.ggml.tokens has {n}",
+                types.len()
+            )));
+        }
+        let merges = gguf
+            .get_str_array("tokenizer.ggml.merges")?
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| {
+                m.split_once(' ').map(|(a, b)| (a.to_owned(), b.to_owned())).ok_or_else(|| {
+                    gguf.err(format!("tokenizer.ggml.merges[{i}] = `{m}` is not two tokens separated by a space"))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let id_key = |key: &str| -> Result<Option<u32>> {
+            match gguf.opt_u32(key)? {
+                Some(id) if id as usize >= n => Err(gguf.err(format!(
+                    "{key} = {id} is outside the vocabulary of {n} tokens"
+                ))),
+                other => Ok(other),
+            }
+        };
+        let bos = id_key("tokenizer.ggml.bos_token_id")?;
+        let eos = id_key("tokenizer.ggml.eos_token_id")?;
+        let unk = id_key("tokenizer.ggml.unknown_token_id")?;
+        let add_bos = gguf
+            .opt_bool("tokenizer.ggml.add_bos_token")?
+            .unwrap_or(pre == PreTokenizer::Llama3);
+
+        let mut vocab = Vocab::default();
+        for (id, t) in tokens.iter().enumerate() {
+            vocab.entry(t.clone()).or_insert(id as u32);
+        }
+        let mut builder = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .ignore_merges(pre == PreTokenizer::Llama3);
+        if let Some(unk) = unk {
+            builder = builder.unk_token(tokens[unk as usize].clone());
+        }
+        let model = builder
+            .build()
+            .map_err(|e| gguf.err(format!("building the BPE model: {e}")))?;
+        let mut inner = tokenizers::Tokenizer::new(model);
+        inner.with_pre_tokenizer(Some(pre.build().map_err(|e| gguf.err(e))?));
+        inner.with_decoder(Some(ByteLevelDecoder::default()));
+        let special: Vec<bool> = types.iter().map(|&t| t == TOKEN_TYPE_CONTROL).collect();
+        let added = |ty: i32, is_special: bool| -> Vec<AddedToken> {
+            tokens
+                .iter()
+                .zip(&types)
+                .filter(|&(_, &t)| t == ty)
+                .map(|(s, _)| AddedToken::from(s.clone(), is_special).normalized(false))
+                .collect()
+        };
+        inner
+            .add_special_tokens(added(TOKEN_TYPE_CONTROL, true))
+            .and_then(|_| inner.add_tokens(added(TOKEN_TYPE_USER_DEFINED, false)))
+            .map_err(|e| gguf.err(format!("adding the special tokens: {e}")))?;
+        for (id, t) in tokens.iter().enumerate() {
+            if types[id] == TOKEN_TYPE_CONTROL || types[id] == TOKEN_TYPE_USER_DEFINED {
+                let got = inner.token_to_id(t);
+                if got != Some(id as u32) && vocab_first(&tokens, t) == Some(id) {
+                    return Err(gguf.err(format!(
+                        "added token `{t}` (id {id}) resolved to id {got:?}"
+                    )));
+                }
+            }
+        }
+
+        let mut eog: Vec<u32> = eos.into_iter().collect();
+        for key in ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+            eog.extend(id_key(key)?);
+        }
+        for text in END_OF_GENERATION_TEXTS {
+            if let Some(id) = vocab_first(&tokens, text) {
+                eog.push(id as u32);
+            }
+        }
+        eog.sort_unstable();
+        eog.dedup();
+
+        Ok(Tokenizer {
+            with_special: inner,
+            without_special: OnceLock::new(),
+            tokens,
+            special,
+            pre,
+            bos,
+            eos,
+            add_bos,
+            eog,
+        })
+    }
+
+    /// Tokenizes `text`. With `parse_special`, special-token text such as `<|im_start|>` becomes
+    /// that single token; without, it is tokenized as ordinary text. When the model asks for a BOS
+    /// token ([`Tokenizer::add_bos`]) one is put in front, unless the ids already start with it
+    /// (as after a chat template that writes the BOS text itself).
+    pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>> {
+        let mut ids = self.encode_plain(text, parse_special)?;
+        if let (true, Some(bos)) = (self.add_bos, self.bos) {
+            if ids.first() != Some(&bos) {
+                ids.insert(0, bos);
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Tokenizes `text` without ever adding a BOS token.
+    pub fn encode_plain(&self, text: &str, parse_special: bool) -> Result<Vec<u32>> {
+        let tokenizer = if parse_special {
+            &self.with_special
+        } else {
+            let built = self.without_special.get_or_init(|| {
+                let mut t = self.with_special.clone();
+                t.set_encode_special_tokens(true);
+                Ok(t)
+            });
+            built
+                .as_ref()
+                .map_err(|e| Error::InvalidArgument(e.clone()))?
+        };
+        let encoding = tokenizer
+            .encode(text, false)
+            .map_err(|e| Error::InvalidArgument(format!("tokenizing failed: {e}")))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Decodes ids to text, special tokens included; bytes that are not valid UTF-8 become U+FFFD.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        let mut bytes = Vec::new();
+        for &id in ids {
+            self.push_token_bytes(id, &mut bytes)?;
+        }
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// Decodes ids to text, leaving out special (control) tokens.
+    pub fn decode_skip_special(&self, ids: &[u32]) -> Result<String> {
+        let mut bytes = Vec::new();
+        for &id in ids.iter().filter(|&&id| !self.is_special(id)) {
+            self.push_token_bytes(id, &mut bytes)?;
+        }
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// Appends the bytes one token stands for.
+    pub fn push_token_bytes(&self, id: u32, out: &mut Vec<u8>) -> Result<()> {
+        let text = self.token_str(id).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "token id {id} is outside the vocabulary of {} tokens",
+                self.tokens.len()
+            ))
+        })?;
+        if self.is_special(id) {
+            out.extend_from_slice(text.as_bytes());
+        } else {
+            for c in text.chars() {
+                match byte_of_char(c) {
+                    Some(b) => out.push(b),
+                    None => out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A decoder for ids that arrive one at a time.
+    pub fn stream_decoder(&self) -> StreamDecoder<'_> {
+        StreamDecoder {
+            tokenizer: self,
+            pending: Vec::new(),
+            skip_special: false,
+        }
+    }
+
+    /// The vocabulary string of a token (byte-level form: `Ġ` for a space), if the id exists.
+    pub fn token_str(&self, id: u32) -> Option<&str> {
+        self.tokens.get(id as usize).map(String::as_str)
+    }
+
+    /// The id of a vocabulary string, if present.
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        self.with_special.token_to_id(text)
+    }
+
+    /// The number of tokens in the vocabulary.
+    pub fn vocab_size(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Whether the token is a special (control) token.
+    pub fn is_special(&self, id: u32) -> bool {
+        self.special.get(id as usize).copied().unwrap_or(false)
+    }
+
+    /// The pre-tokenizer in use.
+    pub fn pre_tokenizer(&self) -> PreTokenizer {
+        self.pre
+    }
+
+    /// The beginning-of-sequence token, if the model names one.
+    pub fn bos_id(&self) -> Option<u32> {
+        self.bos
+    }
+
+    /// The end-of-sequence token, if the model names one.
+    pub fn eos_id(&self) -> Option<u32> {
+        self.eos
+    }
+
+    /// Whether [`Tokenizer::encode`] puts a BOS token in front (`tokenizer.ggml.add_bos_token`).
+    pub fn add_bos(&self) -> bool {
+        self.add_bos
+    }
+
+    /// The tokens that end a generation: EOS, EOT/EOM ids when given, and `<|im_end|>`,
+    /// `<|eot_id|>`, `<|endoftext|>` and similar where the vocabulary has them; sorted.
+    pub fn eog_ids(&self) -> &[u32] {
+        &self.eog
+    }
+
+    /// Whether the token ends a generation.
+    pub fn is_eog(&self, id: u32) -> bool {
+        self.eog.binary_search(&id).is_ok()
+    }
+}
+
+fn vocab_first(tokens: &[String], text: &str) -> Option<usize> {
+    tokens.iter().position(|t| t == text)
+}
+
+/// The byte a GPT-2 byte-level character stands for. Printable bytes (`!`..=`~`, `¡`..=`¬`,
+/// `®`..=`ÿ`) stand for themselves; the other 68 bytes are shifted to U+0100 onwards in order.
+fn byte_of_char(c: char) -> Option<u8> {
+    static TABLE: OnceLock<HashMap<char, u8>> = OnceLock::new();
+    let table = TABLE.get_or_init(|| {
+        let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        let mut shifted = 0u32;
+        (0..=255u8)
+            .map(|b| {
+                if printable(b) {
+                    (char::from(b), b)
+                } else {
+                    shifted += 1;
+                    (
+                        char::from_u32(255 + shifted).unwrap_or(char::REPLACEMENT_CHARACTER),
+                        b,
+                    )
+                }
+            })
+            .collect()
+    });
+    table.get(&c).copied()
+}
+
+/// Turns ids arriving one at a time into text, handing out only whole UTF-8 characters: the bytes
+/// of a character split across tokens are held back until the character is complete.
+pub struct StreamDecoder<'a> {
+    tokenizer: &'a Tokenizer,
+    pending: Vec<u8>,
+    skip_special: bool,
+}
+
+impl StreamDecoder<'_> {
+    /// Leaves special (control) tokens out of the text.
+    pub fn skip_special(mut self, skip: bool) -> Self {
+        self.skip_special = skip;
+        self
+    }
+
+    /// Adds one token; returns the text that is now complete (possibly empty). Byte sequences
+    /// that can never become valid UTF-8 are given out as U+FFFD, as [`Tokenizer::decode`] does.
+    pub fn push(&mut self, id: u32) -> Result<String> {
+        if self.skip_special && self.tokenizer.is_special(id) {
+            return Ok(String::new());
+        }
+        self.tokenizer.push_token_bytes(id, &mut self.pending)?;
+        let mut out = String::new();
+        loop {
+            match std::str::from_utf8(&self.pending) {
+                Ok(s) => {
+                    out.push_str(s);
+                    self.pending.clear();
+                    break;
+                }
+                Err(e) => {
+                    let good = e.valid_up_to();
+                    // The prefix up to `good` was just validated.
+                    out.push_str(std::str::from_utf8(&self.pending[..good]).unwrap_or_default());
+                    match e.error_len() {
+                        Some(bad) => {
+                            out.push(char::REPLACEMENT_CHARACTER);
+                            self.pending.drain(..good + bad);
+                        }
+                        None => {
+                            self.pending.drain(..good);
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Ends the stream: bytes still held back (an unfinished character) come out as U+FFFD.
+    pub fn finish(&mut self) -> String {
+        let out = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_level_table_is_a_bijection() {
+        let mut seen = [false; 256];
+        for c in (0..=0x1ff).filter_map(char::from_u32) {
+            if let Some(b) = byte_of_char(c) {
+                assert!(!seen[b as usize], "byte {b} mapped twice");
+                seen[b as usize] = true;
+            }
+        }
+        assert!(seen.iter().all(|&s| s));
+        assert_eq!(byte_of_char('Ġ'), Some(b' '));
+        assert_eq!(byte_of_char('Ċ'), Some(b'\n'));
+        assert_eq!(byte_of_char('ĉ'), Some(b'\t'));
+        assert_eq!(byte_of_char('č'), Some(b'\r'));
+        assert_eq!(byte_of_char('a'), Some(b'a'));
+        assert_eq!(byte_of_char('€'), None);
+    }
+}
