@@ -26,13 +26,24 @@ fn every_family_compiles_to_a_cubin() {
     let mut failures = Vec::new();
     for src in SOURCES {
         match c.compile(src) {
-            // An ELF image: the magic bytes of a cubin.
-            Ok(cubin) => assert_eq!(
-                &cubin[..4],
-                b"\x7fELF",
-                "{}.cu did not give a cubin",
-                src.family
-            ),
+            Ok(cubin) => {
+                // An ELF image: the magic bytes of a cubin.
+                assert_eq!(
+                    &cubin[..4],
+                    b"\x7fELF",
+                    "{}.cu did not give a cubin",
+                    src.family
+                );
+                // Every kernel name the registry found in the source is a symbol of the cubin.
+                for name in src.kernel_names() {
+                    let sym = format!("\0{name}\0");
+                    assert!(
+                        cubin.windows(sym.len()).any(|w| w == sym.as_bytes()),
+                        "{}.cu: kernel {name} is not in the cubin",
+                        src.family
+                    );
+                }
+            }
             Err(f) => failures.push(f.to_string()),
         }
     }

@@ -1,7 +1,12 @@
 //! Launching dispatches into the device's stream.
 //!
 //! A dispatch's arguments become kernel parameters in order: a buffer becomes the device address
-//! of its first byte (allocation base + view offset), a scalar its 32-bit value. Barriers need no
+//! of its first byte (allocation base + view offset), a scalar its 32-bit value. After them come
+//! the element counts of the buffer arguments, in order, as `uint64_t` (a CUDA kernel sees only
+//! pointers; the counts let it check bounds and tell a broadcast operand from a full one, as the
+//! CPU kernel does with slice lengths). So a CPU kernel `(x, out, eps: f32, dim: u32)` is the CUDA
+//! kernel `(const T* x, T* out, float eps, uint32_t dim, uint64_t n_x, uint64_t n_out)`.
+//! Barriers need no
 //! command: launches on one stream run in order. With `sync_each_launch` the encoder waits for
 //! the stream after every launch (the "one submission per op" pattern, for comparison).
 
@@ -84,6 +89,11 @@ impl CudaEncoder {
                 Arg::Scalar(Scalar::F32(v)) => v.to_bits() as u64,
             };
             self.slots.push(v);
+        }
+        for arg in dispatch.args() {
+            if let Arg::Buffer(buf, _) = arg {
+                self.slots.push(buf.elems() as u64);
+            }
         }
         // A 32-bit scalar is read from the low 4 bytes of its 8-byte slot (little-endian host).
         self.params.clear();

@@ -29,10 +29,21 @@ pub struct KernelSource {
 }
 
 /// Every embedded family source.
-pub const SOURCES: &[KernelSource] = &[KernelSource {
-    family: "test",
-    source: include_str!("kernels/test.cu"),
-}];
+pub const SOURCES: &[KernelSource] = &[
+    family("argmax", include_str!("kernels/argmax.cu")),
+    family("copy", include_str!("kernels/copy.cu")),
+    family("elementwise", include_str!("kernels/elementwise.cu")),
+    family("embedding", include_str!("kernels/embedding.cu")),
+    family("kv_cache", include_str!("kernels/kv_cache.cu")),
+    family("matmul", include_str!("kernels/matmul.cu")),
+    family("norm", include_str!("kernels/norm.cu")),
+    family("rope", include_str!("kernels/rope.cu")),
+    family("test", include_str!("kernels/test.cu")),
+];
+
+const fn family(family: &'static str, source: &'static str) -> KernelSource {
+    KernelSource { family, source }
+}
 
 impl KernelSource {
     /// The full text NVRTC compiles: the prelude, then the family's source.
@@ -49,20 +60,38 @@ impl KernelSource {
     }
 }
 
-/// The names of the `extern "C" __global__` functions a source defines, in order.
+/// The names of the kernels a source defines, in order. Two forms are recognized:
+/// `extern "C" __global__ void NAME(` (a `NAME` in capitals is a macro parameter and skipped),
+/// and a line that starts with a macro call `SOMETHING_KERNEL(NAME, ...)`, the convention for
+/// instantiating one templated kernel per dtype. The compile test checks that every name found
+/// here is a symbol of the compiled cubin.
 pub fn kernel_names_in(source: &'static str) -> Vec<&'static str> {
     const MARK: &str = "extern \"C\" __global__ void ";
+    let ident_end = |t: &str| {
+        t.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(t.len())
+    };
     let mut names = Vec::new();
-    let mut rest = source;
-    while let Some(at) = rest.find(MARK) {
-        let tail = &rest[at + MARK.len()..];
-        let end = tail
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .unwrap_or(tail.len());
-        if end > 0 {
-            names.push(&tail[..end]);
+    for line in source.lines() {
+        let trimmed = line.trim_start();
+        if let Some(at) = trimmed.find(MARK) {
+            let tail = &trimmed[at + MARK.len()..];
+            let name = &tail[..ident_end(tail)];
+            if !name.is_empty() && name.chars().any(|c| c.is_ascii_lowercase()) {
+                names.push(name);
+            }
+            continue;
         }
-        rest = &tail[end..];
+        let macro_len = ident_end(trimmed);
+        let macro_name = &trimmed[..macro_len];
+        if macro_len > 0 && macro_name.ends_with("_KERNEL") && trimmed[macro_len..].starts_with('(')
+        {
+            let tail = trimmed[macro_len + 1..].trim_start();
+            let name = &tail[..ident_end(tail)];
+            if !name.is_empty() && tail[name.len()..].trim_start().starts_with(',') {
+                names.push(name);
+            }
+        }
     }
     names
 }
@@ -303,8 +332,10 @@ mod tests {
     fn kernel_names_are_found_in_source() {
         let src = "extern \"C\" __global__ void a_f32(float* x) {}\n\
                    __device__ float helper() { return 1.0f; }\n\
+                   #define NORM_KERNEL(NAME, T) extern \"C\" __global__ void NAME(const T* x) {}\n\
+                   NORM_KERNEL(c_bf16, __nv_bfloat16)\n\
                    extern \"C\" __global__ void b_f16_q4_1(const void* w) {}";
-        assert_eq!(kernel_names_in(src), vec!["a_f32", "b_f16_q4_1"]);
+        assert_eq!(kernel_names_in(src), vec!["a_f32", "c_bf16", "b_f16_q4_1"]);
     }
 
     #[test]

@@ -61,3 +61,110 @@ __device__ __forceinline__ float op_half_bits(const uint8_t* p) {
     unsigned short bits = (unsigned short)p[0] | ((unsigned short)p[1] << 8);
     return __half2float(__ushort_as_half(bits));
 }
+
+// Sum over the block in f64, as `op_block_sum`; `scratch` holds 32 doubles of shared memory.
+__device__ __forceinline__ double op_block_sum_f64(double v, double* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(ONEPASS_FULL_MASK, v, o);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    double t = lane < warps ? scratch[lane] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(ONEPASS_FULL_MASK, t, o);
+    return t;
+}
+
+// The grid as a flat index space: first item of this thread and the stride.
+#define OP_GRID_STRIDE_LOOP(i, n) \
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < (uint64_t)(n); \
+         i += (uint64_t)gridDim.x * blockDim.x)
+
+// Rows spread over blocks (x, then y): first row of this block and the stride.
+#define OP_ROW_LOOP(r, rows) \
+    for (uint64_t r = blockIdx.y * (uint64_t)gridDim.x + blockIdx.x; r < (uint64_t)(rows); \
+         r += (uint64_t)gridDim.x * gridDim.y)
+
+// ---- Weight rows of any format, one element at a time (GGML block layouts). ----
+// Formats: 0 f32, 1 f16, 2 bf16, 3 q4_0, 4 q4_1, 5 q8_0, 6 q4_k, 7 q6_k. Each function returns
+// element i of a row starting at `row`, with the float operations in the host dequantizer's order.
+#define OP_FMT_F32 0
+#define OP_FMT_F16 1
+#define OP_FMT_BF16 2
+#define OP_FMT_Q4_0 3
+#define OP_FMT_Q4_1 4
+#define OP_FMT_Q8_0 5
+#define OP_FMT_Q4_K 6
+#define OP_FMT_Q6_K 7
+
+// Bytes of a row of k elements.
+__device__ __forceinline__ uint64_t op_row_bytes(int fmt, uint64_t k) {
+    switch (fmt) {
+        case OP_FMT_F32: return k * 4;
+        case OP_FMT_F16: case OP_FMT_BF16: return k * 2;
+        case OP_FMT_Q4_0: return k / 32 * 18;
+        case OP_FMT_Q4_1: return k / 32 * 20;
+        case OP_FMT_Q8_0: return k / 32 * 34;
+        case OP_FMT_Q4_K: return k / 256 * 144;
+        default: return k / 256 * 210;
+    }
+}
+
+// Elements per block of the format.
+__device__ __forceinline__ uint32_t op_block_elems(int fmt) {
+    return fmt <= OP_FMT_BF16 ? 1u : (fmt <= OP_FMT_Q8_0 ? 32u : 256u);
+}
+
+template <int FMT>
+__device__ __forceinline__ float op_weight(const uint8_t* row, uint32_t i) {
+    if (FMT == OP_FMT_F32) return ((const float*)row)[i];
+    if (FMT == OP_FMT_F16) return __half2float(((const __half*)row)[i]);
+    if (FMT == OP_FMT_BF16) return __bfloat162float(((const __nv_bfloat16*)row)[i]);
+    if (FMT == OP_FMT_Q4_0) {
+        const uint8_t* p = row + (i / 32) * 18;
+        const uint32_t j = i % 32;
+        const int q = j < 16 ? (p[2 + j] & 0x0F) : (p[2 + j - 16] >> 4);
+        return op_half_bits(p) * (float)(q - 8);
+    }
+    if (FMT == OP_FMT_Q4_1) {
+        const uint8_t* p = row + (i / 32) * 20;
+        const uint32_t j = i % 32;
+        const int q = j < 16 ? (p[4 + j] & 0x0F) : (p[4 + j - 16] >> 4);
+        return op_half_bits(p) * (float)q + op_half_bits(p + 2);
+    }
+    if (FMT == OP_FMT_Q8_0) {
+        const uint8_t* p = row + (i / 32) * 34;
+        return (float)(int8_t)p[2 + i % 32] * op_half_bits(p);
+    }
+    if (FMT == OP_FMT_Q4_K) {
+        const uint8_t* p = row + (i / 256) * 144;
+        const uint32_t j = i % 256, sub = j / 32, l = j % 32;
+        const uint8_t* sc = p + 4;
+        uint32_t s, m;
+        if (sub < 4) {
+            s = sc[sub] & 63;
+            m = sc[sub + 4] & 63;
+        } else {
+            s = (sc[sub + 4] & 0x0F) | ((sc[sub - 4] >> 6) << 4);
+            m = (sc[sub + 4] >> 4) | ((sc[sub] >> 6) << 4);
+        }
+        const uint8_t b = p[16 + 32 * (sub / 2) + l];
+        const uint32_t q = (b >> (4 * (sub % 2))) & 0x0F;
+        const float d1 = op_half_bits(p) * (float)s;
+        const float m1 = op_half_bits(p + 2) * (float)m;
+        return d1 * (float)q - m1;
+    }
+    // Q6_K: ql[128], qh[64], scales[16] (int8), d (f16).
+    const uint8_t* p = row + (i / 256) * 210;
+    const uint32_t j = i % 256, h = j / 128, quarter = (j % 128) / 32, l = j % 32;
+    const uint8_t qh = p[128 + 32 * h + l];
+    const uint8_t a = p[64 * h + l], b = p[64 * h + 32 + l];
+    uint32_t q;
+    switch (quarter) {
+        case 0: q = (a & 0x0F) | ((qh & 3) << 4); break;
+        case 1: q = (b & 0x0F) | (((qh >> 2) & 3) << 4); break;
+        case 2: q = (a >> 4) | (((qh >> 4) & 3) << 4); break;
+        default: q = (b >> 4) | (((qh >> 6) & 3) << 4); break;
+    }
+    const float sc = (float)(int8_t)p[192 + j / 16];
+    return op_half_bits(p + 208) * sc * (float)((int)q - 32);
+}

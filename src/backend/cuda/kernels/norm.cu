@@ -1,0 +1,71 @@
+// The `norm` family: RMS normalization per row, with or without a weight, optionally fused with a
+// following multiply by `m` (one row broadcast over the rows, or one value per element of x).
+// Same argument order and semantics as the CPU kernels (src/backend/cpu/kernels/norm.rs): the
+// sum of squares is accumulated in f64, the products are f32 in the order ((x * inv) * w) * m.
+// One block per row (grid-stride over rows), blockDim.x a multiple of 32.
+
+template <typename T>
+__device__ void rms_norm_rows(const T* x, const T* w, const T* m, T* out, float eps, uint32_t dim,
+                              uint64_t n_x, uint64_t n_m, uint64_t n_out) {
+    __shared__ double scratch[32];
+    if (dim == 0) return;
+    const uint64_t n = n_x < n_out ? n_x : n_out;
+    const uint64_t rows = n / dim;
+    const bool m_full = m != nullptr && n_m == n_x;
+    if (m != nullptr && !m_full && n_m < dim) return;
+    OP_ROW_LOOP(r, rows) {
+        const T* xr = x + r * dim;
+        double ss = 0.0;
+        for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x) {
+            double v = (double)op_load(xr, i);
+            ss += v * v;
+        }
+        ss = op_block_sum_f64(ss, scratch);
+        const float inv = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
+        const T* mr = m == nullptr ? nullptr : (m_full ? m + r * dim : m);
+        T* o = out + r * dim;
+        for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x) {
+            float y = op_load(xr, i) * inv;
+            if (w != nullptr) y = y * op_load(w, i);
+            if (mr != nullptr) y = y * op_load(mr, i);
+            op_store(o, i, y);
+        }
+    }
+}
+
+#define RMS_NORM_KERNEL(NAME, T)                                                                    \
+    extern "C" __global__ void NAME(const T* x, const T* w, T* out, float eps, uint32_t dim,          \
+                                    uint64_t n_x, uint64_t n_w, uint64_t n_out) {                     \
+        if (n_w < dim) return;                                                                        \
+        rms_norm_rows<T>(x, w, nullptr, out, eps, dim, n_x, 0, n_out);                                \
+    }
+#define RMS_NORM_NO_SCALE_KERNEL(NAME, T)                                                           \
+    extern "C" __global__ void NAME(const T* x, T* out, float eps, uint32_t dim, uint64_t n_x,        \
+                                    uint64_t n_out) {                                                 \
+        rms_norm_rows<T>(x, nullptr, nullptr, out, eps, dim, n_x, 0, n_out);                          \
+    }
+#define RMS_NORM_MUL_KERNEL(NAME, T)                                                                \
+    extern "C" __global__ void NAME(const T* x, const T* w, const T* m, T* out, float eps,           \
+                                    uint32_t dim, uint64_t n_x, uint64_t n_w, uint64_t n_m,           \
+                                    uint64_t n_out) {                                                 \
+        if (n_w < dim) return;                                                                        \
+        rms_norm_rows<T>(x, w, m, out, eps, dim, n_x, n_m, n_out);                                    \
+    }
+#define RMS_NORM_NO_SCALE_MUL_KERNEL(NAME, T)                                                       \
+    extern "C" __global__ void NAME(const T* x, const T* m, T* out, float eps, uint32_t dim,          \
+                                    uint64_t n_x, uint64_t n_m, uint64_t n_out) {                     \
+        rms_norm_rows<T>(x, nullptr, m, out, eps, dim, n_x, n_m, n_out);                              \
+    }
+
+RMS_NORM_KERNEL(rms_norm_f32, float)
+RMS_NORM_KERNEL(rms_norm_f16, __half)
+RMS_NORM_KERNEL(rms_norm_bf16, __nv_bfloat16)
+RMS_NORM_NO_SCALE_KERNEL(rms_norm_no_scale_f32, float)
+RMS_NORM_NO_SCALE_KERNEL(rms_norm_no_scale_f16, __half)
+RMS_NORM_NO_SCALE_KERNEL(rms_norm_no_scale_bf16, __nv_bfloat16)
+RMS_NORM_MUL_KERNEL(rms_norm_mul_f32, float)
+RMS_NORM_MUL_KERNEL(rms_norm_mul_f16, __half)
+RMS_NORM_MUL_KERNEL(rms_norm_mul_bf16, __nv_bfloat16)
+RMS_NORM_NO_SCALE_MUL_KERNEL(rms_norm_no_scale_mul_f32, float)
+RMS_NORM_NO_SCALE_MUL_KERNEL(rms_norm_no_scale_mul_f16, __half)
+RMS_NORM_NO_SCALE_MUL_KERNEL(rms_norm_no_scale_mul_bf16, __nv_bfloat16)

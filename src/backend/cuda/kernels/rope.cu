@@ -1,0 +1,96 @@
+// The `rope` family: rotary position embedding, as the CPU kernels
+// (src/backend/cpu/kernels/rope.rs). Row r (n_heads heads of head_dim values) turns by
+// positions[r]; pair i < rotary_dim / 2 turns by pos * base^(-2i / rotary_dim) / freq_factor_i,
+// angle, sine and cosine in f64 once per row, the rotation in f32. Mode 0 pairs (2i, 2i + 1),
+// mode 1 pairs (i, i + rotary_dim / 2). Values past rotary_dim are copied unchanged.
+// One block per row (grid-stride over rows).
+
+#define ROPE_MAX_PAIRS 512
+
+template <typename T>
+__device__ void rope_rows(const T* x, const int32_t* positions, const float* ff, T* out,
+                          uint32_t head_dim, uint32_t rotary_dim, float base, uint32_t mode,
+                          uint64_t rows, uint64_t n_out, uint64_t n_ff) {
+    __shared__ float cs_cos[ROPE_MAX_PAIRS];
+    __shared__ float cs_sin[ROPE_MAX_PAIRS];
+    const uint32_t pairs = rotary_dim / 2;
+    if (rows == 0 || head_dim == 0 || n_out % rows != 0 || rotary_dim % 2 != 0 ||
+        rotary_dim > head_dim || pairs > ROPE_MAX_PAIRS || mode > 1)
+        return;
+    if (ff != nullptr && n_ff != pairs) return;
+    const uint64_t row_len = n_out / rows;
+    if (row_len % head_dim != 0) return;
+    const uint32_t heads = (uint32_t)(row_len / head_dim);
+    OP_ROW_LOOP(r, rows) {
+        const double pos = (double)positions[r];
+        __syncthreads();
+        for (uint32_t i = threadIdx.x; i < pairs; i += blockDim.x) {
+            double inv_freq = pow((double)base, -2.0 * (double)i / (double)rotary_dim);
+            double f = ff == nullptr ? 1.0 : (double)ff[i];
+            double s, c;
+            sincos(pos * inv_freq / f, &s, &c);
+            cs_cos[i] = (float)c;
+            cs_sin[i] = (float)s;
+        }
+        __syncthreads();
+        const T* xr = (x == nullptr ? out : x) + r * row_len;
+        T* o = out + r * row_len;
+        for (uint32_t t = threadIdx.x; t < heads * pairs; t += blockDim.x) {
+            const uint32_t h = t / pairs, i = t % pairs;
+            const uint32_t j0 = h * head_dim + (mode == 1 ? i : 2 * i);
+            const uint32_t j1 = h * head_dim + (mode == 1 ? i + pairs : 2 * i + 1);
+            const float a = op_load(xr, j0), b = op_load(xr, j1);
+            const float c = cs_cos[i], s = cs_sin[i];
+            op_store(o, j0, a * c - b * s);
+            op_store(o, j1, a * s + b * c);
+        }
+        if (x != nullptr) {
+            const uint32_t pass = head_dim - rotary_dim;
+            for (uint32_t t = threadIdx.x; t < heads * pass; t += blockDim.x) {
+                const uint32_t j = (t / pass) * head_dim + rotary_dim + t % pass;
+                o[j] = xr[j];
+            }
+        }
+    }
+}
+
+#define ROPE_KERNEL(NAME, T)                                                                        \
+    extern "C" __global__ void NAME(const T* x, const int32_t* positions, T* out, uint32_t head_dim,  \
+                                    uint32_t rotary_dim, float base, uint32_t mode, uint64_t n_x,     \
+                                    uint64_t n_pos, uint64_t n_out) {                                 \
+        if (n_x != n_out) return;                                                                     \
+        rope_rows<T>(x, positions, nullptr, out, head_dim, rotary_dim, base, mode, n_pos, n_out, 0);  \
+    }
+#define ROPE_FF_KERNEL(NAME, T)                                                                     \
+    extern "C" __global__ void NAME(const T* x, const int32_t* positions, const float* ff, T* out,    \
+                                    uint32_t head_dim, uint32_t rotary_dim, float base,               \
+                                    uint32_t mode, uint64_t n_x, uint64_t n_pos, uint64_t n_ff,       \
+                                    uint64_t n_out) {                                                 \
+        if (n_x != n_out) return;                                                                     \
+        rope_rows<T>(x, positions, ff, out, head_dim, rotary_dim, base, mode, n_pos, n_out, n_ff);    \
+    }
+#define ROPE_INPLACE_KERNEL(NAME, T)                                                                \
+    extern "C" __global__ void NAME(T* x, const int32_t* positions, uint32_t head_dim,                \
+                                    uint32_t rotary_dim, float base, uint32_t mode, uint64_t n_x,     \
+                                    uint64_t n_pos) {                                                 \
+        rope_rows<T>(nullptr, positions, nullptr, x, head_dim, rotary_dim, base, mode, n_pos, n_x, 0);\
+    }
+#define ROPE_FF_INPLACE_KERNEL(NAME, T)                                                             \
+    extern "C" __global__ void NAME(T* x, const int32_t* positions, const float* ff,                  \
+                                    uint32_t head_dim, uint32_t rotary_dim, float base,               \
+                                    uint32_t mode, uint64_t n_x, uint64_t n_pos, uint64_t n_ff) {     \
+        rope_rows<T>(nullptr, positions, ff, x, head_dim, rotary_dim, base, mode, n_pos, n_x, n_ff);  \
+    }
+
+ROPE_KERNEL(rope_f32, float)
+ROPE_KERNEL(rope_f16, __half)
+ROPE_KERNEL(rope_bf16, __nv_bfloat16)
+ROPE_FF_KERNEL(rope_ff_f32, float)
+ROPE_FF_KERNEL(rope_ff_f16, __half)
+ROPE_FF_KERNEL(rope_ff_bf16, __nv_bfloat16)
+ROPE_INPLACE_KERNEL(rope_f32_inplace, float)
+ROPE_INPLACE_KERNEL(rope_f16_inplace, __half)
+ROPE_INPLACE_KERNEL(rope_bf16_inplace, __nv_bfloat16)
+ROPE_FF_INPLACE_KERNEL(rope_ff_f32_inplace, float)
+ROPE_FF_INPLACE_KERNEL(rope_ff_f16_inplace, __half)
+ROPE_FF_INPLACE_KERNEL(rope_ff_bf16_inplace, __nv_bfloat16)

@@ -1,0 +1,568 @@
+//! Every op on the CUDA backend against the CPU backend, on seeded random inputs (never zeros),
+//! with a tolerance stated per op and dtype. Write-only outputs start as NaN on both devices, so an
+//! element the CUDA kernel forgets to write fails the comparison. Skips with a visible message
+//! where there is no CUDA device.
+
+use half::{bf16, f16};
+use onepass::backend::cuda::{self, CudaOptions};
+use onepass::{Buffer, DType, Device, Executor, Mode, Plan, Result, Session};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+fn cuda_device() -> Option<Device> {
+    if !cuda::driver_present() || cuda::device_count().unwrap_or(0) == 0 {
+        eprintln!("skipping: no CUDA device");
+        return None;
+    }
+    let opts = CudaOptions {
+        cache_dir: None,
+        ..CudaOptions::from_env()
+    };
+    Some(Device::cuda_with(0, &opts).expect("a CUDA device is present, opening it must work"))
+}
+
+/// A host tensor: raw bytes, dtype and dims.
+#[derive(Clone)]
+struct Host {
+    bytes: Vec<u8>,
+    dtype: DType,
+    dims: Vec<usize>,
+}
+
+fn rng(seed: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed)
+}
+
+/// Uniform values in `[-scale, scale]`, never exactly zero.
+fn random_f32(n: usize, scale: f32, seed: u64) -> Vec<f32> {
+    let mut r = rng(seed);
+    (0..n)
+        .map(|_| {
+            let v: f32 = r.random_range(-scale..scale);
+            if v == 0.0 {
+                scale * 0.5
+            } else {
+                v
+            }
+        })
+        .collect()
+}
+
+/// A float tensor of `dtype` from f32 values.
+fn float_tensor(values: &[f32], dtype: DType, dims: &[usize]) -> Host {
+    let bytes = match dtype {
+        DType::F32 => bytemuck::cast_slice(values).to_vec(),
+        DType::F16 => {
+            let v: Vec<f16> = values.iter().map(|&x| f16::from_f32(x)).collect();
+            bytemuck::cast_slice(&v).to_vec()
+        }
+        DType::BF16 => {
+            let v: Vec<bf16> = values.iter().map(|&x| bf16::from_f32(x)).collect();
+            bytemuck::cast_slice(&v).to_vec()
+        }
+        other => panic!("float_tensor: {other} is not a float dtype"),
+    };
+    Host {
+        bytes,
+        dtype,
+        dims: dims.to_vec(),
+    }
+}
+
+fn random_tensor(dtype: DType, dims: &[usize], scale: f32, seed: u64) -> Host {
+    float_tensor(&random_f32(dims.iter().product(), scale, seed), dtype, dims)
+}
+
+fn i32_tensor(values: &[i32], dims: &[usize]) -> Host {
+    Host {
+        bytes: bytemuck::cast_slice(values).to_vec(),
+        dtype: DType::I32,
+        dims: dims.to_vec(),
+    }
+}
+
+/// Decodes any float or integer tensor's bytes to f64 for comparison.
+fn to_f64(bytes: &[u8], dtype: DType) -> Vec<f64> {
+    let w = dtype.block_bytes();
+    bytes
+        .chunks_exact(w)
+        .map(|c| match dtype {
+            DType::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64,
+            DType::F16 => f16::from_le_bytes([c[0], c[1]]).to_f64(),
+            DType::BF16 => bf16::from_le_bytes([c[0], c[1]]).to_f64(),
+            DType::I32 => i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64,
+            DType::U32 => u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64,
+            other => panic!("to_f64: cannot compare {other}"),
+        })
+        .collect()
+}
+
+/// Uploads `inputs` (read, or read-write when their index is in `in_place`), allocates NaN-filled
+/// `outputs`, runs `op` in a direct session, and returns every tensor's final bytes: inputs
+/// first, then outputs.
+fn run_on(
+    dev: &Device,
+    inputs: &[Host],
+    outputs: &[(DType, Vec<usize>)],
+    op: &dyn Fn(&mut Session, &[Buffer], &[Buffer]) -> Result<()>,
+) -> Vec<Vec<u8>> {
+    let ins: Vec<Buffer> = inputs
+        .iter()
+        .map(|h| dev.upload_bytes(&h.bytes, h.dtype, &h.dims).unwrap())
+        .collect();
+    let outs: Vec<Buffer> = outputs
+        .iter()
+        .map(|(dt, dims)| {
+            let b = dev.alloc(*dt, dims).unwrap();
+            dev.write_bytes(&b, &vec![0xFFu8; b.len_bytes()]).unwrap();
+            b
+        })
+        .collect();
+    let mut s = Executor::new(dev.clone()).begin(Mode::Direct);
+    op(&mut s, &ins, &outs).unwrap_or_else(|e| panic!("{} failed: {e}", dev.name()));
+    s.finish(&Plan::SEQUENTIAL)
+        .unwrap_or_else(|e| panic!("{} failed: {e}", dev.name()));
+    ins.iter()
+        .chain(&outs)
+        .map(|b| dev.download_bytes(b).unwrap())
+        .collect()
+}
+
+/// Runs `op` on the CPU and on CUDA and compares every tensor (inputs too: an in-place op
+/// changes them, a read-only op must not) within `|got - want| <= atol + rtol * |want|`.
+fn compare(
+    what: &str,
+    dev: &Device,
+    inputs: &[Host],
+    outputs: &[(DType, Vec<usize>)],
+    atol: f64,
+    rtol: f64,
+    op: &dyn Fn(&mut Session, &[Buffer], &[Buffer]) -> Result<()>,
+) {
+    let cpu = Device::cpu(2).unwrap();
+    let want = run_on(&cpu, inputs, outputs, op);
+    let got = run_on(dev, inputs, outputs, op);
+    let dtypes: Vec<DType> = inputs
+        .iter()
+        .map(|h| h.dtype)
+        .chain(outputs.iter().map(|o| o.0))
+        .collect();
+    for (t, ((w, g), dt)) in want.iter().zip(&got).zip(&dtypes).enumerate() {
+        if dt.is_block() || *dt == DType::U8 {
+            assert_eq!(w, g, "{what}: tensor {t} ({dt}) differs");
+            continue;
+        }
+        let (w, g) = (to_f64(w, *dt), to_f64(g, *dt));
+        let mut worst = (0.0f64, 0usize);
+        for (i, (a, b)) in w.iter().zip(&g).enumerate() {
+            let err = (a - b).abs();
+            assert!(
+                err <= atol + rtol * a.abs() && !b.is_nan() || (a.is_nan() && b.is_nan()),
+                "{what}: tensor {t} ({dt}) element {i}: cuda {b}, cpu {a} (atol {atol}, rtol {rtol})"
+            );
+            if err > worst.0 {
+                worst = (err, i);
+            }
+        }
+        eprintln!(
+            "{what}: tensor {t} ({dt}, {} values) max abs error {:.3e} at {}",
+            w.len(),
+            worst.0,
+            worst.1
+        );
+    }
+}
+
+/// Tolerances for float outputs: f32 close to the CPU's rounding; f16/bf16 one or two ulps.
+fn tol(dtype: DType) -> (f64, f64) {
+    match dtype {
+        DType::F32 => (1e-5, 1e-5),
+        DType::F16 => (2e-3, 2e-3),
+        _ => (1.6e-2, 1.6e-2),
+    }
+}
+
+const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+#[test]
+fn norm_family() {
+    let Some(dev) = cuda_device() else { return };
+    for (k, &dt) in FLOATS.iter().enumerate() {
+        let (atol, rtol) = tol(dt);
+        for &(rows, dim) in &[(1usize, 576usize), (7, 64), (3, 1000)] {
+            let seed = 100 + k as u64 * 10 + rows as u64;
+            let x = random_tensor(dt, &[rows, dim], 2.0, seed);
+            let w = random_tensor(dt, &[dim], 1.0, seed + 1);
+            let m_row = random_tensor(dt, &[dim], 1.0, seed + 2);
+            let m_full = random_tensor(dt, &[rows, dim], 1.0, seed + 3);
+            let out = vec![(dt, vec![rows, dim])];
+            let eps = 1e-5;
+            compare(
+                &format!("rms_norm {dt} {rows}x{dim}"),
+                &dev,
+                &[x.clone(), w.clone()],
+                &out,
+                atol,
+                rtol,
+                &|s, i, o| s.rms_norm(&i[0], &i[1], &o[0], eps),
+            );
+            compare(
+                &format!("rms_norm_no_scale {dt} {rows}x{dim}"),
+                &dev,
+                &[x.clone()],
+                &out,
+                atol,
+                rtol,
+                &|s, i, o| s.rms_norm_no_scale(&i[0], &o[0], eps),
+            );
+            for (name, m) in [("row", &m_row), ("full", &m_full)] {
+                compare(
+                    &format!("rms_norm_mul ({name} m) {dt} {rows}x{dim}"),
+                    &dev,
+                    &[x.clone(), w.clone(), m.clone()],
+                    &out,
+                    atol,
+                    rtol,
+                    &|s, i, o| s.rms_norm_mul(&i[0], Some(&i[1]), &i[2], &o[0], eps),
+                );
+                compare(
+                    &format!("rms_norm_no_scale_mul ({name} m) {dt} {rows}x{dim}"),
+                    &dev,
+                    &[x.clone(), m.clone()],
+                    &out,
+                    atol,
+                    rtol,
+                    &|s, i, o| s.rms_norm_mul(&i[0], None, &i[1], &o[0], eps),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn elementwise_family() {
+    let Some(dev) = cuda_device() else { return };
+    for (k, &dt) in FLOATS.iter().enumerate() {
+        let (atol, rtol) = tol(dt);
+        let (rows, cols) = (5usize, 300usize);
+        let seed = 200 + k as u64 * 10;
+        let a = random_tensor(dt, &[rows, cols], 3.0, seed);
+        let b = random_tensor(dt, &[rows, cols], 3.0, seed + 1);
+        let row = random_tensor(dt, &[cols], 3.0, seed + 2);
+        let out = vec![(dt, vec![rows, cols])];
+        let none: Vec<(DType, Vec<usize>)> = Vec::new();
+        type Bin = fn(&mut Session, &Buffer, &Buffer, &Buffer) -> Result<()>;
+        let binaries: [(&str, Bin); 3] = [
+            ("add", |s, a, b, o| s.add(a, b, o)),
+            ("mul", |s, a, b, o| s.mul(a, b, o)),
+            ("swiglu", |s, a, b, o| s.swiglu(a, b, o)),
+        ];
+        for (name, f) in binaries {
+            compare(
+                &format!("{name} {dt}"),
+                &dev,
+                &[a.clone(), b.clone()],
+                &out,
+                atol,
+                rtol,
+                &|s, i, o| f(s, &i[0], &i[1], &o[0]),
+            );
+            compare(
+                &format!("{name} in place {dt}"),
+                &dev,
+                &[a.clone(), b.clone()],
+                &none,
+                atol,
+                rtol,
+                &|s, i, _| f(s, &i[0], &i[1], &i[0]),
+            );
+            if name != "swiglu" {
+                compare(
+                    &format!("{name} row {dt}"),
+                    &dev,
+                    &[a.clone(), row.clone()],
+                    &out,
+                    atol,
+                    rtol,
+                    &|s, i, o| f(s, &i[0], &i[1], &o[0]),
+                );
+                compare(
+                    &format!("{name} row in place {dt}"),
+                    &dev,
+                    &[a.clone(), row.clone()],
+                    &none,
+                    atol,
+                    rtol,
+                    &|s, i, _| f(s, &i[0], &i[1], &i[0]),
+                );
+            }
+        }
+        type Un = fn(&mut Session, &Buffer, &Buffer) -> Result<()>;
+        let unaries: [(&str, Un); 6] = [
+            ("scale", |s, x, o| s.scale(x, 0.37, o)),
+            ("gelu_tanh", |s, x, o| s.gelu_tanh(x, o)),
+            ("gelu_erf", |s, x, o| s.gelu_erf(x, o)),
+            ("silu", |s, x, o| s.silu(x, o)),
+            ("softcap", |s, x, o| s.softcap(x, 2.5, o)),
+            ("scale neg", |s, x, o| s.scale(x, -1.75, o)),
+        ];
+        for (name, f) in unaries {
+            // Transcendentals on the GPU round differently from the host's: a few f32 ulps.
+            let (at, rt) = if dt == DType::F32 {
+                (2e-6, 2e-6)
+            } else {
+                (atol, rtol)
+            };
+            compare(
+                &format!("{name} {dt}"),
+                &dev,
+                &[a.clone()],
+                &out,
+                at,
+                rt,
+                &|s, i, o| f(s, &i[0], &o[0]),
+            );
+            compare(
+                &format!("{name} in place {dt}"),
+                &dev,
+                &[a.clone()],
+                &none,
+                at,
+                rt,
+                &|s, i, _| f(s, &i[0], &i[0]),
+            );
+        }
+    }
+}
+
+#[test]
+fn copy_family() {
+    let Some(dev) = cuda_device() else { return };
+    for (k, &src) in FLOATS.iter().enumerate() {
+        for &dst in &FLOATS {
+            let x = random_tensor(src, &[3, 257], 5.0, 300 + k as u64);
+            // A conversion is exact or one rounding: identical bits are expected.
+            compare(
+                &format!("copy {src}->{dst}"),
+                &dev,
+                &[x],
+                &[(dst, vec![3, 257])],
+                0.0,
+                0.0,
+                &|s, i, o| s.copy(&i[0], &o[0]),
+            );
+        }
+    }
+}
+
+#[test]
+fn rope_family() {
+    use onepass::ops::rope::{RopeMode, RopeParams};
+    let Some(dev) = cuda_device() else { return };
+    let (rows, heads, head_dim) = (6usize, 3usize, 64usize);
+    let positions = i32_tensor(&[0, 1, 7, 100, 2047, 31], &[rows]);
+    for (k, &dt) in FLOATS.iter().enumerate() {
+        let (atol, rtol) = if dt == DType::F32 {
+            (2e-5, 2e-5)
+        } else {
+            tol(dt)
+        };
+        let x = random_tensor(dt, &[rows, heads * head_dim], 2.0, 400 + k as u64);
+        let ff = float_tensor(
+            &random_f32(24, 1.0, 401)
+                .iter()
+                .map(|v| 1.0 + v.abs())
+                .collect::<Vec<_>>(),
+            DType::F32,
+            &[24],
+        );
+        let out = vec![(dt, vec![rows, heads * head_dim])];
+        let none: Vec<(DType, Vec<usize>)> = Vec::new();
+        for mode in [RopeMode::Normal, RopeMode::NeoX] {
+            for rotary in [64usize, 48] {
+                let what = format!("rope {mode:?} rotary {rotary} {dt}");
+                fn params(
+                    mode: RopeMode,
+                    head_dim: usize,
+                    rotary: usize,
+                    ff: Option<&Buffer>,
+                ) -> RopeParams<'_> {
+                    let mut p = RopeParams::new(mode, head_dim, 10000.0);
+                    p.rotary_dim = rotary;
+                    p.freq_factors = ff;
+                    p
+                }
+                compare(
+                    &what,
+                    &dev,
+                    &[x.clone(), positions.clone()],
+                    &out,
+                    atol,
+                    rtol,
+                    &|s, i, o| s.rope(&i[0], &i[1], &o[0], &params(mode, head_dim, rotary, None)),
+                );
+                compare(
+                    &format!("{what} in place"),
+                    &dev,
+                    &[x.clone(), positions.clone()],
+                    &none,
+                    atol,
+                    rtol,
+                    &|s, i, _| s.rope(&i[0], &i[1], &i[0], &params(mode, head_dim, rotary, None)),
+                );
+                if rotary == 48 {
+                    compare(
+                        &format!("{what} freq factors"),
+                        &dev,
+                        &[x.clone(), positions.clone(), ff.clone()],
+                        &out,
+                        atol,
+                        rtol,
+                        &|s, i, o| {
+                            s.rope(
+                                &i[0],
+                                &i[1],
+                                &o[0],
+                                &params(mode, head_dim, rotary, Some(&i[2])),
+                            )
+                        },
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn kv_cache_family() {
+    let Some(dev) = cuda_device() else { return };
+    let (n_kv, head_dim, max_ctx) = (3usize, 64usize, 40usize);
+    for (k, &dt) in FLOATS.iter().enumerate() {
+        for (rows, pos0) in [(1usize, 0i32), (5, 17), (1, 39)] {
+            let new = random_tensor(DType::F32, &[rows, n_kv * head_dim], 2.0, 500 + k as u64);
+            let cache = random_tensor(dt, &[n_kv, max_ctx, head_dim], 1.0, 501);
+            let step = i32_tensor(&[pos0, 0], &[2]);
+            // A conversion to the cache's dtype is one rounding: identical bits.
+            compare(
+                &format!("kv_write {dt} rows {rows} pos0 {pos0}"),
+                &dev,
+                &[new, cache, step],
+                &[],
+                0.0,
+                0.0,
+                &|s, i, _| s.kv_write(&i[0], &i[1], &i[2]),
+            );
+        }
+    }
+}
+
+#[test]
+fn argmax_family() {
+    let Some(dev) = cuda_device() else { return };
+    for (rows, n) in [(1usize, 49152usize), (4, 1000), (3, 7)] {
+        let mut v = random_f32(rows * n, 10.0, 600 + n as u64);
+        // A tie (the first index must win) and a NaN (skipped).
+        v[n / 2] = 20.0;
+        v[n - 1] = 20.0;
+        if n > 3 {
+            v[1] = f32::NAN;
+        }
+        let x = float_tensor(&v, DType::F32, &[rows, n]);
+        compare(
+            &format!("argmax {rows}x{n}"),
+            &dev,
+            &[x],
+            &[(DType::I32, vec![rows])],
+            0.0,
+            0.0,
+            &|s, i, o| s.argmax(&i[0], &o[0]),
+        );
+    }
+}
+
+const WEIGHT_DTYPES: [DType; 8] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q8_0,
+    DType::Q4K,
+    DType::Q6K,
+];
+
+fn weight_tensor(dtype: DType, n: usize, k: usize, seed: u64) -> Host {
+    let values = random_f32(n * k, 1.0, seed);
+    if dtype.is_float() {
+        return float_tensor(&values, dtype, &[n, k]);
+    }
+    Host {
+        bytes: onepass::quant::quantize(dtype, &values).unwrap(),
+        dtype,
+        dims: vec![n, k],
+    }
+}
+
+#[test]
+fn embedding_family() {
+    let Some(dev) = cuda_device() else { return };
+    let (vocab, dim) = (50usize, 512usize);
+    let ids = i32_tensor(&[3, 0, 49, 3, 17], &[5]);
+    for (k, &dt) in WEIGHT_DTYPES.iter().enumerate() {
+        let table = weight_tensor(dt, vocab, dim, 700 + k as u64);
+        // Dequantization is the same float operations in the same order; allow one f32 rounding.
+        compare(
+            &format!("embedding {dt}"),
+            &dev,
+            &[table, ids.clone()],
+            &[(DType::F32, vec![5, dim])],
+            1e-6,
+            1e-6,
+            &|s, i, o| s.embedding(&i[0], &i[1], &o[0]),
+        );
+    }
+}
+
+#[test]
+fn matmul_family() {
+    let Some(dev) = cuda_device() else { return };
+    let (n, k) = (96usize, 512usize);
+    for (j, &dt) in WEIGHT_DTYPES.iter().enumerate() {
+        let w = weight_tensor(dt, n, k, 800 + j as u64);
+        for rows in [1usize, 5] {
+            let x = random_tensor(DType::F32, &[rows, k], 1.0, 810 + rows as u64);
+            // Sums of 512 products in another order: f32 rounding, a few 1e-6 relative to the
+            // sum of magnitudes (about 100 here).
+            compare(
+                &format!("matmul {dt} rows {rows}"),
+                &dev,
+                &[x, w.clone()],
+                &[(DType::F32, vec![rows, n])],
+                2e-4,
+                1e-4,
+                &|s, i, o| s.matmul(&i[0], &i[1], &o[0]),
+            );
+        }
+    }
+}
+
+#[test]
+fn matmul_id_family() {
+    let Some(dev) = cuda_device() else { return };
+    let (experts, n, k, rows, slots) = (4usize, 32usize, 256usize, 3usize, 2usize);
+    let ids = i32_tensor(&[0, 3, 2, 2, 1, 0], &[rows, slots]);
+    for (j, &dt) in WEIGHT_DTYPES.iter().enumerate() {
+        let mut w = weight_tensor(dt, experts * n, k, 900 + j as u64);
+        w.dims = vec![experts, n, k];
+        let x = random_tensor(DType::F32, &[rows, k], 1.0, 910);
+        compare(
+            &format!("matmul_id {dt}"),
+            &dev,
+            &[x, w, ids.clone()],
+            &[(DType::F32, vec![rows, slots, n])],
+            2e-4,
+            1e-4,
+            &|s, i, o| s.matmul_id(&i[0], &i[1], &i[2], &o[0]),
+        );
+    }
+}
