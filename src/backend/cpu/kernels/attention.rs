@@ -420,7 +420,10 @@ fn check_partials(
     chunk_len: usize,
     max_chunks: usize,
 ) -> Result<()> {
-    if chunk_len == 0 || max_chunks == 0 || len != max_chunks * n_head * (hd + 2) {
+    let need = max_chunks
+        .checked_mul(n_head)
+        .and_then(|n| n.checked_mul(hd + 2));
+    if chunk_len == 0 || max_chunks == 0 || need != Some(len) {
         return Err(kernel_err(
             args,
             format!(
