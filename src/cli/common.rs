@@ -26,6 +26,8 @@ pub enum BackendChoice {
     Auto,
     /// The CPU reference backend.
     Cpu,
+    /// An NVIDIA GPU (the first one).
+    Cuda,
 }
 
 /// Backend and optimizer flags.
@@ -74,9 +76,11 @@ impl RunArgs {
 
     /// The device these flags choose.
     pub fn device(&self) -> anyhow::Result<Device> {
-        match self.backend {
-            BackendChoice::Auto | BackendChoice::Cpu => Ok(Device::cpu(self.threads)?),
-        }
+        Ok(match self.backend {
+            BackendChoice::Auto => Device::auto(self.threads)?,
+            BackendChoice::Cpu => Device::cpu(self.threads)?,
+            BackendChoice::Cuda => Device::cuda(0)?,
+        })
     }
 }
 

@@ -2,6 +2,7 @@
 
 mod bench;
 mod common;
+mod doctor;
 mod generate;
 mod graph;
 mod synth;
@@ -30,6 +31,12 @@ enum Command {
     Synth(synth::SynthArgs),
     /// Measure prefill and decode speed.
     Bench(bench::BenchArgs),
+    /// Show CUDA devices, driver and NVRTC versions, and whether every kernel compiles.
+    Doctor {
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Runs the CLI and returns the process exit code.
@@ -42,6 +49,7 @@ pub fn main() -> i32 {
         Command::Graph(a) => graph::run(a),
         Command::Synth(a) => synth::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Doctor { json } => doctor::run(json),
     };
     match result {
         Ok(()) => 0,
