@@ -95,3 +95,40 @@ fn smollm2_header_metadata_and_tensors() {
         .collect();
     assert!(w.iter().all(|v| v.is_finite()) && w.iter().any(|&v| v != 0.0));
 }
+
+#[test]
+fn smollm2_round_trips_through_the_writer() {
+    use onepass::model::gguf_write::GgufWriter;
+    let f = model();
+    let mut w = GgufWriter::new();
+    for (k, v) in f.metadata() {
+        w.add(k, v.clone()).unwrap();
+    }
+    for t in f.tensors() {
+        w.add_tensor(
+            &t.name,
+            &t.dims_row_major(),
+            t.dtype().unwrap(),
+            f.tensor_bytes(t).unwrap(),
+        )
+        .unwrap();
+    }
+    let bytes = w.to_bytes().unwrap();
+    // Same layout rules as the file written by the Python gguf writer: the same size.
+    assert_eq!(bytes.len(), f.mmap().len());
+    let back = GgufFile::from_bytes(&bytes, "rewritten.gguf").unwrap();
+    assert_eq!(back.metadata(), f.metadata());
+    assert_eq!(back.tensors().len(), f.tensors().len());
+    for (a, b) in f.tensors().iter().zip(back.tensors()) {
+        assert_eq!(
+            (&a.name, &a.ne, a.ggml_type, a.offset),
+            (&b.name, &b.ne, b.ggml_type, b.offset)
+        );
+        assert_eq!(
+            f.tensor_bytes(a).unwrap(),
+            back.tensor_bytes(b).unwrap(),
+            "tensor {}",
+            a.name
+        );
+    }
+}

@@ -462,6 +462,175 @@ impl StreamDecoder<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::gguf_write::GgufWriter;
+
+    /// A small byte-level vocabulary: three added tokens, the 256 byte characters, then words
+    /// with the merges that build them (and `xyz`, which no merge builds).
+    fn tiny_gguf(pre: Option<&str>, edit: impl FnOnce(&mut GgufWriter<'_>)) -> GgufFile {
+        let mut byte_chars = vec!['\0'; 256];
+        for c in (0..0x200).filter_map(char::from_u32) {
+            if let Some(b) = byte_of_char(c) {
+                byte_chars[b as usize] = c;
+            }
+        }
+        let mut tokens: Vec<String> = vec![
+            "<|begin_of_text|>".into(),
+            "<|eot_id|>".into(),
+            "<tool>".into(),
+        ];
+        let mut types = vec![3, 3, 4];
+        tokens.extend(byte_chars.iter().map(|c| c.to_string()));
+        let words = [
+            "12", "123", "45", "IT", "'S", "he", "hel", "hell", "hello", "Ġw", "Ġwo", "Ġworld",
+            "xyz",
+        ];
+        tokens.extend(words.iter().map(|w| w.to_string()));
+        types.resize(tokens.len(), 1);
+        let merges = [
+            "1 2", "12 3", "4 5", "I T", "' S", "h e", "he l", "hel l", "hell o", "Ġ w", "Ġw o",
+            "Ġwo rld",
+        ];
+        // `rld` must exist for the last merge: add it and the merges that make it.
+        tokens.extend(["rl".to_string(), "rld".to_string()]);
+        types.extend([1, 1]);
+        let mut all_merges: Vec<&str> = vec!["r l", "rl d"];
+        all_merges.extend(merges);
+        let mut w = GgufWriter::new();
+        w.add_str("tokenizer.ggml.model", "gpt2").unwrap();
+        if let Some(pre) = pre {
+            w.add_str("tokenizer.ggml.pre", pre).unwrap();
+        }
+        w.add_str_array("tokenizer.ggml.tokens", &tokens).unwrap();
+        w.add_i32_array("tokenizer.ggml.token_type", &types)
+            .unwrap();
+        w.add_str_array("tokenizer.ggml.merges", &all_merges)
+            .unwrap();
+        w.add_u32("tokenizer.ggml.bos_token_id", 0).unwrap();
+        w.add_u32("tokenizer.ggml.eos_token_id", 1).unwrap();
+        edit(&mut w);
+        GgufFile::from_bytes(&w.to_bytes().unwrap(), "tiny.gguf").unwrap()
+    }
+
+    fn pieces(tok: &Tokenizer, text: &str) -> Vec<String> {
+        let ids = tok.encode_plain(text, true).unwrap();
+        ids.iter()
+            .map(|&id| tok.token_str(id).unwrap().to_string())
+            .collect()
+    }
+
+    #[test]
+    fn llama3_and_smollm_pre_tokenizers_split_differently() {
+        let llama = Tokenizer::from_gguf(&tiny_gguf(Some("llama-bpe"), |_| {})).unwrap();
+        let smol = Tokenizer::from_gguf(&tiny_gguf(Some("smollm"), |_| {})).unwrap();
+        assert_eq!(llama.pre_tokenizer(), PreTokenizer::Llama3);
+        // Llama-3: numbers in groups of three; smollm: every digit alone.
+        assert_eq!(pieces(&llama, "12345"), ["123", "45"]);
+        assert_eq!(pieces(&smol, "12345"), ["1", "2", "3", "4", "5"]);
+        // Llama-3 contractions match case-insensitively; GPT-2's do not.
+        assert_eq!(pieces(&llama, "IT'S"), ["IT", "'S"]);
+        assert_eq!(pieces(&smol, "IT'S"), ["IT", "'", "S"]);
+        // Llama-3 ignores merges for words already in the vocabulary.
+        assert_eq!(pieces(&llama, "xyz"), ["xyz"]);
+        assert_eq!(pieces(&smol, "xyz"), ["x", "y", "z"]);
+        for tok in [&llama, &smol] {
+            assert_eq!(pieces(tok, "hello world"), ["hello", "Ġworld"]);
+            let ids = tok.encode_plain("hello world\n\t€", true).unwrap();
+            assert_eq!(tok.decode(&ids).unwrap(), "hello world\n\t€");
+        }
+    }
+
+    #[test]
+    fn special_and_user_defined_tokens_bos_and_eog() {
+        let tok = Tokenizer::from_gguf(&tiny_gguf(Some("llama-bpe"), |_| {})).unwrap();
+        // Missing add_bos_token: Llama-3 tokenizers add BOS, but never twice.
+        assert!(tok.add_bos());
+        let hello = tok.token_id("hello").unwrap();
+        assert_eq!(tok.encode("hello", true).unwrap(), [0, hello]);
+        assert_eq!(
+            tok.encode("<|begin_of_text|>hello", true).unwrap(),
+            [0, hello]
+        );
+        assert_eq!(tok.encode("<|eot_id|>", true).unwrap(), [0, 1]);
+        assert!(tok.encode("<|eot_id|>", false).unwrap().len() > 3);
+        assert!(tok.encode_plain("he<tool>he", false).unwrap().contains(&2));
+        assert!(tok.is_special(1) && !tok.is_special(2) && !tok.is_special(hello));
+        assert_eq!(tok.eog_ids(), [1]);
+        assert_eq!(
+            tok.decode(&[0, hello, 1]).unwrap(),
+            "<|begin_of_text|>hello<|eot_id|>"
+        );
+        assert_eq!(tok.decode_skip_special(&[0, hello, 1]).unwrap(), "hello");
+        let no_bos = Tokenizer::from_gguf(&tiny_gguf(Some("llama-bpe"), |w| {
+            w.add_bool("tokenizer.ggml.add_bos_token", false).unwrap();
+        }))
+        .unwrap();
+        assert_eq!(no_bos.encode("hello", true).unwrap(), [hello]);
+    }
+
+    #[test]
+    fn bad_tokenizer_metadata_is_an_error_naming_the_key() {
+        let cases: Vec<(Box<dyn FnOnce(&mut GgufWriter<'_>)>, &str)> = vec![
+            (
+                Box::new(|w| drop(w.add_str("tokenizer.ggml.model", "llama"))),
+                "tokenizer.ggml.model",
+            ),
+            (
+                Box::new(|w| drop(w.add_str("tokenizer.ggml.pre", "qwen2"))),
+                "qwen2",
+            ),
+            (
+                Box::new(|w| drop(w.add_str_array("tokenizer.ggml.merges", &["ab"]))),
+                "tokenizer.ggml.merges[0]",
+            ),
+            (
+                Box::new(|w| drop(w.add_str_array("tokenizer.ggml.merges", &["q z"]))),
+                "BPE",
+            ),
+            (
+                Box::new(|w| drop(w.add_u32("tokenizer.ggml.bos_token_id", 10_000))),
+                "bos_token_id",
+            ),
+            (
+                Box::new(|w| drop(w.add_i32_array("tokenizer.ggml.token_type", &[1, 3]))),
+                "token_type",
+            ),
+            (
+                Box::new(|w| drop(w.add_str_array::<&str>("tokenizer.ggml.tokens", &[]))),
+                "tokenizer.ggml.tokens",
+            ),
+            (
+                Box::new(|w| drop(w.add_f32("tokenizer.ggml.eos_token_id", 1.0))),
+                "eos_token_id",
+            ),
+        ];
+        for (edit, needle) in cases {
+            let err = Tokenizer::from_gguf(&tiny_gguf(Some("smollm"), edit))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(needle), "`{err}` does not mention `{needle}`");
+        }
+        let missing =
+            GgufFile::from_bytes(&GgufWriter::new().to_bytes().unwrap(), "empty.gguf").unwrap();
+        assert!(Tokenizer::from_gguf(&missing)
+            .unwrap_err()
+            .to_string()
+            .contains("tokenizer.ggml.model"));
+    }
+
+    #[test]
+    fn stream_decoder_replaces_invalid_bytes_like_decode() {
+        let tok = Tokenizer::from_gguf(&tiny_gguf(Some("smollm"), |_| {})).unwrap();
+        // Byte tokens are ids 3 + byte. 0xE2 0x82 0xAC is '€'; 0xFF is never valid; 0xE2 alone is cut.
+        let ids: Vec<u32> = [b'a', 0xE2, 0x82, 0xAC, 0xFF, b'b', 0xE2]
+            .iter()
+            .map(|&b| 3 + u32::from(b))
+            .collect();
+        let mut s = tok.stream_decoder();
+        let got: Vec<String> = ids.iter().map(|&id| s.push(id).unwrap()).collect();
+        assert_eq!(got, ["a", "", "", "€", "\u{fffd}", "b", ""]);
+        assert_eq!(s.finish(), "\u{fffd}");
+        assert_eq!(tok.decode(&ids).unwrap(), "a€\u{fffd}b\u{fffd}");
+    }
 
     #[test]
     fn byte_level_table_is_a_bijection() {
