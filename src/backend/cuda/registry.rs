@@ -31,6 +31,7 @@ pub struct KernelSource {
 /// Every embedded family source.
 pub const SOURCES: &[KernelSource] = &[
     family("argmax", include_str!("kernels/argmax.cu")),
+    family("attention", include_str!("kernels/attention.cu")),
     family("copy", include_str!("kernels/copy.cu")),
     family("elementwise", include_str!("kernels/elementwise.cu")),
     family("embedding", include_str!("kernels/embedding.cu")),
