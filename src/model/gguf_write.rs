@@ -347,14 +347,16 @@ impl<'a> GgufWriter<'a> {
     }
 }
 
-/// A temporary sibling path for atomic writes: `<name>.tmp.<pid>`.
+/// A temporary sibling path for atomic writes, unique per process and call:
+/// `.<name>.tmp.<pid>.<n>`.
 pub fn temp_path_for(path: &Path) -> std::path::PathBuf {
-    let mut name = path
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = path
         .file_name()
-        .map(|n| n.to_os_string())
+        .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "gguf".into());
-    name.push(format!(".tmp.{}", std::process::id()));
-    path.with_file_name(name)
+    path.with_file_name(format!(".{name}.tmp.{}.{n}", std::process::id()))
 }
 
 fn check_value(key: &str, v: &Value, depth: usize) -> Result<()> {
@@ -415,5 +417,130 @@ fn put_value(out: &mut Vec<u8>, v: &Value) {
         Value::U64(x) => out.extend_from_slice(&x.to_le_bytes()),
         Value::I64(x) => out.extend_from_slice(&x.to_le_bytes()),
         Value::F64(x) => out.extend_from_slice(&x.to_le_bytes()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::gguf::GgufFile;
+
+    fn scratch_dir(tag: &str) -> std::path::PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("onepass-gguf-write-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn write_to_is_atomic_and_producers_fill_tensors() {
+        let dir = scratch_dir("ok");
+        let path = dir.join("m.gguf");
+        let mut w = GgufWriter::new();
+        w.add_str("general.architecture", "llama")
+            .unwrap()
+            .add_u32(ALIGNMENT_KEY, 64)
+            .unwrap();
+        w.add_tensor_with(
+            "p",
+            &[2, 3],
+            DType::F32,
+            Box::new(|out: &mut [u8]| {
+                for (i, c) in out.chunks_exact_mut(4).enumerate() {
+                    c.copy_from_slice(&(i as f32 + 0.5).to_le_bytes());
+                }
+                Ok(())
+            }),
+        )
+        .unwrap();
+        w.add_tensor("b", &[5], DType::BF16, vec![9u8; 10]).unwrap();
+        let total = w.file_size();
+        let mut last = (0, 0);
+        w.write_to(&path, &mut |done, all| last = (done, all))
+            .unwrap();
+        assert_eq!(last, (total, total));
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["m.gguf"], "no temporary file may be left behind");
+        let f = GgufFile::open(&path).unwrap();
+        assert_eq!(f.alignment(), 64);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), total);
+        let p: Vec<f32> = f
+            .tensor_bytes(f.tensor("p").unwrap())
+            .unwrap()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(p, [0.5, 1.5, 2.5, 3.5, 4.5, 5.5]);
+        assert_eq!(f.tensor("b").unwrap().file_offset % 64, 0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_failing_producer_leaves_nothing_behind() {
+        let dir = scratch_dir("fail");
+        let path = dir.join("m.gguf");
+        let mut w = GgufWriter::new();
+        w.add_tensor_with(
+            "p",
+            &[4],
+            DType::F32,
+            Box::new(|_| Err(Error::InvalidArgument("boom".into()))),
+        )
+        .unwrap();
+        let err = w.write_to(&path, &mut |_, _| {}).unwrap_err();
+        assert!(err.to_string().contains("boom"), "{err}");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn bad_input_is_rejected_naming_the_key_or_tensor() {
+        let mut w = GgufWriter::new();
+        w.add_tensor("t", &[2], DType::F32, vec![0u8; 8]).unwrap();
+        let bad_array = Value::Array(Array {
+            elem_type: ValueType::U8,
+            values: vec![Value::I8(1)],
+        });
+        let errors = [
+            ("t", w.add_tensor("t", &[2], DType::F32, vec![0u8; 8]).err()),
+            ("u", w.add_tensor("u", &[3], DType::F32, vec![0u8; 8]).err()),
+            (
+                "v",
+                w.add_tensor("v", &[2, 16], DType::Q4_0, vec![0u8; 18])
+                    .err(),
+            ),
+            (
+                "x",
+                w.add_tensor("x", &[1, 1, 1, 1, 1], DType::F32, vec![0u8; 4])
+                    .err(),
+            ),
+            (
+                "y",
+                w.add_tensor("y", &[usize::MAX, 4], DType::F32, vec![])
+                    .err(),
+            ),
+            (
+                "u32",
+                w.add_tensor("z", &[1], DType::U32, vec![0u8; 4]).err(),
+            ),
+            (ALIGNMENT_KEY, w.add_u32(ALIGNMENT_KEY, 24).err()),
+            (ALIGNMENT_KEY, w.add_str(ALIGNMENT_KEY, "32").err()),
+            ("arr", w.add("arr", bad_array).err()),
+        ];
+        for (needle, err) in errors {
+            let err = err
+                .unwrap_or_else(|| panic!("accepted bad input for `{needle}`"))
+                .to_string();
+            assert!(err.contains(needle), "`{err}` does not mention `{needle}`");
+        }
+        // Adding a key twice replaces the value.
+        w.add_u32("k", 1).unwrap().add_u32("k", 2).unwrap();
+        assert_eq!(w.metadata().iter().filter(|(k, _)| k == "k").count(), 1);
+        let f = GgufFile::from_bytes(&w.to_bytes().unwrap(), "w.gguf").unwrap();
+        assert_eq!(f.get_u32("k").unwrap(), 2);
     }
 }

@@ -569,7 +569,8 @@ mod tests {
 
     #[test]
     fn bad_tokenizer_metadata_is_an_error_naming_the_key() {
-        let cases: Vec<(Box<dyn FnOnce(&mut GgufWriter<'_>)>, &str)> = vec![
+        type Edit = Box<dyn FnOnce(&mut GgufWriter<'_>)>;
+        let cases: Vec<(Edit, &str)> = vec![
             (
                 Box::new(|w| drop(w.add_str("tokenizer.ggml.model", "llama"))),
                 "tokenizer.ggml.model",
