@@ -118,7 +118,7 @@ fn direct_recorded_and_synchronized_modes_agree() {
     let mut want = y0.clone();
     for a in scales {
         for (w, xv) in want.iter_mut().zip(&x) {
-            *w = a * xv + *w;
+            *w += a * xv;
         }
     }
     let exec = Executor::new(dev.clone());

@@ -97,6 +97,9 @@ fn to_f64(bytes: &[u8], dtype: DType) -> Vec<f64> {
         .collect()
 }
 
+/// An op under test: a session, the input buffers, the output buffers.
+type OpFn<'a> = dyn Fn(&mut Session, &[Buffer], &[Buffer]) -> Result<()> + 'a;
+
 /// Uploads `inputs` (read, or read-write when their index is in `in_place`), allocates NaN-filled
 /// `outputs`, runs `op` in a direct session, and returns every tensor's final bytes: inputs
 /// first, then outputs.
@@ -104,7 +107,7 @@ fn run_on(
     dev: &Device,
     inputs: &[Host],
     outputs: &[(DType, Vec<usize>)],
-    op: &dyn Fn(&mut Session, &[Buffer], &[Buffer]) -> Result<()>,
+    op: &OpFn<'_>,
 ) -> Vec<Vec<u8>> {
     let ins: Vec<Buffer> = inputs
         .iter()
@@ -137,7 +140,7 @@ fn compare(
     outputs: &[(DType, Vec<usize>)],
     atol: f64,
     rtol: f64,
-    op: &dyn Fn(&mut Session, &[Buffer], &[Buffer]) -> Result<()>,
+    op: &OpFn<'_>,
 ) {
     let cpu = Device::cpu(2).unwrap();
     let want = run_on(&cpu, inputs, outputs, op);
@@ -209,7 +212,7 @@ fn norm_family() {
             compare(
                 &format!("rms_norm_no_scale {dt} {rows}x{dim}"),
                 &dev,
-                &[x.clone()],
+                std::slice::from_ref(&x),
                 &out,
                 atol,
                 rtol,
@@ -316,7 +319,7 @@ fn elementwise_family() {
             compare(
                 &format!("{name} {dt}"),
                 &dev,
-                &[a.clone()],
+                std::slice::from_ref(&a),
                 &out,
                 at,
                 rt,
@@ -325,7 +328,7 @@ fn elementwise_family() {
             compare(
                 &format!("{name} in place {dt}"),
                 &dev,
-                &[a.clone()],
+                std::slice::from_ref(&a),
                 &none,
                 at,
                 rt,
