@@ -108,6 +108,14 @@ impl Executor {
             None => 0,
         };
         let barriers = passes::place_barriers(graph);
+        tracing::debug!(
+            dispatches = graph.dispatch_count(),
+            barriers,
+            barriers_sequential,
+            fusions,
+            reordered,
+            "optimized graph"
+        );
         FinishReport {
             dispatches: graph.dispatch_count(),
             barriers,

@@ -119,7 +119,8 @@ impl Engine {
                     let mut s = self.executor.begin(Mode::Recorded);
                     self.llama.record(&mut s, 1, Logits::Last, argmax)?;
                     let mut graph = s.into_graph()?;
-                    Executor::optimize(&mut graph, &self.plan);
+                    let report = Executor::optimize(&mut graph, &self.plan);
+                    tracing::info!(?report, "recorded the decode step once; replaying it every step");
                     self.decode_graph = Some((graph, argmax));
                 }
                 let (graph, _) = self.decode_graph.as_ref().expect("decode graph was just built");
