@@ -6,11 +6,12 @@
 //! (prefill) take the matrix form: rayon over tiles of [`NR`] output columns; each task
 //! dequantizes its tile of weight rows once into a packed f32 buffer (thread-local, so no heap
 //! allocation per dispatch once warm) and runs the register-blocked micro-kernel over all
-//! activation rows, [`MR`] at a time.
+//! activation rows, up to [`MR`] at a time.
 //!
 //! Argument layouts (the ops in `ops::matmul` build them):
 //! - `matmul_<w>`: x, w, out, rows: u32, k: u32, n: u32
-//! - `matmul_affine`: x, packed w (u32), scales, biases (f32 or f16), out, rows, k, n, bits, group
+//! - `matmul_affine_<f32|f16>`: x, packed w (u32), scales, biases (of the suffix's dtype), out,
+//!   rows, k, n, bits, group
 //! - `matmul_id_<w>`: x, w `[experts, n, k]`, ids i32 `[rows, slots]`, out, rows, k, n, slots, experts
 
 use std::cell::RefCell;
@@ -38,7 +39,8 @@ pub(super) fn register(registry: &mut CpuRegistry) {
         registry.register(name, matmul_kernel);
         registry.register(id_name, matmul_id_kernel);
     }
-    registry.register("matmul_affine", matmul_affine_kernel);
+    registry.register("matmul_affine_f32", matmul_affine_kernel);
+    registry.register("matmul_affine_f16", matmul_affine_kernel);
 }
 
 /// Where the rows of a weight matrix come from.
@@ -233,7 +235,7 @@ pub(crate) fn matmul_rows(
             let mut c = [[0f32; NR]; MR];
             let mut r0 = 0;
             while r0 < rows {
-                let m = MR.min(rows - r0);
+                let m = isa.rows_per_call().min(rows - r0);
                 micro_kernel(isa, &x[r0 * k..], k, m, packed, k, &mut c);
                 for (i, ci) in c.iter().enumerate().take(m) {
                     let base = (r0 + i) * n + o0;

@@ -17,6 +17,8 @@ pub(crate) enum Isa {
     Scalar,
     /// x86-64 AVX2 with FMA and F16C.
     Avx2,
+    /// AVX2 as above plus AVX-512F (used for the hottest loops).
+    Avx512,
 }
 
 impl Isa {
@@ -30,6 +32,9 @@ impl Isa {
                     && std::is_x86_feature_detected!("fma")
                     && std::is_x86_feature_detected!("f16c")
                 {
+                    if std::is_x86_feature_detected!("avx512f") {
+                        return Isa::Avx512;
+                    }
                     return Isa::Avx2;
                 }
             }
@@ -38,10 +43,24 @@ impl Isa {
     }
 }
 
+impl Isa {
+    /// Activation rows [`micro_kernel`] takes per call with this instruction set (at most [`MR`]).
+    pub(crate) const fn rows_per_call(self) -> usize {
+        match self {
+            Isa::Avx512 => 12,
+            _ => 6,
+        }
+    }
+}
+
 /// Output columns of one packed weight tile (the micro-kernel's width).
 pub(crate) const NR: usize = 16;
-/// Activation rows of one micro-kernel call.
-pub(crate) const MR: usize = 6;
+/// The most activation rows of one micro-kernel call (for any instruction set).
+pub(crate) const MR: usize = 12;
+
+#[cfg(target_arch = "x86_64")]
+#[path = "matmul_avx512.rs"]
+mod avx512;
 
 /// Dot product of activations `x` with one weight row stored as `row` bytes of `dtype`
 /// (`x.len()` values). The caller guarantees that `row` encodes exactly `x.len()` values.
@@ -49,6 +68,17 @@ pub(crate) const MR: usize = 6;
 #[inline]
 pub(crate) fn dot_row(isa: Isa, dtype: DType, row: &[u8], x: &[f32], scratch: &mut [f32]) -> f32 {
     match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx512` is only produced after detecting avx512f, avx2, fma and f16c;
+        // the caller guarantees that `row` encodes `x.len()` values.
+        Isa::Avx512 => unsafe {
+            match dtype {
+                DType::Q4_1 => avx512::dot_q4_1(bytemuck::cast_slice(row), x),
+                DType::Q4_0 => avx512::dot_q4_0(bytemuck::cast_slice(row), x),
+                DType::Q8_0 => avx512::dot_q8_0(bytemuck::cast_slice(row), x),
+                _ => avx2::dot_row(dtype, row, x, scratch),
+            }
+        },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only produced after detecting avx2, fma and f16c.
         Isa::Avx2 => unsafe { avx2::dot_row(dtype, row, x, scratch) },
@@ -120,8 +150,8 @@ pub(crate) fn dot_row_scalar(dtype: DType, row: &[u8], x: &[f32], scratch: &mut 
 pub(crate) fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only produced after detecting avx2 and fma.
-        Isa::Avx2 => unsafe { avx2::dot_f32(a, b) },
+        // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only produced after detecting avx2 and fma.
+        Isa::Avx2 | Isa::Avx512 => unsafe { avx2::dot_f32(a, b) },
         _ => a.iter().zip(b).map(|(x, y)| x * y).sum(),
     }
 }
@@ -139,8 +169,13 @@ pub(crate) fn micro_kernel(
     k: usize,
     c: &mut [[f32; NR]; MR],
 ) {
-    assert!(m <= MR && b.len() >= k * NR && (m == 0 || a.len() >= (m - 1) * lda + k));
+    assert!(
+        m <= isa.rows_per_call() && b.len() >= k * NR && (m == 0 || a.len() >= (m - 1) * lda + k)
+    );
     match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx512` is only produced after detecting avx512f; lengths checked above.
+        Isa::Avx512 => unsafe { avx512::micro_kernel(a, lda, m, b, k, c) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only produced after detecting avx2 and fma; the lengths were
         // checked above.
@@ -189,12 +224,18 @@ mod avx2 {
         _mm_cvtss_f32(s)
     }
 
+    /// An IEEE half broadcast to eight f32 lanes. (Built from a full-register broadcast: a
+    /// scalar insert would carry a false dependency on whatever register it merges into.)
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn splat_half(bits: [u8; 2]) -> __m256 {
+        _mm256_cvtph_ps(_mm_set1_epi16(i16::from_le_bytes(bits)))
+    }
+
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     fn half(bits: [u8; 2]) -> f32 {
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
-            u16::from_le_bytes(bits) as i32
-        )))
+        _mm256_cvtss_f32(splat_half(bits))
     }
 
     /// The low eight unsigned bytes as f32 lanes.
@@ -259,8 +300,8 @@ mod avx2 {
                 p = _mm256_fmadd_ps(u8x8(hi), x2, p);
                 p = _mm256_fmadd_ps(u8x8(_mm_srli_si128(hi, 8)), x3, p);
                 let xs = _mm256_add_ps(_mm256_add_ps(x0, x1), _mm256_add_ps(x2, x3));
-                acc_d = _mm256_fmadd_ps(_mm256_set1_ps(half(b.d)), p, acc_d);
-                acc_m = _mm256_fmadd_ps(_mm256_set1_ps(half(b.m)), xs, acc_m);
+                acc_d = _mm256_fmadd_ps(splat_half(b.d), p, acc_d);
+                acc_m = _mm256_fmadd_ps(splat_half(b.m), xs, acc_m);
             }
             hsum(_mm256_add_ps(acc_d, acc_m))
         }
@@ -283,7 +324,7 @@ mod avx2 {
                 p = _mm256_fmadd_ps(i8x8(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(xp.add(8)), p);
                 p = _mm256_fmadd_ps(i8x8(hi), _mm256_loadu_ps(xp.add(16)), p);
                 p = _mm256_fmadd_ps(i8x8(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(xp.add(24)), p);
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(half(b.d)), p, acc);
+                acc = _mm256_fmadd_ps(splat_half(b.d), p, acc);
             }
             hsum(acc)
         }
@@ -304,7 +345,7 @@ mod avx2 {
                 p = _mm256_fmadd_ps(i8x8(_mm_srli_si128(q0, 8)), _mm256_loadu_ps(xp.add(8)), p);
                 p = _mm256_fmadd_ps(i8x8(q1), _mm256_loadu_ps(xp.add(16)), p);
                 p = _mm256_fmadd_ps(i8x8(_mm_srli_si128(q1, 8)), _mm256_loadu_ps(xp.add(24)), p);
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(half(b.d)), p, acc);
+                acc = _mm256_fmadd_ps(splat_half(b.d), p, acc);
             }
             hsum(acc)
         }

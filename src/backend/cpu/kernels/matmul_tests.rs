@@ -48,9 +48,18 @@ fn simd_agrees_with_scalar_for_every_format() {
             let mut b = vec![0f32; rows * n];
             matmul_rows(Isa::Scalar, &w, &x, rows, k, n, &mut a);
             matmul_rows(Isa::Avx2, &w, &x, rows, k, n, &mut b);
+            let mut c = vec![0f32; rows * n];
+            matmul_rows(Isa::detect(), &w, &x, rows, k, n, &mut c);
             let s = scale(&x, &wf, rows, k, n);
             for i in 0..rows * n {
                 let tol = 1e-5 * s[i];
+                assert!(
+                    (a[i] - c[i]).abs() <= tol,
+                    "{dtype} k {k} n {n} rows {rows} i {i}: scalar {} vs {:?} {}",
+                    a[i],
+                    Isa::detect(),
+                    c[i]
+                );
                 assert!(
                     (a[i] - b[i]).abs() <= tol,
                     "{dtype} k {k} n {n} rows {rows} i {i}: {} vs {}",
@@ -83,10 +92,7 @@ fn vector_and_matrix_forms_agree() {
             matmul_rows(isa, &w, &x[r * k..(r + 1) * k], 1, k, n, &mut one);
             for (o, &v) in one.iter().enumerate() {
                 let i = r * n + o;
-                assert!(
-                    (all[i] - v).abs() <= 1e-5 * s[i],
-                    "{isa:?} row {r} col {o}"
-                );
+                assert!((all[i] - v).abs() <= 1e-5 * s[i], "{isa:?} row {r} col {o}");
             }
         }
     }

@@ -1,0 +1,171 @@
+//! AVX-512 forms of the hottest matrix-product loops: the fused dequantize-and-dot of Q4_0, Q4_1
+//! and Q8_0 rows (one 32-value block is two 16-lane vectors, half the shuffles and conversions of
+//! the AVX2 form) and a 12-row micro-kernel over the packed 16-column tile. Other formats use the
+//! AVX2 loops (this CPU has both).
+
+use std::arch::x86_64::*;
+
+use super::{MR, NR};
+use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
+
+/// An IEEE half broadcast to sixteen f32 lanes.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[inline]
+fn splat_half(bits: [u8; 2]) -> __m512 {
+    _mm512_cvtph_ps(_mm256_set1_epi16(i16::from_le_bytes(bits)))
+}
+
+/// Sixteen unsigned bytes as f32 lanes.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[inline]
+fn u8x16(v: __m128i) -> __m512 {
+    _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v))
+}
+
+/// Sixteen signed bytes as f32 lanes.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[inline]
+fn i8x16(v: __m128i) -> __m512 {
+    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v))
+}
+
+/// `sum_b d_b * sum_j x_j q_j + m_b * sum_j x_j` over the Q4_1 blocks of one row.
+///
+/// # Safety
+/// The CPU must support avx512f, avx2, fma and f16c; `x` holds `32 * blocks.len()` values.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(super) unsafe fn dot_q4_1(blocks: &[BlockQ4_1], x: &[f32]) -> f32 {
+    let mask = _mm_set1_epi8(0x0F);
+    let mut acc_d = _mm512_setzero_ps();
+    let mut acc_m = _mm512_setzero_ps();
+    for (b, xb) in blocks.iter().zip(x.chunks_exact(QK)) {
+        // SAFETY: `qs` is 16 bytes and `xb` 32 values; unaligned loads.
+        let (q, x0, x1) = unsafe {
+            (
+                _mm_loadu_si128(b.qs.as_ptr() as *const __m128i),
+                _mm512_loadu_ps(xb.as_ptr()),
+                _mm512_loadu_ps(xb.as_ptr().add(16)),
+            )
+        };
+        let lo = u8x16(_mm_and_si128(q, mask));
+        let hi = u8x16(_mm_and_si128(_mm_srli_epi16(q, 4), mask));
+        let p = _mm512_fmadd_ps(hi, x1, _mm512_mul_ps(lo, x0));
+        acc_d = _mm512_fmadd_ps(splat_half(b.d), p, acc_d);
+        acc_m = _mm512_fmadd_ps(splat_half(b.m), _mm512_add_ps(x0, x1), acc_m);
+    }
+    _mm512_reduce_add_ps(_mm512_add_ps(acc_d, acc_m))
+}
+
+/// `sum_b d_b * sum_j x_j (q_j - 8)` over the Q4_0 blocks of one row.
+///
+/// # Safety
+/// As for [`dot_q4_1`].
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(super) unsafe fn dot_q4_0(blocks: &[BlockQ4_0], x: &[f32]) -> f32 {
+    let mask = _mm_set1_epi8(0x0F);
+    let eight = _mm_set1_epi8(8);
+    let mut acc = _mm512_setzero_ps();
+    for (b, xb) in blocks.iter().zip(x.chunks_exact(QK)) {
+        // SAFETY: as in `dot_q4_1`.
+        let (q, x0, x1) = unsafe {
+            (
+                _mm_loadu_si128(b.qs.as_ptr() as *const __m128i),
+                _mm512_loadu_ps(xb.as_ptr()),
+                _mm512_loadu_ps(xb.as_ptr().add(16)),
+            )
+        };
+        let lo = i8x16(_mm_sub_epi8(_mm_and_si128(q, mask), eight));
+        let hi = i8x16(_mm_sub_epi8(
+            _mm_and_si128(_mm_srli_epi16(q, 4), mask),
+            eight,
+        ));
+        let p = _mm512_fmadd_ps(hi, x1, _mm512_mul_ps(lo, x0));
+        acc = _mm512_fmadd_ps(splat_half(b.d), p, acc);
+    }
+    _mm512_reduce_add_ps(acc)
+}
+
+/// `sum_b d_b * sum_j x_j q_j` over the Q8_0 blocks of one row.
+///
+/// # Safety
+/// As for [`dot_q4_1`].
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(super) unsafe fn dot_q8_0(blocks: &[BlockQ8_0], x: &[f32]) -> f32 {
+    let mut acc = _mm512_setzero_ps();
+    for (b, xb) in blocks.iter().zip(x.chunks_exact(QK)) {
+        // SAFETY: `qs` is 32 bytes and `xb` 32 values; unaligned loads.
+        let (q0, q1, x0, x1) = unsafe {
+            (
+                _mm_loadu_si128(b.qs.as_ptr() as *const __m128i),
+                _mm_loadu_si128(b.qs.as_ptr().add(16) as *const __m128i),
+                _mm512_loadu_ps(xb.as_ptr()),
+                _mm512_loadu_ps(xb.as_ptr().add(16)),
+            )
+        };
+        let p = _mm512_fmadd_ps(i8x16(q1), x1, _mm512_mul_ps(i8x16(q0), x0));
+        acc = _mm512_fmadd_ps(splat_half(b.d), p, acc);
+    }
+    _mm512_reduce_add_ps(acc)
+}
+
+/// The AVX-512 micro-kernel: up to 12 rows times one 16-lane vector of columns.
+///
+/// # Safety
+/// The CPU must support avx512f; `m <= 12`, `b` holds `k * NR` values and `a` holds
+/// `(m - 1) * lda + k` values.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(super) unsafe fn micro_kernel(
+    a: &[f32],
+    lda: usize,
+    m: usize,
+    b: &[f32],
+    k: usize,
+    c: &mut [[f32; NR]; MR],
+) {
+    // SAFETY: forwarded from this function's contract.
+    unsafe {
+        match m {
+            12 => tile::<12>(a, lda, b, k, c),
+            11 => tile::<11>(a, lda, b, k, c),
+            10 => tile::<10>(a, lda, b, k, c),
+            9 => tile::<9>(a, lda, b, k, c),
+            8 => tile::<8>(a, lda, b, k, c),
+            7 => tile::<7>(a, lda, b, k, c),
+            6 => tile::<6>(a, lda, b, k, c),
+            5 => tile::<5>(a, lda, b, k, c),
+            4 => tile::<4>(a, lda, b, k, c),
+            3 => tile::<3>(a, lda, b, k, c),
+            2 => tile::<2>(a, lda, b, k, c),
+            1 => tile::<1>(a, lda, b, k, c),
+            _ => {}
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[inline]
+unsafe fn tile<const M: usize>(
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    k: usize,
+    c: &mut [[f32; NR]; MR],
+) {
+    // SAFETY: the caller guarantees `a` and `b` cover every index read below, and `c` has at
+    // least `M` rows of `NR` (16) values.
+    unsafe {
+        let ap = a.as_ptr();
+        let mut bp = b.as_ptr();
+        let mut acc = [_mm512_setzero_ps(); M];
+        for p in 0..k {
+            let bv = _mm512_loadu_ps(bp);
+            for (i, s) in acc.iter_mut().enumerate() {
+                *s = _mm512_fmadd_ps(_mm512_set1_ps(*ap.add(i * lda + p)), bv, *s);
+            }
+            bp = bp.add(NR);
+        }
+        for (ci, s) in c.iter_mut().zip(acc) {
+            _mm512_storeu_ps(ci.as_mut_ptr(), s);
+        }
+    }
+}
