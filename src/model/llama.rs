@@ -350,6 +350,49 @@ impl Llama {
     pub fn step_buffers(&self) -> [&Buffer; 3] {
         [&self.inputs.tokens, &self.inputs.positions, &self.inputs.step]
     }
+
+    // Accessors for the schedule sanitizer (`crate::sanitize`).
+
+    /// The buffers a pass of `rows` tokens uses as scratch (activations, attention partials, the
+    /// final norm): their contents mean nothing between passes.
+    pub fn scratch_buffers(&self, rows: usize) -> Vec<Buffer> {
+        let sc = if rows == 1 { &self.decode } else { &self.prefill };
+        let mut v = vec![
+            sc.x.clone(),
+            sc.xn.clone(),
+            sc.q.clone(),
+            sc.k.clone(),
+            sc.v.clone(),
+            sc.attn.clone(),
+            sc.proj.clone(),
+            sc.gate.clone(),
+            sc.up.clone(),
+            sc.hidden.clone(),
+        ];
+        v.extend(sc.partials.clone());
+        v.push(self.norm_out.clone());
+        v
+    }
+
+    /// What a pass of `rows` tokens leaves for its caller, named: its logits, the next token (with
+    /// `argmax`) and every layer's K and V cache.
+    pub fn output_buffers(
+        &self,
+        rows: usize,
+        logits: Logits,
+        argmax: bool,
+    ) -> Result<Vec<(String, Buffer)>> {
+        let count = if logits == Logits::All { rows } else { 1 };
+        let mut out = vec![("logits".to_string(), self.logits.rows(0, count)?)];
+        if argmax {
+            out.push(("next_token".to_string(), self.next_token.clone()));
+        }
+        for (i, (k, v)) in self.kv.iter().enumerate() {
+            out.push((format!("blk.{i}.k_cache"), k.clone()));
+            out.push((format!("blk.{i}.v_cache"), v.clone()));
+        }
+        Ok(out)
+    }
 }
 
 fn attention_params(c: &LlamaConfig) -> AttentionParams {
