@@ -257,50 +257,51 @@ pub struct Dispatch {
     args: Vec<Arg>,
     grid: Grid,
     op: OpKind,
-    reads: Vec<Range>,
-    writes: Vec<Range>,
+    /// The read ranges, then the write ranges (one allocation for both).
+    ranges: Vec<Range>,
+    n_reads: usize,
 }
 
 impl Dispatch {
     /// Builds a dispatch and derives its ranges. A written argument may not overlap any other
     /// buffer argument of the same dispatch (an in-place update is one `ReadWrite` argument).
     pub fn new(kernel: KernelId, args: Vec<Arg>, grid: Grid, op: OpKind) -> Result<Dispatch> {
-        let mut reads = Vec::new();
-        let mut writes = Vec::new();
-        let bufs: Vec<(&Buffer, Access)> = args
-            .iter()
-            .filter_map(|a| match a {
-                Arg::Buffer(b, acc) => Some((b, *acc)),
+        let buffers = || {
+            args.iter().enumerate().filter_map(|(i, a)| match a {
+                Arg::Buffer(b, acc) => Some((i, b, *acc)),
                 Arg::Scalar(_) => None,
             })
-            .collect();
-        for (i, (buf, access)) in bufs.iter().enumerate() {
+        };
+        let mut ranges = Vec::with_capacity(args.len());
+        for (i, buf, access) in buffers() {
             if access.writes() {
-                for (j, (other, _)) in bufs.iter().enumerate() {
-                    if i != j && buf.overlaps(other) {
-                        return Err(Error::InvalidArgument(format!(
-                            "kernel {}: written argument {i} overlaps argument {j}; \
-                             use one read-write argument for in-place updates",
-                            kernel.0
-                        )));
-                    }
+                let mine = Range::of(buf);
+                let hit = buffers().find(|(j, o, _)| *j != i && mine.overlaps(&Range::of(o)));
+                if let Some((j, _, _)) = hit {
+                    return Err(Error::InvalidArgument(format!(
+                        "kernel {}: written argument {i} overlaps argument {j}; \
+                         use one read-write argument for in-place updates",
+                        kernel.0
+                    )));
                 }
             }
-            let range = Range::of(buf);
             if access.reads() {
-                reads.push(range);
-            }
-            if access.writes() {
-                writes.push(range);
+                ranges.push(Range::of(buf));
             }
         }
+        let n_reads = ranges.len();
+        ranges.extend(
+            buffers()
+                .filter(|(_, _, a)| a.writes())
+                .map(|(_, b, _)| Range::of(b)),
+        );
         Ok(Dispatch {
             kernel,
             args,
             grid,
             op,
-            reads,
-            writes,
+            ranges,
+            n_reads,
         })
     }
 
@@ -326,12 +327,12 @@ impl Dispatch {
 
     /// Byte ranges the dispatch reads.
     pub fn reads(&self) -> &[Range] {
-        &self.reads
+        &self.ranges[..self.n_reads]
     }
 
     /// Byte ranges the dispatch writes.
     pub fn writes(&self) -> &[Range] {
-        &self.writes
+        &self.ranges[self.n_reads..]
     }
 
     /// The buffer argument at `index`, if it is one.

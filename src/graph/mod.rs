@@ -5,6 +5,7 @@
 mod dispatch;
 pub mod passes;
 mod ranges;
+pub mod synthetic;
 
 pub use dispatch::{Access, Arg, Dispatch, Grid, KernelId, Node, OpKind, Range, Scalar};
 pub use ranges::RangeSet;

@@ -41,35 +41,35 @@ impl std::fmt::Debug for FusionRule {
 /// Applies the rules left to right over the graph (barriers are dropped; place them again
 /// afterwards). Returns the number of fusions made.
 pub fn fuse(graph: &mut ComputeGraph, rules: &[FusionRule]) -> usize {
-    let nodes = std::mem::take(graph.nodes_mut());
-    let mut input: Vec<Option<Dispatch>> = nodes
-        .into_iter()
-        .filter_map(|n| match n {
-            Node::Dispatch(d) => Some(Some(d)),
-            Node::Barrier => None,
-        })
-        .collect();
-    let mut out: Vec<Node> = Vec::with_capacity(input.len());
+    let nodes = graph.nodes_mut();
+    nodes.retain(|n| n.as_dispatch().is_some());
+    if rules.is_empty() {
+        return 0;
+    }
+    // nodes[..kept] is the output; a fused pair replaces nodes[kept - 1], and the slots between
+    // `kept` and `i` hold dispatches fused away, dropped at the end.
+    let mut kept: usize = 0;
     let mut fusions = 0;
-    for i in 0..input.len() {
-        let Some(b) = input[i].take() else { continue };
-        let fused = match out.last() {
-            Some(Node::Dispatch(a)) if !rules.is_empty() => {
-                try_rules(rules, a, &b, input[i + 1..].iter().flatten())
+    for i in 0..nodes.len() {
+        let fused = match (kept.checked_sub(1).map(|k| &nodes[k]), &nodes[i]) {
+            (Some(Node::Dispatch(a)), Node::Dispatch(b)) => {
+                let rest = nodes[i + 1..].iter().filter_map(Node::as_dispatch);
+                try_rules(rules, a, b, rest)
             }
             _ => None,
         };
         match fused {
             Some(d) => {
-                if let Some(last) = out.last_mut() {
-                    *last = Node::Dispatch(d);
-                }
+                nodes[kept - 1] = Node::Dispatch(d);
                 fusions += 1;
             }
-            None => out.push(Node::Dispatch(b)),
+            None => {
+                nodes.swap(kept, i);
+                kept += 1;
+            }
         }
     }
-    *graph.nodes_mut() = out;
+    nodes.truncate(kept);
     fusions
 }
 

@@ -4,9 +4,10 @@
 //! When the next dispatch conflicts with the group (so a barrier would go before it), it first
 //! looks ahead up to `lookahead` dispatches for ones that conflict neither with the group nor with
 //! any dispatch skipped over, and pulls them into the group. A dispatch that may not move stops the
-//! lookahead, and a group closed by one that may not move is not filled from beyond it, so such a
-//! dispatch keeps its place relative to every other dispatch.
+//! lookahead, and a dispatch that may not move never starts one, so such a dispatch keeps its place
+//! relative to every other dispatch (the seeds let a pinned dispatch pull later ones before it).
 
+use crate::graph::ranges::Footprints;
 use crate::graph::{ComputeGraph, Node, RangeSet};
 
 /// The seeds' lookahead window.
@@ -15,11 +16,33 @@ pub const DEFAULT_LOOKAHEAD: usize = 64;
 /// Reorders the dispatches of `graph` (dropping its barriers; place them again afterwards).
 /// Returns how many dispatches ended at a different index.
 pub fn reorder(graph: &mut ComputeGraph, lookahead: usize) -> usize {
-    let nodes: Vec<_> = std::mem::take(graph.nodes_mut())
-        .into_iter()
-        .filter(|n| n.as_dispatch().is_some())
-        .collect();
+    let nodes = graph.nodes_mut();
+    nodes.retain(|n| n.as_dispatch().is_some());
     let n = nodes.len();
+    if n < 2 || lookahead == 0 {
+        return 0;
+    }
+    let order = greedy_order(nodes, lookahead);
+    let moved = order
+        .iter()
+        .enumerate()
+        .filter(|(pos, &i)| *pos != i as usize)
+        .count();
+    if moved > 0 {
+        let mut slots: Vec<Option<Node>> = std::mem::take(nodes).into_iter().map(Some).collect();
+        nodes.extend(order.iter().filter_map(|&i| slots[i as usize].take()));
+    }
+    moved
+}
+
+/// The new order, as original indices.
+fn greedy_order(nodes: &[Node], lookahead: usize) -> Vec<u32> {
+    let n = nodes.len();
+    let fp = Footprints::new(nodes.iter().filter_map(Node::as_dispatch));
+    let movable: Vec<bool> = nodes
+        .iter()
+        .map(|d| d.as_dispatch().is_some_and(|d| d.op().is_reorderable()))
+        .collect();
     let mut order = Vec::with_capacity(n);
     let mut used = vec![false; n];
     let mut group = RangeSet::new();
@@ -28,47 +51,34 @@ pub fn reorder(graph: &mut ComputeGraph, lookahead: usize) -> usize {
         if used[i0] {
             continue;
         }
-        let Some(d0) = nodes[i0].as_dispatch() else {
-            continue;
-        };
-        if group.conflicts(d0.reads(), d0.writes()) {
-            if d0.op().is_reorderable() {
+        let (r0, w0) = fp.get(i0);
+        if group.conflicts(r0, w0) {
+            if movable[i0] {
                 skipped.clear();
-                skipped.add(d0.reads(), d0.writes());
-                let end = (i0 + 1 + lookahead).min(n);
+                skipped.add(r0, w0);
+                let end = (i0 + 1).saturating_add(lookahead).min(n);
                 for i1 in i0 + 1..end {
                     if used[i1] {
                         continue;
                     }
-                    let Some(d1) = nodes[i1].as_dispatch() else {
-                        continue;
-                    };
-                    if !d1.op().is_reorderable() {
+                    if !movable[i1] {
                         break;
                     }
-                    if !group.conflicts(d1.reads(), d1.writes())
-                        && !skipped.conflicts(d1.reads(), d1.writes())
-                    {
-                        group.add(d1.reads(), d1.writes());
-                        order.push(i1);
+                    let (r1, w1) = fp.get(i1);
+                    if !group.conflicts(r1, w1) && !skipped.conflicts(r1, w1) {
+                        group.add(r1, w1);
+                        order.push(i1 as u32);
                         used[i1] = true;
                     } else {
-                        skipped.add(d1.reads(), d1.writes());
+                        skipped.add(r1, w1);
                     }
                 }
             }
             group.clear();
         }
-        group.add(d0.reads(), d0.writes());
-        order.push(i0);
+        group.add(r0, w0);
+        order.push(i0 as u32);
         used[i0] = true;
     }
-    let moved = order
-        .iter()
-        .enumerate()
-        .filter(|(pos, &i)| *pos != i)
-        .count();
-    let mut slots: Vec<Option<Node>> = nodes.into_iter().map(Some).collect();
-    *graph.nodes_mut() = order.iter().filter_map(|&i| slots[i].take()).collect();
-    moved
+    order
 }

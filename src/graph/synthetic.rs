@@ -1,0 +1,411 @@
+//! A synthetic graph shaped like one decode step of a Llama-family model, for benchmarks, the
+//! graph export and demonstrations of what the optimizer does. Kernel names are synthetic (the
+//! graph is never run); the buffers are real views, laid out as the model lays them out: weights
+//! as views of one big allocation, activations in a scratch allocation, one K and one V cache
+//! allocation per layer, a small step buffer for the position.
+
+use crate::backend::{Buffer, DType, Device};
+use crate::error::{Error, Result};
+use crate::graph::passes::FusionRule;
+use crate::graph::{Arg, ComputeGraph, Dispatch, Grid, KernelId, OpKind, Range};
+
+/// Model dimensions of the synthetic decode step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeShape {
+    /// Transformer layers.
+    pub layers: usize,
+    /// Hidden size.
+    pub hidden: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Head dimension.
+    pub head_dim: usize,
+    /// Feed-forward size.
+    pub ffn: usize,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// KV cache capacity in positions.
+    pub max_ctx: usize,
+}
+
+impl DecodeShape {
+    /// SmolLM2-135M: 30 layers, hidden 576, 9 query and 3 KV heads of 64, FFN 1536.
+    pub const SMOLLM2_135M: DecodeShape = DecodeShape {
+        layers: 30,
+        hidden: 576,
+        heads: 9,
+        kv_heads: 3,
+        head_dim: 64,
+        ffn: 1536,
+        vocab: 49152,
+        max_ctx: 256,
+    };
+
+    /// The same model with `layers` layers.
+    pub const fn with_layers(self, layers: usize) -> DecodeShape {
+        DecodeShape { layers, ..self }
+    }
+
+    /// Dispatches per layer in [`DecodeGraph::record`].
+    pub const DISPATCHES_PER_LAYER: usize = 19;
+
+    /// Dispatches in one recorded step: the layers plus embedding, final norm, multiply and
+    /// LM head.
+    pub const fn dispatches(&self) -> usize {
+        self.layers * Self::DISPATCHES_PER_LAYER + 4
+    }
+}
+
+struct LayerWeights {
+    attn_norm: Buffer,
+    wq: Buffer,
+    wk: Buffer,
+    wv: Buffer,
+    wo: Buffer,
+    ffn_norm: Buffer,
+    gate: Buffer,
+    up: Buffer,
+    down: Buffer,
+    k_cache: Buffer,
+    v_cache: Buffer,
+}
+
+struct Scratch {
+    x: Buffer,
+    normed: Buffer,
+    scaled: Buffer,
+    q: Buffer,
+    k: Buffer,
+    v: Buffer,
+    attn: Buffer,
+    proj: Buffer,
+    gate: Buffer,
+    up: Buffer,
+    act: Buffer,
+    logits: Buffer,
+}
+
+/// The buffers of a synthetic decode step; [`record`](Self::record) builds its graph.
+pub struct DecodeGraph {
+    shape: DecodeShape,
+    token: Buffer,
+    step: Buffer,
+    positions: Buffer,
+    embedding: Buffer,
+    out_norm: Buffer,
+    layers: Vec<LayerWeights>,
+    s: Scratch,
+}
+
+/// Bytes of a `[rows, cols]` Q4_1 matrix (blocks of 32 values in 20 bytes).
+fn q4_1_bytes(rows: usize, cols: usize) -> usize {
+    rows * cols.div_ceil(32) * 20
+}
+
+/// Hands out consecutive u8 views of one allocation.
+struct Carver {
+    whole: Buffer,
+    next: usize,
+}
+
+impl Carver {
+    fn take(&mut self, bytes: usize) -> Result<Buffer> {
+        let b = self.whole.view(self.next, DType::U8, &[bytes])?;
+        self.next += bytes.next_multiple_of(64);
+        Ok(b)
+    }
+
+    fn take_f32(&mut self, elems: usize) -> Result<Buffer> {
+        let b = self.whole.view(self.next, DType::F32, &[elems])?;
+        self.next += (elems * 4).next_multiple_of(64);
+        Ok(b)
+    }
+}
+
+impl DecodeGraph {
+    /// Allocates the buffers on `device` (weights are zeroed, untouched memory).
+    pub fn new(device: &Device, shape: DecodeShape) -> Result<DecodeGraph> {
+        let DecodeShape {
+            hidden,
+            heads,
+            kv_heads,
+            head_dim,
+            ffn,
+            vocab,
+            max_ctx,
+            ..
+        } = shape;
+        if hidden == 0 || heads * head_dim != hidden || kv_heads == 0 || ffn == 0 || vocab == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "inconsistent decode shape {shape:?}"
+            )));
+        }
+        let kv = kv_heads * head_dim;
+        let per_layer = 2 * hidden * 4
+            + q4_1_bytes(hidden, hidden) * 2
+            + q4_1_bytes(kv, hidden) * 2
+            + q4_1_bytes(ffn, hidden) * 2
+            + q4_1_bytes(hidden, ffn)
+            + 16 * 64;
+        let weight_bytes = per_layer * shape.layers + q4_1_bytes(vocab, hidden) + hidden * 4 + 256;
+        let mut w = Carver {
+            whole: device.alloc(DType::U8, &[weight_bytes])?,
+            next: 0,
+        };
+        let scratch_elems = 8 * hidden + 2 * kv + 3 * ffn + vocab + 16 * 64;
+        let mut a = Carver {
+            whole: device.alloc(DType::F32, &[scratch_elems])?,
+            next: 0,
+        };
+        let mut layers = Vec::with_capacity(shape.layers);
+        for _ in 0..shape.layers {
+            layers.push(LayerWeights {
+                attn_norm: w.take_f32(hidden)?,
+                wq: w.take(q4_1_bytes(hidden, hidden))?,
+                wk: w.take(q4_1_bytes(kv, hidden))?,
+                wv: w.take(q4_1_bytes(kv, hidden))?,
+                wo: w.take(q4_1_bytes(hidden, hidden))?,
+                ffn_norm: w.take_f32(hidden)?,
+                gate: w.take(q4_1_bytes(ffn, hidden))?,
+                up: w.take(q4_1_bytes(ffn, hidden))?,
+                down: w.take(q4_1_bytes(hidden, ffn))?,
+                k_cache: device.alloc(DType::F32, &[kv_heads, max_ctx, head_dim])?,
+                v_cache: device.alloc(DType::F32, &[kv_heads, max_ctx, head_dim])?,
+            });
+        }
+        let s = Scratch {
+            x: a.take_f32(hidden)?,
+            normed: a.take_f32(hidden)?,
+            scaled: a.take_f32(hidden)?,
+            q: a.take_f32(hidden)?,
+            k: a.take_f32(kv)?,
+            v: a.take_f32(kv)?,
+            attn: a.take_f32(hidden)?,
+            proj: a.take_f32(hidden)?,
+            gate: a.take_f32(ffn)?,
+            up: a.take_f32(ffn)?,
+            act: a.take_f32(ffn)?,
+            logits: a.take_f32(vocab)?,
+        };
+        Ok(DecodeGraph {
+            shape,
+            token: device.alloc(DType::I32, &[1])?,
+            step: device.alloc(DType::I32, &[1])?,
+            positions: device.alloc(DType::I32, &[1])?,
+            embedding: w.take(q4_1_bytes(vocab, hidden))?,
+            out_norm: w.take_f32(hidden)?,
+            layers,
+            s,
+        })
+    }
+
+    /// The model dimensions.
+    pub fn shape(&self) -> DecodeShape {
+        self.shape
+    }
+
+    /// Records one decode step: builds every dispatch (ranges derived from the arguments).
+    pub fn record(&self) -> Result<ComputeGraph> {
+        let mut g = ComputeGraph::new();
+        let s = &self.s;
+        let (hidden, ffn) = (self.shape.hidden, self.shape.ffn);
+        let rows = |n: usize| Grid::cover(n, 256);
+        let mut push = |name: &'static str, op: OpKind, args: Vec<Arg>, grid: Grid| -> Result<()> {
+            g.push(Dispatch::new(KernelId(name), args, grid, op)?);
+            Ok(())
+        };
+        push(
+            "embedding_q4_1",
+            OpKind::Gather,
+            vec![
+                Arg::read(&self.token),
+                Arg::read(&self.embedding),
+                Arg::write(&s.x),
+            ],
+            rows(hidden),
+        )?;
+        for l in &self.layers {
+            self.norm_mul(&mut push, &l.attn_norm)?;
+            for (w, out) in [(&l.wq, &s.q), (&l.wk, &s.k), (&l.wv, &s.v)] {
+                push(
+                    "matmul_q4_1",
+                    OpKind::MatMul,
+                    vec![Arg::read(&s.scaled), Arg::read(w), Arg::write(out)],
+                    rows(out.elems()),
+                )?;
+            }
+            for t in [&s.q, &s.k] {
+                push(
+                    "rope_f32",
+                    OpKind::Rope,
+                    vec![Arg::read_write(t), Arg::read(&self.positions)],
+                    rows(t.elems()),
+                )?;
+            }
+            for (src, cache) in [(&s.k, &l.k_cache), (&s.v, &l.v_cache)] {
+                push(
+                    "kv_write_f32",
+                    OpKind::KvWrite,
+                    vec![
+                        Arg::read(src),
+                        Arg::read(&self.step),
+                        Arg::read_write(cache),
+                    ],
+                    rows(src.elems()),
+                )?;
+            }
+            push(
+                "attention_decode_f32",
+                OpKind::Attention,
+                vec![
+                    Arg::read(&s.q),
+                    Arg::read(&l.k_cache),
+                    Arg::read(&l.v_cache),
+                    Arg::read(&self.step),
+                    Arg::write(&s.attn),
+                ],
+                Grid::new(self.shape.heads as u32, 128),
+            )?;
+            push(
+                "matmul_q4_1",
+                OpKind::MatMul,
+                vec![Arg::read(&s.attn), Arg::read(&l.wo), Arg::write(&s.proj)],
+                rows(hidden),
+            )?;
+            push(
+                "add_f32",
+                OpKind::Add,
+                vec![Arg::read_write(&s.x), Arg::read(&s.proj)],
+                rows(hidden),
+            )?;
+            self.norm_mul(&mut push, &l.ffn_norm)?;
+            for (w, out) in [(&l.gate, &s.gate), (&l.up, &s.up)] {
+                push(
+                    "matmul_q4_1",
+                    OpKind::MatMul,
+                    vec![Arg::read(&s.scaled), Arg::read(w), Arg::write(out)],
+                    rows(ffn),
+                )?;
+            }
+            push(
+                "swiglu_f32",
+                OpKind::Elementwise,
+                vec![Arg::read(&s.gate), Arg::read(&s.up), Arg::write(&s.act)],
+                rows(ffn),
+            )?;
+            push(
+                "matmul_q4_1",
+                OpKind::MatMul,
+                vec![Arg::read(&s.act), Arg::read(&l.down), Arg::write(&s.proj)],
+                rows(hidden),
+            )?;
+            push(
+                "add_f32",
+                OpKind::Add,
+                vec![Arg::read_write(&s.x), Arg::read(&s.proj)],
+                rows(hidden),
+            )?;
+        }
+        self.norm_mul(&mut push, &self.out_norm)?;
+        push(
+            "matmul_q4_1",
+            OpKind::MatMul,
+            vec![
+                Arg::read(&s.scaled),
+                Arg::read(&self.embedding),
+                Arg::write(&s.logits),
+            ],
+            rows(self.shape.vocab),
+        )?;
+        Ok(g)
+    }
+
+    fn norm_mul(
+        &self,
+        push: &mut impl FnMut(&'static str, OpKind, Vec<Arg>, Grid) -> Result<()>,
+        weight: &Buffer,
+    ) -> Result<()> {
+        let s = &self.s;
+        push(
+            "rms_norm_f32",
+            OpKind::RmsNorm,
+            vec![Arg::read(&s.x), Arg::write(&s.normed), Arg::f32(1e-5)],
+            Grid::new(1, 256),
+        )?;
+        push(
+            "mul_f32",
+            OpKind::Mul,
+            vec![
+                Arg::read(&s.normed),
+                Arg::read(weight),
+                Arg::write(&s.scaled),
+            ],
+            Grid::cover(s.scaled.elems(), 256),
+        )
+    }
+}
+
+/// The fusion rule for the synthetic graph: `rms_norm_f32` writing `t`, then `mul_f32` reading
+/// `t` and a weight, becomes one `rms_norm_mul_f32` (input, weight, output, epsilon).
+pub fn norm_mul_rule() -> FusionRule {
+    FusionRule {
+        name: "synthetic_rms_norm_mul",
+        first: OpKind::RmsNorm,
+        second: OpKind::Mul,
+        intermediate: norm_mul_intermediate,
+        build: norm_mul_build,
+    }
+}
+
+fn norm_mul_intermediate(a: &Dispatch, b: &Dispatch) -> Option<Range> {
+    let (out, _) = a.buffer_arg(1)?;
+    let (input, _) = b.buffer_arg(0)?;
+    let (out, input) = (Range::of(out), Range::of(input));
+    (out == input).then_some(out)
+}
+
+fn norm_mul_build(a: &Dispatch, b: &Dispatch) -> Result<Dispatch> {
+    let bad = || Error::InvalidArgument("synthetic rms_norm_mul: unexpected arguments".into());
+    let (x, _) = a.buffer_arg(0).ok_or_else(bad)?;
+    let (w, _) = b.buffer_arg(1).ok_or_else(bad)?;
+    let (out, _) = b.buffer_arg(2).ok_or_else(bad)?;
+    let eps = a.args().get(2).cloned().ok_or_else(bad)?;
+    Dispatch::new(
+        KernelId("rms_norm_mul_f32"),
+        vec![Arg::read(x), Arg::read(w), Arg::write(out), eps],
+        a.grid(),
+        OpKind::RmsNormMul,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::passes;
+
+    #[test]
+    fn given_the_smollm2_shape_when_recorded_and_optimized_should_fuse_norms_and_keep_counts() {
+        let dev = Device::cpu(1).expect("cpu");
+        let shape = DecodeShape::SMOLLM2_135M;
+        let dg = DecodeGraph::new(&dev, shape).expect("buffers");
+        let mut g = dg.record().expect("record");
+        assert_eq!(g.dispatch_count(), shape.dispatches());
+        assert_eq!(shape.dispatches(), 574);
+        let sequential = {
+            let mut s = g.clone();
+            passes::place_barriers(&mut s)
+        };
+        // Every norm is followed by its multiply, and `normed` is rewritten by the next norm,
+        // except after the final norm, where nothing overwrites it: 2 per layer fuse.
+        assert_eq!(passes::fuse(&mut g, &[norm_mul_rule()]), 2 * shape.layers);
+        passes::reorder(&mut g, passes::DEFAULT_LOOKAHEAD);
+        let barriers = passes::place_barriers(&mut g);
+        assert_eq!(g.dispatch_count(), shape.dispatches() - 2 * shape.layers);
+        assert!(
+            barriers < sequential,
+            "reorder should save barriers: {barriers} vs {sequential}"
+        );
+    }
+}
