@@ -831,6 +831,34 @@ mod tests {
     }
 
     #[test]
+    fn given_a_chain_when_scheduled_should_poison_each_byte_right_after_it_dies() {
+        use crate::graph::{Grid, OpKind};
+        let dev = Device::cpu(1).expect("cpu");
+        let a = dev.alloc(DType::F32, &[4]).expect("a");
+        let b = dev.alloc(DType::F32, &[4]).expect("b");
+        let out = dev.alloc(DType::F32, &[4]).expect("out");
+        let d = |args: Vec<Arg>| {
+            Dispatch::new(KernelId("test"), args, Grid::new(1, 1), OpKind::Copy).expect("dispatch")
+        };
+        let a_front = a.view(0, DType::F32, &[2]).expect("front");
+        let units = vec![
+            vec![d(vec![Arg::write(&a)])],
+            vec![d(vec![Arg::read(&a_front), Arg::write(&b)])],
+            vec![d(vec![Arg::read(&b), Arg::write(&out)])],
+        ];
+        let scratch = byte_set_of([Range::of(&a), Range::of(&b)]);
+        let outputs = byte_set_of([Range::of(&out)]);
+        let sched = Schedule::new(units, &scratch, &outputs);
+        let (ai, bi) = (a.alloc_id().0, b.alloc_id().0);
+        // Everything at the start; then the back half of `a`, written but never read; then the
+        // front half of `a` after its last read. `b` is poisoned only at the start: it is never
+        // dead again before the end.
+        assert_eq!(intervals(&sched.poison[0]), vec![(ai, 0, 16), (bi, 0, 16)]);
+        assert_eq!(intervals(&sched.poison[1]), vec![(ai, 8, 16)]);
+        assert_eq!(intervals(&sched.poison[2]), vec![(ai, 0, 8)]);
+    }
+
+    #[test]
     fn given_each_dtype_when_poisoned_with_nan_should_give_nan_or_a5_bytes() {
         let f32_bytes: Vec<u8> = (0..4).map(|o| Poison::Nan.byte(DType::F32, o)).collect();
         let v = u32::from_le_bytes([f32_bytes[0], f32_bytes[1], f32_bytes[2], f32_bytes[3]]);

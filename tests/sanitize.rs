@@ -272,6 +272,36 @@ fn given_a_missing_write_declaration_when_the_reorder_moves_a_reader_should_repo
 }
 
 #[test]
+fn given_scratch_that_is_read_before_it_is_written_when_sanitized_should_report_it() {
+    let n = 16;
+    let dev = Device::cpu(1).expect("cpu");
+    let x = dev.upload(&random(n, 10), &[n]).expect("x");
+    let y = dev.alloc(DType::F32, &[n]).expect("y");
+    let exec = Executor::new(dev);
+    let mut s = exec.begin(Mode::Recorded);
+    s.scale(&x, 3.0, &y).expect("scale");
+    let graph = s.into_graph().expect("graph");
+    // `x` is an input, wrongly named as scratch: its contents are poison when the graph reads it.
+    let outputs = [named("y", &y)];
+    let report = sanitize(
+        &exec,
+        &Plan::OPTIMIZED,
+        &SanitizeInput {
+            graph: &graph,
+            scratch: std::slice::from_ref(&x),
+            outputs: &outputs,
+        },
+    )
+    .expect("sanitize");
+    let m = report
+        .declaration_mismatch
+        .as_ref()
+        .expect("declaration mismatch");
+    assert_eq!((m.output.as_str(), m.differing_elements), ("y", n));
+    assert!(report.schedule_mismatch.is_none(), "{report:?}");
+}
+
+#[test]
 fn given_no_outputs_when_sanitized_should_be_an_error() {
     let dev = Device::cpu(1).expect("cpu");
     let x = dev.upload(&random(4, 9), &[4]).expect("x");
