@@ -8,6 +8,8 @@ use clap::Args;
 use onepass::model::chat::{ChatMessage, ChatTemplate};
 use onepass::model::llama::Logits;
 use onepass::model::sampler::SamplerConfig;
+use onepass::sanitize::prefill_and_sanitize_decode;
+use onepass::Executor;
 
 use super::common::{load, ModelArgs, RunArgs};
 
@@ -51,6 +53,11 @@ pub struct GenerateArgs {
     /// Write the logits of the last prompt position to FILE (raw little-endian f32).
     #[arg(long, value_name = "FILE")]
     pub logits_out: Option<PathBuf>,
+    /// Before generating, run the first decode step serially and optimized with dead scratch
+    /// poisoned and compare the outputs bitwise; print the verdict on standard error and stop
+    /// with an error on a mismatch.
+    #[arg(long)]
+    pub sanitize: bool,
     #[command(flatten)]
     pub run: RunArgs,
 }
@@ -100,6 +107,15 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         bail!("the prompt encodes to no tokens");
     }
     let stop_ids = if args.ignore_eos { Vec::new() } else { tok.eog_ids().to_vec() };
+    if args.sanitize {
+        let llama = loaded.engine.llama();
+        let executor = Executor::new(llama.device().clone()).with_config(args.run.config());
+        let report = prefill_and_sanitize_decode(llama, &executor, &executor.config().plan(), &prompt_ids)?;
+        if !report.passed() {
+            bail!("{}", report.verdict());
+        }
+        eprintln!("{}", report.verdict());
+    }
     let engine = &mut loaded.engine;
     if let Some(path) = &args.logits_out {
         engine.prefill(&prompt_ids, Logits::Last)?;

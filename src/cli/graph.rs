@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 use onepass::model::llama::{Llama, Logits};
+use onepass::model::tokenizer::Tokenizer;
+use onepass::sanitize::prefill_and_sanitize_decode;
 use onepass::{Executor, Mode};
 
 use super::common::{open_model, ModelArgs, RunArgs};
@@ -25,16 +27,45 @@ pub struct GraphArgs {
     /// Write the optimized graph as an SVG picture (no Graphviz needed).
     #[arg(long, value_name = "FILE")]
     pub svg: Option<PathBuf>,
+    /// After a short prefill, run one decode step serially and optimized with dead scratch
+    /// poisoned, compare the outputs bitwise and print a one-line verdict (exit 1 on mismatch).
+    #[arg(long)]
+    pub sanitize: bool,
     #[command(flatten)]
     pub run: RunArgs,
 }
+
+/// The prompt `--sanitize` prefills before the checked decode step.
+const SANITIZE_PROMPT: &str = "The schedule sanitizer checks one decode step of this model.";
+/// Most tokens per prefill pass when sanitizing.
+const SANITIZE_PROMPT_BATCH: usize = 32;
 
 /// Runs `graph`.
 pub fn run(args: GraphArgs) -> anyhow::Result<()> {
     let file = open_model(&args.model.model)?;
     let device = args.run.device()?;
-    let llama = Llama::load(file, &device, args.run.ctx, 1)?;
+    // The sanitizer prefills a short prompt first, so it needs prefill passes of a few tokens.
+    let batch = if args.sanitize { SANITIZE_PROMPT_BATCH } else { 1 };
+    let llama = Llama::load(file.clone(), &device, args.run.ctx, batch)?;
     let executor = Executor::new(device).with_config(args.run.config());
+    let sanitized = if args.sanitize {
+        let tokenizer = Tokenizer::from_gguf(&file)?;
+        let prompt = tokenizer.encode(SANITIZE_PROMPT, true)?;
+        Some(prefill_and_sanitize_decode(&llama, &executor, &executor.config().plan(), &prompt)?)
+    } else {
+        None
+    };
+    if let Some(report) = &sanitized {
+        if !report.passed() {
+            anyhow::bail!("{}", report.verdict());
+        }
+        if !args.json {
+            println!("{}", report.verdict());
+            if !args.stats {
+                return Ok(());
+            }
+        }
+    }
     let mut session = executor.begin(Mode::Recorded);
     llama.record(&mut session, 1, Logits::Last, true)?;
     let mut graph = session.into_graph()?;
@@ -53,6 +84,13 @@ pub fn run(args: GraphArgs) -> anyhow::Result<()> {
             "reordered": report.reordered,
             "groups": groups,
         });
+        let obj = match (obj, &sanitized) {
+            (serde_json::Value::Object(mut map), Some(report)) => {
+                map.insert("sanitize".into(), serde_json::to_value(report)?);
+                serde_json::Value::Object(map)
+            }
+            (obj, _) => obj,
+        };
         println!("{obj}");
     } else if args.stats || (args.dot.is_none() && args.svg.is_none()) {
         println!("decode step of {} ({} layers)", args.model.model, llama.config().n_layer);
