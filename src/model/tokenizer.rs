@@ -88,6 +88,7 @@ impl PreTokenizer {
 }
 
 /// A byte-level BPE tokenizer read from a GGUF file.
+#[derive(Clone)]
 pub struct Tokenizer {
     /// Splits special tokens written in the text out as single tokens.
     with_special: tokenizers::Tokenizer,
