@@ -11,12 +11,14 @@
 pub mod backend;
 pub mod config;
 pub mod error;
+pub mod executable;
 pub mod graph;
 pub mod model;
 pub mod ops;
 pub mod quant;
 pub mod sanitize;
 pub mod session;
+pub mod trace;
 #[cfg(test)]
 pub(crate) mod testutil;
 

@@ -3,8 +3,10 @@
 
 use std::time::{Duration, Instant};
 
+use crate::backend::Device;
 use crate::error::{Error, Result};
-use crate::graph::ComputeGraph;
+use crate::executable::{Executable, KernelTiming, StableSet};
+use crate::graph::{ComputeGraph, Node};
 use crate::model::llama::{Llama, Logits};
 use crate::model::sampler::{Sampler, SamplerConfig};
 use crate::session::{Executor, Mode, Plan};
@@ -17,8 +19,13 @@ pub enum RunMode {
     Direct,
     /// Every pass recorded, optimized (fusion, reorder) and then run.
     Recorded,
-    /// The decode step recorded and optimized once, then replayed for every step.
+    /// The decode step recorded and optimized once, instantiated (a CUDA graph with dependency
+    /// edges, or a precomputed CPU schedule) and launched for every step.
     Graph,
+    /// For comparison: every dispatch in its own submission, waited for before the next (CUDA:
+    /// a direct session whose encoder synchronizes after every launch; CPU: one submission per
+    /// dispatch, in program order).
+    PerOpSync,
 }
 
 impl RunMode {
@@ -28,6 +35,7 @@ impl RunMode {
             RunMode::Direct => "direct",
             RunMode::Recorded => "recorded",
             RunMode::Graph => "graph",
+            RunMode::PerOpSync => "per-op-sync",
         }
     }
 }
@@ -38,7 +46,23 @@ pub struct Engine {
     executor: Executor,
     mode: RunMode,
     plan: Plan,
-    decode_graph: Option<(ComputeGraph, bool)>,
+    /// The instantiated decode step and whether it ends with argmax.
+    decode_exec: Option<(Executable, bool)>,
+    last_pass: PassStats,
+    step_timing: bool,
+    step_times: Vec<f64>,
+    instantiations: usize,
+}
+
+/// Shape of the last pass an engine ran: kernels launched, and the ordering it needed (dependency
+/// edges of an instantiated CUDA graph; barriers between concurrent groups otherwise; one wait per
+/// kernel in per-op-sync mode).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PassStats {
+    /// Kernel launches.
+    pub kernels: usize,
+    /// Dependency edges (CUDA graph) or barriers / waits (every other way of running).
+    pub edges_or_barriers: usize,
 }
 
 /// What a generation produced, and how fast.
@@ -64,7 +88,85 @@ impl Engine {
     /// An engine running `llama` with `executor` in `mode`.
     pub fn new(llama: Llama, executor: Executor, mode: RunMode) -> Self {
         let plan = executor.config().plan();
-        Engine { llama, executor, mode, plan, decode_graph: None }
+        Engine {
+            llama,
+            executor,
+            mode,
+            plan,
+            decode_exec: None,
+            last_pass: PassStats::default(),
+            step_timing: false,
+            step_times: Vec::new(),
+            instantiations: 0,
+        }
+    }
+
+    /// Switches the execution mode (drops an instantiated decode step).
+    pub fn set_mode(&mut self, mode: RunMode) {
+        if mode != self.mode {
+            self.mode = mode;
+            self.decode_exec = None;
+        }
+    }
+
+    /// How many times graph mode has instantiated the decode step (once per run of steps with the
+    /// same sampling kind: never again as the position grows).
+    pub fn decode_instantiations(&self) -> usize {
+        self.instantiations
+    }
+
+    /// Kernels and edges or barriers of the last pass.
+    pub fn last_pass(&self) -> PassStats {
+        self.last_pass
+    }
+
+    /// Turns on (or off) timing of each decode step's device work: GPU time between two events on
+    /// CUDA, wall time on the CPU. [`Engine::take_step_times`] returns the figures.
+    pub fn set_step_timing(&mut self, on: bool) {
+        self.step_timing = on;
+        self.step_times.clear();
+    }
+
+    /// The decode-step times (seconds) measured since timing was turned on or last taken.
+    pub fn take_step_times(&mut self) -> Vec<f64> {
+        std::mem::take(&mut self.step_times)
+    }
+
+    /// The allocations the model keeps for its whole life, which an instantiated step may use.
+    pub fn stable_set(&self) -> StableSet {
+        let named = self.llama.stable_buffers();
+        StableSet::from_named(named.iter().map(|(n, b)| (n.as_str(), b)))
+    }
+
+    /// Records the decode step (`argmax`: ending with the on-device argmax), optimizes it as this
+    /// engine's mode does and instantiates it.
+    pub fn instantiate_decode(&self, argmax: bool) -> Result<Executable> {
+        let mut s = self.executor.begin(Mode::Recorded);
+        self.llama.record(&mut s, 1, Logits::Last, argmax)?;
+        let mut graph = s.into_graph()?;
+        let plan = match self.mode {
+            RunMode::Graph | RunMode::Recorded => self.plan,
+            RunMode::Direct | RunMode::PerOpSync => Plan::SEQUENTIAL,
+        };
+        let report = Executor::optimize(&mut graph, &plan);
+        let exec = self.executor.instantiate(&graph, &self.stable_set())?;
+        tracing::info!(?report, stats = ?exec.stats(), "instantiated the decode step");
+        Ok(exec)
+    }
+
+    /// A profiling run of one decode step for `token` at `pos`: every kernel timed (GPU time from
+    /// events on CUDA, wall time and thread on the CPU). Leaves the step's results in place.
+    pub fn profile_decode(
+        &mut self,
+        token: u32,
+        pos: usize,
+        argmax: bool,
+    ) -> Result<Vec<KernelTiming>> {
+        self.llama.set_inputs(&[token], pos)?;
+        match &self.decode_exec {
+            Some((exec, a)) if *a == argmax && self.mode == RunMode::Graph => exec.profile(),
+            _ => self.instantiate_decode(argmax)?.profile(),
+        }
     }
 
     /// The model.
@@ -82,7 +184,9 @@ impl Engine {
     /// with [`Logits::All`]) in the logits buffer.
     pub fn prefill(&mut self, tokens: &[u32], logits: Logits) -> Result<()> {
         if tokens.is_empty() {
-            return Err(Error::InvalidArgument("the prompt is empty: give at least one token".into()));
+            return Err(Error::InvalidArgument(
+                "the prompt is empty: give at least one token".into(),
+            ));
         }
         if tokens.len() > self.llama.max_ctx() {
             return Err(Error::InvalidArgument(format!(
@@ -112,26 +216,45 @@ impl Engine {
     /// the logits buffer.
     pub fn decode(&mut self, token: u32, pos: usize, argmax: bool) -> Result<Option<u32>> {
         self.llama.set_inputs(&[token], pos)?;
-        match self.mode {
-            RunMode::Graph => {
-                let stale = !matches!(&self.decode_graph, Some((_, a)) if *a == argmax);
-                if stale {
-                    let mut s = self.executor.begin(Mode::Recorded);
-                    self.llama.record(&mut s, 1, Logits::Last, argmax)?;
-                    let mut graph = s.into_graph()?;
-                    let report = Executor::optimize(&mut graph, &self.plan);
-                    tracing::info!(?report, "recorded the decode step once; replaying it every step");
-                    self.decode_graph = Some((graph, argmax));
-                }
-                let (graph, _) = self.decode_graph.as_ref().expect("decode graph was just built");
-                self.executor.run(graph, self.plan.split)?;
+        if self.mode == RunMode::Graph && !matches!(&self.decode_exec, Some((_, a)) if *a == argmax)
+        {
+            // Built once (and again only if the caller switches between greedy and sampled steps):
+            // the step reads its position and KV length from the step buffer, so the same graph
+            // serves every position up to the cache size.
+            self.decode_exec = Some((self.instantiate_decode(argmax)?, argmax));
+            self.instantiations += 1;
+        }
+        let timer = StepTimer::start(self.step_timing, self.executor.device())?;
+        match (&self.decode_exec, self.mode) {
+            (Some((exec, _)), RunMode::Graph) => {
+                exec.launch()?;
+                let st = exec.stats();
+                let ordering = if matches!(self.executor.device(), Device::Cuda(_)) {
+                    st.edges
+                } else {
+                    st.barriers
+                };
+                self.last_pass = PassStats {
+                    kernels: st.kernels,
+                    edges_or_barriers: ordering,
+                };
             }
             _ => self.run_pass(1, Logits::Last, argmax)?,
         }
+        if let Some(t) = timer {
+            self.step_times.push(t.stop()?);
+        }
         if argmax {
-            let id = self.executor.device().download::<i32>(self.llama.next_token_buffer())?;
+            // The only read-back of a greedy step: 4 bytes (it waits for the launch).
+            let id = self
+                .executor
+                .device()
+                .download::<i32>(self.llama.next_token_buffer())?;
             Ok(Some(id[0] as u32))
         } else {
+            if let Some((exec, _)) = &self.decode_exec {
+                exec.wait()?;
+            }
             Ok(None)
         }
     }
@@ -139,17 +262,40 @@ impl Engine {
     fn run_pass(&mut self, rows: usize, logits: Logits, argmax: bool) -> Result<()> {
         let mode = match self.mode {
             RunMode::Direct => Mode::Direct,
-            RunMode::Recorded | RunMode::Graph => Mode::Recorded,
+            RunMode::PerOpSync | RunMode::Recorded | RunMode::Graph => Mode::Recorded,
         };
         let mut s = self.executor.begin(mode);
         self.llama.record(&mut s, rows, logits, argmax)?;
-        s.finish(&self.plan)?;
+        if self.mode == RunMode::PerOpSync {
+            // One submission per dispatch, in program order, each waited for.
+            let nodes = s.into_graph()?.into_nodes();
+            let mut kernels = 0;
+            for node in nodes {
+                if let Node::Dispatch(d) = node {
+                    self.executor
+                        .run(&ComputeGraph::from_nodes(vec![Node::Dispatch(d)]), false)?;
+                    kernels += 1;
+                }
+            }
+            self.last_pass = PassStats {
+                kernels,
+                edges_or_barriers: kernels,
+            };
+            return Ok(());
+        }
+        let report = s.finish(&self.plan)?;
+        self.last_pass = PassStats {
+            kernels: report.dispatches,
+            edges_or_barriers: report.barriers,
+        };
         Ok(())
     }
 
     /// The logits of the last pass: `rows` rows of `vocab` values.
     pub fn logits(&self, rows: usize) -> Result<Vec<f32>> {
-        self.executor.device().download(&self.llama.logits_buffer(rows)?)
+        self.executor
+            .device()
+            .download(&self.llama.logits_buffer(rows)?)
     }
 
     /// Generates up to `max_tokens` tokens after `prompt`, calling `on_token` with each new token
@@ -174,8 +320,15 @@ impl Engine {
         self.prefill(prompt, Logits::Last)?;
         let mut history: Vec<u32> = prompt.to_vec();
         let greedy = sampler.config().is_greedy();
-        let mut stats = GenerateStats { prompt_ids: prompt.to_vec(), ..GenerateStats::default() };
-        let mut next = if max_tokens > 0 { Some(sampler.sample(&self.logits(1)?, &history)?) } else { None };
+        let mut stats = GenerateStats {
+            prompt_ids: prompt.to_vec(),
+            ..GenerateStats::default()
+        };
+        let mut next = if max_tokens > 0 {
+            Some(sampler.sample(&self.logits(1)?, &history)?)
+        } else {
+            None
+        };
         stats.prompt_time = t0.elapsed();
         let t1 = Instant::now();
         while let Some(token) = next {
@@ -200,5 +353,44 @@ impl Engine {
         let decoded = stats.generated_ids.len().saturating_sub(1);
         stats.decode_tok_s = decoded as f64 / stats.decode_time.as_secs_f64().max(1e-9);
         Ok(stats)
+    }
+}
+
+/// Times one decode step's device work: a pair of CUDA events around it, or the host clock.
+enum StepTimer {
+    Wall(Instant),
+    Cuda(
+        crate::backend::cuda::GpuEvent,
+        crate::backend::cuda::GpuEvent,
+    ),
+}
+
+impl StepTimer {
+    fn start(on: bool, device: &Device) -> Result<Option<StepTimer>> {
+        if !on {
+            return Ok(None);
+        }
+        Ok(Some(match device {
+            Device::Cpu(_) => StepTimer::Wall(Instant::now()),
+            Device::Cuda(cuda) => {
+                let (a, b) = (
+                    crate::backend::cuda::GpuEvent::new(cuda)?,
+                    crate::backend::cuda::GpuEvent::new(cuda)?,
+                );
+                a.record()?;
+                StepTimer::Cuda(a, b)
+            }
+        }))
+    }
+
+    /// Seconds since the start (waits for the GPU work queued so far).
+    fn stop(self) -> Result<f64> {
+        match self {
+            StepTimer::Wall(t) => Ok(t.elapsed().as_secs_f64()),
+            StepTimer::Cuda(a, b) => {
+                b.record()?;
+                Ok(f64::from(a.elapsed_ms(&b)?) / 1e3)
+            }
+        }
     }
 }

@@ -346,6 +346,55 @@ impl Llama {
         &self.next_token
     }
 
+    /// Every buffer the model owns for its whole life, named: weights, KV cache, step inputs,
+    /// scratch, logits. A recorded pass touches only these, so they are what an instantiated graph
+    /// may rely on (`crate::executable::StableSet`).
+    pub fn stable_buffers(&self) -> Vec<(String, Buffer)> {
+        let w = &self.weights;
+        let mut v = vec![("token_embd".to_string(), w.embed.clone()), ("output_norm".into(), w.out_norm.clone())];
+        v.push(("lm_head".into(), w.lm_head.clone()));
+        if let Some(f) = &w.rope_freqs {
+            v.push(("rope_freqs".into(), f.clone()));
+        }
+        for (i, l) in w.layers.iter().enumerate() {
+            for (n, b) in [
+                ("attn_norm", &l.attn_norm),
+                ("attn_q", &l.wq),
+                ("attn_k", &l.wk),
+                ("attn_v", &l.wv),
+                ("attn_output", &l.wo),
+                ("ffn_norm", &l.ffn_norm),
+                ("ffn_gate", &l.w_gate),
+                ("ffn_up", &l.w_up),
+                ("ffn_down", &l.w_down),
+            ] {
+                v.push((format!("blk.{i}.{n}"), b.clone()));
+            }
+        }
+        for (i, (k, c)) in self.kv.iter().enumerate() {
+            v.push((format!("blk.{i}.k_cache"), k.clone()));
+            v.push((format!("blk.{i}.v_cache"), c.clone()));
+        }
+        let inputs = &self.inputs;
+        v.push(("tokens".into(), inputs.tokens.clone()));
+        v.push(("positions".into(), inputs.positions.clone()));
+        v.push(("step".into(), inputs.step.clone()));
+        for (which, sc) in [("prefill", &self.prefill), ("decode", &self.decode)] {
+            let bufs = [&sc.x, &sc.xn, &sc.q, &sc.k, &sc.v, &sc.attn, &sc.proj, &sc.gate, &sc.up, &sc.hidden];
+            let names = ["x", "xn", "q", "k", "v", "attn", "proj", "gate", "up", "hidden"];
+            for (n, b) in names.iter().zip(bufs) {
+                v.push((format!("{which}.{n}"), b.clone()));
+            }
+            if let Some(p) = &sc.partials {
+                v.push((format!("{which}.partials"), p.clone()));
+            }
+        }
+        v.push(("norm_out".into(), self.norm_out.clone()));
+        v.push(("logits".into(), self.logits.clone()));
+        v.push(("next_token".into(), self.next_token.clone()));
+        v
+    }
+
     /// The device buffers holding the per-step values (token ids, positions, first position).
     pub fn step_buffers(&self) -> [&Buffer; 3] {
         [&self.inputs.tokens, &self.inputs.positions, &self.inputs.step]

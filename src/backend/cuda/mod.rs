@@ -10,12 +10,14 @@
 
 mod cache;
 mod encoder;
+mod graph;
 mod memory;
 pub mod nvrtc;
 mod registry;
 
 pub use cache::{cache_key, default_cache_dir, CubinCache};
 pub use encoder::CudaEncoder;
+pub use graph::{profile_dispatches, CudaGraph, GpuEvent};
 pub use memory::{size_class, CudaMemory, PoolStats, ScratchPool};
 pub use registry::{
     all_kernel_names, arch_for, include_dir_from_env, kernel_names_in, Kernel, KernelCompiler,

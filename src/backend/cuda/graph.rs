@@ -1,0 +1,273 @@
+//! Explicit CUDA graphs and events: the one module that calls the raw `cuGraph*` and `cuEvent*`
+//! functions.
+//!
+//! # Safety contract
+//!
+//! - Every handle (`CUgraph`, `CUgraphExec`, `CUevent`) is created here, owned by exactly one
+//!   value, used only while the device's context is bound to the calling thread (each method binds
+//!   it first), and destroyed once, in `Drop`.
+//! - A kernel node's parameters are the values [`CudaEncoder`](super::CudaEncoder) would pass for
+//!   the same dispatch (buffer addresses, 32-bit scalars in 8-byte slots, then the buffers' element
+//!   counts). The driver copies them while the node is added, so the slots only live for that call.
+//! - The addresses baked into the nodes stay valid because a [`CudaGraph`] holds every
+//!   [`Kernel`] (whose module owns the function handles) and its caller
+//!   ([`crate::executable::Executable`]) holds an `Arc` to every allocation the dispatches
+//!   reference, for as long as the graph lives.
+//! - Launches go into the device's one stream, so they are ordered with every copy and direct
+//!   launch on that stream.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::sys;
+
+use super::encoder::device_address;
+use super::{CudaDevice, Kernel};
+use crate::error::{Error, Result};
+use crate::graph::{Arg, Dispatch, Scalar};
+
+fn check(what: &'static str, r: sys::CUresult) -> Result<()> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::Cuda(format!("{what} failed: {r:?}")))
+    }
+}
+
+/// The 8-byte parameter slots of one dispatch, as the encoder lays them out.
+fn param_slots(device: &CudaDevice, dispatch: &Dispatch) -> Result<Vec<u64>> {
+    let name = dispatch.kernel().0;
+    let mut slots = Vec::with_capacity(dispatch.args().len() * 2);
+    for (i, arg) in dispatch.args().iter().enumerate() {
+        slots.push(match arg {
+            Arg::Buffer(buf, _) => device_address(device, name, i, buf)?,
+            Arg::Scalar(Scalar::U32(v)) => *v as u64,
+            Arg::Scalar(Scalar::I32(v)) => *v as u32 as u64,
+            Arg::Scalar(Scalar::F32(v)) => v.to_bits() as u64,
+        });
+    }
+    for arg in dispatch.args() {
+        if let Arg::Buffer(buf, _) = arg {
+            slots.push(buf.elems() as u64);
+        }
+    }
+    Ok(slots)
+}
+
+/// An instantiated CUDA graph of kernel nodes with explicit dependency edges.
+pub struct CudaGraph {
+    device: Arc<CudaDevice>,
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+    nodes: usize,
+    edges: usize,
+    _kernels: Vec<Kernel>,
+}
+
+// SAFETY: the handles are owned by this value alone; the driver API is thread-safe, and each
+// method binds the context on the calling thread before using them.
+unsafe impl Send for CudaGraph {}
+// SAFETY: `launch` only enqueues work (thread-safe in the driver); nothing is mutated through `&self`.
+unsafe impl Sync for CudaGraph {}
+
+impl CudaGraph {
+    /// Builds the graph node by node (`preds[i]`: the earlier dispatches node `i` waits for) and
+    /// instantiates it once.
+    pub fn build(
+        device: &Arc<CudaDevice>,
+        dispatches: &[Dispatch],
+        preds: &[Vec<usize>],
+    ) -> Result<Self> {
+        if preds.len() != dispatches.len()
+            || preds
+                .iter()
+                .enumerate()
+                .any(|(i, p)| p.iter().any(|&j| j >= i))
+        {
+            return Err(Error::InvalidArgument(
+                "CudaGraph::build: every dependency must name an earlier dispatch".into(),
+            ));
+        }
+        device.bind()?;
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        // SAFETY: `graph` is valid for writes; flags must be 0.
+        check("cuGraphCreate", unsafe {
+            sys::cuGraphCreate(&mut graph, 0)
+        })?;
+        let mut this = CudaGraph {
+            device: device.clone(),
+            graph,
+            exec: std::ptr::null_mut(),
+            nodes: 0,
+            edges: 0,
+            _kernels: Vec::with_capacity(dispatches.len()),
+        };
+        let mut handles: Vec<sys::CUgraphNode> = Vec::with_capacity(dispatches.len());
+        let mut deps: Vec<sys::CUgraphNode> = Vec::new();
+        for (d, p) in dispatches.iter().zip(preds) {
+            let name = d.kernel().0;
+            let kernel = device.registry().get(d.kernel())?;
+            let grid = d.grid();
+            if grid.blocks.contains(&0) || grid.threads.contains(&0) {
+                return Err(Error::Kernel {
+                    kernel: name,
+                    msg: format!("empty launch geometry {grid:?}"),
+                });
+            }
+            kernel.ensure_dynamic_shared(grid.shared_bytes)?;
+            let mut slots = param_slots(device, d)?;
+            let base = slots.as_mut_ptr();
+            // SAFETY: every index is in bounds of `slots`, which is not resized below.
+            let mut params: Vec<*mut c_void> = (0..slots.len())
+                .map(|i| unsafe { base.add(i) } as *mut c_void)
+                .collect();
+            // SAFETY: the all-zero bit pattern is valid for this plain C struct (null pointers, zero sizes).
+            let mut np: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
+            np.func = kernel.cu_function();
+            np.gridDimX = grid.blocks[0];
+            np.gridDimY = grid.blocks[1];
+            np.gridDimZ = grid.blocks[2];
+            np.blockDimX = grid.threads[0];
+            np.blockDimY = grid.threads[1];
+            np.blockDimZ = grid.threads[2];
+            np.sharedMemBytes = grid.shared_bytes;
+            np.kernelParams = params.as_mut_ptr();
+            deps.clear();
+            deps.extend(p.iter().map(|&j| handles[j]));
+            let mut node: sys::CUgraphNode = std::ptr::null_mut();
+            // SAFETY: `this.graph` is a live graph; `deps` holds nodes of that graph; `np` points to
+            // a valid function handle (kept alive in `_kernels`) and to `params`, whose entries
+            // point to live slots holding values of the types the kernel declares (the encoder's
+            // layout); the driver copies the parameter values during this call.
+            check("cuGraphAddKernelNode", unsafe {
+                sys::cuGraphAddKernelNode_v2(&mut node, this.graph, deps.as_ptr(), deps.len(), &np)
+            })
+            .map_err(|e| Error::Kernel {
+                kernel: name,
+                msg: format!("adding its graph node: {e}"),
+            })?;
+            handles.push(node);
+            this.edges += deps.len();
+            this.nodes += 1;
+            this._kernels.push(kernel);
+        }
+        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+        // SAFETY: `this.graph` is a complete, live graph; `exec` is valid for writes.
+        check("cuGraphInstantiateWithFlags", unsafe {
+            sys::cuGraphInstantiateWithFlags(&mut exec, this.graph, 0)
+        })?;
+        this.exec = exec;
+        Ok(this)
+    }
+
+    /// Kernel nodes.
+    pub fn node_count(&self) -> usize {
+        self.nodes
+    }
+
+    /// Dependency edges.
+    pub fn edge_count(&self) -> usize {
+        self.edges
+    }
+
+    /// Queues one replay on the device's stream (returns at once).
+    pub fn launch(&self) -> Result<()> {
+        self.device.bind()?;
+        // SAFETY: `exec` is the live instantiation of this graph; the stream is the device's.
+        check("cuGraphLaunch", unsafe {
+            sys::cuGraphLaunch(self.exec, self.device.cu_stream())
+        })
+    }
+}
+
+impl Drop for CudaGraph {
+    fn drop(&mut self) {
+        if self.device.bind().is_err() {
+            return;
+        }
+        // SAFETY: both handles were created by this value and are destroyed once; a launch still
+        // running completes before the driver releases the executable's resources.
+        unsafe {
+            if !self.exec.is_null() {
+                let _ = sys::cuGraphExecDestroy(self.exec);
+            }
+            if !self.graph.is_null() {
+                let _ = sys::cuGraphDestroy(self.graph);
+            }
+        }
+    }
+}
+
+/// A CUDA event recorded on the device's stream, for GPU timings.
+pub struct GpuEvent {
+    device: Arc<CudaDevice>,
+    event: sys::CUevent,
+}
+
+// SAFETY: the handle is owned by this value alone and only used with the context bound.
+unsafe impl Send for GpuEvent {}
+
+impl GpuEvent {
+    /// A new timing event.
+    pub fn new(device: &Arc<CudaDevice>) -> Result<Self> {
+        device.bind()?;
+        let mut event: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: `event` is valid for writes; flags 0 is a default (timing) event.
+        check("cuEventCreate", unsafe {
+            sys::cuEventCreate(&mut event, 0)
+        })?;
+        Ok(GpuEvent {
+            device: device.clone(),
+            event,
+        })
+    }
+
+    /// Records the event on the device's stream (after everything queued so far).
+    pub fn record(&self) -> Result<()> {
+        self.device.bind()?;
+        // SAFETY: live event and stream of the same context.
+        check("cuEventRecord", unsafe {
+            sys::cuEventRecord(self.event, self.device.cu_stream())
+        })
+    }
+
+    /// Milliseconds of GPU time from `self` to `later`, once `later` has completed.
+    pub fn elapsed_ms(&self, later: &GpuEvent) -> Result<f32> {
+        self.device.bind()?;
+        let mut ms = 0f32;
+        // SAFETY: both events are live and recorded; `ms` is valid for writes.
+        unsafe {
+            check("cuEventSynchronize", sys::cuEventSynchronize(later.event))?;
+            check(
+                "cuEventElapsedTime",
+                sys::cuEventElapsedTime_v2(&mut ms, self.event, later.event),
+            )?;
+        }
+        Ok(ms)
+    }
+}
+
+impl Drop for GpuEvent {
+    fn drop(&mut self) {
+        if self.device.bind().is_ok() {
+            // SAFETY: the event was created by this value and is destroyed once.
+            let _ = unsafe { sys::cuEventDestroy_v2(self.event) };
+        }
+    }
+}
+
+/// Launches `dispatches` one by one on the device's stream with an event between each two, and
+/// returns each kernel's GPU time in milliseconds (a profiling run: serial, so times add up).
+pub fn profile_dispatches(device: &Arc<CudaDevice>, dispatches: &[Dispatch]) -> Result<Vec<f32>> {
+    let events = (0..=dispatches.len())
+        .map(|_| GpuEvent::new(device))
+        .collect::<Result<Vec<_>>>()?;
+    let mut enc = device.encoder();
+    events[0].record()?;
+    for (d, ev) in dispatches.iter().zip(&events[1..]) {
+        enc.encode(d)?;
+        ev.record()?;
+    }
+    enc.finish()?;
+    events.windows(2).map(|w| w[0].elapsed_ms(&w[1])).collect()
+}

@@ -1,0 +1,530 @@
+//! An instantiated graph: a recorded (and optimized) [`ComputeGraph`] turned once into something a
+//! device replays many times with no per-step host work beyond writing its step buffers.
+//!
+//! - Dependencies come from byte ranges: a dispatch depends on every earlier dispatch it conflicts
+//!   with (read-after-write, write-after-read, write-after-write; a non-reorderable op conflicts
+//!   with everything), and the edge list is transitively reduced, so an edge `a -> b` exists only
+//!   when no other path leads from `a` to `b`.
+//! - On CUDA the dispatches become kernel nodes of one CUDA graph with exactly those edges,
+//!   instantiated once ([`crate::backend::cuda::CudaGraph`]); a step is one `cuGraphLaunch`.
+//! - On the CPU the dispatches are sorted into levels (a level holds the dispatches whose longest
+//!   dependency chain has the same length; no two of them conflict), their kernels resolved once;
+//!   a step runs the levels in order, each level's dispatches in parallel on the device's pool.
+//! - Every pointer must stay valid and mean the same memory for the executable's whole life: the
+//!   caller names the allocations it keeps for that long in a [`StableSet`], instantiation refuses a
+//!   graph that touches any other allocation (with a report naming each one), and the executable
+//!   holds an `Arc` to every allocation it references, so none can be freed or reused under it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::backend::cpu::{CpuKernelFn, KernelArgs};
+use crate::backend::{AllocId, Allocation, Buffer, Device};
+use crate::error::{Error, Result};
+use crate::graph::{Arg, ComputeGraph, Dispatch};
+use crate::session::Executor;
+
+/// The allocations a caller promises to keep, unchanged in place, for as long as an executable
+/// built over them lives (weights, KV cache, scratch, step buffers), each with a name for reports.
+#[derive(Debug, Clone, Default)]
+pub struct StableSet {
+    names: BTreeMap<AllocId, String>,
+}
+
+impl StableSet {
+    /// An empty set.
+    pub fn new() -> Self {
+        StableSet::default()
+    }
+
+    /// Marks the allocation under `buf` stable, naming it (the first name given is kept).
+    pub fn add(&mut self, name: &str, buf: &Buffer) {
+        self.names
+            .entry(buf.alloc_id())
+            .or_insert_with(|| name.to_string());
+    }
+
+    /// A set from named buffers.
+    pub fn from_named<'a>(buffers: impl IntoIterator<Item = (&'a str, &'a Buffer)>) -> Self {
+        let mut s = StableSet::new();
+        for (name, buf) in buffers {
+            s.add(name, buf);
+        }
+        s
+    }
+
+    /// Whether an allocation is in the set.
+    pub fn contains(&self, id: AllocId) -> bool {
+        self.names.contains_key(&id)
+    }
+
+    /// The name an allocation was marked with.
+    pub fn name(&self, id: AllocId) -> Option<&str> {
+        self.names.get(&id).map(String::as_str)
+    }
+
+    /// Number of allocations in the set.
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+}
+
+/// Whether dispatch `later` must wait for dispatch `earlier` (they touch overlapping bytes and at
+/// least one writes them, or either is an op the optimizer may not move).
+pub fn must_order(earlier: &Dispatch, later: &Dispatch) -> bool {
+    if !earlier.op().is_reorderable() || !later.op().is_reorderable() {
+        return true;
+    }
+    let hits = |a: &[crate::graph::Range], b: &[crate::graph::Range]| {
+        a.iter().any(|x| b.iter().any(|y| x.overlaps(y)))
+    };
+    hits(earlier.writes(), later.reads())
+        || hits(earlier.writes(), later.writes())
+        || hits(earlier.reads(), later.writes())
+}
+
+/// The transitively reduced dependencies of a dispatch sequence: entry `i` lists, in increasing
+/// order, the earlier dispatches `i` waits for directly. Every ordered pair (by [`must_order`]) is
+/// connected by a path, and no listed edge is implied by a longer path.
+pub fn reduced_dependencies(dispatches: &[Dispatch]) -> Vec<Vec<usize>> {
+    let n = dispatches.len();
+    let words = n.div_ceil(64).max(1);
+    // ancestors[i]: bit j set when i transitively depends on j.
+    let mut ancestors = vec![0u64; n * words];
+    let mut preds = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut mine = vec![0u64; words];
+        let mut direct = Vec::new();
+        // Latest first: an earlier node reachable through a later direct predecessor is implied.
+        for j in (0..i).rev() {
+            if mine[j / 64] & (1u64 << (j % 64)) != 0 {
+                continue;
+            }
+            if must_order(&dispatches[j], &dispatches[i]) {
+                direct.push(j);
+                mine[j / 64] |= 1u64 << (j % 64);
+                for (m, a) in mine.iter_mut().zip(&ancestors[j * words..(j + 1) * words]) {
+                    *m |= *a;
+                }
+            }
+        }
+        ancestors[i * words..(i + 1) * words].copy_from_slice(&mine);
+        direct.reverse();
+        preds.push(direct);
+    }
+    preds
+}
+
+/// The level of each dispatch: 0 without dependencies, else one more than its deepest
+/// predecessor. Two dispatches of one level never conflict.
+pub fn levels(preds: &[Vec<usize>]) -> Vec<usize> {
+    let mut level = vec![0usize; preds.len()];
+    for i in 0..preds.len() {
+        level[i] = preds[i].iter().map(|&j| level[j] + 1).max().unwrap_or(0);
+    }
+    level
+}
+
+/// What an executable is made of.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ExecutableStats {
+    /// Kernel launches per replay.
+    pub kernels: usize,
+    /// Dependency edges after transitive reduction.
+    pub edges: usize,
+    /// Levels of the schedule (the longest dependency chain, in kernels).
+    pub levels: usize,
+    /// Barriers of the CPU schedule (levels minus one); what CUDA expresses as edges.
+    pub barriers: usize,
+    /// Distinct allocations the executable references (and keeps alive).
+    pub allocations: usize,
+}
+
+/// One kernel's time in a profiling run.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct KernelTiming {
+    /// Position of the dispatch in the executable.
+    pub index: usize,
+    /// Kernel name.
+    pub kernel: &'static str,
+    /// Op kind name.
+    pub op: &'static str,
+    /// Level (concurrent group) of the dispatch.
+    pub level: usize,
+    /// Track: the CPU pool thread that ran it, or 0 on CUDA (one stream).
+    pub track: usize,
+    /// Start, in microseconds from the start of the run.
+    pub start_us: f64,
+    /// Duration in microseconds (GPU time from events on CUDA, wall time on the CPU).
+    pub dur_us: f64,
+}
+
+enum Backend {
+    Cpu {
+        kernels: Vec<CpuKernelFn>,
+        schedule: Vec<Vec<usize>>,
+    },
+    Cuda(crate::backend::cuda::CudaGraph),
+}
+
+/// A graph instantiated for one device, replayed by [`Executable::run`].
+pub struct Executable {
+    device: Device,
+    dispatches: Vec<Dispatch>,
+    level: Vec<usize>,
+    stats: ExecutableStats,
+    backend: Backend,
+    /// Every allocation referenced, held so none can be freed or reused while this lives.
+    _allocations: Vec<Arc<Allocation>>,
+}
+
+impl std::fmt::Debug for Executable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executable")
+            .field("device", &self.device)
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl Executor {
+    /// Instantiates a recorded graph (normally already optimized) for this executor's device.
+    /// Refuses, with a report naming every offending buffer, a graph that touches an allocation
+    /// not in `stable`.
+    pub fn instantiate(&self, graph: &ComputeGraph, stable: &StableSet) -> Result<Executable> {
+        Executable::new(self.device().clone(), graph, stable)
+    }
+}
+
+impl Executable {
+    fn new(device: Device, graph: &ComputeGraph, stable: &StableSet) -> Result<Self> {
+        let dispatches: Vec<Dispatch> = graph.dispatches().cloned().collect();
+        if dispatches.is_empty() {
+            return Err(Error::InvalidArgument(
+                "instantiate: the graph has no dispatch".into(),
+            ));
+        }
+        let allocations = check_stable(&dispatches, stable, &device)?;
+        let preds = reduced_dependencies(&dispatches);
+        let level = levels(&preds);
+        let n_levels = level.iter().max().map_or(0, |m| m + 1);
+        let stats = ExecutableStats {
+            kernels: dispatches.len(),
+            edges: preds.iter().map(Vec::len).sum(),
+            levels: n_levels,
+            barriers: n_levels.saturating_sub(1),
+            allocations: allocations.len(),
+        };
+        let backend = match &device {
+            Device::Cpu(cpu) => {
+                let kernels = dispatches
+                    .iter()
+                    .map(|d| cpu.kernel(d.kernel()))
+                    .collect::<Result<Vec<_>>>()?;
+                let mut schedule = vec![Vec::new(); n_levels];
+                for (i, &l) in level.iter().enumerate() {
+                    schedule[l].push(i);
+                }
+                Backend::Cpu { kernels, schedule }
+            }
+            Device::Cuda(cuda) => Backend::Cuda(crate::backend::cuda::CudaGraph::build(
+                cuda,
+                &dispatches,
+                &preds,
+            )?),
+        };
+        tracing::debug!(?stats, "instantiated graph");
+        Ok(Executable {
+            device,
+            dispatches,
+            level,
+            stats,
+            backend,
+            _allocations: allocations,
+        })
+    }
+
+    /// What the executable is made of.
+    pub fn stats(&self) -> ExecutableStats {
+        self.stats
+    }
+
+    /// The device it runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The dispatches, in the order they were recorded (optimized).
+    pub fn dispatches(&self) -> &[Dispatch] {
+        &self.dispatches
+    }
+
+    /// Replays the graph once and waits for it: on CUDA one graph launch and a stream wait, on the
+    /// CPU the precomputed schedule on the device's pool.
+    pub fn run(&self) -> Result<()> {
+        self.launch()?;
+        self.wait()
+    }
+
+    /// Starts a replay without waiting (CUDA: the launch is queued on the device's stream; the
+    /// next download or [`Executable::wait`] waits for it). On the CPU the replay runs to the end.
+    pub fn launch(&self) -> Result<()> {
+        match (&self.backend, &self.device) {
+            (Backend::Cpu { kernels, schedule }, Device::Cpu(cpu)) => {
+                cpu.install(|| run_schedule(&self.dispatches, kernels, schedule, None))
+            }
+            (Backend::Cuda(graph), _) => graph.launch(),
+            _ => Err(Error::Backend("executable and device disagree".into())),
+        }
+    }
+
+    /// Waits for the last launch.
+    pub fn wait(&self) -> Result<()> {
+        match &self.device {
+            Device::Cpu(_) => Ok(()),
+            Device::Cuda(cuda) => cuda.synchronize(),
+        }
+    }
+
+    /// A profiling run: the same work, with each kernel timed (CUDA: the dispatches launched one
+    /// by one between events, in order; CPU: the schedule with each kernel's wall time and thread).
+    pub fn profile(&self) -> Result<Vec<KernelTiming>> {
+        match (&self.backend, &self.device) {
+            (Backend::Cpu { kernels, schedule }, Device::Cpu(cpu)) => {
+                let slots: Vec<std::sync::Mutex<Option<(usize, f64, f64)>>> =
+                    (0..self.dispatches.len())
+                        .map(|_| std::sync::Mutex::new(None))
+                        .collect();
+                let t0 = Instant::now();
+                cpu.install(|| {
+                    run_schedule(&self.dispatches, kernels, schedule, Some((&slots, t0)))
+                })?;
+                let mut out = Vec::with_capacity(slots.len());
+                for (i, slot) in slots.into_iter().enumerate() {
+                    let (track, start_us, dur_us) = slot
+                        .into_inner()
+                        .map_err(|_| Error::Backend("profiling lock poisoned".into()))?
+                        .unwrap_or((0, 0.0, 0.0));
+                    out.push(self.timing(i, track, start_us, dur_us));
+                }
+                Ok(out)
+            }
+            (Backend::Cuda(_), Device::Cuda(cuda)) => {
+                let times = crate::backend::cuda::profile_dispatches(cuda, &self.dispatches)?;
+                let mut start = 0.0;
+                Ok(times
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, ms)| {
+                        let us = f64::from(ms) * 1e3;
+                        let t = self.timing(i, 0, start, us);
+                        start += us;
+                        t
+                    })
+                    .collect())
+            }
+            _ => Err(Error::Backend("executable and device disagree".into())),
+        }
+    }
+
+    fn timing(&self, i: usize, track: usize, start_us: f64, dur_us: f64) -> KernelTiming {
+        let d = &self.dispatches[i];
+        KernelTiming {
+            index: i,
+            kernel: d.kernel().0,
+            op: d.op().name(),
+            level: self.level[i],
+            track,
+            start_us,
+            dur_us,
+        }
+    }
+}
+
+type ProfileSlots<'a> = (&'a [std::sync::Mutex<Option<(usize, f64, f64)>>], Instant);
+
+fn run_one(
+    d: &Dispatch,
+    kernel: CpuKernelFn,
+    index: usize,
+    profile: Option<ProfileSlots<'_>>,
+) -> Result<()> {
+    let start = Instant::now();
+    let args = KernelArgs::new(d.kernel(), d.args());
+    let result = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| kernel(&args))) {
+        Ok(r) => r,
+        Err(_) => Err(Error::Kernel {
+            kernel: d.kernel().0,
+            msg: "the kernel panicked (a bug in onepass: please report it)".into(),
+        }),
+    };
+    if let Some((slots, t0)) = profile {
+        let track = rayon::current_thread_index().unwrap_or(0);
+        let begin = (start - t0).as_secs_f64() * 1e6;
+        let dur = start.elapsed().as_secs_f64() * 1e6;
+        if let Ok(mut s) = slots[index].lock() {
+            *s = Some((track, begin, dur));
+        }
+    }
+    result
+}
+
+fn run_schedule(
+    dispatches: &[Dispatch],
+    kernels: &[CpuKernelFn],
+    schedule: &[Vec<usize>],
+    profile: Option<ProfileSlots<'_>>,
+) -> Result<()> {
+    for level in schedule {
+        if let [only] = level.as_slice() {
+            run_one(&dispatches[*only], kernels[*only], *only, profile)?;
+            continue;
+        }
+        // No two dispatches of one level conflict (each conflicting pair is joined by a dependency
+        // path, so their levels differ): they touch overlapping bytes only when all of them only
+        // read, which makes running them on several threads at once sound.
+        let mut results: Vec<Result<()>> = level.iter().map(|_| Ok(())).collect();
+        rayon::scope(|s| {
+            for (slot, &i) in results.iter_mut().zip(level) {
+                s.spawn(move |_| *slot = run_one(&dispatches[i], kernels[i], i, profile));
+            }
+        });
+        results.into_iter().collect::<Result<()>>()?;
+    }
+    Ok(())
+}
+
+/// Checks that every buffer argument lives in a stable allocation on `device`; returns each
+/// referenced allocation once, or an error listing every buffer that is not stable.
+fn check_stable(
+    dispatches: &[Dispatch],
+    stable: &StableSet,
+    device: &Device,
+) -> Result<Vec<Arc<Allocation>>> {
+    let mut seen = BTreeSet::new();
+    let mut allocations = Vec::new();
+    let mut bad: BTreeMap<AllocId, Vec<String>> = BTreeMap::new();
+    for (i, d) in dispatches.iter().enumerate() {
+        for (a, arg) in d.args().iter().enumerate() {
+            let Arg::Buffer(buf, _) = arg else { continue };
+            let id = buf.alloc_id();
+            if !device.owns(buf) {
+                return Err(Error::WrongDevice {
+                    op: d.kernel().0,
+                    arg: "buffer",
+                    got: buf.allocation().location(),
+                    expected: device.name(),
+                });
+            }
+            if !stable.contains(id) {
+                bad.entry(id)
+                    .or_default()
+                    .push(format!("argument {a} of dispatch {i} `{}`", d.kernel().0));
+            } else if seen.insert(id) {
+                allocations.push(buf.allocation().clone());
+            }
+        }
+    }
+    if bad.is_empty() {
+        return Ok(allocations);
+    }
+    let mut report = format!(
+        "instantiate: the graph refers to {} allocation(s) not marked stable; their pointers could \
+         change between steps, so the graph is refused:",
+        bad.len()
+    );
+    for (id, uses) in &bad {
+        let more = if uses.len() > 3 {
+            format!(" and {} more", uses.len() - 3)
+        } else {
+            String::new()
+        };
+        let shown: Vec<&str> = uses.iter().take(3).map(String::as_str).collect();
+        let _ = write!(
+            report,
+            "\n  allocation #{} used as {}{more}",
+            id.0,
+            shown.join(", ")
+        );
+    }
+    Err(Error::InvalidArgument(report))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::{Grid, KernelId, OpKind};
+
+    fn d(device: &Device, reads: &[&Buffer], writes: &[&Buffer]) -> Dispatch {
+        let mut args: Vec<Arg> = reads.iter().map(|b| Arg::read(b)).collect();
+        args.extend(writes.iter().map(|b| Arg::write(b)));
+        let _ = device;
+        Dispatch::new(KernelId("test"), args, Grid::cover(1, 1), OpKind::Add).expect("dispatch")
+    }
+
+    #[test]
+    fn given_a_chain_with_shortcuts_when_reduced_should_keep_only_direct_edges() {
+        let dev = Device::cpu(1).expect("cpu");
+        let a = dev.alloc(crate::DType::F32, &[4]).expect("a");
+        let b = dev.alloc(crate::DType::F32, &[4]).expect("b");
+        let c = dev.alloc(crate::DType::F32, &[4]).expect("c");
+        let e = dev.alloc(crate::DType::F32, &[4]).expect("e");
+        // 0 writes a; 1 reads a writes b; 2 reads a,b writes c (a->c implied via b); 3 writes e.
+        let ds = vec![
+            d(&dev, &[], &[&a]),
+            d(&dev, &[&a], &[&b]),
+            d(&dev, &[&a, &b], &[&c]),
+            d(&dev, &[], &[&e]),
+        ];
+        let preds = reduced_dependencies(&ds);
+        assert_eq!(preds, vec![vec![], vec![0], vec![1], vec![]]);
+        assert_eq!(levels(&preds), vec![0, 1, 2, 0]);
+    }
+
+    #[test]
+    fn given_a_write_after_read_when_reduced_should_order_the_writer_after_the_readers() {
+        let dev = Device::cpu(1).expect("cpu");
+        let a = dev.alloc(crate::DType::F32, &[4]).expect("a");
+        let b = dev.alloc(crate::DType::F32, &[4]).expect("b");
+        let c = dev.alloc(crate::DType::F32, &[4]).expect("c");
+        // Two readers of a (independent), then a writer of a: depends on both readers.
+        let ds = vec![
+            d(&dev, &[&a], &[&b]),
+            d(&dev, &[&a], &[&c]),
+            d(&dev, &[&b, &c], &[&a]),
+        ];
+        assert_eq!(reduced_dependencies(&ds), vec![vec![], vec![], vec![0, 1]]);
+    }
+
+    #[test]
+    fn given_an_unstable_buffer_when_instantiated_should_refuse_naming_it() {
+        let dev = Device::cpu(1).expect("cpu");
+        let a = dev.alloc(crate::DType::F32, &[4]).expect("a");
+        let b = dev.alloc(crate::DType::F32, &[4]).expect("b");
+        let mut g = ComputeGraph::new();
+        g.push(d(&dev, &[&a], &[&b]));
+        let exec = Executor::new(dev.clone());
+        let stable = StableSet::from_named([("a", &a)]);
+        let err = exec
+            .instantiate(&g, &stable)
+            .expect_err("b is not stable")
+            .to_string();
+        assert!(
+            err.contains(&format!("allocation #{}", b.alloc_id().0)),
+            "{err}"
+        );
+        assert!(err.contains("argument 1 of dispatch 0"), "{err}");
+        let both = StableSet::from_named([("a", &a), ("b", &b)]);
+        assert!(
+            exec.instantiate(&g, &both).is_err(),
+            "kernel `test` is unknown on the CPU"
+        );
+    }
+}

@@ -1,0 +1,128 @@
+//! Kernel timelines as Chrome-trace JSON (the "Trace Event" format that Perfetto and
+//! `chrome://tracing` open), and a per-op-kind summary of where a step's time goes.
+//!
+//! One complete event (`"ph": "X"`) per kernel: its name is the kernel, its category the op kind,
+//! its track the CPU pool thread (or the CUDA stream), and its arguments the dispatch index and
+//! its level (concurrent group).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::executable::KernelTiming;
+
+/// One named timeline (a profiled pass) of a trace, as a separate process row in the viewer.
+#[derive(Debug, Clone)]
+pub struct Timeline {
+    /// Name shown for the row ("decode step, graph mode").
+    pub name: String,
+    /// The kernels, as the profiling run timed them.
+    pub kernels: Vec<KernelTiming>,
+}
+
+/// The trace JSON of several timelines.
+pub fn chrome_trace(timelines: &[Timeline]) -> serde_json::Value {
+    let mut events = Vec::new();
+    for (pid, t) in timelines.iter().enumerate() {
+        events.push(serde_json::json!({
+            "name": "process_name", "ph": "M", "pid": pid, "tid": 0,
+            "args": { "name": t.name },
+        }));
+        for k in &t.kernels {
+            events.push(serde_json::json!({
+                "name": k.kernel,
+                "cat": k.op,
+                "ph": "X",
+                "ts": k.start_us,
+                "dur": k.dur_us,
+                "pid": pid,
+                "tid": k.track,
+                "args": { "index": k.index, "op": k.op, "level": k.level },
+            }));
+        }
+    }
+    serde_json::json!({ "traceEvents": events, "displayTimeUnit": "ns" })
+}
+
+/// Writes the trace of `timelines` to `path`.
+pub fn write_chrome_trace(path: &Path, timelines: &[Timeline]) -> Result<()> {
+    let text = serde_json::to_string(&chrome_trace(timelines))
+        .map_err(|e| Error::Backend(format!("serializing the trace: {e}")))?;
+    std::fs::write(path, text).map_err(|e| Error::io(path, e))
+}
+
+/// Time of one op kind in a profiled pass.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct OpTime {
+    /// Op kind name.
+    pub op: &'static str,
+    /// Kernels of that kind.
+    pub count: usize,
+    /// Their summed time in microseconds.
+    pub total_us: f64,
+}
+
+/// Summed kernel time per op kind, largest first.
+pub fn op_summary(kernels: &[KernelTiming]) -> Vec<OpTime> {
+    let mut by_op: BTreeMap<&'static str, (usize, f64)> = BTreeMap::new();
+    for k in kernels {
+        let e = by_op.entry(k.op).or_insert((0, 0.0));
+        e.0 += 1;
+        e.1 += k.dur_us;
+    }
+    let mut v: Vec<OpTime> = by_op
+        .into_iter()
+        .map(|(op, (count, total_us))| OpTime {
+            op,
+            count,
+            total_us,
+        })
+        .collect();
+    v.sort_by(|a, b| b.total_us.total_cmp(&a.total_us).then(a.op.cmp(b.op)));
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn k(index: usize, op: &'static str, start: f64, dur: f64) -> KernelTiming {
+        KernelTiming {
+            index,
+            kernel: "kern",
+            op,
+            level: index,
+            track: index % 2,
+            start_us: start,
+            dur_us: dur,
+        }
+    }
+
+    #[test]
+    fn given_kernels_when_traced_should_emit_one_complete_event_each_with_its_track() {
+        let t = Timeline {
+            name: "step".into(),
+            kernels: vec![k(0, "matmul", 0.0, 5.0), k(1, "add", 5.0, 1.5)],
+        };
+        let v = chrome_trace(&[t]);
+        let events = v["traceEvents"].as_array().expect("array");
+        let slices: Vec<_> = events.iter().filter(|e| e["ph"] == "X").collect();
+        assert_eq!(slices.len(), 2);
+        assert_eq!(slices[1]["cat"], "add");
+        assert_eq!(slices[1]["tid"], 1);
+        assert_eq!(slices[1]["dur"], 1.5);
+        assert_eq!(events[0]["args"]["name"], "step");
+    }
+
+    #[test]
+    fn given_kernels_when_summarized_should_sum_per_op_largest_first() {
+        let s = op_summary(&[
+            k(0, "add", 0.0, 1.0),
+            k(1, "matmul", 1.0, 4.0),
+            k(2, "add", 5.0, 2.0),
+        ]);
+        assert_eq!(s.len(), 2);
+        assert_eq!((s[0].op, s[0].count, s[0].total_us), ("matmul", 1, 4.0));
+        assert_eq!((s[1].op, s[1].count, s[1].total_us), ("add", 2, 3.0));
+    }
+}

@@ -1,0 +1,197 @@
+//! The instantiated decode step (graph mode) against direct mode: the same tokens and bitwise the
+//! same logits over 64 greedy steps, with the KV length crossing a split-attention chunk, on the
+//! CPU (a small Llama written here) and on CUDA (a synthetic SmolLM2-shaped Q4_1 model; skipped
+//! without a device). The graph must be instantiated exactly once for all the steps.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use onepass::model::engine::{Engine, RunMode};
+use onepass::model::gguf::GgufFile;
+use onepass::model::gguf_write::GgufWriter;
+use onepass::model::llama::{Llama, Logits};
+use onepass::{DType, Device, Executor};
+
+const STEPS: usize = 64;
+
+fn temp_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("onepass-replay-{}-{name}", std::process::id()))
+}
+
+/// Seeded values uniform in `±scale` (never all zeros).
+fn values(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+/// A two-layer Llama (hidden 64, 4 query / 2 KV heads of 16, FFN 128, vocabulary 256) with Q4_1
+/// matrices and a Q8_0 embedding, as the default model stores them.
+fn write_small_llama(path: &Path) {
+    let (layers, dim, heads, kv_heads, ffn, vocab) =
+        (2usize, 64usize, 4usize, 2usize, 128usize, 256usize);
+    let hd = dim / heads;
+    let mut w = GgufWriter::new();
+    w.add_str("general.architecture", "llama").unwrap();
+    w.add_u32("llama.context_length", 1024).unwrap();
+    w.add_u32("llama.embedding_length", dim as u32).unwrap();
+    w.add_u32("llama.block_count", layers as u32).unwrap();
+    w.add_u32("llama.feed_forward_length", ffn as u32).unwrap();
+    w.add_u32("llama.attention.head_count", heads as u32)
+        .unwrap();
+    w.add_u32("llama.attention.head_count_kv", kv_heads as u32)
+        .unwrap();
+    w.add_f32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+        .unwrap();
+    w.add_f32("llama.rope.freq_base", 10000.0).unwrap();
+    let mut seed = 1u64;
+    let mut matrix =
+        |w: &mut GgufWriter<'_>, name: &str, rows: usize, cols: usize, dtype: DType| {
+            seed += 1;
+            let v = values(seed, rows * cols, (3.0 / cols as f32).sqrt() * 2.0);
+            let bytes = onepass::quant::quantize(dtype, &v).unwrap();
+            w.add_tensor(name, &[rows, cols], dtype, bytes).unwrap();
+        };
+    matrix(&mut w, "token_embd.weight", vocab, dim, DType::Q8_0);
+    let norm = |seed: u64| -> Vec<u8> {
+        values(seed, dim, 0.5)
+            .iter()
+            .flat_map(|v| (1.0 + v).to_le_bytes())
+            .collect()
+    };
+    for i in 0..layers {
+        let n = |s: &str| format!("blk.{i}.{s}.weight");
+        w.add_tensor(&n("attn_norm"), &[dim], DType::F32, norm(100 + i as u64))
+            .unwrap();
+        matrix(&mut w, &n("attn_q"), heads * hd, dim, DType::Q4_1);
+        matrix(&mut w, &n("attn_k"), kv_heads * hd, dim, DType::Q4_1);
+        matrix(&mut w, &n("attn_v"), kv_heads * hd, dim, DType::Q4_1);
+        matrix(&mut w, &n("attn_output"), dim, heads * hd, DType::Q4_1);
+        w.add_tensor(&n("ffn_norm"), &[dim], DType::F32, norm(200 + i as u64))
+            .unwrap();
+        matrix(&mut w, &n("ffn_gate"), ffn, dim, DType::Q4_1);
+        matrix(&mut w, &n("ffn_up"), ffn, dim, DType::Q4_1);
+        matrix(&mut w, &n("ffn_down"), dim, ffn, DType::Q4_1);
+    }
+    w.add_tensor("output_norm.weight", &[dim], DType::F32, norm(300))
+        .unwrap();
+    w.write_to(path, &mut |_, _| {}).unwrap();
+}
+
+/// Greedy decoding after `prompt`: each step's token and the bits of its logits.
+struct Run {
+    tokens: Vec<u32>,
+    logits: Vec<Vec<u32>>,
+    instantiations: usize,
+}
+
+fn run(file: &Arc<GgufFile>, device: Device, mode: RunMode, prompt: &[u32]) -> Run {
+    let ctx = prompt.len() + STEPS + 1;
+    let llama = Llama::load(file.clone(), &device, ctx, 64).expect("load");
+    let mut engine = Engine::new(llama, Executor::new(device), mode);
+    engine.prefill(prompt, Logits::Last).expect("prefill");
+    let first = engine.logits(1).expect("logits");
+    let mut token = first
+        .iter()
+        .enumerate()
+        .fold(0, |b, (i, v)| if *v > first[b] { i } else { b }) as u32;
+    let mut out = Run {
+        tokens: Vec::new(),
+        logits: Vec::new(),
+        instantiations: 0,
+    };
+    for i in 0..STEPS {
+        let next = engine
+            .decode(token, prompt.len() + i, true)
+            .expect("decode")
+            .expect("greedy token");
+        let logits = engine.logits(1).expect("logits");
+        let host_best = logits
+            .iter()
+            .enumerate()
+            .fold(0, |b, (i, v)| if *v > logits[b] { i } else { b }) as u32;
+        assert_eq!(
+            next, host_best,
+            "{mode:?} step {i}: the device argmax is not the logits' argmax"
+        );
+        out.logits
+            .push(logits.iter().map(|v| v.to_bits()).collect());
+        out.tokens.push(next);
+        token = next;
+    }
+    out.instantiations = engine.decode_instantiations();
+    out
+}
+
+fn check_modes(file: &Arc<GgufFile>, device: &Device, prompt: &[u32]) {
+    let direct = run(file, device.clone(), RunMode::Direct, prompt);
+    assert!(
+        direct.logits.iter().all(|l| l.iter().any(|&b| b != 0)),
+        "direct mode wrote no logits"
+    );
+    for mode in [RunMode::Graph, RunMode::Recorded, RunMode::PerOpSync] {
+        let other = run(file, device.clone(), mode, prompt);
+        assert_eq!(
+            other.tokens, direct.tokens,
+            "{mode:?}: tokens differ from direct mode"
+        );
+        for (i, (a, b)) in other.logits.iter().zip(&direct.logits).enumerate() {
+            let diff = a.iter().zip(b).filter(|(x, y)| x != y).count();
+            assert_eq!(
+                diff, 0,
+                "{mode:?} step {i}: {diff} logits differ bitwise from direct mode"
+            );
+        }
+        let expected = if mode == RunMode::Graph { 1 } else { 0 };
+        assert_eq!(
+            other.instantiations, expected,
+            "{mode:?}: decode step instantiated {} times",
+            other.instantiations
+        );
+    }
+}
+
+#[test]
+fn cpu_graph_replay_matches_direct_mode_bitwise_over_64_steps() {
+    let path = temp_path("small.gguf");
+    write_small_llama(&path);
+    let file = Arc::new(GgufFile::open(&path).expect("open"));
+    // 220 prompt tokens, so the 64 decode steps cross the 256-position attention chunk.
+    let prompt: Vec<u32> = values(7, 220, 1.0)
+        .iter()
+        .map(|v| ((v + 1.0) * 127.0) as u32 % 256)
+        .collect();
+    check_modes(&file, &Device::cpu(2).expect("cpu"), &prompt);
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn cuda_graph_replay_matches_direct_mode_bitwise_over_64_steps() {
+    if !onepass::backend::cuda::driver_present()
+        || onepass::backend::cuda::device_count().unwrap_or(0) == 0
+    {
+        eprintln!("skipped: no CUDA device");
+        return;
+    }
+    let device = Device::cuda(0).expect("cuda device");
+    let path = temp_path("smollm2-q4_1.gguf");
+    let spec = onepass::model::synth::SynthSpec {
+        shape: onepass::model::synth::SynthShape::SmolLm2,
+        quant: DType::Q4_1,
+        seed: 3,
+    };
+    onepass::model::synth::write_synthetic(&spec, None, &path, &mut |_, _| {}).expect("synth");
+    let file = Arc::new(GgufFile::open(&path).expect("open"));
+    let prompt: Vec<u32> = values(9, 220, 1.0)
+        .iter()
+        .map(|v| ((v + 1.0) * 20000.0) as u32 % 49152)
+        .collect();
+    check_modes(&file, &device, &prompt);
+    let _ = std::fs::remove_file(&path);
+}
