@@ -141,7 +141,7 @@ impl GgmlType {
     pub fn bytes_for(self, elems: u64) -> Option<u64> {
         let (_, block_elems, block_bytes) = self.layout()?;
         let (block_elems, block_bytes) = (block_elems as u64, block_bytes as u64);
-        if elems % block_elems != 0 {
+        if !elems.is_multiple_of(block_elems) {
             return None;
         }
         (elems / block_elems).checked_mul(block_bytes)

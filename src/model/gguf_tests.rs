@@ -62,7 +62,7 @@ impl Raw {
         out.extend_from_slice(&self.n_kv.to_le_bytes());
         out.extend_from_slice(&self.kvs);
         out.extend_from_slice(&self.infos);
-        while out.len() % self.alignment != 0 {
+        while !out.len().is_multiple_of(self.alignment) {
             out.push(0);
         }
         out.extend_from_slice(&self.data);
