@@ -173,7 +173,7 @@ impl TensorInfo {
         self.ggml_type.dtype().ok_or_else(|| {
             Error::Unsupported(format!(
                 "tensor `{}` has ggml type {} ({}), which onepass does not support",
-                self.name,
+                printable(&self.name),
                 self.ggml_type.name(),
                 self.ggml_type.0
             ))
@@ -458,8 +458,29 @@ impl GgufFile {
 fn model_err(path: &Path, msg: String) -> Error {
     Error::Model {
         path: path.display().to_string(),
-        msg,
+        msg: printable(&msg),
     }
+}
+
+/// The longest message [`printable`] keeps, in characters.
+const MAX_MESSAGE_CHARS: usize = 2000;
+
+/// `msg` made safe to print as one line: names read from a file can hold newlines, terminal
+/// escapes or megabytes of text, so control characters are escaped and the length is capped.
+fn printable(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len().min(MAX_MESSAGE_CHARS + 8));
+    for (i, c) in msg.chars().enumerate() {
+        if i == MAX_MESSAGE_CHARS {
+            out.push_str("...");
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// What [`parse`] finds in a file.
