@@ -2,18 +2,15 @@
 //! and Q8_0 rows (one 32-value block is two 16-lane vectors, half the shuffles and conversions of
 //! the AVX2 form) and a 12-row micro-kernel over the packed 16-column tile. Other formats use the
 //! AVX2 loops (this CPU has both).
+//!
+//! The AVX-512 intrinsics are stable since Rust 1.89, newer than the crate's declared
+//! `rust-version`; the team's toolchain is newer still, so the lint is allowed here only.
+#![allow(clippy::incompatible_msrv)]
 
 use std::arch::x86_64::*;
 
 use super::{MR, NR};
 use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
-
-/// An IEEE half broadcast to sixteen f32 lanes.
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-#[inline]
-fn splat_half(bits: [u8; 2]) -> __m512 {
-    _mm512_cvtph_ps(_mm256_set1_epi16(i16::from_le_bytes(bits)))
-}
 
 /// Sixteen unsigned bytes as f32 lanes.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
@@ -29,6 +26,28 @@ fn i8x16(v: __m128i) -> __m512 {
     _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v))
 }
 
+/// Blocks whose f16 scales are converted together (one 16-lane conversion).
+const GROUP: usize = 16;
+
+/// Converts the f16 scales `f(block)` of up to [`GROUP`] blocks to f32 in one vector conversion,
+/// so the block loop broadcasts them from memory (a load, not a shuffle-port conversion per
+/// block).
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[inline]
+fn scales_f32<B>(blocks: &[B], f: impl Fn(&B) -> [u8; 2]) -> [f32; GROUP] {
+    let mut bits = [0u16; GROUP];
+    for (o, b) in bits.iter_mut().zip(blocks) {
+        *o = u16::from_le_bytes(f(b));
+    }
+    let mut out = [0f32; GROUP];
+    // SAFETY: both arrays hold 16 elements; unaligned load and store.
+    unsafe {
+        let v = _mm512_cvtph_ps(_mm256_loadu_si256(bits.as_ptr() as *const __m256i));
+        _mm512_storeu_ps(out.as_mut_ptr(), v);
+    }
+    out
+}
+
 /// `sum_b d_b * sum_j x_j q_j + m_b * sum_j x_j` over the Q4_1 blocks of one row.
 ///
 /// # Safety
@@ -38,20 +57,24 @@ pub(super) unsafe fn dot_q4_1(blocks: &[BlockQ4_1], x: &[f32]) -> f32 {
     let mask = _mm_set1_epi8(0x0F);
     let mut acc_d = _mm512_setzero_ps();
     let mut acc_m = _mm512_setzero_ps();
-    for (b, xb) in blocks.iter().zip(x.chunks_exact(QK)) {
-        // SAFETY: `qs` is 16 bytes and `xb` 32 values; unaligned loads.
-        let (q, x0, x1) = unsafe {
-            (
-                _mm_loadu_si128(b.qs.as_ptr() as *const __m128i),
-                _mm512_loadu_ps(xb.as_ptr()),
-                _mm512_loadu_ps(xb.as_ptr().add(16)),
-            )
-        };
-        let lo = u8x16(_mm_and_si128(q, mask));
-        let hi = u8x16(_mm_and_si128(_mm_srli_epi16(q, 4), mask));
-        let p = _mm512_fmadd_ps(hi, x1, _mm512_mul_ps(lo, x0));
-        acc_d = _mm512_fmadd_ps(splat_half(b.d), p, acc_d);
-        acc_m = _mm512_fmadd_ps(splat_half(b.m), _mm512_add_ps(x0, x1), acc_m);
+    for (group, xg) in blocks.chunks(GROUP).zip(x.chunks(GROUP * QK)) {
+        let ds = scales_f32(group, |b| b.d);
+        let ms = scales_f32(group, |b| b.m);
+        for (i, (b, xb)) in group.iter().zip(xg.chunks_exact(QK)).enumerate() {
+            // SAFETY: `qs` is 16 bytes and `xb` 32 values; unaligned loads.
+            let (q, x0, x1) = unsafe {
+                (
+                    _mm_loadu_si128(b.qs.as_ptr() as *const __m128i),
+                    _mm512_loadu_ps(xb.as_ptr()),
+                    _mm512_loadu_ps(xb.as_ptr().add(16)),
+                )
+            };
+            let lo = u8x16(_mm_and_si128(q, mask));
+            let hi = u8x16(_mm_and_si128(_mm_srli_epi16(q, 4), mask));
+            let p = _mm512_fmadd_ps(hi, x1, _mm512_mul_ps(lo, x0));
+            acc_d = _mm512_fmadd_ps(_mm512_set1_ps(ds[i]), p, acc_d);
+            acc_m = _mm512_fmadd_ps(_mm512_set1_ps(ms[i]), _mm512_add_ps(x0, x1), acc_m);
+        }
     }
     _mm512_reduce_add_ps(_mm512_add_ps(acc_d, acc_m))
 }
@@ -65,22 +88,25 @@ pub(super) unsafe fn dot_q4_0(blocks: &[BlockQ4_0], x: &[f32]) -> f32 {
     let mask = _mm_set1_epi8(0x0F);
     let eight = _mm_set1_epi8(8);
     let mut acc = _mm512_setzero_ps();
-    for (b, xb) in blocks.iter().zip(x.chunks_exact(QK)) {
-        // SAFETY: as in `dot_q4_1`.
-        let (q, x0, x1) = unsafe {
-            (
-                _mm_loadu_si128(b.qs.as_ptr() as *const __m128i),
-                _mm512_loadu_ps(xb.as_ptr()),
-                _mm512_loadu_ps(xb.as_ptr().add(16)),
-            )
-        };
-        let lo = i8x16(_mm_sub_epi8(_mm_and_si128(q, mask), eight));
-        let hi = i8x16(_mm_sub_epi8(
-            _mm_and_si128(_mm_srli_epi16(q, 4), mask),
-            eight,
-        ));
-        let p = _mm512_fmadd_ps(hi, x1, _mm512_mul_ps(lo, x0));
-        acc = _mm512_fmadd_ps(splat_half(b.d), p, acc);
+    for (group, xg) in blocks.chunks(GROUP).zip(x.chunks(GROUP * QK)) {
+        let ds = scales_f32(group, |b| b.d);
+        for (i, (b, xb)) in group.iter().zip(xg.chunks_exact(QK)).enumerate() {
+            // SAFETY: as in `dot_q4_1`.
+            let (q, x0, x1) = unsafe {
+                (
+                    _mm_loadu_si128(b.qs.as_ptr() as *const __m128i),
+                    _mm512_loadu_ps(xb.as_ptr()),
+                    _mm512_loadu_ps(xb.as_ptr().add(16)),
+                )
+            };
+            let lo = i8x16(_mm_sub_epi8(_mm_and_si128(q, mask), eight));
+            let hi = i8x16(_mm_sub_epi8(
+                _mm_and_si128(_mm_srli_epi16(q, 4), mask),
+                eight,
+            ));
+            let p = _mm512_fmadd_ps(hi, x1, _mm512_mul_ps(lo, x0));
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(ds[i]), p, acc);
+        }
     }
     _mm512_reduce_add_ps(acc)
 }
@@ -92,18 +118,21 @@ pub(super) unsafe fn dot_q4_0(blocks: &[BlockQ4_0], x: &[f32]) -> f32 {
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 pub(super) unsafe fn dot_q8_0(blocks: &[BlockQ8_0], x: &[f32]) -> f32 {
     let mut acc = _mm512_setzero_ps();
-    for (b, xb) in blocks.iter().zip(x.chunks_exact(QK)) {
-        // SAFETY: `qs` is 32 bytes and `xb` 32 values; unaligned loads.
-        let (q0, q1, x0, x1) = unsafe {
-            (
-                _mm_loadu_si128(b.qs.as_ptr() as *const __m128i),
-                _mm_loadu_si128(b.qs.as_ptr().add(16) as *const __m128i),
-                _mm512_loadu_ps(xb.as_ptr()),
-                _mm512_loadu_ps(xb.as_ptr().add(16)),
-            )
-        };
-        let p = _mm512_fmadd_ps(i8x16(q1), x1, _mm512_mul_ps(i8x16(q0), x0));
-        acc = _mm512_fmadd_ps(splat_half(b.d), p, acc);
+    for (group, xg) in blocks.chunks(GROUP).zip(x.chunks(GROUP * QK)) {
+        let ds = scales_f32(group, |b| b.d);
+        for (i, (b, xb)) in group.iter().zip(xg.chunks_exact(QK)).enumerate() {
+            // SAFETY: `qs` is 32 bytes and `xb` 32 values; unaligned loads.
+            let (q0, q1, x0, x1) = unsafe {
+                (
+                    _mm_loadu_si128(b.qs.as_ptr() as *const __m128i),
+                    _mm_loadu_si128(b.qs.as_ptr().add(16) as *const __m128i),
+                    _mm512_loadu_ps(xb.as_ptr()),
+                    _mm512_loadu_ps(xb.as_ptr().add(16)),
+                )
+            };
+            let p = _mm512_fmadd_ps(i8x16(q1), x1, _mm512_mul_ps(i8x16(q0), x0));
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(ds[i]), p, acc);
+        }
     }
     _mm512_reduce_add_ps(acc)
 }
