@@ -150,7 +150,13 @@ pub fn matmul_affine(
         Arg::u32(group_size as u32),
     ];
     let grid = Grid::cover(n, 128).with_y(rows.min(u32::MAX as usize) as u32);
-    Dispatch::new(KernelId("matmul_affine"), args, grid, OpKind::MatMul)
+    // The scale dtype is in the name: a CUDA kernel sees element counts, not dtypes.
+    let name = if scales.dtype() == DType::F16 {
+        "matmul_affine_f16"
+    } else {
+        "matmul_affine_f32"
+    };
+    Dispatch::new(KernelId(name), args, grid, OpKind::MatMul)
 }
 
 /// The expert-routed product: `out[r, s, :] = W[ids[r, s]] · x[r, :]` with `x` f32 `[rows, k]`,
