@@ -3,6 +3,7 @@
 //! Nothing here knows about a device: every pass is tested on the CPU with synthetic nodes.
 
 mod dispatch;
+pub mod export;
 pub mod passes;
 mod ranges;
 pub mod synthetic;
