@@ -67,7 +67,7 @@ fn bench_shape(c: &mut Criterion, label: &str, layers: usize) {
     group.bench_function("place_barriers", |b| {
         b.iter_batched_ref(
             || fused.clone(),
-            |g| black_box(passes::place_barriers(&mut g)),
+            |g| black_box(passes::place_barriers(g)),
             BatchSize::SmallInput,
         )
     });

@@ -65,7 +65,10 @@ impl ComputeGraph {
 
     /// Number of barrier nodes.
     pub fn barrier_count(&self) -> usize {
-        self.nodes.iter().filter(|n| matches!(n, Node::Barrier)).count()
+        self.nodes
+            .iter()
+            .filter(|n| matches!(n, Node::Barrier))
+            .count()
     }
 
     /// Sizes of the concurrent groups (dispatches between barriers), in order.

@@ -304,7 +304,7 @@ fn given_graph_sizes_when_splitting_should_cut_after_max_64_or_a_tenth() {
 /// reading the norm's inputs and the multiply's other inputs, writing the multiply's output.
 fn norm_mul_intermediate(a: &Dispatch, b: &Dispatch) -> Option<Range> {
     let out = *a.writes().first()?;
-    b.reads().iter().any(|r| *r == out).then_some(out)
+    b.reads().contains(&out).then_some(out)
 }
 
 fn norm_mul_build(a: &Dispatch, b: &Dispatch) -> Result<Dispatch> {
