@@ -160,7 +160,7 @@ fn compare(
         for (i, (a, b)) in w.iter().zip(&g).enumerate() {
             let err = (a - b).abs();
             assert!(
-                err <= atol + rtol * a.abs() && !b.is_nan() || (a.is_nan() && b.is_nan()),
+                a == b || err <= atol + rtol * a.abs() && !b.is_nan() || (a.is_nan() && b.is_nan()),
                 "{what}: tensor {t} ({dt}) element {i}: cuda {b}, cpu {a} (atol {atol}, rtol {rtol})"
             );
             if err > worst.0 {
@@ -616,5 +616,270 @@ fn attention_family() {
                 },
             );
         }
+    }
+}
+
+#[test]
+fn softmax_family() {
+    let Some(dev) = cuda_device() else { return };
+    // (rows, n, mask rows); |x| up to 40 checks the max subtraction; 49152 is a vocabulary row.
+    for (case, &(rows, n, mask_rows)) in [(1usize, 577usize, 1usize), (12, 33, 4), (2, 49_152, 2)]
+        .iter()
+        .enumerate()
+    {
+        let seed = 1100 + case as u64;
+        let x = random_tensor(DType::F32, &[rows, n], 40.0, seed);
+        // About a third of the mask is -inf; mask row 0 entirely (a fully masked row gives zeros).
+        let mut r = rng(seed + 1);
+        let m: Vec<f32> = (0..mask_rows * n)
+            .map(|i| {
+                if i < n || r.random_range(0..3) == 0 {
+                    f32::NEG_INFINITY
+                } else {
+                    r.random_range(-2.0..2.0)
+                }
+            })
+            .collect();
+        let mask = float_tensor(&m, DType::F32, &[mask_rows, n]);
+        let out = [(DType::F32, vec![rows, n])];
+        // exp in another implementation and an f64 sum in another order: a few f32 ulps.
+        let (atol, rtol) = (1e-7, 1e-5);
+        for scale in [1.0f32, 0.125] {
+            let what = format!("softmax rows {rows} n {n} scale {scale}");
+            compare(&what, &dev, &[x.clone()], &out, atol, rtol, &|s, i, o| {
+                s.softmax(&i[0], &o[0], scale, None)
+            });
+            compare(
+                &format!("{what} masked"),
+                &dev,
+                &[x.clone(), mask.clone()],
+                &out,
+                atol,
+                rtol,
+                &|s, i, o| s.softmax(&i[0], &o[0], scale, Some(&i[1])),
+            );
+            compare(
+                &format!("{what} in place"),
+                &dev,
+                &[x.clone()],
+                &[],
+                atol,
+                rtol,
+                &|s, i, _| s.softmax(&i[0], &i[0], scale, None),
+            );
+            compare(
+                &format!("{what} masked in place"),
+                &dev,
+                &[x.clone(), mask.clone()],
+                &[],
+                atol,
+                rtol,
+                &|s, i, _| s.softmax(&i[0], &i[0], scale, Some(&i[1])),
+            );
+        }
+    }
+}
+
+#[test]
+fn matmul_affine_family() {
+    use onepass::quant::{quantize_affine, AffineParams};
+    let Some(dev) = cuda_device() else { return };
+    let (n, k) = (48usize, 512usize);
+    for (j, (bits, group)) in [(4u32, 32usize), (4, 64), (8, 128)].into_iter().enumerate() {
+        let params = AffineParams::new(bits, group).unwrap();
+        let q = quantize_affine(&random_f32(n * k, 1.0, 1200 + j as u64), k, params).unwrap();
+        let w = Host {
+            bytes: bytemuck::cast_slice(&q.packed).to_vec(),
+            dtype: DType::U32,
+            dims: vec![n, params.words_per_row(k)],
+        };
+        let groups = [n, k / group];
+        for sdt in [DType::F32, DType::F16] {
+            let scales = float_tensor(&q.scales, sdt, &groups);
+            let biases = float_tensor(&q.biases, sdt, &groups);
+            for rows in [1usize, 3] {
+                let x = random_tensor(DType::F32, &[rows, k], 1.0, 1210 + rows as u64);
+                // Same dequantized weights (no fused multiply-add on either side); the sums of
+                // 512 products differ in order only.
+                compare(
+                    &format!("matmul_affine bits {bits} group {group} scales {sdt} rows {rows}"),
+                    &dev,
+                    &[x, w.clone(), scales.clone(), biases.clone()],
+                    &[(DType::F32, vec![rows, n])],
+                    2e-4,
+                    1e-4,
+                    &|s, i, o| s.matmul_affine(&i[0], &i[1], &i[2], &i[3], bits, group, &o[0]),
+                );
+            }
+        }
+    }
+}
+
+/// Kernels of the CPU catalog that have no CUDA kernel on purpose. Empty: every op runs on both.
+const CPU_ONLY_KERNELS: &[&str] = &[];
+
+#[test]
+fn every_cpu_kernel_has_a_cuda_kernel() {
+    // Needs no GPU: compares the CPU registry with the names in the CUDA sources.
+    let Device::Cpu(cpu) = Device::cpu(1).unwrap() else {
+        panic!("Device::cpu gave another backend")
+    };
+    let cuda_names = cuda::all_kernel_names();
+    let missing: Vec<&str> = cpu
+        .kernel_names()
+        .into_iter()
+        .filter(|n| !cuda_names.contains(n) && !CPU_ONLY_KERNELS.contains(n))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "CPU kernels without a CUDA kernel: {missing:?}"
+    );
+    assert!(cuda_names.len() >= cpu.kernel_names().len() - CPU_ONLY_KERNELS.len());
+}
+
+/// Runs `op` in a direct session (`recorded`: recorded and optimized) and returns its error.
+fn run_err(
+    dev: &Device,
+    inputs: &[Host],
+    outputs: &[(DType, Vec<usize>)],
+    recorded: bool,
+    op: &OpFn<'_>,
+) -> String {
+    let ins: Vec<Buffer> = inputs
+        .iter()
+        .map(|h| dev.upload_bytes(&h.bytes, h.dtype, &h.dims).unwrap())
+        .collect();
+    let outs: Vec<Buffer> = outputs
+        .iter()
+        .map(|(dt, dims)| dev.alloc(*dt, dims).unwrap())
+        .collect();
+    let mode = if recorded {
+        Mode::Recorded
+    } else {
+        Mode::Direct
+    };
+    let mut s = Executor::new(dev.clone()).begin(mode);
+    let plan = if recorded {
+        Plan::OPTIMIZED
+    } else {
+        Plan::SEQUENTIAL
+    };
+    match op(&mut s, &ins, &outs).and_then(|()| s.finish(&plan)) {
+        Ok(_) => panic!("{}: the bad argument was not reported", dev.name()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn kernel_detected_bad_arguments_are_errors() {
+    use onepass::ops::attention::{attention_decode_scratch_len, AttentionParams};
+    let Some(dev) = cuda_device() else { return };
+    let cpu = Device::cpu(2).unwrap();
+    for recorded in [false, true] {
+        // A token id outside the vocabulary.
+        let (vocab, dim) = (50usize, 64usize);
+        let table = weight_tensor(DType::Q8_0, vocab, dim, 1300);
+        let ids = i32_tensor(&[3, 50, 7], &[3]);
+        let out = [(DType::F32, vec![3, dim])];
+        let emb = |s: &mut Session, i: &[Buffer], o: &[Buffer]| s.embedding(&i[0], &i[1], &o[0]);
+        let e = run_err(&dev, &[table.clone(), ids.clone()], &out, recorded, &emb);
+        eprintln!(
+            "cuda: {e}\ncpu:  {}",
+            run_err(&cpu, &[table.clone(), ids], &out, recorded, &emb)
+        );
+        assert!(
+            e.contains("embedding_q8_0")
+                && e.contains("token id 50 at ids[1]")
+                && e.contains("0..50"),
+            "{e}"
+        );
+        // The record is cleared: a good pass on the same device runs.
+        compare(
+            "embedding after an error",
+            &dev,
+            &[table, i32_tensor(&[3, 49], &[2])],
+            &[(DType::F32, vec![2, dim])],
+            0.0,
+            0.0,
+            &emb,
+        );
+
+        // pos0 outside the cache in kv_write.
+        let (n_kv, hd, max_ctx) = (3usize, 64usize, 40usize);
+        let new = random_tensor(DType::F32, &[2, n_kv * hd], 1.0, 1310);
+        let cache = random_tensor(DType::F16, &[n_kv, max_ctx, hd], 1.0, 1311);
+        let kv = |s: &mut Session, i: &[Buffer], _: &[Buffer]| s.kv_write(&i[0], &i[1], &i[2]);
+        let e = run_err(
+            &dev,
+            &[new.clone(), cache.clone(), i32_tensor(&[39, 0], &[2])],
+            &[],
+            recorded,
+            &kv,
+        );
+        eprintln!("cuda: {e}");
+        assert!(
+            e.contains("kv_write_f32_f16")
+                && e.contains("pos0 39 with 2 rows")
+                && e.contains("40 positions"),
+            "{e}"
+        );
+        let e = run_err(
+            &dev,
+            &[new, cache, i32_tensor(&[-1, 0], &[2])],
+            &[],
+            recorded,
+            &kv,
+        );
+        assert!(
+            e.contains("kv_write_f32_f16") && e.contains("pos0 -1"),
+            "{e}"
+        );
+
+        // pos0 outside the cache in attention (prefill and decode).
+        let params = AttentionParams::new(9, n_kv, hd);
+        let k = random_tensor(DType::F32, &[n_kv, max_ctx, hd], 1.0, 1320);
+        let v = random_tensor(DType::F32, &[n_kv, max_ctx, hd], 1.0, 1321);
+        let q = random_tensor(DType::F32, &[2, 9 * hd], 1.0, 1322);
+        let e = run_err(
+            &dev,
+            &[q, k.clone(), v.clone(), i32_tensor(&[39, 0], &[2])],
+            &[(DType::F32, vec![2, 9 * hd])],
+            recorded,
+            &|s, i, o| s.attention(&i[0], &i[1], &i[2], &i[3], &o[0], params),
+        );
+        eprintln!("cuda: {e}");
+        assert!(e.contains("attention_f32") && e.contains("pos0 39"), "{e}");
+        let q1 = random_tensor(DType::F32, &[1, 9 * hd], 1.0, 1323);
+        let scratch = attention_decode_scratch_len(params, max_ctx, 16).unwrap();
+        let e = run_err(
+            &dev,
+            &[q1, k, v, i32_tensor(&[40, 0], &[2])],
+            &[(DType::F32, vec![scratch]), (DType::F32, vec![1, 9 * hd])],
+            recorded,
+            &|s, i, o| s.attention_decode(&i[0], &i[1], &i[2], &i[3], &o[0], &o[1], params, 16),
+        );
+        eprintln!("cuda: {e}");
+        assert!(
+            e.contains("attention_decode_partial_f32") && e.contains("pos0 40"),
+            "{e}"
+        );
+
+        // An expert id outside 0..experts.
+        let (experts, n, kk) = (4usize, 32usize, 256usize);
+        let mut w = weight_tensor(DType::Q4_0, experts * n, kk, 1330);
+        w.dims = vec![experts, n, kk];
+        let x = random_tensor(DType::F32, &[2, kk], 1.0, 1331);
+        let e = run_err(
+            &dev,
+            &[x, w, i32_tensor(&[0, 1, 2, -3], &[2, 2])],
+            &[(DType::F32, vec![2, 2, n])],
+            recorded,
+            &|s, i, o| s.matmul_id(&i[0], &i[1], &i[2], &o[0]),
+        );
+        eprintln!("cuda: {e}");
+        assert!(
+            e.contains("matmul_id_q4_0") && e.contains("expert id -3 at ids[3]"),
+            "{e}"
+        );
     }
 }

@@ -7,9 +7,12 @@
 //! - Memory is plain device memory (`cuMemAlloc`), never managed memory. Host copies go through
 //!   the device's stream and wait for it, so they are ordered after every launch before them.
 //! - [`CudaEncoder`] launches dispatches into the stream; stream order is the barrier.
+//! - Kernel-detected bad arguments (a token id outside the vocabulary, ...) land in the device's
+//!   error record and come back as errors from [`CudaDevice::synchronize`] (see [`fault`]).
 
 mod cache;
 mod encoder;
+pub mod fault;
 mod graph;
 mod memory;
 pub mod nvrtc;
@@ -149,6 +152,7 @@ pub struct CudaDevice {
     registry: KernelRegistry,
     pool: Arc<ScratchPool>,
     sync_each_launch: AtomicBool,
+    error_record: CudaMemory,
 }
 
 impl CudaDevice {
@@ -174,7 +178,9 @@ impl CudaDevice {
             options.include_dir.as_deref(),
             options.cache_dir.clone(),
         );
-        let registry = KernelRegistry::new(ctx.clone(), compiler);
+        let error_record = CudaMemory::alloc_zeroed(&ctx, fault::RECORD_BYTES)?;
+        let registry =
+            KernelRegistry::new(ctx.clone(), compiler).with_error_record(error_record.device_ptr());
         let pool = ScratchPool::new(ctx.clone());
         Ok(CudaDevice {
             info,
@@ -183,6 +189,7 @@ impl CudaDevice {
             registry,
             pool,
             sync_each_launch: AtomicBool::new(options.sync_each_launch),
+            error_record,
         })
     }
 
@@ -243,9 +250,29 @@ impl CudaDevice {
             .map_err(driver_err("binding the CUDA context"))
     }
 
-    /// Waits until everything in the stream has run; reports asynchronous kernel faults.
+    /// Waits until everything in the stream has run; reports asynchronous kernel faults, and the
+    /// first bad argument a kernel detected since the last call (an [`Error::Kernel`] naming the
+    /// kernel and the value; the error record is cleared).
     pub fn synchronize(&self) -> Result<()> {
-        encoder::sync_stream(self)
+        encoder::sync_stream(self)?;
+        self.take_kernel_error()
+    }
+
+    /// Reads the error record (the stream is idle); a claimed record is cleared and returned.
+    fn take_kernel_error(&self) -> Result<()> {
+        let mut words = [0u32; fault::RECORD_WORDS];
+        let record = self.error_record.device_ptr();
+        // SAFETY: the record is a live allocation of `RECORD_BYTES` bytes in this (current, bound
+        // by `sync_stream`) context, and the stream that kernels write it from is idle.
+        unsafe { result::memcpy_dtoh_sync(&mut words, record) }
+            .map_err(driver_err("reading the kernel error record"))?;
+        let Some(err) = fault::record_error(&words) else {
+            return Ok(());
+        };
+        // SAFETY: as above.
+        unsafe { result::memset_d8_sync(record, 0, fault::RECORD_BYTES) }
+            .map_err(driver_err("clearing the kernel error record"))?;
+        Err(err)
     }
 
     /// A fresh encoder for one pass.

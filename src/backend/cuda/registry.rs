@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
-use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule};
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, DevicePtr};
 
 use super::cache::{cache_key, CubinCache};
 use super::nvrtc::{compile_cubin, compile_options, nvrtc_version, CompileFailure};
@@ -39,6 +39,7 @@ pub const SOURCES: &[KernelSource] = &[
     family("matmul", include_str!("kernels/matmul.cu")),
     family("norm", include_str!("kernels/norm.cu")),
     family("rope", include_str!("kernels/rope.cu")),
+    family("softmax", include_str!("kernels/softmax.cu")),
     family("test", include_str!("kernels/test.cu")),
 ];
 
@@ -240,6 +241,7 @@ pub struct KernelRegistry {
     family_of: HashMap<&'static str, usize>,
     modules: Mutex<HashMap<usize, Arc<CudaModule>>>,
     kernels: RwLock<HashMap<&'static str, Kernel>>,
+    error_record: Option<u64>,
 }
 
 impl KernelRegistry {
@@ -257,7 +259,16 @@ impl KernelRegistry {
             family_of,
             modules: Mutex::new(HashMap::new()),
             kernels: RwLock::new(HashMap::new()),
+            error_record: None,
         }
+    }
+
+    /// Points every module loaded from now on at the device's error record (the address of
+    /// [`super::fault::RECORD_BYTES`] bytes of device memory): kernels record the bad arguments
+    /// they detect there. Without it they return without writing and report nothing.
+    pub fn with_error_record(mut self, address: u64) -> Self {
+        self.error_record = Some(address);
+        self
     }
 
     /// The compiler.
@@ -311,8 +322,36 @@ impl KernelRegistry {
             .ctx
             .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
             .map_err(|e| Error::Cuda(format!("loading the {}.cu cubin: {e}", src.family)))?;
+        if let Some(record) = self.error_record {
+            self.point_at_error_record(&module, record)
+                .map_err(|e| Error::Cuda(format!("{}.cu: {e}", src.family)))?;
+        }
         modules.insert(family, module.clone());
         Ok(module)
+    }
+
+    /// Writes the error record's address into the module's `op_error_word` global (a synchronous
+    /// copy, done once per module when it is loaded).
+    fn point_at_error_record(&self, module: &Arc<CudaModule>, record: u64) -> Result<()> {
+        let stream = self.ctx.default_stream();
+        let global = module
+            .get_global(super::fault::ERROR_WORD_SYMBOL, &stream)
+            .map_err(|e| Error::Cuda(format!("finding `op_error_word`: {e}")))?;
+        let bytes = record.to_le_bytes();
+        if global.len() != bytes.len() {
+            return Err(Error::Cuda(format!(
+                "`op_error_word` has {} bytes, expected a pointer",
+                global.len()
+            )));
+        }
+        let (address, _sync) = global.device_ptr(&stream);
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| Error::Cuda(format!("binding the CUDA context: {e}")))?;
+        // SAFETY: `address` is the module's 8-byte global, alive while `module` is; the copy is
+        // synchronous, so `bytes` outlives it.
+        unsafe { cudarc::driver::result::memcpy_htod_sync(address, &bytes) }
+            .map_err(|e| Error::Cuda(format!("setting `op_error_word`: {e}")))
     }
 
     /// Compiles and loads every family now (instead of at first use).

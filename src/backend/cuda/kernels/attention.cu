@@ -55,18 +55,21 @@ template <typename T>
 __device__ void attention_prefill(const float* q, const T* k, const T* v, const int32_t* step,
                                   float* out, uint32_t n_head, uint32_t n_kv_head, uint32_t hd,
                                   float scale, float softcap, uint64_t n_q, uint64_t n_k,
-                                  uint64_t n_v, uint64_t n_step, uint64_t n_out) {
+                                  uint64_t n_v, uint64_t n_step, uint64_t n_out, uint32_t tag) {
     __shared__ float qs[ATTN_MAX_HD];
     __shared__ float ps[ATTN_MAX_TILE];
     __shared__ float red[32];
-    if (n_head == 0 || n_kv_head == 0 || hd == 0 || hd > ATTN_MAX_HD || n_head % n_kv_head != 0 ||
-        blockDim.x > ATTN_MAX_TILE || hd > ATTN_ACC * blockDim.x || n_step == 0 || n_k != n_v ||
-        n_q != n_out || n_q % ((uint64_t)n_head * hd) != 0 || n_k % ((uint64_t)n_kv_head * hd) != 0)
-        return;
+    OP_REQUIRE(n_head != 0 && n_kv_head != 0 && hd != 0 && hd <= ATTN_MAX_HD &&
+               n_head % n_kv_head == 0 && blockDim.x <= ATTN_MAX_TILE && hd <= ATTN_ACC * blockDim.x &&
+               n_step != 0 && n_k == n_v && n_q == n_out && n_q % ((uint64_t)n_head * hd) == 0 &&
+               n_k % ((uint64_t)n_kv_head * hd) == 0);
     const uint64_t rows = n_q / ((uint64_t)n_head * hd);
     const uint64_t max_ctx = n_k / ((uint64_t)n_kv_head * hd);
     const int64_t pos0 = step[0];
-    if (pos0 < 0 || (uint64_t)pos0 + rows > max_ctx) return;
+    if (pos0 < 0 || (uint64_t)pos0 + rows > max_ctx) {
+        op_fail(tag, OP_ERR_POS0, pos0, max_ctx, rows);
+        return;
+    }
     const uint32_t group = n_head / n_kv_head;
     OP_ROW_LOOP(item, rows * n_head) {
         const uint64_t r = item / n_head;
@@ -94,21 +97,27 @@ __device__ void attention_partial(const float* q, const T* k, const T* v, const 
                                   float* partials, uint32_t n_head, uint32_t n_kv_head, uint32_t hd,
                                   float scale, float softcap, uint32_t chunk_len, uint32_t max_chunks,
                                   uint64_t n_q, uint64_t n_k, uint64_t n_v, uint64_t n_step,
-                                  uint64_t n_partials) {
+                                  uint64_t n_partials, uint32_t tag) {
     __shared__ float qs[ATTN_MAX_HD];
     __shared__ float ps[ATTN_MAX_TILE];
     __shared__ float red[32];
-    if (n_head == 0 || n_kv_head == 0 || hd == 0 || hd > ATTN_MAX_HD || n_head % n_kv_head != 0 ||
-        blockDim.x > ATTN_MAX_TILE || hd > ATTN_ACC * blockDim.x || n_step == 0 || n_k != n_v ||
-        n_q != (uint64_t)n_head * hd || n_k % ((uint64_t)n_kv_head * hd) != 0 || chunk_len == 0 ||
-        n_partials != (uint64_t)max_chunks * n_head * (hd + 2))
-        return;
+    OP_REQUIRE(n_head != 0 && n_kv_head != 0 && hd != 0 && hd <= ATTN_MAX_HD &&
+               n_head % n_kv_head == 0 && blockDim.x <= ATTN_MAX_TILE && hd <= ATTN_ACC * blockDim.x &&
+               n_step != 0 && n_k == n_v && n_q == (uint64_t)n_head * hd &&
+               n_k % ((uint64_t)n_kv_head * hd) == 0 && chunk_len != 0 &&
+               n_partials == (uint64_t)max_chunks * n_head * (hd + 2));
     const uint64_t max_ctx = n_k / ((uint64_t)n_kv_head * hd);
     const int64_t pos0 = step[0];
-    if (pos0 < 0 || (uint64_t)pos0 + 1 > max_ctx) return;
+    if (pos0 < 0 || (uint64_t)pos0 + 1 > max_ctx) {
+        op_fail(tag, OP_ERR_POS0, pos0, max_ctx, 1);
+        return;
+    }
     const uint64_t kv_len = (uint64_t)pos0 + 1;
     const uint64_t chunks = (kv_len + chunk_len - 1) / chunk_len;
-    if (chunks > max_chunks) return;
+    if (chunks > max_chunks) {
+        op_fail(tag, OP_ERR_CHUNKS, (int64_t)kv_len, max_chunks, chunk_len);
+        return;
+    }
     const uint32_t group = n_head / n_kv_head;
     OP_ROW_LOOP(item, chunks * n_head) {
         const uint64_t chunk = item / n_head;
@@ -142,7 +151,7 @@ __device__ void attention_partial(const float* q, const T* k, const T* v, const 
                                     float scale, float softcap, uint64_t n_q, uint64_t n_k,           \
                                     uint64_t n_v, uint64_t n_step, uint64_t n_out) {                  \
         attention_prefill<T>(q, k, v, step, out, n_head, n_kv_head, hd, scale, softcap, n_q, n_k,     \
-                             n_v, n_step, n_out);                                                     \
+                             n_v, n_step, n_out, op_tag(#NAME));                                   \
     }
 #define ATTENTION_PARTIAL_KERNEL(NAME, T)                                                           \
     extern "C" __global__ void NAME(const float* q, const T* k, const T* v, const int32_t* step,      \
@@ -151,7 +160,8 @@ __device__ void attention_partial(const float* q, const T* k, const T* v, const 
                                     uint32_t max_chunks, uint64_t n_q, uint64_t n_k, uint64_t n_v,    \
                                     uint64_t n_step, uint64_t n_partials) {                           \
         attention_partial<T>(q, k, v, step, partials, n_head, n_kv_head, hd, scale, softcap,          \
-                             chunk_len, max_chunks, n_q, n_k, n_v, n_step, n_partials);               \
+                             chunk_len, max_chunks, n_q, n_k, n_v, n_step, n_partials,                \
+                             op_tag(#NAME));                                                          \
     }
 
 ATTENTION_KERNEL(attention_f32, float)
@@ -164,11 +174,15 @@ extern "C" __global__ void attention_decode_combine(const float* partials, const
                                                     uint32_t chunk_len, uint32_t max_chunks,
                                                     uint64_t n_partials, uint64_t n_step,
                                                     uint64_t n_out) {
-    if (n_head == 0 || hd == 0 || chunk_len == 0 || n_step == 0 || n_out != (uint64_t)n_head * hd ||
-        n_partials != (uint64_t)max_chunks * n_head * (hd + 2))
-        return;
+    const uint32_t tag = op_tag("attention_decode_combine");
+    OP_REQUIRE(n_head != 0 && hd != 0 && chunk_len != 0 && n_step != 0 &&
+               n_out == (uint64_t)n_head * hd &&
+               n_partials == (uint64_t)max_chunks * n_head * (hd + 2));
     const int64_t pos0 = step[0];
-    if (pos0 < 0 || (uint64_t)pos0 + 1 > (uint64_t)max_chunks * chunk_len) return;
+    if (pos0 < 0 || (uint64_t)pos0 + 1 > (uint64_t)max_chunks * chunk_len) {
+        op_fail(tag, OP_ERR_CHUNKS, pos0 + 1, max_chunks, chunk_len);
+        return;
+    }
     const uint64_t chunks = ((uint64_t)pos0 + chunk_len) / chunk_len;
     const uint32_t rec = hd + 2;
     OP_ROW_LOOP(h, n_head) {

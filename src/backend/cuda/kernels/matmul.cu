@@ -1,9 +1,11 @@
 // The `matmul` family: y[r, o] = sum_i x[r, i] * W[o, i], f32 activations, weights in f32, f16,
 // bf16 or GGML block formats (dequantized on the fly), and the expert-routed form. Same arguments
-// as the CPU kernels (src/backend/cpu/kernels/matmul.rs); `matmul_affine` (MLX) is not here yet:
+// as the CPU kernels (src/backend/cpu/kernels/matmul.rs):
 //   matmul_<w>:    x, w, out, rows, k, n
 //   matmul_id_<w>: x, w [experts, n, k], ids i32 [rows, slots], out [rows, slots, n], rows, k, n,
-//                  slots, experts
+//                  slots, experts (an id outside 0..experts is a kernel error)
+//   matmul_affine_<s>: x, w u32 [n, k * bits / 32], scales and biases of dtype <s> [n, k / group],
+//                  out, rows, k, n, bits, group (MLX affine: W[o, i] = scale * q + bias)
 // One warp per output value (grid-stride over warps); lanes split k, sums in f32. Correct first:
 // the fast kernels come with the performance issue.
 
@@ -23,9 +25,9 @@ __device__ __forceinline__ uint64_t mm_warp_count() {
 
 template <int FMT>
 __device__ void matmul(const float* x, const uint8_t* w, float* out, uint32_t rows, uint32_t k,
-                       uint32_t n, uint64_t n_x, uint64_t n_w, uint64_t n_out) {
-    if (k % op_block_elems(FMT) != 0 || n_x != (uint64_t)rows * k || n_out != (uint64_t)rows * n)
-        return;
+                       uint32_t n, uint64_t n_x, uint64_t n_w, uint64_t n_out, uint32_t tag) {
+    OP_REQUIRE(k % op_block_elems(FMT) == 0 && n_x == (uint64_t)rows * k &&
+               n_out == (uint64_t)rows * n);
     const uint64_t row_bytes = op_row_bytes(FMT, k);
     const int lane = threadIdx.x & 31;
     for (uint64_t t = mm_warp_id(); t < (uint64_t)rows * n; t += mm_warp_count()) {
@@ -38,16 +40,18 @@ __device__ void matmul(const float* x, const uint8_t* w, float* out, uint32_t ro
 template <int FMT>
 __device__ void matmul_id(const float* x, const uint8_t* w, const int32_t* ids, float* out,
                           uint32_t rows, uint32_t k, uint32_t n, uint32_t slots, uint32_t experts,
-                          uint64_t n_x, uint64_t n_ids, uint64_t n_out) {
-    if (k % op_block_elems(FMT) != 0 || n_x != (uint64_t)rows * k ||
-        n_ids != (uint64_t)rows * slots || n_out != (uint64_t)rows * slots * n)
-        return;
+                          uint64_t n_x, uint64_t n_ids, uint64_t n_out, uint32_t tag) {
+    OP_REQUIRE(k % op_block_elems(FMT) == 0 && n_x == (uint64_t)rows * k &&
+               n_ids == (uint64_t)rows * slots && n_out == (uint64_t)rows * slots * n);
     const uint64_t row_bytes = op_row_bytes(FMT, k);
     const int lane = threadIdx.x & 31;
     for (uint64_t t = mm_warp_id(); t < n_out; t += mm_warp_count()) {
         const uint64_t pair = t / n, o = t % n, r = pair / slots;
         const int32_t e = ids[pair];
-        if (e < 0 || (uint32_t)e >= experts) continue;
+        if (e < 0 || (uint32_t)e >= experts) {
+            if (o == 0 && lane == 0) op_fail(tag, OP_ERR_EXPERT_ID, e, experts, pair);
+            continue;
+        }
         const uint8_t* wrow = w + ((uint64_t)e * n + o) * row_bytes;
         float v = mm_dot<FMT>(x + r * k, wrow, k, lane);
         if (lane == 0) out[t] = v;
@@ -58,14 +62,15 @@ __device__ void matmul_id(const float* x, const uint8_t* w, const int32_t* ids, 
     extern "C" __global__ void NAME(const float* x, const uint8_t* w, float* out, uint32_t rows,      \
                                     uint32_t k, uint32_t n, uint64_t n_x, uint64_t n_w,               \
                                     uint64_t n_out) {                                                 \
-        matmul<FMT>(x, w, out, rows, k, n, n_x, n_w, n_out);                                          \
+        matmul<FMT>(x, w, out, rows, k, n, n_x, n_w, n_out, op_tag(#NAME));                        \
     }
 #define MATMUL_ID_KERNEL(NAME, FMT)                                                                 \
     extern "C" __global__ void NAME(const float* x, const uint8_t* w, const int32_t* ids, float* out, \
                                     uint32_t rows, uint32_t k, uint32_t n, uint32_t slots,            \
                                     uint32_t experts, uint64_t n_x, uint64_t n_w, uint64_t n_ids,     \
                                     uint64_t n_out) {                                                 \
-        matmul_id<FMT>(x, w, ids, out, rows, k, n, slots, experts, n_x, n_ids, n_out);                \
+        matmul_id<FMT>(x, w, ids, out, rows, k, n, slots, experts, n_x, n_ids, n_out,                 \
+                       op_tag(#NAME));                                                                \
     }
 
 MATMUL_KERNEL(matmul_f32, OP_FMT_F32)
@@ -84,3 +89,48 @@ MATMUL_ID_KERNEL(matmul_id_q4_1, OP_FMT_Q4_1)
 MATMUL_ID_KERNEL(matmul_id_q8_0, OP_FMT_Q8_0)
 MATMUL_ID_KERNEL(matmul_id_q4_k, OP_FMT_Q4_K)
 MATMUL_ID_KERNEL(matmul_id_q6_k, OP_FMT_Q6_K)
+
+// MLX affine weights: value i of row o is scale[g] * q + bias[g] with g = i / group and q the
+// i-th `bits`-bit field of the row's u32 words, lowest bits first (the CPU's operation order).
+template <typename S>
+__device__ void matmul_affine(const float* x, const uint32_t* w, const S* scales, const S* biases,
+                              float* out, uint32_t rows, uint32_t k, uint32_t n, uint32_t bits,
+                              uint32_t group, uint64_t n_x, uint64_t n_w, uint64_t n_scales,
+                              uint64_t n_biases, uint64_t n_out, uint32_t tag) {
+    OP_REQUIRE((bits == 4 || bits == 8) && (group == 32 || group == 64 || group == 128));
+    OP_REQUIRE(k != 0 && k % group == 0 && n_x == (uint64_t)rows * k &&
+               n_out == (uint64_t)rows * n);
+    const uint32_t per_word = 32 / bits, words = k / per_word, groups = k / group;
+    OP_REQUIRE(n_w == (uint64_t)n * words && n_scales == (uint64_t)n * groups &&
+               n_biases == n_scales);
+    const uint32_t mask = (1u << bits) - 1u;
+    const int lane = threadIdx.x & 31;
+    for (uint64_t t = mm_warp_id(); t < (uint64_t)rows * n; t += mm_warp_count()) {
+        const uint64_t r = t / n, o = t % n;
+        const float* xr = x + r * k;
+        const uint32_t* wr = w + o * words;
+        const S* sr = scales + o * groups;
+        const S* br = biases + o * groups;
+        float acc = 0.0f;
+        for (uint32_t i = lane; i < k; i += 32) {
+            const uint32_t q = (wr[i / per_word] >> (bits * (i % per_word))) & mask;
+            const float v = op_load(sr, i / group) * (float)q + op_load(br, i / group);
+            acc += xr[i] * v;
+        }
+        acc = op_warp_sum(acc);
+        if (lane == 0) out[t] = acc;
+    }
+}
+
+#define MATMUL_AFFINE_KERNEL(NAME, S)                                                               \
+    extern "C" __global__ void NAME(const float* x, const uint32_t* w, const S* scales,              \
+                                    const S* biases, float* out, uint32_t rows, uint32_t k,           \
+                                    uint32_t n, uint32_t bits, uint32_t group, uint64_t n_x,          \
+                                    uint64_t n_w, uint64_t n_scales, uint64_t n_biases,               \
+                                    uint64_t n_out) {                                                 \
+        matmul_affine<S>(x, w, scales, biases, out, rows, k, n, bits, group, n_x, n_w, n_scales,      \
+                         n_biases, n_out, op_tag(#NAME));                                             \
+    }
+
+MATMUL_AFFINE_KERNEL(matmul_affine_f32, float)
+MATMUL_AFFINE_KERNEL(matmul_affine_f16, __half)

@@ -168,3 +168,49 @@ __device__ __forceinline__ float op_weight(const uint8_t* row, uint32_t i) {
     const float sc = (float)(int8_t)p[192 + j / 16];
     return op_half_bits(p + 208) * sc * (float)((int)q - 32);
 }
+
+// ---- Kernel-detected errors (a bad token id, a position outside the cache, ...). ----
+// The host points `op_error_word` at the device's error record when it loads a module; a kernel
+// that finds a bad argument records it and returns, and the host turns the record into an error
+// after the stream is synchronized. The first error wins (atomicCAS on word 0). Record, as u32
+// words: [0] the kernel's tag, [1] the check's code, [2..3] value (i64), [4..5] bound (u64),
+// [6..7] index (u64). Codes and messages are mirrored in src/backend/cuda/fault.rs.
+__device__ uint32_t* op_error_word;
+
+#define OP_ERR_SHAPE 1     // value: the line of the failed size check in the family's source
+#define OP_ERR_TOKEN_ID 2  // value: the id, bound: vocab, index: its position in ids
+#define OP_ERR_EXPERT_ID 3 // value: the id, bound: experts, index: its position in ids
+#define OP_ERR_POS0 4      // value: pos0, bound: positions of the cache, index: rows written
+#define OP_ERR_CHUNKS 5    // value: KV length, bound: chunks the scratch holds, index: chunk_len
+
+// The kernel's tag: FNV-1a (32-bit) of its name, as the host computes it.
+__host__ __device__ constexpr uint32_t op_tag(const char* name) {
+    uint32_t h = 2166136261u;
+    for (int i = 0; name[i] != 0; i++) h = (h ^ (uint8_t)name[i]) * 16777619u;
+    return h;
+}
+
+// Records an error unless one is already recorded.
+__device__ __noinline__ void op_fail(uint32_t tag, uint32_t code, int64_t value, uint64_t bound,
+                                     uint64_t index) {
+    uint32_t* w = op_error_word;
+    if (w == nullptr || *(volatile uint32_t*)w != 0) return;
+    if (atomicCAS(w, 0u, tag) != 0u) return;
+    w[1] = code;
+    w[2] = (uint32_t)((uint64_t)value & 0xffffffffu);
+    w[3] = (uint32_t)((uint64_t)value >> 32);
+    w[4] = (uint32_t)(bound & 0xffffffffu);
+    w[5] = (uint32_t)(bound >> 32);
+    w[6] = (uint32_t)(index & 0xffffffffu);
+    w[7] = (uint32_t)(index >> 32);
+}
+
+// In a kernel with a `uint32_t tag` in scope: returns after recording a size mismatch when
+// `cond` does not hold.
+#define OP_REQUIRE(cond)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            op_fail(tag, OP_ERR_SHAPE, __LINE__, 0, 0);                                            \
+            return;                                                                                \
+        }                                                                                          \
+    } while (0)

@@ -1,0 +1,120 @@
+//! End to end on CUDA: a synthetic SmolLM2-shaped model (random Q4_1 weights, written through
+//! `onepass::model::synth`) decoded greedily for 32 steps on the CUDA backend and on the CPU
+//! backend; the tokens must agree step for step, and the last position's logits within a stated
+//! tolerance. A divergence reports the step and the CPU's top-2 logit gap there (a tiny gap means
+//! a near-tie that rounding may flip; a large one a real bug). Skips with a visible message where
+//! there is no CUDA device.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use onepass::model::engine::{Engine, RunMode};
+use onepass::model::gguf::GgufFile;
+use onepass::model::llama::{Llama, Logits};
+use onepass::model::synth::{write_synthetic, SynthShape, SynthSpec};
+use onepass::{DType, Device, Executor};
+
+const STEPS: usize = 32;
+const PROMPT: [u32; 8] = [1, 504, 3000, 12_000, 777, 49_000, 25, 9];
+
+/// Logits tolerance, CUDA against the CPU: `|cuda - cpu| <= ATOL + RTOL * max |cpu|`. Both sum in
+/// f32 in different orders through 30 layers; the logits are O(10).
+const ATOL: f32 = 2e-3;
+const RTOL: f32 = 2e-3;
+
+fn argmax(v: &[f32]) -> usize {
+    v.iter()
+        .enumerate()
+        .fold(0, |b, (i, x)| if *x > v[b] { i } else { b })
+}
+
+/// The gap between the largest and the second largest value.
+fn top2_gap(v: &[f32]) -> f32 {
+    let best = argmax(v);
+    let second = v
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != best)
+        .map(|(_, x)| *x)
+        .fold(f32::NEG_INFINITY, f32::max);
+    v[best] - second
+}
+
+/// Prefill, then `STEPS` greedy steps: the tokens and every step's logits.
+fn greedy(file: &Arc<GgufFile>, device: Device, mode: RunMode) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let llama = Llama::load(file.clone(), &device, PROMPT.len() + STEPS + 1, 64).expect("load");
+    let mut engine = Engine::new(llama, Executor::new(device), mode);
+    engine.prefill(&PROMPT, Logits::Last).expect("prefill");
+    let first = engine.logits(1).expect("logits");
+    let mut token = argmax(&first) as u32;
+    let (mut tokens, mut logits) = (vec![token], vec![first]);
+    for i in 0..STEPS - 1 {
+        token = engine
+            .decode(token, PROMPT.len() + i, true)
+            .expect("decode")
+            .expect("greedy token");
+        tokens.push(token);
+        logits.push(engine.logits(1).expect("logits"));
+    }
+    (tokens, logits)
+}
+
+fn temp_model() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("onepass-cuda-e2e-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir.join("smollm2-q4_1.gguf")
+}
+
+#[test]
+fn cuda_greedy_matches_cpu_for_32_steps() {
+    if !onepass::backend::cuda::driver_present()
+        || onepass::backend::cuda::device_count().unwrap_or(0) == 0
+    {
+        eprintln!("skipping: no CUDA device");
+        return;
+    }
+    let path = temp_model();
+    let spec = SynthSpec {
+        shape: SynthShape::SmolLm2,
+        quant: DType::Q4_1,
+        seed: 0,
+    };
+    write_synthetic(&spec, None, &path, &mut |_, _| {}).expect("synth");
+    let file = Arc::new(GgufFile::open(&path).expect("open"));
+    let cuda = Device::cuda(0).expect("a CUDA device is present, opening it must work");
+    let (cpu_tokens, cpu_logits) = greedy(&file, Device::cpu(8).expect("cpu"), RunMode::Direct);
+    for mode in [RunMode::Direct, RunMode::Graph] {
+        let (tokens, logits) = greedy(&file, cuda.clone(), mode);
+        eprintln!("{mode:?}: cuda {tokens:?}\n        cpu  {cpu_tokens:?}");
+        if let Some(step) = (0..STEPS).find(|&i| tokens[i] != cpu_tokens[i]) {
+            panic!(
+                "{mode:?}: CUDA diverges from the CPU at step {step}: token {} vs {}; the CPU's \
+                 top-2 logit gap there is {:.3e}, CUDA's {:.3e}",
+                tokens[step],
+                cpu_tokens[step],
+                top2_gap(&cpu_logits[step]),
+                top2_gap(&logits[step])
+            );
+        }
+        let min_gap = cpu_logits
+            .iter()
+            .map(|l| top2_gap(l))
+            .fold(f32::INFINITY, f32::min);
+        let (got, want) = (&logits[STEPS - 1], &cpu_logits[STEPS - 1]);
+        let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let worst = got
+            .iter()
+            .zip(want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        eprintln!(
+            "{mode:?}: 32 tokens agree; smallest CPU top-2 gap {min_gap:.3e}; last logits: max \
+             |cuda - cpu| {worst:.3e}, max |cpu| {scale:.3}"
+        );
+        assert!(
+            worst <= ATOL + RTOL * scale,
+            "{mode:?}: last-position logits differ by {worst:.3e} (> {ATOL} + {RTOL} x {scale})"
+        );
+    }
+    let _ = std::fs::remove_file(&path);
+}
