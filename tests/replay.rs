@@ -195,3 +195,49 @@ fn cuda_graph_replay_matches_direct_mode_bitwise_over_64_steps() {
     check_modes(&file, &device, &prompt);
     let _ = std::fs::remove_file(&path);
 }
+
+#[test]
+fn cpu_profiled_step_times_every_kernel_and_traces_them() {
+    let path = temp_path("small-profile.gguf");
+    write_small_llama(&path);
+    let file = Arc::new(GgufFile::open(&path).expect("open"));
+    let device = Device::cpu(2).expect("cpu");
+    let llama = Llama::load(file, &device, 64, 16).expect("load");
+    let mut engine = Engine::new(llama, Executor::new(device), RunMode::Graph);
+    engine.prefill(&[1, 2, 3], Logits::Last).expect("prefill");
+    engine.decode(4, 3, true).expect("decode");
+    let kernels = engine.profile_decode(5, 4, true).expect("profile");
+    assert_eq!(kernels.len(), engine.last_pass().kernels);
+    assert!(
+        kernels.iter().all(|k| k.dur_us > 0.0),
+        "a kernel has no time"
+    );
+    assert!(kernels.iter().any(|k| k.op == "matmul") && kernels.iter().any(|k| k.op == "argmax"));
+    let levels = kernels.iter().map(|k| k.level).max().expect("levels") + 1;
+    assert_eq!(
+        levels - 1,
+        engine.last_pass().edges_or_barriers,
+        "CPU graph mode reports its barriers"
+    );
+    assert!(
+        levels < kernels.len(),
+        "no two kernels of the step could run together"
+    );
+    let trace = temp_path("trace.json");
+    let timeline = onepass::trace::Timeline {
+        name: "step".into(),
+        kernels,
+    };
+    onepass::trace::write_chrome_trace(&trace, &[timeline]).expect("trace");
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&trace).expect("read")).expect("json");
+    let slices = v["traceEvents"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .count();
+    assert_eq!(slices, engine.last_pass().kernels);
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&trace);
+}

@@ -1,17 +1,32 @@
-//! `onepass bench`: prefill and decode speed, median and spread over repeats.
+//! `onepass bench`: prefill and decode speed of one or several execution modes, side by side,
+//! on a model file or on a synthetic model of a known shape made on the fly.
 
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
+use anyhow::Context;
 use clap::Args;
-use onepass::model::llama::Logits;
+use onepass::model::engine::{Engine, RunMode};
+use onepass::model::gguf::GgufFile;
+use onepass::model::llama::{Llama, Logits};
+use onepass::model::synth::{write_synthetic, SynthShape, SynthSpec};
+use onepass::trace::{op_summary, write_chrome_trace, Timeline};
+use onepass::{DType, Executor};
 
-use super::common::{load, ModelArgs, RunArgs};
+use super::common::{open_model, ModelArgs, RunArgs};
 
 /// Flags of `bench`.
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    /// Instead of `--model`, a synthetic Q4_1 model of this shape, written to a temporary file.
+    #[arg(long, value_enum)]
+    pub like: Option<SynthShape>,
+    /// Modes to measure, comma-separated (default: the `--mode` flag's).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub modes: Vec<RunMode>,
     /// Decode steps per repeat.
     #[arg(short = 'n', long = "decode", default_value_t = 128)]
     pub decode: usize,
@@ -21,15 +36,18 @@ pub struct BenchArgs {
     /// Measured repeats (after one warm-up that is not counted).
     #[arg(long, default_value_t = 5)]
     pub repeat: usize,
-    /// Print the results as JSON.
+    /// Print the results as a JSON list (one object per mode).
     #[arg(long)]
     pub json: bool,
+    /// Write a Chrome-trace JSON (Perfetto) of one profiled decode step per mode.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
     #[command(flatten)]
     pub run: RunArgs,
 }
 
 /// Median, minimum and maximum of a sample.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 struct Spread {
     median: f64,
     min: f64,
@@ -37,10 +55,67 @@ struct Spread {
 }
 
 fn spread(mut v: Vec<f64>) -> Spread {
+    if v.is_empty() {
+        return Spread::default();
+    }
     v.sort_by(f64::total_cmp);
     let n = v.len();
-    let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
-    Spread { median, min: v[0], max: v[n - 1] }
+    let median = if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    };
+    Spread {
+        median,
+        min: v[0],
+        max: v[n - 1],
+    }
+}
+
+/// One mode's figures.
+#[derive(Debug, Clone, serde::Serialize)]
+struct ModeResult {
+    mode: &'static str,
+    decode_tok_s: f64,
+    decode_tok_s_spread: Spread,
+    prefill_tok_s: f64,
+    prefill_tok_s_spread: Spread,
+    kernels_per_token: usize,
+    edges_or_barriers_per_token: usize,
+    /// Device time of one decode step (CUDA events; wall time on the CPU), median, microseconds.
+    gpu_us_per_token: f64,
+}
+
+/// A synthetic model in a temporary directory, removed on drop.
+struct TempModel {
+    dir: PathBuf,
+    path: PathBuf,
+}
+
+impl TempModel {
+    fn write(shape: SynthShape) -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join(format!("onepass-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let path = dir.join("synthetic.gguf");
+        let spec = SynthSpec {
+            shape,
+            quant: DType::Q4_1,
+            seed: 0,
+        };
+        let t = Instant::now();
+        write_synthetic(&spec, None, &path, &mut |_, _| {})?;
+        eprintln!(
+            "wrote a synthetic {shape:?} Q4_1 model in {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+        Ok(TempModel { dir, path })
+    }
+}
+
+impl Drop for TempModel {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// Runs `bench`.
@@ -48,70 +123,158 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.repeat == 0 || args.prompt == 0 {
         anyhow::bail!("--repeat and --prompt must be at least 1");
     }
+    let modes = if args.modes.is_empty() {
+        vec![args.run.mode]
+    } else {
+        args.modes.clone()
+    };
     let mut run = args.run.clone();
-    run.ctx = run.ctx.max(args.prompt + args.decode + 1);
-    let mut loaded = load(&args.model, &run)?;
-    let engine = &mut loaded.engine;
-    let vocab = engine.llama().config().vocab as u64;
-    // Seeded pseudo-random prompt tokens (speed does not depend on which tokens).
+    run.ctx = run.ctx.max(args.prompt + args.decode + 2);
+    let temp = args.like.map(TempModel::write).transpose()?;
+    let (file, model_name) = match &temp {
+        Some(t) => (
+            Arc::new(GgufFile::open(&t.path)?),
+            format!("synthetic {:?} Q4_1", args.like),
+        ),
+        None => (open_model(&args.model.model)?, args.model.model.clone()),
+    };
+    let device = run.device()?;
+    let llama = Llama::load(file, &device, run.ctx, run.batch)?;
+    let executor = Executor::new(device.clone()).with_config(run.config());
+    let mut engine = Engine::new(llama, executor, modes[0]);
+    let prompt = pseudo_random_prompt(args.prompt, engine.llama().config().vocab as u64);
+
+    let mut results = Vec::new();
+    let mut timelines = Vec::new();
+    for &mode in &modes {
+        engine.set_mode(mode);
+        results.push(measure(&mut engine, &prompt, &args)?);
+        if args.trace.is_some() || mode == *modes.last().unwrap_or(&mode) {
+            let pos = prompt.len();
+            let kernels = engine.profile_decode(prompt[pos - 1], pos, true)?;
+            timelines.push(Timeline {
+                name: format!("decode step, {} mode", mode.name()),
+                kernels,
+            });
+        }
+    }
+    if let Some(path) = &args.trace {
+        write_chrome_trace(path, &timelines)?;
+        eprintln!(
+            "wrote the trace of {} profiled decode step(s) to {}",
+            timelines.len(),
+            path.display()
+        );
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&results)?);
+        return Ok(());
+    }
+    println!(
+        "model {model_name}  device {}  prompt {}  decode {}  repeats {}",
+        device.name(),
+        args.prompt,
+        args.decode,
+        args.repeat
+    );
+    println!(
+        "{:<12} {:>12} {:>19} {:>12} {:>9} {:>15} {:>12}",
+        "mode",
+        "decode tok/s",
+        "(min..max)",
+        "prefill t/s",
+        "kernels",
+        "edges/barriers",
+        "device us/tok"
+    );
+    for r in &results {
+        println!(
+            "{:<12} {:>12.1} {:>19} {:>12.1} {:>9} {:>15} {:>12.1}",
+            r.mode,
+            r.decode_tok_s,
+            format!(
+                "({:.1}..{:.1})",
+                r.decode_tok_s_spread.min, r.decode_tok_s_spread.max
+            ),
+            r.prefill_tok_s,
+            r.kernels_per_token,
+            r.edges_or_barriers_per_token,
+            r.gpu_us_per_token
+        );
+    }
+    if let Some(t) = timelines.last() {
+        let total: f64 = t.kernels.iter().map(|k| k.dur_us).sum();
+        println!("\nper-op time of one profiled decode step ({}; kernels timed one by one): {total:.1} us", t.name);
+        for op in op_summary(&t.kernels) {
+            println!(
+                "  {:<14} {:>5} kernels {:>10.1} us {:>6.1}%",
+                op.op,
+                op.count,
+                op.total_us,
+                100.0 * op.total_us / total.max(1e-9)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Seeded pseudo-random prompt tokens (speed does not depend on which tokens).
+fn pseudo_random_prompt(n: usize, vocab: u64) -> Vec<u32> {
     let mut state = 0x1234_5678_9abc_def0u64;
-    let prompt: Vec<u32> = (0..args.prompt)
+    (0..n)
         .map(|_| {
             state ^= state << 13;
             state ^= state >> 7;
             state ^= state << 17;
             (state % vocab) as u32
         })
-        .collect();
+        .collect()
+}
+
+/// Warm-up plus `repeat` measured rounds of prefill then greedy decode, then one round of decode
+/// steps with device timing.
+fn measure(engine: &mut Engine, prompt: &[u32], args: &BenchArgs) -> anyhow::Result<ModeResult> {
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
+    let mut pass = onepass::model::engine::PassStats::default();
+    let decode_round = |engine: &mut Engine| -> anyhow::Result<f64> {
+        let mut token = prompt[prompt.len() - 1];
+        let t = Instant::now();
+        for i in 0..args.decode {
+            token = engine
+                .decode(token, prompt.len() + i, true)?
+                .unwrap_or(token);
+        }
+        Ok(t.elapsed().as_secs_f64())
+    };
     for rep in 0..=args.repeat {
         let t0 = Instant::now();
-        engine.prefill(&prompt, Logits::Last)?;
+        engine.prefill(prompt, Logits::Last)?;
         let p = t0.elapsed().as_secs_f64();
-        let mut token = prompt[prompt.len() - 1];
-        let t1 = Instant::now();
-        for i in 0..args.decode {
-            token = engine.decode(token, prompt.len() + i, true)?.unwrap_or(token);
+        let d = decode_round(engine)?;
+        if args.decode > 0 {
+            pass = engine.last_pass();
         }
-        let d = t1.elapsed().as_secs_f64();
         if rep > 0 {
-            prefill.push(args.prompt as f64 / p);
+            prefill.push(prompt.len() as f64 / p);
             if args.decode > 0 {
                 decode.push(args.decode as f64 / d);
             }
         }
     }
-    let prefill = spread(prefill);
-    let decode = if decode.is_empty() { None } else { Some(spread(decode)) };
-    let device = engine.llama().device().name();
-    let mode = engine.mode().name();
-    if args.json {
-        let obj = serde_json::json!({
-            "model": args.model.model,
-            "device": device,
-            "mode": mode,
-            "prompt_tokens": args.prompt,
-            "decode_tokens": args.decode,
-            "repeat": args.repeat,
-            "prefill_tok_s": prefill.median,
-            "prefill_tok_s_spread": prefill,
-            "decode_tok_s": decode.map(|d| d.median),
-            "decode_tok_s_spread": decode,
-        });
-        println!("{obj}");
-    } else {
-        println!("model {}  device {device}  mode {mode}  repeats {}", args.model.model, args.repeat);
-        println!(
-            "prefill {:>5} tokens  {:>9.1} tok/s  (min {:.1}, max {:.1})",
-            args.prompt, prefill.median, prefill.min, prefill.max
-        );
-        if let Some(d) = decode {
-            println!(
-                "decode  {:>5} tokens  {:>9.1} tok/s  (min {:.1}, max {:.1})",
-                args.decode, d.median, d.min, d.max
-            );
-        }
-    }
-    Ok(())
+    engine.set_step_timing(true);
+    decode_round(engine)?;
+    let step = spread(engine.take_step_times());
+    engine.set_step_timing(false);
+    let (decode, prefill) = (spread(decode), spread(prefill));
+    Ok(ModeResult {
+        mode: engine.mode().name(),
+        decode_tok_s: decode.median,
+        decode_tok_s_spread: decode,
+        prefill_tok_s: prefill.median,
+        prefill_tok_s_spread: prefill,
+        kernels_per_token: pass.kernels,
+        edges_or_barriers_per_token: pass.edges_or_barriers,
+        gpu_us_per_token: step.median * 1e6,
+    })
 }

@@ -53,6 +53,10 @@ pub struct GenerateArgs {
     /// Write the logits of the last prompt position to FILE (raw little-endian f32).
     #[arg(long, value_name = "FILE")]
     pub logits_out: Option<PathBuf>,
+    /// After generating, profile one decode step (each kernel timed) and write it to FILE as a
+    /// Chrome-trace JSON (opens in Perfetto).
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
     /// Before generating, run the first decode step serially and optimized with dead scratch
     /// poisoned and compare the outputs bitwise; print the verdict on standard error and stop
     /// with an error on a mismatch.
@@ -135,6 +139,18 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         Ok(())
     })?;
     let text = tok.decode_skip_special(&stats.generated_ids)?;
+    if let Some(path) = &args.trace {
+        let last = stats.generated_ids.last().copied().unwrap_or(prompt_ids[prompt_ids.len() - 1]);
+        let pos = (stats.prompt_ids.len() + stats.generated_ids.len()).saturating_sub(1);
+        if pos < engine.llama().max_ctx() {
+            let kernels = engine.profile_decode(last, pos, true)?;
+            let name = format!("decode step at position {pos}, {} mode", engine.mode().name());
+            onepass::trace::write_chrome_trace(path, &[onepass::trace::Timeline { name, kernels }])?;
+            eprintln!("wrote the trace of one profiled decode step to {}", path.display());
+        } else {
+            eprintln!("no trace: the context is full");
+        }
+    }
     if stream {
         let _ = out.write_all(decoder.finish().as_bytes());
         writeln!(out)?;
