@@ -90,6 +90,7 @@ struct ModeResult {
 struct TempModel {
     dir: PathBuf,
     path: PathBuf,
+    shape_name: &'static str,
 }
 
 impl TempModel {
@@ -108,7 +109,7 @@ impl TempModel {
             "wrote a synthetic {shape:?} Q4_1 model in {:.1} s",
             t.elapsed().as_secs_f64()
         );
-        Ok(TempModel { dir, path })
+        Ok(TempModel { dir, path, shape_name: shape.params().name })
     }
 }
 
@@ -134,7 +135,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let (file, model_name) = match &temp {
         Some(t) => (
             Arc::new(GgufFile::open(&t.path)?),
-            format!("synthetic {:?} Q4_1", args.like),
+            format!("synthetic {} Q4_1", t.shape_name),
         ),
         None => (open_model(&args.model.model)?, args.model.model.clone()),
     };
