@@ -135,7 +135,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let (file, model_name) = match &temp {
         Some(t) => (
             Arc::new(GgufFile::open(&t.path)?),
-            format!("synthetic {} Q4_1", t.shape_name),
+            format!("{} Q4_1", t.shape_name),
         ),
         None => (open_model(&args.model.model)?, args.model.model.clone()),
     };
