@@ -646,9 +646,15 @@ fn softmax_family() {
         let (atol, rtol) = (1e-7, 1e-5);
         for scale in [1.0f32, 0.125] {
             let what = format!("softmax rows {rows} n {n} scale {scale}");
-            compare(&what, &dev, &[x.clone()], &out, atol, rtol, &|s, i, o| {
-                s.softmax(&i[0], &o[0], scale, None)
-            });
+            compare(
+                &what,
+                &dev,
+                std::slice::from_ref(&x),
+                &out,
+                atol,
+                rtol,
+                &|s, i, o| s.softmax(&i[0], &o[0], scale, None),
+            );
             compare(
                 &format!("{what} masked"),
                 &dev,
@@ -661,7 +667,7 @@ fn softmax_family() {
             compare(
                 &format!("{what} in place"),
                 &dev,
-                &[x.clone()],
+                std::slice::from_ref(&x),
                 &[],
                 atol,
                 rtol,
