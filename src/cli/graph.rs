@@ -2,7 +2,9 @@
 
 use std::path::PathBuf;
 
+use anyhow::Context;
 use clap::Args;
+use onepass::graph::export;
 use onepass::model::llama::{Llama, Logits};
 use onepass::model::tokenizer::Tokenizer;
 use onepass::sanitize::prefill_and_sanitize_decode;
@@ -70,8 +72,15 @@ pub fn run(args: GraphArgs) -> anyhow::Result<()> {
     llama.record(&mut session, 1, Logits::Last, true)?;
     let mut graph = session.into_graph()?;
     let report = Executor::optimize(&mut graph, &executor.config().plan());
-    if args.dot.is_some() || args.svg.is_some() {
-        anyhow::bail!("--dot and --svg are not available in this build yet");
+    if let Some(path) = &args.dot {
+        std::fs::write(path, export::to_dot(&graph))
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    if let Some(path) = &args.svg {
+        std::fs::write(path, export::to_svg(&graph))
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
     }
     let groups: serde_json::Map<String, serde_json::Value> =
         report.group_sizes.iter().map(|(k, v)| (k.to_string(), (*v).into())).collect();

@@ -264,10 +264,24 @@ impl Engine {
             RunMode::Direct => Mode::Direct,
             RunMode::PerOpSync | RunMode::Recorded | RunMode::Graph => Mode::Recorded,
         };
+        if let (RunMode::PerOpSync, Device::Cuda(cuda)) = (self.mode, self.executor.device()) {
+            // CUDA: a direct session whose encoder waits for the stream after every launch.
+            let cuda = cuda.clone();
+            cuda.set_sync_each_launch(true);
+            let mut s = self.executor.begin(Mode::Direct);
+            let done = self.llama.record(&mut s, rows, logits, argmax).and_then(|()| s.finish(&self.plan));
+            cuda.set_sync_each_launch(false);
+            let report = done?;
+            self.last_pass = PassStats {
+                kernels: report.dispatches,
+                edges_or_barriers: report.dispatches,
+            };
+            return Ok(());
+        }
         let mut s = self.executor.begin(mode);
         self.llama.record(&mut s, rows, logits, argmax)?;
         if self.mode == RunMode::PerOpSync {
-            // One submission per dispatch, in program order, each waited for.
+            // CPU: one submission per dispatch, in program order, each waited for.
             let nodes = s.into_graph()?.into_nodes();
             let mut kernels = 0;
             for node in nodes {
