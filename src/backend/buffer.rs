@@ -182,10 +182,10 @@ impl Buffer {
     /// Rows `start..start + count` of this view (rows are the leading dimension).
     pub fn rows(&self, start: usize, count: usize) -> Result<Buffer> {
         let dims = self.shape.dims();
-        if dims.is_empty() || start + count > dims[0] {
+        if dims.is_empty() || start.checked_add(count).is_none_or(|end| end > dims[0]) {
             return Err(Error::View(format!(
                 "rows {start}..{} out of range for shape {:?}",
-                start + count,
+                start.saturating_add(count),
                 self.shape
             )));
         }

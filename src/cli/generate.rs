@@ -27,19 +27,19 @@ pub struct GenerateArgs {
     #[arg(short = 'n', long = "max-tokens", default_value_t = 128)]
     pub max_tokens: usize,
     /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.0)]
     pub temperature: f32,
     /// Keep only the K most likely tokens (0: off).
     #[arg(long, default_value_t = 0)]
     pub top_k: usize,
     /// Nucleus sampling threshold (1: off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1.0)]
     pub top_p: f32,
     /// Drop tokens less likely than this fraction of the most likely one (0: off).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.0)]
     pub min_p: f32,
     /// Penalty for tokens seen recently (1: off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1.0)]
     pub repeat_penalty: f32,
     /// Seed of the sampler.
     #[arg(long, default_value_t = 0)]

@@ -234,10 +234,10 @@ impl Llama {
                 self.max_batch()
             )));
         }
-        if pos0 + rows > self.max_ctx {
+        if pos0.checked_add(rows).is_none_or(|end| end > self.max_ctx) {
             return Err(Error::InvalidArgument(format!(
                 "context overflow: positions {pos0}..{} exceed the context of {} tokens",
-                pos0 + rows,
+                pos0.saturating_add(rows),
                 self.max_ctx
             )));
         }
