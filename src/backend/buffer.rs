@@ -279,7 +279,7 @@ impl std::fmt::Debug for Buffer {
 /// Bytes needed for `shape` elements of `dtype`; an error when the last dimension is not a whole
 /// number of blocks.
 pub fn bytes_of(dtype: DType, shape: Shape) -> Result<usize> {
-    if shape.last() % dtype.block_elems() != 0 {
+    if !shape.last().is_multiple_of(dtype.block_elems()) {
         return Err(Error::View(format!(
             "last dimension {} of {shape:?} is not a multiple of the {dtype} block size {}",
             shape.last(),

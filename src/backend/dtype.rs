@@ -64,7 +64,7 @@ impl DType {
     /// Bytes needed to store `elems` values, or `None` when `elems` is not a whole number of blocks
     /// or the size overflows.
     pub fn bytes_for(self, elems: usize) -> Option<usize> {
-        if elems % self.block_elems() != 0 {
+        if !elems.is_multiple_of(self.block_elems()) {
             return None;
         }
         (elems / self.block_elems()).checked_mul(self.block_bytes())

@@ -79,7 +79,7 @@ impl LlamaConfig {
             norm_eps: optf("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5),
             train_ctx: opt("context_length")?.unwrap_or(2048),
         };
-        if cfg.rope_dim > cfg.head_dim || cfg.rope_dim % 2 != 0 || cfg.vocab == 0 {
+        if cfg.rope_dim > cfg.head_dim || !cfg.rope_dim.is_multiple_of(2) || cfg.vocab == 0 {
             return Err(file.err(format!("inconsistent configuration {cfg:?}")));
         }
         Ok(cfg)

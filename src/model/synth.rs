@@ -149,7 +149,7 @@ pub fn write_synthetic(
     };
     // Q4_K needs rows that are whole 256-value super-blocks; other widths fall back to Q4_1.
     let mat_type = |cols: usize| {
-        if spec.quant == DType::Q4K && cols % 256 != 0 {
+        if spec.quant == DType::Q4K && !cols.is_multiple_of(256) {
             DType::Q4_1
         } else {
             spec.quant

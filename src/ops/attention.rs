@@ -82,7 +82,7 @@ impl AttentionParams {
                 )
             },
         )?;
-        c.require("params", self.n_head % self.n_kv_head == 0, || {
+        c.require("params", self.n_head.is_multiple_of(self.n_kv_head), || {
             format!(
                 "n_kv_head {} does not divide n_head {}",
                 self.n_kv_head, self.n_head

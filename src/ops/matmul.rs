@@ -127,7 +127,7 @@ pub fn matmul_affine(
     })?;
     let n = w.dims()[0];
     let k = x.shape().last();
-    c.require("x", k >= 1 && k % group_size == 0, || {
+    c.require("x", k >= 1 && k.is_multiple_of(group_size), || {
         format!("last dimension {k} is not a whole number of groups of {group_size}")
     })?;
     c.dims("w", w, &[n, params.words_per_row(k)])?;

@@ -81,7 +81,7 @@ pub fn rope(
     })?;
     let rows = x.dims()[0];
     let row_len = x.elems() / rows;
-    check.require("head_dim", head_dim > 0 && row_len % head_dim == 0, || {
+    check.require("head_dim", head_dim > 0 && row_len.is_multiple_of(head_dim), || {
         format!("{head_dim} does not divide the row length {row_len}")
     })?;
     check.require(

@@ -45,7 +45,7 @@ impl AffineParams {
     }
 
     fn check_cols(&self, cols: usize) -> Result<()> {
-        if cols == 0 || cols % self.group_size != 0 {
+        if cols == 0 || !cols.is_multiple_of(self.group_size) {
             return Err(Error::InvalidArgument(format!(
                 "affine rows of {cols} values are not a whole number of groups of {}",
                 self.group_size
@@ -76,7 +76,7 @@ pub struct AffineMatrix {
 /// and `bias = min`, and `q = round((x - bias) / scale)`.
 pub fn quantize_affine(values: &[f32], cols: usize, params: AffineParams) -> Result<AffineMatrix> {
     params.check_cols(cols)?;
-    if values.len() % cols != 0 {
+    if !values.len().is_multiple_of(cols) {
         return Err(Error::InvalidArgument(format!(
             "{} values are not whole rows of {cols}",
             values.len()

@@ -99,7 +99,7 @@ pub fn dequantize(dtype: DType, bytes: &[u8]) -> Result<Vec<f32>> {
     if !is_weight_dtype(dtype) {
         return Err(unsupported(dtype));
     }
-    if bytes.len() % dtype.block_bytes() != 0 {
+    if !bytes.len().is_multiple_of(dtype.block_bytes()) {
         return Err(Error::InvalidArgument(format!(
             "{} bytes are not a whole number of {dtype} blocks of {} bytes",
             bytes.len(),
@@ -118,7 +118,7 @@ pub fn quantize(dtype: DType, values: &[f32]) -> Result<Vec<u8>> {
     if !is_weight_dtype(dtype) {
         return Err(unsupported(dtype));
     }
-    if values.len() % dtype.block_elems() != 0 {
+    if !values.len().is_multiple_of(dtype.block_elems()) {
         return Err(Error::InvalidArgument(format!(
             "{} values are not a whole number of {dtype} blocks of {}",
             values.len(),
