@@ -3,9 +3,7 @@
 //! the AVX2 form) and a 12-row micro-kernel over the packed 16-column tile. Other formats use the
 //! AVX2 loops (this CPU has both).
 //!
-//! The AVX-512 intrinsics are stable since Rust 1.89, newer than the crate's declared
-//! `rust-version`; the team's toolchain is newer still, so the lint is allowed here only.
-#![allow(clippy::incompatible_msrv)]
+//! The AVX-512 intrinsics are stable since Rust 1.89, the crate's `rust-version`.
 
 use std::arch::x86_64::*;
 
