@@ -21,7 +21,13 @@ pub struct RuntimeConfig {
 
 impl Default for RuntimeConfig {
     fn default() -> Self {
-        RuntimeConfig { fusion: true, reorder: true, lookahead: DEFAULT_LOOKAHEAD, split: true, threads: 0 }
+        RuntimeConfig {
+            fusion: true,
+            reorder: true,
+            lookahead: DEFAULT_LOOKAHEAD,
+            split: true,
+            threads: 0,
+        }
     }
 }
 
@@ -42,5 +48,8 @@ impl RuntimeConfig {
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("ONEPASS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }

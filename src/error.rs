@@ -94,11 +94,18 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     /// Builds a [`Error::Shape`].
     pub fn shape(op: &'static str, arg: &'static str, msg: impl Into<String>) -> Self {
-        Error::Shape { op, arg, msg: msg.into() }
+        Error::Shape {
+            op,
+            arg,
+            msg: msg.into(),
+        }
     }
 
     /// Builds an [`Error::Io`] for a path.
     pub fn io(path: impl AsRef<std::path::Path>, source: std::io::Error) -> Self {
-        Error::Io { path: path.as_ref().display().to_string(), source }
+        Error::Io {
+            path: path.as_ref().display().to_string(),
+            source,
+        }
     }
 }

@@ -18,9 +18,9 @@ pub mod ops;
 pub mod quant;
 pub mod sanitize;
 pub mod session;
-pub mod trace;
 #[cfg(test)]
 pub(crate) mod testutil;
+pub mod trace;
 
 pub use backend::{Buffer, DType, Device};
 pub use config::RuntimeConfig;

@@ -36,10 +36,19 @@ pub struct Plan {
 
 impl Plan {
     /// No optimization: dispatches in program order, one submission.
-    pub const SEQUENTIAL: Plan = Plan { fuse: false, reorder: None, split: false, timing: false };
+    pub const SEQUENTIAL: Plan = Plan {
+        fuse: false,
+        reorder: None,
+        split: false,
+        timing: false,
+    };
     /// Every optimization with the default lookahead.
-    pub const OPTIMIZED: Plan =
-        Plan { fuse: true, reorder: Some(passes::DEFAULT_LOOKAHEAD), split: true, timing: false };
+    pub const OPTIMIZED: Plan = Plan {
+        fuse: true,
+        reorder: Some(passes::DEFAULT_LOOKAHEAD),
+        split: true,
+        timing: false,
+    };
 }
 
 /// What `finish` did, every figure named.
@@ -75,7 +84,10 @@ pub struct Executor {
 impl Executor {
     /// An executor for `device`.
     pub fn new(device: Device) -> Self {
-        Executor { device, config: RuntimeConfig::default() }
+        Executor {
+            device,
+            config: RuntimeConfig::default(),
+        }
     }
 
     /// The same executor with other settings.
@@ -102,7 +114,11 @@ impl Executor {
     /// Optimizes a recorded graph as `plan` says (fuse, reorder, place barriers) and reports.
     pub fn optimize(graph: &mut ComputeGraph, plan: &Plan) -> FinishReport {
         let barriers_sequential = sequential_barriers(graph);
-        let fusions = if plan.fuse { passes::fuse(graph, crate::ops::fusion_rules()) } else { 0 };
+        let fusions = if plan.fuse {
+            passes::fuse(graph, crate::ops::fusion_rules())
+        } else {
+            0
+        };
         let reordered = match plan.reorder {
             Some(lookahead) => passes::reorder(graph, lookahead),
             None => 0,
@@ -130,7 +146,11 @@ impl Executor {
     /// Runs a graph whose barriers are already placed, split or not, and waits for it.
     pub fn run(&self, graph: &ComputeGraph, split: bool) -> Result<RunTimes> {
         let nodes = graph.nodes();
-        let cut = if split { passes::split_index(graph) } else { nodes.len() };
+        let cut = if split {
+            passes::split_index(graph)
+        } else {
+            nodes.len()
+        };
         let start = Instant::now();
         let mut submissions = Vec::with_capacity(2);
         for part in [&nodes[..cut], &nodes[cut..]] {
@@ -143,7 +163,11 @@ impl Executor {
         for s in submissions {
             s.wait()?;
         }
-        Ok(RunTimes { submissions: count, encode: encoded - start, wait: encoded.elapsed() })
+        Ok(RunTimes {
+            submissions: count,
+            encode: encoded - start,
+            wait: encoded.elapsed(),
+        })
     }
 
     fn encode_part(&self, nodes: &[Node]) -> Result<Submission> {
@@ -199,8 +223,13 @@ impl Submission {
 }
 
 enum Encoding {
-    Cpu { encoder: crate::backend::cpu::CpuEncoder, submitted: Vec<Submission> },
-    Cuda { encoder: crate::backend::cuda::CudaEncoder },
+    Cpu {
+        encoder: crate::backend::cpu::CpuEncoder,
+        submitted: Vec<Submission>,
+    },
+    Cuda {
+        encoder: crate::backend::cuda::CudaEncoder,
+    },
 }
 
 /// One pass of work on a device. Every op is a method (see `ops/`), each declaring which of its
@@ -223,10 +252,13 @@ impl Session {
     fn new(executor: Executor, mode: Mode) -> Self {
         let device = executor.device.clone();
         let direct = match (&device, mode) {
-            (Device::Cpu(cpu), Mode::Direct) => {
-                Some(Encoding::Cpu { encoder: cpu.encoder(), submitted: Vec::new() })
-            }
-            (Device::Cuda(cuda), Mode::Direct) => Some(Encoding::Cuda { encoder: cuda.encoder() }),
+            (Device::Cpu(cpu), Mode::Direct) => Some(Encoding::Cpu {
+                encoder: cpu.encoder(),
+                submitted: Vec::new(),
+            }),
+            (Device::Cuda(cuda), Mode::Direct) => Some(Encoding::Cuda {
+                encoder: cuda.encoder(),
+            }),
             (_, Mode::Recorded) => None,
         };
         Session {
@@ -292,9 +324,16 @@ impl Session {
 
     fn maybe_split_direct(&mut self) -> Result<()> {
         // Direct mode does not know the pass's length; it submits its first 64 dispatches early.
-        let Some(Encoding::Cpu { encoder, submitted }) = &mut self.direct else { return Ok(()) };
-        if submitted.is_empty() && encoder.dispatch_count() == DIRECT_SPLIT_AT && self.executor.config.split {
-            let Device::Cpu(cpu) = &self.device else { return Ok(()) };
+        let Some(Encoding::Cpu { encoder, submitted }) = &mut self.direct else {
+            return Ok(());
+        };
+        if submitted.is_empty()
+            && encoder.dispatch_count() == DIRECT_SPLIT_AT
+            && self.executor.config.split
+        {
+            let Device::Cpu(cpu) = &self.device else {
+                return Ok(());
+            };
             let full = std::mem::replace(encoder, cpu.encoder());
             submitted.push(Submission::Cpu(full.submit()?));
             self.group.clear();

@@ -27,7 +27,10 @@ pub fn random_f32(n: usize, scale: f32, seed: u64) -> Vec<f32> {
 /// Largest absolute difference; panics with `what` and the index when lengths differ.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length mismatch");
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 /// Asserts `|a - b| <= atol + rtol * |b|` elementwise, naming the first failing index.

@@ -23,18 +23,26 @@ fn fixtures() -> PathBuf {
 fn fixture_json() -> &'static Value {
     static J: OnceLock<Value> = OnceLock::new();
     J.get_or_init(|| {
-        let text = std::fs::read_to_string(fixtures().join("smollm2_public.json")).expect("fixture json");
+        let text =
+            std::fs::read_to_string(fixtures().join("smollm2_public.json")).expect("fixture json");
         serde_json::from_str(&text).expect("fixture json parses")
     })
 }
 
 fn read_f32(name: &str) -> Vec<f32> {
     let bytes = std::fs::read(fixtures().join(name)).expect("fixture logits");
-    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().expect("id list").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+    v.as_array()
+        .expect("id list")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
 }
 
 struct Model {
@@ -48,7 +56,8 @@ fn model() -> &'static Model {
         let cache = std::env::var_os("ONEPASS_CACHE_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|| dirs::cache_dir().expect("cache dir").join("onepass"));
-        let path = onepass::model::fetch::resolve_model("smollm2", &cache, false).expect("default model");
+        let path =
+            onepass::model::fetch::resolve_model("smollm2", &cache, false).expect("default model");
         let file = Arc::new(GgufFile::open(&path).expect("open model"));
         let tokenizer = Tokenizer::from_gguf(&file).expect("tokenizer");
         Model { file, tokenizer }
@@ -67,24 +76,34 @@ fn shared_engine() -> &'static Mutex<Engine> {
 }
 
 fn prompts() -> Vec<&'static Value> {
-    fixture_json()["prompts"].as_array().expect("prompts").iter().collect()
+    fixture_json()["prompts"]
+        .as_array()
+        .expect("prompts")
+        .iter()
+        .collect()
 }
 
 fn max_abs(a: &[f32], b: &[f32]) -> (f32, usize) {
-    a.iter().zip(b).enumerate().fold((0.0, 0), |(m, at), (i, (x, y))| {
-        let d = (x - y).abs();
-        if d > m {
-            (d, i)
-        } else {
-            (m, at)
-        }
-    })
+    a.iter()
+        .zip(b)
+        .enumerate()
+        .fold((0.0, 0), |(m, at), (i, (x, y))| {
+            let d = (x - y).abs();
+            if d > m {
+                (d, i)
+            } else {
+                (m, at)
+            }
+        })
 }
 
 #[test]
 fn token_ids_equal_the_reference_exactly() {
     for p in prompts() {
-        let got = model().tokenizer.encode(p["text"].as_str().unwrap(), true).unwrap();
+        let got = model()
+            .tokenizer
+            .encode(p["text"].as_str().unwrap(), true)
+            .unwrap();
         assert_eq!(got, ids(&p["prompt_ids"]), "prompt {}", p["name"]);
     }
 }
@@ -100,7 +119,12 @@ fn logits_of_every_position_of_the_shortest_prompt() {
     e.prefill(&prompt, Logits::All).unwrap();
     let got = e.logits(prompt.len()).unwrap();
     let (diff, at) = max_abs(&got, &want);
-    assert!(diff <= LOGIT_TOL, "{name}: max |diff| {diff} at row {} token {}", at / 49152, at % 49152);
+    assert!(
+        diff <= LOGIT_TOL,
+        "{name}: max |diff| {diff} at row {} token {}",
+        at / 49152,
+        at % 49152
+    );
 }
 
 #[test]
@@ -114,11 +138,26 @@ fn last_logits_and_hidden_norms_of_every_prompt() {
         let want = read_f32(p["last_logits"]["file"].as_str().unwrap());
         let (diff, at) = max_abs(&got, &want);
         assert!(diff <= LOGIT_TOL, "{name}: max |diff| {diff} at token {at}");
-        let norms = e.llama().final_hidden_norms(prompt.len(), Logits::Last).unwrap();
-        let before = p["final_hidden_l2_norm_last_pos"]["before_final_rmsnorm"].as_f64().unwrap();
-        let after = p["final_hidden_l2_norm_last_pos"]["after_final_rmsnorm"].as_f64().unwrap();
-        assert!((norms.0 - before).abs() <= NORM_RTOL * before, "{name}: norm before {} vs {before}", norms.0);
-        assert!((norms.1 - after).abs() <= NORM_RTOL * after, "{name}: norm after {} vs {after}", norms.1);
+        let norms = e
+            .llama()
+            .final_hidden_norms(prompt.len(), Logits::Last)
+            .unwrap();
+        let before = p["final_hidden_l2_norm_last_pos"]["before_final_rmsnorm"]
+            .as_f64()
+            .unwrap();
+        let after = p["final_hidden_l2_norm_last_pos"]["after_final_rmsnorm"]
+            .as_f64()
+            .unwrap();
+        assert!(
+            (norms.0 - before).abs() <= NORM_RTOL * before,
+            "{name}: norm before {} vs {before}",
+            norms.0
+        );
+        assert!(
+            (norms.1 - after).abs() <= NORM_RTOL * after,
+            "{name}: norm after {} vs {after}",
+            norms.1
+        );
     }
 }
 
@@ -128,14 +167,21 @@ fn greedy_continuations_equal_the_reference() {
     for p in prompts() {
         let prompt = ids(&p["prompt_ids"]);
         let want = ids(&p["greedy"]["ids"]);
-        let stats = e.generate(&prompt, want.len(), &SamplerConfig::default(), &[], |_| Ok(())).unwrap();
+        let stats = e
+            .generate(&prompt, want.len(), &SamplerConfig::default(), &[], |_| {
+                Ok(())
+            })
+            .unwrap();
         assert_eq!(stats.generated_ids, want, "prompt {}", p["name"]);
     }
 }
 
 #[test]
 fn every_mode_and_plan_gives_bitwise_the_same_logits() {
-    let p = prompts().into_iter().find(|p| p["name"] == "list_numbers").unwrap();
+    let p = prompts()
+        .into_iter()
+        .find(|p| p["name"] == "list_numbers")
+        .unwrap();
     let prompt = ids(&p["prompt_ids"]);
     let run = |mode: RunMode, config: RuntimeConfig| {
         let mut e = engine(mode, config);
@@ -148,7 +194,12 @@ fn every_mode_and_plan_gives_bitwise_the_same_logits() {
         }
         out
     };
-    let plain = RuntimeConfig { fusion: false, reorder: false, split: false, ..RuntimeConfig::default() };
+    let plain = RuntimeConfig {
+        fusion: false,
+        reorder: false,
+        split: false,
+        ..RuntimeConfig::default()
+    };
     let base = run(RunMode::Direct, plain.clone());
     for (mode, cfg) in [
         (RunMode::Recorded, plain.clone()),
@@ -157,7 +208,14 @@ fn every_mode_and_plan_gives_bitwise_the_same_logits() {
         (RunMode::Direct, RuntimeConfig::default()),
     ] {
         let got = run(mode, cfg.clone());
-        let same = got.iter().zip(&base).all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "{mode:?} with {cfg:?} differs from direct sequential (max |diff| {})", max_abs(&got, &base).0);
+        let same = got
+            .iter()
+            .zip(&base)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(
+            same,
+            "{mode:?} with {cfg:?} differs from direct sequential (max |diff| {})",
+            max_abs(&got, &base).0
+        );
     }
 }

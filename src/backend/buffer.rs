@@ -33,12 +33,20 @@ impl Shape {
     /// Builds a shape from its dimensions (at most 4).
     pub fn new(dims: &[usize]) -> Result<Self> {
         if dims.len() > 4 {
-            return Err(Error::View(format!("shape {dims:?} has rank {} > 4", dims.len())));
+            return Err(Error::View(format!(
+                "shape {dims:?} has rank {} > 4",
+                dims.len()
+            )));
         }
         let mut d = [1usize; 4];
         d[..dims.len()].copy_from_slice(dims);
-        let shape = Shape { dims: d, rank: dims.len() as u8 };
-        shape.checked_elems().ok_or_else(|| Error::View(format!("shape {dims:?} overflows")))?;
+        let shape = Shape {
+            dims: d,
+            rank: dims.len() as u8,
+        };
+        shape
+            .checked_elems()
+            .ok_or_else(|| Error::View(format!("shape {dims:?} overflows")))?;
         Ok(shape)
     }
 
@@ -58,7 +66,9 @@ impl Shape {
     }
 
     fn checked_elems(&self) -> Option<usize> {
-        self.dims().iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        self.dims()
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
     }
 
     /// The last (contiguous) dimension, 1 for rank 0.
@@ -98,7 +108,11 @@ pub struct Allocation {
 
 impl Allocation {
     pub(crate) fn new(size: usize, memory: Memory) -> Arc<Self> {
-        Arc::new(Allocation { id: AllocId::fresh(), size, memory })
+        Arc::new(Allocation {
+            id: AllocId::fresh(),
+            size,
+            memory,
+        })
     }
 
     /// The allocation's id.
@@ -119,7 +133,13 @@ impl Allocation {
 
 impl std::fmt::Debug for Allocation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Allocation({}, {} bytes, {})", self.id.0, self.size, self.location())
+        write!(
+            f,
+            "Allocation({}, {} bytes, {})",
+            self.id.0,
+            self.size,
+            self.location()
+        )
     }
 }
 
@@ -163,20 +183,35 @@ impl Buffer {
                 "shape {shape:?} of {dtype} needs {need} bytes, the view has {len}"
             )));
         }
-        Ok(Buffer { alloc, offset, len, dtype, shape })
+        Ok(Buffer {
+            alloc,
+            offset,
+            len,
+            dtype,
+            shape,
+        })
     }
 
     /// A sub-view starting `byte_offset` bytes into this view, with its own dtype and shape.
     pub fn view(&self, byte_offset: usize, dtype: DType, dims: &[usize]) -> Result<Buffer> {
         let shape = Shape::new(dims)?;
         let len = bytes_of(dtype, shape)?;
-        if byte_offset.checked_add(len).is_none_or(|end| end > self.len) {
+        if byte_offset
+            .checked_add(len)
+            .is_none_or(|end| end > self.len)
+        {
             return Err(Error::View(format!(
                 "sub-view of {len} bytes at {byte_offset} exceeds the parent view of {} bytes",
                 self.len
             )));
         }
-        Buffer::new(self.alloc.clone(), self.offset + byte_offset, len, dtype, shape)
+        Buffer::new(
+            self.alloc.clone(),
+            self.offset + byte_offset,
+            len,
+            dtype,
+            shape,
+        )
     }
 
     /// Rows `start..start + count` of this view (rows are the leading dimension).
@@ -204,7 +239,10 @@ impl Buffer {
                 self.shape, shape
             )));
         }
-        Ok(Buffer { shape, ..self.clone() })
+        Ok(Buffer {
+            shape,
+            ..self.clone()
+        })
     }
 
     /// The element type.

@@ -93,7 +93,9 @@ impl Device {
 
     /// CUDA device `ordinal` with explicit options.
     pub fn cuda_with(ordinal: usize, options: &cuda::CudaOptions) -> Result<Device> {
-        Ok(Device::Cuda(Arc::new(cuda::CudaDevice::new(ordinal, options)?)))
+        Ok(Device::Cuda(Arc::new(cuda::CudaDevice::new(
+            ordinal, options,
+        )?)))
     }
 
     /// CUDA device 0 when a driver and a device are present, else the CPU with `threads` threads.

@@ -109,7 +109,11 @@ impl TempModel {
             "wrote a synthetic {shape:?} Q4_1 model in {:.1} s",
             t.elapsed().as_secs_f64()
         );
-        Ok(TempModel { dir, path, shape_name: shape.params().name })
+        Ok(TempModel {
+            dir,
+            path,
+            shape_name: shape.params().name,
+        })
     }
 }
 

@@ -124,5 +124,9 @@ pub fn load(model: &ModelArgs, run: &RunArgs) -> anyhow::Result<Loaded> {
     let device = run.device()?;
     let llama = Llama::load(file.clone(), &device, run.ctx, run.batch)?;
     let executor = Executor::new(device).with_config(run.config());
-    Ok(Loaded { file, engine: Engine::new(llama, executor, run.mode), tokenizer })
+    Ok(Loaded {
+        file,
+        engine: Engine::new(llama, executor, run.mode),
+        tokenizer,
+    })
 }

@@ -72,9 +72,14 @@ fn prompt_text(arg: Option<String>) -> anyhow::Result<String> {
         Some(t) => t,
         None => {
             let mut bytes = Vec::new();
-            std::io::stdin().read_to_end(&mut bytes).context("reading the prompt from standard input")?;
+            std::io::stdin()
+                .read_to_end(&mut bytes)
+                .context("reading the prompt from standard input")?;
             String::from_utf8(bytes).map_err(|e| {
-                anyhow::anyhow!("the prompt on standard input is not valid UTF-8 (byte {})", e.utf8_error().valid_up_to())
+                anyhow::anyhow!(
+                    "the prompt on standard input is not valid UTF-8 (byte {})",
+                    e.utf8_error().valid_up_to()
+                )
             })?
         }
     };
@@ -110,11 +115,16 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     if prompt_ids.is_empty() {
         bail!("the prompt encodes to no tokens");
     }
-    let stop_ids = if args.ignore_eos { Vec::new() } else { tok.eog_ids().to_vec() };
+    let stop_ids = if args.ignore_eos {
+        Vec::new()
+    } else {
+        tok.eog_ids().to_vec()
+    };
     if args.sanitize {
         let llama = loaded.engine.llama();
         let executor = Executor::new(llama.device().clone()).with_config(args.run.config());
-        let report = prefill_and_sanitize_decode(llama, &executor, &executor.config().plan(), &prompt_ids)?;
+        let report =
+            prefill_and_sanitize_decode(llama, &executor, &executor.config().plan(), &prompt_ids)?;
         if !report.passed() {
             bail!("{}", report.verdict());
         }
@@ -140,13 +150,26 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     })?;
     let text = tok.decode_skip_special(&stats.generated_ids)?;
     if let Some(path) = &args.trace {
-        let last = stats.generated_ids.last().copied().unwrap_or(prompt_ids[prompt_ids.len() - 1]);
+        let last = stats
+            .generated_ids
+            .last()
+            .copied()
+            .unwrap_or(prompt_ids[prompt_ids.len() - 1]);
         let pos = (stats.prompt_ids.len() + stats.generated_ids.len()).saturating_sub(1);
         if pos < engine.llama().max_ctx() {
             let kernels = engine.profile_decode(last, pos, true)?;
-            let name = format!("decode step at position {pos}, {} mode", engine.mode().name());
-            onepass::trace::write_chrome_trace(path, &[onepass::trace::Timeline { name, kernels }])?;
-            eprintln!("wrote the trace of one profiled decode step to {}", path.display());
+            let name = format!(
+                "decode step at position {pos}, {} mode",
+                engine.mode().name()
+            );
+            onepass::trace::write_chrome_trace(
+                path,
+                &[onepass::trace::Timeline { name, kernels }],
+            )?;
+            eprintln!(
+                "wrote the trace of one profiled decode step to {}",
+                path.display()
+            );
         } else {
             eprintln!("no trace: the context is full");
         }

@@ -47,13 +47,22 @@ pub fn run(args: GraphArgs) -> anyhow::Result<()> {
     let file = open_model(&args.model.model)?;
     let device = args.run.device()?;
     // The sanitizer prefills a short prompt first, so it needs prefill passes of a few tokens.
-    let batch = if args.sanitize { SANITIZE_PROMPT_BATCH } else { 1 };
+    let batch = if args.sanitize {
+        SANITIZE_PROMPT_BATCH
+    } else {
+        1
+    };
     let llama = Llama::load(file.clone(), &device, args.run.ctx, batch)?;
     let executor = Executor::new(device).with_config(args.run.config());
     let sanitized = if args.sanitize {
         let tokenizer = Tokenizer::from_gguf(&file)?;
         let prompt = tokenizer.encode(SANITIZE_PROMPT, true)?;
-        Some(prefill_and_sanitize_decode(&llama, &executor, &executor.config().plan(), &prompt)?)
+        Some(prefill_and_sanitize_decode(
+            &llama,
+            &executor,
+            &executor.config().plan(),
+            &prompt,
+        )?)
     } else {
         None
     };
@@ -82,8 +91,11 @@ pub fn run(args: GraphArgs) -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }
-    let groups: serde_json::Map<String, serde_json::Value> =
-        report.group_sizes.iter().map(|(k, v)| (k.to_string(), (*v).into())).collect();
+    let groups: serde_json::Map<String, serde_json::Value> = report
+        .group_sizes
+        .iter()
+        .map(|(k, v)| (k.to_string(), (*v).into()))
+        .collect();
     if args.json {
         let obj = serde_json::json!({
             "dispatches": report.dispatches,
@@ -102,13 +114,21 @@ pub fn run(args: GraphArgs) -> anyhow::Result<()> {
         };
         println!("{obj}");
     } else if args.stats || (args.dot.is_none() && args.svg.is_none()) {
-        println!("decode step of {} ({} layers)", args.model.model, llama.config().n_layer);
+        println!(
+            "decode step of {} ({} layers)",
+            args.model.model,
+            llama.config().n_layer
+        );
         println!("  dispatches            {}", report.dispatches);
         println!("  barriers, in order    {}", report.barriers_sequential);
         println!("  barriers, optimized   {}", report.barriers);
         println!("  fusions               {}", report.fusions);
         println!("  dispatches reordered  {}", report.reordered);
-        let hist: Vec<String> = report.group_sizes.iter().map(|(k, v)| format!("{k}x{v}")).collect();
+        let hist: Vec<String> = report
+            .group_sizes
+            .iter()
+            .map(|(k, v)| format!("{k}x{v}"))
+            .collect();
         println!("  group sizes (size x count)  {}", hist.join(" "));
     }
     Ok(())

@@ -63,10 +63,16 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
     if source.is_none() {
         eprintln!("note: the default model is not in the cache; writing a byte-level vocabulary");
     }
-    let spec = SynthSpec { shape: args.like, quant, seed: args.seed };
+    let spec = SynthSpec {
+        shape: args.like,
+        quant,
+        seed: args.seed,
+    };
     let bar = ProgressBar::new(0).with_style(
-        ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template(
+            "{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     bar.set_message(format!("writing {}", args.output.display()));
     write_synthetic(&spec, source.as_ref(), &args.output, &mut |done, total| {
@@ -74,7 +80,15 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
         bar.set_position(done);
     })?;
     bar.finish_and_clear();
-    let size = std::fs::metadata(&args.output).map(|m| m.len()).unwrap_or(0);
-    eprintln!("wrote {} ({:.1} MB, {:?} like {:?})", args.output.display(), size as f64 / 1e6, quant, args.like);
+    let size = std::fs::metadata(&args.output)
+        .map(|m| m.len())
+        .unwrap_or(0);
+    eprintln!(
+        "wrote {} ({:.1} MB, {:?} like {:?})",
+        args.output.display(),
+        size as f64 / 1e6,
+        quant,
+        args.like
+    );
     Ok(())
 }

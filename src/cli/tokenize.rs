@@ -22,7 +22,10 @@ pub fn run(args: TokenizeArgs) -> anyhow::Result<()> {
     let file = open_model(&args.model.model)?;
     let tok = Tokenizer::from_gguf(&file)?;
     let ids = tok.encode(&args.text, true)?;
-    let tokens: Vec<String> = ids.iter().map(|&i| tok.token_str(i).unwrap_or_default().to_string()).collect();
+    let tokens: Vec<String> = ids
+        .iter()
+        .map(|&i| tok.token_str(i).unwrap_or_default().to_string())
+        .collect();
     if args.json {
         println!("{}", serde_json::json!({ "ids": ids, "tokens": tokens }));
     } else {

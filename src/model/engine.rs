@@ -269,7 +269,10 @@ impl Engine {
             let cuda = cuda.clone();
             cuda.set_sync_each_launch(true);
             let mut s = self.executor.begin(Mode::Direct);
-            let done = self.llama.record(&mut s, rows, logits, argmax).and_then(|()| s.finish(&self.plan));
+            let done = self
+                .llama
+                .record(&mut s, rows, logits, argmax)
+                .and_then(|()| s.finish(&self.plan));
             cuda.set_sync_each_launch(false);
             let report = done?;
             self.last_pass = PassStats {

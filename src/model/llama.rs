@@ -167,16 +167,26 @@ pub struct Llama {
 impl Llama {
     /// Loads a model for `device` with a KV cache of `max_ctx` positions and prefill passes of up
     /// to `max_batch` tokens.
-    pub fn load(file: Arc<GgufFile>, device: &Device, max_ctx: usize, max_batch: usize) -> Result<Self> {
+    pub fn load(
+        file: Arc<GgufFile>,
+        device: &Device,
+        max_ctx: usize,
+        max_batch: usize,
+    ) -> Result<Self> {
         let config = LlamaConfig::from_gguf(&file)?;
         if max_ctx == 0 || max_batch == 0 {
-            return Err(Error::InvalidArgument("context and batch sizes must be at least 1".into()));
+            return Err(Error::InvalidArgument(
+                "context and batch sizes must be at least 1".into(),
+            ));
         }
         let weights = load_weights(&file, device, &config)?;
         let mut kv = Vec::with_capacity(config.n_layer);
         for _ in 0..config.n_layer {
             let dims = [config.n_kv_head, max_ctx, config.head_dim];
-            kv.push((device.alloc(DType::F32, &dims)?, device.alloc(DType::F32, &dims)?));
+            kv.push((
+                device.alloc(DType::F32, &dims)?,
+                device.alloc(DType::F32, &dims)?,
+            ));
         }
         let max_batch = max_batch.min(max_ctx);
         let inputs = StepInputs {
@@ -252,8 +262,10 @@ impl Llama {
             ids.push(t as i32);
         }
         let pos: Vec<i32> = (pos0..pos0 + rows).map(|p| p as i32).collect();
-        self.device.write(&self.inputs.tokens.rows(0, rows)?, &ids)?;
-        self.device.write(&self.inputs.positions.rows(0, rows)?, &pos)?;
+        self.device
+            .write(&self.inputs.tokens.rows(0, rows)?, &ids)?;
+        self.device
+            .write(&self.inputs.positions.rows(0, rows)?, &pos)?;
         self.device.write(&self.inputs.step, &[pos0 as i32])
     }
 
@@ -266,10 +278,19 @@ impl Llama {
         let decode = rows == 1;
         let sc = if decode { &self.decode } else { &self.prefill };
         if rows == 0 || rows > sc.rows {
-            return Err(Error::InvalidArgument(format!("a pass takes 1 to {} rows, got {rows}", sc.rows)));
+            return Err(Error::InvalidArgument(format!(
+                "a pass takes 1 to {} rows, got {rows}",
+                sc.rows
+            )));
         }
         let view = |b: &Buffer| b.rows(0, rows);
-        let (x, xn, q, k, v) = (view(&sc.x)?, view(&sc.xn)?, view(&sc.q)?, view(&sc.k)?, view(&sc.v)?);
+        let (x, xn, q, k, v) = (
+            view(&sc.x)?,
+            view(&sc.xn)?,
+            view(&sc.q)?,
+            view(&sc.k)?,
+            view(&sc.v)?,
+        );
         let (attn, proj) = (view(&sc.attn)?, view(&sc.proj)?);
         let (gate, up, hidden) = (view(&sc.gate)?, view(&sc.up)?, view(&sc.hidden)?);
         let tokens = self.inputs.tokens.rows(0, rows)?;
@@ -296,9 +317,16 @@ impl Llama {
             s.kv_write(&k, kc, step)?;
             s.kv_write(&v, vc, step)?;
             match &sc.partials {
-                Some(partials) if decode => {
-                    s.attention_decode(&q, kc, vc, step, partials, &attn, attn_params, DECODE_CHUNK)?
-                }
+                Some(partials) if decode => s.attention_decode(
+                    &q,
+                    kc,
+                    vc,
+                    step,
+                    partials,
+                    &attn,
+                    attn_params,
+                    DECODE_CHUNK,
+                )?,
                 _ => s.attention(&q, kc, vc, step, &attn, attn_params)?,
             }
             s.matmul(&attn, &l.wo, &proj)?;
@@ -333,11 +361,22 @@ impl Llama {
     /// Euclidean norms of the last position's hidden vector before and after the final RMSNorm,
     /// as the last pass left them (computed in f64 on the host).
     pub fn final_hidden_norms(&self, rows: usize, logits: Logits) -> Result<(f64, f64)> {
-        let sc = if rows == 1 { &self.decode } else { &self.prefill };
+        let sc = if rows == 1 {
+            &self.decode
+        } else {
+            &self.prefill
+        };
         let before = self.device.download::<f32>(&sc.x.rows(rows - 1, 1)?)?;
         let count = if logits == Logits::All { rows } else { 1 };
-        let after = self.device.download::<f32>(&self.norm_out.rows(count - 1, 1)?)?;
-        let norm = |v: &[f32]| v.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>().sqrt();
+        let after = self
+            .device
+            .download::<f32>(&self.norm_out.rows(count - 1, 1)?)?;
+        let norm = |v: &[f32]| {
+            v.iter()
+                .map(|&x| (x as f64) * (x as f64))
+                .sum::<f64>()
+                .sqrt()
+        };
         Ok((norm(&before), norm(&after)))
     }
 
@@ -351,7 +390,10 @@ impl Llama {
     /// may rely on (`crate::executable::StableSet`).
     pub fn stable_buffers(&self) -> Vec<(String, Buffer)> {
         let w = &self.weights;
-        let mut v = vec![("token_embd".to_string(), w.embed.clone()), ("output_norm".into(), w.out_norm.clone())];
+        let mut v = vec![
+            ("token_embd".to_string(), w.embed.clone()),
+            ("output_norm".into(), w.out_norm.clone()),
+        ];
         v.push(("lm_head".into(), w.lm_head.clone()));
         if let Some(f) = &w.rope_freqs {
             v.push(("rope_freqs".into(), f.clone()));
@@ -380,8 +422,13 @@ impl Llama {
         v.push(("positions".into(), inputs.positions.clone()));
         v.push(("step".into(), inputs.step.clone()));
         for (which, sc) in [("prefill", &self.prefill), ("decode", &self.decode)] {
-            let bufs = [&sc.x, &sc.xn, &sc.q, &sc.k, &sc.v, &sc.attn, &sc.proj, &sc.gate, &sc.up, &sc.hidden];
-            let names = ["x", "xn", "q", "k", "v", "attn", "proj", "gate", "up", "hidden"];
+            let bufs = [
+                &sc.x, &sc.xn, &sc.q, &sc.k, &sc.v, &sc.attn, &sc.proj, &sc.gate, &sc.up,
+                &sc.hidden,
+            ];
+            let names = [
+                "x", "xn", "q", "k", "v", "attn", "proj", "gate", "up", "hidden",
+            ];
             for (n, b) in names.iter().zip(bufs) {
                 v.push((format!("{which}.{n}"), b.clone()));
             }
@@ -397,7 +444,11 @@ impl Llama {
 
     /// The device buffers holding the per-step values (token ids, positions, first position).
     pub fn step_buffers(&self) -> [&Buffer; 3] {
-        [&self.inputs.tokens, &self.inputs.positions, &self.inputs.step]
+        [
+            &self.inputs.tokens,
+            &self.inputs.positions,
+            &self.inputs.step,
+        ]
     }
 
     // Accessors for the schedule sanitizer (`crate::sanitize`).
@@ -405,7 +456,11 @@ impl Llama {
     /// The buffers a pass of `rows` tokens uses as scratch (activations, attention partials, the
     /// final norm): their contents mean nothing between passes.
     pub fn scratch_buffers(&self, rows: usize) -> Vec<Buffer> {
-        let sc = if rows == 1 { &self.decode } else { &self.prefill };
+        let sc = if rows == 1 {
+            &self.decode
+        } else {
+            &self.prefill
+        };
         let mut v = vec![
             sc.x.clone(),
             sc.xn.clone(),
@@ -486,11 +541,19 @@ impl<'a> DeviceTensors<'a> {
                 let map = file.mmap().clone();
                 let len = map.len();
                 let alloc = crate::backend::cpu::map_allocation(map, 0, len)?;
-                Some(Buffer::whole(alloc, DType::U8, crate::backend::Shape::new(&[len])?)?)
+                Some(Buffer::whole(
+                    alloc,
+                    DType::U8,
+                    crate::backend::Shape::new(&[len])?,
+                )?)
             }
             _ => None,
         };
-        Ok(DeviceTensors { file, device, mapped })
+        Ok(DeviceTensors {
+            file,
+            device,
+            mapped,
+        })
     }
 
     fn get(&self, name: &str) -> Result<Buffer> {
@@ -499,7 +562,9 @@ impl<'a> DeviceTensors<'a> {
         let dims = info.dims_row_major();
         match &self.mapped {
             Some(whole) => whole.view(info.file_offset, dtype, &dims),
-            None => self.device.upload_bytes(self.file.tensor_bytes(info)?, dtype, &dims),
+            None => self
+                .device
+                .upload_bytes(self.file.tensor_bytes(info)?, dtype, &dims),
         }
     }
 }
@@ -543,5 +608,11 @@ fn load_weights(file: &GgufFile, device: &Device, c: &LlamaConfig) -> Result<Wei
     } else {
         None
     };
-    Ok(Weights { embed, layers, out_norm: get("output_norm.weight", &[d])?, lm_head, rope_freqs })
+    Ok(Weights {
+        embed,
+        layers,
+        out_norm: get("output_norm.weight", &[d])?,
+        lm_head,
+        rope_freqs,
+    })
 }

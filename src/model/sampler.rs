@@ -73,7 +73,11 @@ impl Sampler {
     pub fn new(config: SamplerConfig) -> Result<Self> {
         config.validate()?;
         let state = config.seed ^ 0x9E37_79B9_7F4A_7C15;
-        Ok(Sampler { config, state, candidates: Vec::new() })
+        Ok(Sampler {
+            config,
+            state,
+            candidates: Vec::new(),
+        })
     }
 
     /// The settings.
@@ -124,10 +128,17 @@ impl Sampler {
         }
         let cands = &mut self.candidates;
         cands.clear();
-        cands.extend(logits.iter().enumerate().map(|(i, &v)| (i as u32, penalized(i, v) / cfg.temperature)));
+        cands.extend(
+            logits
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| (i as u32, penalized(i, v) / cfg.temperature)),
+        );
         cands.retain(|c| c.1.is_finite());
         if cands.is_empty() {
-            return Err(Error::InvalidArgument("every logit is infinite or NaN".into()));
+            return Err(Error::InvalidArgument(
+                "every logit is infinite or NaN".into(),
+            ));
         }
         cands.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         if cfg.top_k > 0 {
@@ -186,14 +197,22 @@ mod tests {
 
     #[test]
     fn repetition_penalty_changes_the_greedy_choice() {
-        let cfg = SamplerConfig { repetition_penalty: 1.5, ..SamplerConfig::default() };
+        let cfg = SamplerConfig {
+            repetition_penalty: 1.5,
+            ..SamplerConfig::default()
+        };
         let mut s = Sampler::new(cfg).unwrap();
         assert_eq!(s.sample(&logits(), &[1]).unwrap(), 3);
     }
 
     #[test]
     fn top_k_one_is_greedy_at_any_temperature() {
-        let cfg = SamplerConfig { temperature: 5.0, top_k: 1, seed: 7, ..SamplerConfig::default() };
+        let cfg = SamplerConfig {
+            temperature: 5.0,
+            top_k: 1,
+            seed: 7,
+            ..SamplerConfig::default()
+        };
         let mut s = Sampler::new(cfg).unwrap();
         for _ in 0..20 {
             assert_eq!(s.sample(&logits(), &[]).unwrap(), 1);
@@ -203,7 +222,12 @@ mod tests {
     #[test]
     fn top_p_keeps_only_the_nucleus() {
         // Token 1 and 3 hold almost all the mass at temperature 0.1.
-        let cfg = SamplerConfig { temperature: 0.1, top_p: 0.9, seed: 3, ..SamplerConfig::default() };
+        let cfg = SamplerConfig {
+            temperature: 0.1,
+            top_p: 0.9,
+            seed: 3,
+            ..SamplerConfig::default()
+        };
         let mut s = Sampler::new(cfg).unwrap();
         for _ in 0..50 {
             let t = s.sample(&logits(), &[]).unwrap();
@@ -213,7 +237,12 @@ mod tests {
 
     #[test]
     fn min_p_drops_unlikely_tokens() {
-        let cfg = SamplerConfig { temperature: 1.0, min_p: 0.5, seed: 11, ..SamplerConfig::default() };
+        let cfg = SamplerConfig {
+            temperature: 1.0,
+            min_p: 0.5,
+            seed: 11,
+            ..SamplerConfig::default()
+        };
         let mut s = Sampler::new(cfg).unwrap();
         for _ in 0..50 {
             let t = s.sample(&logits(), &[]).unwrap();
@@ -223,7 +252,11 @@ mod tests {
 
     #[test]
     fn same_seed_same_choices_and_frequencies_follow_probabilities() {
-        let cfg = SamplerConfig { temperature: 1.0, seed: 42, ..SamplerConfig::default() };
+        let cfg = SamplerConfig {
+            temperature: 1.0,
+            seed: 42,
+            ..SamplerConfig::default()
+        };
         let l = vec![0.0f32, (3.0f32).ln()]; // probabilities 1/4 and 3/4
         let mut a = Sampler::new(cfg.clone()).unwrap();
         let mut b = Sampler::new(cfg).unwrap();
@@ -240,10 +273,22 @@ mod tests {
     #[test]
     fn bad_settings_are_rejected() {
         for cfg in [
-            SamplerConfig { temperature: -1.0, ..SamplerConfig::default() },
-            SamplerConfig { top_p: 0.0, ..SamplerConfig::default() },
-            SamplerConfig { min_p: 2.0, ..SamplerConfig::default() },
-            SamplerConfig { repetition_penalty: 0.0, ..SamplerConfig::default() },
+            SamplerConfig {
+                temperature: -1.0,
+                ..SamplerConfig::default()
+            },
+            SamplerConfig {
+                top_p: 0.0,
+                ..SamplerConfig::default()
+            },
+            SamplerConfig {
+                min_p: 2.0,
+                ..SamplerConfig::default()
+            },
+            SamplerConfig {
+                repetition_penalty: 0.0,
+                ..SamplerConfig::default()
+            },
         ] {
             assert!(Sampler::new(cfg).is_err());
         }

@@ -117,7 +117,10 @@ pub fn write_synthetic(
     out: &Path,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<()> {
-    if !matches!(spec.quant, DType::Q4_0 | DType::Q4_1 | DType::Q8_0 | DType::Q4K) {
+    if !matches!(
+        spec.quant,
+        DType::Q4_0 | DType::Q4_1 | DType::Q8_0 | DType::Q4K
+    ) {
         return Err(Error::InvalidArgument(format!(
             "synth writes q4_0, q4_1, q8_0 or q4_k matrices, not {}",
             spec.quant
@@ -156,7 +159,12 @@ pub fn write_synthetic(
         }
     };
     let (d, hd, f) = (p.dim, head_dim, p.ffn_dim);
-    w.add_tensor_with("token_embd.weight", &[p.vocab, d], DType::Q8_0, random_matrix(next_id(), d, DType::Q8_0, 1.0))?;
+    w.add_tensor_with(
+        "token_embd.weight",
+        &[p.vocab, d],
+        DType::Q8_0,
+        random_matrix(next_id(), d, DType::Q8_0, 1.0),
+    )?;
     for i in 0..p.n_layer {
         let n = |s: &str| format!("blk.{i}.{s}.weight");
         w.add_tensor_with(&n("attn_norm"), &[d], DType::F32, ones())?;
@@ -167,18 +175,33 @@ pub fn write_synthetic(
             ("attn_output", d, p.n_head * hd),
         ] {
             let t = mat_type(cols);
-            w.add_tensor_with(&n(name), &[rows, cols], t, random_matrix(next_id(), cols, t, fan_in_scale(cols)))?;
+            w.add_tensor_with(
+                &n(name),
+                &[rows, cols],
+                t,
+                random_matrix(next_id(), cols, t, fan_in_scale(cols)),
+            )?;
         }
         w.add_tensor_with(&n("ffn_norm"), &[d], DType::F32, ones())?;
         for (name, rows, cols) in [("ffn_gate", f, d), ("ffn_up", f, d), ("ffn_down", d, f)] {
             let t = mat_type(cols);
-            w.add_tensor_with(&n(name), &[rows, cols], t, random_matrix(next_id(), cols, t, fan_in_scale(cols)))?;
+            w.add_tensor_with(
+                &n(name),
+                &[rows, cols],
+                t,
+                random_matrix(next_id(), cols, t, fan_in_scale(cols)),
+            )?;
         }
     }
     w.add_tensor_with("output_norm.weight", &[d], DType::F32, ones())?;
     if !p.tied {
         let t = mat_type(d);
-        w.add_tensor_with("output.weight", &[p.vocab, d], t, random_matrix(next_id(), d, t, fan_in_scale(d)))?;
+        w.add_tensor_with(
+            "output.weight",
+            &[p.vocab, d],
+            t,
+            random_matrix(next_id(), d, t, fan_in_scale(d)),
+        )?;
     }
     w.write_to(out, progress)
 }
@@ -218,23 +241,26 @@ fn random_matrix<'a>(
         let row_bytes = dtype.bytes_for(cols).ok_or_else(|| {
             Error::InvalidArgument(format!("{cols} columns are not whole {dtype} blocks"))
         })?;
-        bytes.par_chunks_mut(row_bytes).enumerate().try_for_each(|(r, out)| {
-            let mut state = seed ^ (r as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
-            let values: Vec<f32> = (0..cols)
-                .map(|_| {
-                    state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-                    let mut z = state;
-                    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-                    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-                    z ^= z >> 31;
-                    let unit = (z >> 40) as f32 / (1u64 << 24) as f32;
-                    (unit * 2.0 - 1.0) * scale
-                })
-                .collect();
-            let q = crate::quant::quantize(dtype, &values)?;
-            out.copy_from_slice(&q);
-            Ok(())
-        })
+        bytes
+            .par_chunks_mut(row_bytes)
+            .enumerate()
+            .try_for_each(|(r, out)| {
+                let mut state = seed ^ (r as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
+                let values: Vec<f32> = (0..cols)
+                    .map(|_| {
+                        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                        let mut z = state;
+                        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                        z ^= z >> 31;
+                        let unit = (z >> 40) as f32 / (1u64 << 24) as f32;
+                        (unit * 2.0 - 1.0) * scale
+                    })
+                    .collect();
+                let q = crate::quant::quantize(dtype, &values)?;
+                out.copy_from_slice(&q);
+                Ok(())
+            })
     })
 }
 
@@ -242,7 +268,11 @@ fn random_matrix<'a>(
 /// makes a byte-level vocabulary when there is no source.
 fn add_tokenizer(w: &mut GgufWriter<'_>, from: Option<&GgufFile>, vocab: usize) -> Result<()> {
     let Some(src) = from else {
-        let mut tokens: Vec<String> = vec!["<|endoftext|>".into(), "<|im_start|>".into(), "<|im_end|>".into()];
+        let mut tokens: Vec<String> = vec![
+            "<|endoftext|>".into(),
+            "<|im_start|>".into(),
+            "<|im_end|>".into(),
+        ];
         let mut types = vec![3i32, 3, 3];
         for b in 0..=255u32 {
             tokens.push(byte_level_char(b).to_string());
@@ -252,14 +282,25 @@ fn add_tokenizer(w: &mut GgufWriter<'_>, from: Option<&GgufFile>, vocab: usize) 
     };
     let strings = |key: &str| -> Result<Vec<String>> {
         match src.get(key).and_then(Value::as_array) {
-            Some(a) => Ok(a.values.iter().filter_map(|v| v.as_str().map(str::to_string)).collect()),
+            Some(a) => Ok(a
+                .values
+                .iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()),
             None => Err(src.err(format!("tokenizer source lacks `{key}`"))),
         }
     };
     let tokens = strings("tokenizer.ggml.tokens")?;
     let merges = strings("tokenizer.ggml.merges").unwrap_or_default();
-    let types: Vec<i32> = match src.get("tokenizer.ggml.token_type").and_then(Value::as_array) {
-        Some(a) => a.values.iter().map(|v| v.as_integer().unwrap_or(1) as i32).collect(),
+    let types: Vec<i32> = match src
+        .get("tokenizer.ggml.token_type")
+        .and_then(Value::as_array)
+    {
+        Some(a) => a
+            .values
+            .iter()
+            .map(|v| v.as_integer().unwrap_or(1) as i32)
+            .collect(),
         None => vec![1; tokens.len()],
     };
     if tokens.len() > vocab {
@@ -270,12 +311,19 @@ fn add_tokenizer(w: &mut GgufWriter<'_>, from: Option<&GgufFile>, vocab: usize) 
     }
     for (k, v) in src.metadata() {
         let copied = k.starts_with("tokenizer.")
-            && !matches!(k.as_str(), "tokenizer.ggml.tokens" | "tokenizer.ggml.token_type" | "tokenizer.ggml.merges");
+            && !matches!(
+                k.as_str(),
+                "tokenizer.ggml.tokens" | "tokenizer.ggml.token_type" | "tokenizer.ggml.merges"
+            );
         if copied {
             w.add(k, v.clone())?;
         }
     }
-    let pre = src.get("tokenizer.ggml.pre").and_then(Value::as_str).unwrap_or("smollm").to_string();
+    let pre = src
+        .get("tokenizer.ggml.pre")
+        .and_then(Value::as_str)
+        .unwrap_or("smollm")
+        .to_string();
     let has_model = src.get("tokenizer.ggml.model").is_some();
     pad_and_add_arrays(w, tokens, types, vocab, merges)?;
     if !has_model {
@@ -320,7 +368,10 @@ fn pad_and_add_arrays(
     w.add_i32_array("tokenizer.ggml.token_type", &types)?;
     w.add(
         "tokenizer.ggml.merges",
-        Value::Array(Array { elem_type: ValueType::String, values: merges.into_iter().map(Value::String).collect() }),
+        Value::Array(Array {
+            elem_type: ValueType::String,
+            values: merges.into_iter().map(Value::String).collect(),
+        }),
     )?;
     Ok(())
 }
@@ -333,7 +384,9 @@ fn byte_level_char(b: u32) -> char {
     } else {
         // Unprintable bytes map to 256 + their rank among the unprintable bytes.
         let rank = (0..b)
-            .filter(|&x| !((33..=126).contains(&x) || (161..=172).contains(&x) || (174..=255).contains(&x)))
+            .filter(|&x| {
+                !((33..=126).contains(&x) || (161..=172).contains(&x) || (174..=255).contains(&x))
+            })
             .count() as u32;
         char::from_u32(256 + rank).unwrap_or('?')
     }

@@ -20,8 +20,17 @@ impl Check {
         if allowed.contains(&buf.dtype()) {
             return Ok(());
         }
-        let expected = allowed.iter().map(|d| d.name()).collect::<Vec<_>>().join(" or ");
-        Err(Error::DType { op: self.op, arg, got: buf.dtype(), expected })
+        let expected = allowed
+            .iter()
+            .map(|d| d.name())
+            .collect::<Vec<_>>()
+            .join(" or ");
+        Err(Error::DType {
+            op: self.op,
+            arg,
+            got: buf.dtype(),
+            expected,
+        })
     }
 
     /// The buffer must hold exactly `elems` elements.
@@ -29,7 +38,11 @@ impl Check {
         if buf.elems() == elems {
             return Ok(());
         }
-        Err(Error::shape(self.op, arg, format!("has {} elements, expected {elems}", buf.elems())))
+        Err(Error::shape(
+            self.op,
+            arg,
+            format!("has {} elements, expected {elems}", buf.elems()),
+        ))
     }
 
     /// The buffer's dimensions must equal `dims`.
@@ -37,7 +50,11 @@ impl Check {
         if buf.dims() == dims {
             return Ok(());
         }
-        Err(Error::shape(self.op, arg, format!("has shape {:?}, expected {dims:?}", buf.dims())))
+        Err(Error::shape(
+            self.op,
+            arg,
+            format!("has shape {:?}, expected {dims:?}", buf.dims()),
+        ))
     }
 
     /// The buffer's last dimension must be `n`.
@@ -48,7 +65,11 @@ impl Check {
         Err(Error::shape(
             self.op,
             arg,
-            format!("has last dimension {} (shape {:?}), expected {n}", buf.shape().last(), buf.dims()),
+            format!(
+                "has last dimension {} (shape {:?}), expected {n}",
+                buf.shape().last(),
+                buf.dims()
+            ),
         ))
     }
 

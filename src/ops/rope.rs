@@ -81,9 +81,11 @@ pub fn rope(
     })?;
     let rows = x.dims()[0];
     let row_len = x.elems() / rows;
-    check.require("head_dim", head_dim > 0 && row_len.is_multiple_of(head_dim), || {
-        format!("{head_dim} does not divide the row length {row_len}")
-    })?;
+    check.require(
+        "head_dim",
+        head_dim > 0 && row_len.is_multiple_of(head_dim),
+        || format!("{head_dim} does not divide the row length {row_len}"),
+    )?;
     check.require(
         "rotary_dim",
         rotary_dim >= 2 && rotary_dim % 2 == 0 && rotary_dim <= head_dim,

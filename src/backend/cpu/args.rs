@@ -22,7 +22,11 @@ pub struct KernelArgs<'a> {
 impl<'a> KernelArgs<'a> {
     /// Wraps a dispatch's arguments.
     pub fn new(kernel: KernelId, args: &'a [Arg]) -> Self {
-        KernelArgs { kernel, args, taken: Cell::new(0) }
+        KernelArgs {
+            kernel,
+            args,
+            taken: Cell::new(0),
+        }
     }
 
     /// The kernel these arguments belong to.
@@ -41,7 +45,10 @@ impl<'a> KernelArgs<'a> {
     }
 
     fn err(&self, msg: String) -> Error {
-        Error::Kernel { kernel: self.kernel.0, msg }
+        Error::Kernel {
+            kernel: self.kernel.0,
+            msg,
+        }
     }
 
     /// The buffer argument at `index`.
@@ -108,8 +115,12 @@ impl<'a> KernelArgs<'a> {
     /// The read-only buffer argument at `index` as a slice of `T`.
     pub fn input<T: bytemuck::Pod>(&self, index: usize) -> Result<&'a [T]> {
         let bytes = self.input_bytes(index)?;
-        bytemuck::try_cast_slice(bytes)
-            .map_err(|e| self.err(format!("argument {index} as {}: {e}", std::any::type_name::<T>())))
+        bytemuck::try_cast_slice(bytes).map_err(|e| {
+            self.err(format!(
+                "argument {index} as {}: {e}",
+                std::any::type_name::<T>()
+            ))
+        })
     }
 
     /// The bytes of the written argument at `index`; each argument may be taken once.
@@ -140,7 +151,11 @@ impl<'a> KernelArgs<'a> {
     /// The written argument at `index` as a mutable slice of `T`; each argument may be taken once.
     pub fn output<T: bytemuck::Pod>(&self, index: usize) -> Result<&'a mut [T]> {
         let bytes = self.output_bytes(index)?;
-        bytemuck::try_cast_slice_mut(bytes)
-            .map_err(|e| self.err(format!("argument {index} as {}: {e}", std::any::type_name::<T>())))
+        bytemuck::try_cast_slice_mut(bytes).map_err(|e| {
+            self.err(format!(
+                "argument {index} as {}: {e}",
+                std::any::type_name::<T>()
+            ))
+        })
     }
 }

@@ -39,7 +39,10 @@ impl CpuRegistry {
         self.kernels
             .get(id.0)
             .copied()
-            .ok_or_else(|| Error::UnknownKernel { name: id.0.to_string(), backend: "cpu" })
+            .ok_or_else(|| Error::UnknownKernel {
+                name: id.0.to_string(),
+                backend: "cpu",
+            })
     }
 
     /// Number of kernels.
@@ -79,7 +82,11 @@ impl CpuDevice {
         let mut registry = CpuRegistry::default();
         kernels::register_all(&mut registry);
         let worker = worker::Worker::start(pool.clone())?;
-        Ok(CpuDevice { pool, registry: Arc::new(RwLock::new(registry)), worker })
+        Ok(CpuDevice {
+            pool,
+            registry: Arc::new(RwLock::new(registry)),
+            worker,
+        })
     }
 
     /// Number of pool threads.
@@ -124,19 +131,25 @@ impl CpuDevice {
     }
 
     pub(crate) fn alloc_bytes(&self, bytes: usize) -> Result<Arc<Allocation>> {
-        let mem = HostMemory::zeroed(bytes)
-            .ok_or_else(|| Error::Backend(format!("out of host memory allocating {bytes} bytes")))?;
+        let mem = HostMemory::zeroed(bytes).ok_or_else(|| {
+            Error::Backend(format!("out of host memory allocating {bytes} bytes"))
+        })?;
         Ok(Allocation::new(bytes, Memory::Host(mem)))
     }
 
     pub(crate) fn write_bytes(&self, buf: &Buffer, bytes: &[u8]) -> Result<()> {
         let ptr = buf.allocation().memory.host_ptr_mut().ok_or_else(|| {
-            Error::View(format!("{buf:?} is read-only ({})", buf.allocation().location()))
+            Error::View(format!(
+                "{buf:?} is read-only ({})",
+                buf.allocation().location()
+            ))
         })?;
         // SAFETY: the view lies inside its allocation and `bytes` has the view's length (checked
         // by `Device::write_bytes`); no submission is in flight while the host writes (sessions
         // wait for their submissions before returning).
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr.add(buf.offset()), bytes.len()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr.add(buf.offset()), bytes.len())
+        };
         Ok(())
     }
 
@@ -152,12 +165,19 @@ impl CpuDevice {
 }
 
 /// Wraps a file mapping as a read-only allocation (zero-copy model weights on the CPU).
-pub fn map_allocation(map: Arc<memmap2::Mmap>, offset: usize, len: usize) -> Result<Arc<Allocation>> {
+pub fn map_allocation(
+    map: Arc<memmap2::Mmap>,
+    offset: usize,
+    len: usize,
+) -> Result<Arc<Allocation>> {
     if offset.checked_add(len).is_none_or(|end| end > map.len()) {
         return Err(Error::View(format!(
             "mapped window {offset}+{len} exceeds the file's {} bytes",
             map.len()
         )));
     }
-    Ok(Allocation::new(len, Memory::Mapped(super::MappedMemory { map, offset })))
+    Ok(Allocation::new(
+        len,
+        Memory::Mapped(super::MappedMemory { map, offset }),
+    ))
 }

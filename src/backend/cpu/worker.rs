@@ -49,11 +49,17 @@ impl Worker {
                 }
             })
             .map_err(|e| Error::Backend(format!("cannot start the CPU submit thread: {e}")))?;
-        Ok(Worker { tx: Mutex::new(Some(tx)), handle: Mutex::new(Some(handle)) })
+        Ok(Worker {
+            tx: Mutex::new(Some(tx)),
+            handle: Mutex::new(Some(handle)),
+        })
     }
 
     fn send(&self, job: Job) -> Result<()> {
-        let tx = self.tx.lock().map_err(|_| Error::Backend("worker lock poisoned".into()))?;
+        let tx = self
+            .tx
+            .lock()
+            .map_err(|_| Error::Backend("worker lock poisoned".into()))?;
         tx.as_ref()
             .ok_or_else(|| Error::Backend("CPU worker stopped".into()))?
             .send(job)
@@ -117,15 +123,25 @@ pub struct CpuEncoder {
 
 impl CpuEncoder {
     pub(crate) fn new(device: Arc<CpuDevice>) -> Self {
-        CpuEncoder { device, groups: vec![Vec::new()], dispatches: 0 }
+        CpuEncoder {
+            device,
+            groups: vec![Vec::new()],
+            dispatches: 0,
+        }
     }
 
     /// Adds a dispatch to the current group. The caller guarantees (by placing barriers) that it
     /// conflicts with nothing else in the group.
     pub fn encode(&mut self, dispatch: &Dispatch) -> Result<()> {
         let kernel = self.device.kernel(dispatch.kernel())?;
-        let group = self.groups.last_mut().expect("an encoder always has a current group");
-        group.push(Encoded { kernel, dispatch: dispatch.clone() });
+        let group = self
+            .groups
+            .last_mut()
+            .expect("an encoder always has a current group");
+        group.push(Encoded {
+            kernel,
+            dispatch: dispatch.clone(),
+        });
         self.dispatches += 1;
         Ok(())
     }
@@ -146,7 +162,10 @@ impl CpuEncoder {
     pub fn submit(mut self) -> Result<CpuSubmission> {
         self.groups.retain(|g| !g.is_empty());
         let done = Arc::new(Completion::default());
-        self.device.worker().send(Job { groups: self.groups, done: done.clone() })?;
+        self.device.worker().send(Job {
+            groups: self.groups,
+            done: done.clone(),
+        })?;
         Ok(CpuSubmission { done })
     }
 }
@@ -159,12 +178,20 @@ pub struct CpuSubmission {
 impl CpuSubmission {
     /// Blocks until the work has run; returns the first kernel error, if any.
     pub fn wait(self) -> Result<()> {
-        let mut state = self.done.state.lock().map_err(|_| Error::Backend("lock poisoned".into()))?;
+        let mut state = self
+            .done
+            .state
+            .lock()
+            .map_err(|_| Error::Backend("lock poisoned".into()))?;
         loop {
             if let Some(result) = state.take() {
                 return result;
             }
-            state = self.done.cv.wait(state).map_err(|_| Error::Backend("lock poisoned".into()))?;
+            state = self
+                .done
+                .cv
+                .wait(state)
+                .map_err(|_| Error::Backend("lock poisoned".into()))?;
         }
     }
 }
