@@ -15,7 +15,6 @@ use std::sync::Arc;
 
 use cudarc::driver::result;
 
-use super::memory::driver_err;
 use super::CudaDevice;
 use crate::backend::{Buffer, Memory};
 use crate::error::{Error, Result};
@@ -120,7 +119,10 @@ impl CudaEncoder {
         }
         .map_err(|e| Error::Kernel {
             kernel: name,
-            msg: format!("launch {grid:?} failed: {e}"),
+            msg: format!(
+                "launch {grid:?} failed: {}",
+                self.device.driver_error("cuLaunchKernel", e)
+            ),
         })?;
         self.launches += 1;
         if self.sync_each_launch {
@@ -150,6 +152,6 @@ impl CudaEncoder {
 pub(crate) fn sync_stream(device: &CudaDevice) -> Result<()> {
     device.bind()?;
     // SAFETY: the stream handle belongs to the device's live stream object.
-    unsafe { result::stream::synchronize(device.cu_stream()) }
-        .map_err(driver_err("waiting for the CUDA stream"))
+    let waited = unsafe { result::stream::synchronize(device.cu_stream()) };
+    device.driver("waiting for the CUDA stream (cuStreamSynchronize)", waited)
 }

@@ -26,12 +26,10 @@ use super::{CudaDevice, Kernel};
 use crate::error::{Error, Result};
 use crate::graph::{Arg, Dispatch, Scalar};
 
-fn check(what: &'static str, r: sys::CUresult) -> Result<()> {
-    if r == sys::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(Error::Cuda(format!("{what} failed: {r:?}")))
-    }
+/// A raw driver status as a result, through the device (so a fault that breaks the context is
+/// remembered and named in the error).
+fn check(device: &CudaDevice, what: &'static str, r: sys::CUresult) -> Result<()> {
+    device.driver(what, r.result())
 }
 
 /// The 8-byte parameter slots of one dispatch, as the encoder lays them out.
@@ -91,7 +89,7 @@ impl CudaGraph {
         device.bind()?;
         let mut graph: sys::CUgraph = std::ptr::null_mut();
         // SAFETY: `graph` is valid for writes; flags must be 0.
-        check("cuGraphCreate", unsafe {
+        check(device, "cuGraphCreate", unsafe {
             sys::cuGraphCreate(&mut graph, 0)
         })?;
         let mut this = CudaGraph {
@@ -139,7 +137,7 @@ impl CudaGraph {
             // a valid function handle (kept alive in `_kernels`) and to `params`, whose entries
             // point to live slots holding values of the types the kernel declares (the encoder's
             // layout); the driver copies the parameter values during this call.
-            check("cuGraphAddKernelNode", unsafe {
+            check(device, "cuGraphAddKernelNode", unsafe {
                 sys::cuGraphAddKernelNode_v2(&mut node, this.graph, deps.as_ptr(), deps.len(), &np)
             })
             .map_err(|e| Error::Kernel {
@@ -153,7 +151,7 @@ impl CudaGraph {
         }
         let mut exec: sys::CUgraphExec = std::ptr::null_mut();
         // SAFETY: `this.graph` is a complete, live graph; `exec` is valid for writes.
-        check("cuGraphInstantiateWithFlags", unsafe {
+        check(device, "cuGraphInstantiateWithFlags", unsafe {
             sys::cuGraphInstantiateWithFlags(&mut exec, this.graph, 0)
         })?;
         this.exec = exec;
@@ -174,7 +172,7 @@ impl CudaGraph {
     pub fn launch(&self) -> Result<()> {
         self.device.bind()?;
         // SAFETY: `exec` is the live instantiation of this graph; the stream is the device's.
-        check("cuGraphLaunch", unsafe {
+        check(&self.device, "cuGraphLaunch", unsafe {
             sys::cuGraphLaunch(self.exec, self.device.cu_stream())
         })
     }
@@ -213,7 +211,7 @@ impl GpuEvent {
         device.bind()?;
         let mut event: sys::CUevent = std::ptr::null_mut();
         // SAFETY: `event` is valid for writes; flags 0 is a default (timing) event.
-        check("cuEventCreate", unsafe {
+        check(device, "cuEventCreate", unsafe {
             sys::cuEventCreate(&mut event, 0)
         })?;
         Ok(GpuEvent {
@@ -226,7 +224,7 @@ impl GpuEvent {
     pub fn record(&self) -> Result<()> {
         self.device.bind()?;
         // SAFETY: live event and stream of the same context.
-        check("cuEventRecord", unsafe {
+        check(&self.device, "cuEventRecord", unsafe {
             sys::cuEventRecord(self.event, self.device.cu_stream())
         })
     }
@@ -237,8 +235,13 @@ impl GpuEvent {
         let mut ms = 0f32;
         // SAFETY: both events are live and recorded; `ms` is valid for writes.
         unsafe {
-            check("cuEventSynchronize", sys::cuEventSynchronize(later.event))?;
             check(
+                &self.device,
+                "cuEventSynchronize",
+                sys::cuEventSynchronize(later.event),
+            )?;
+            check(
+                &self.device,
                 "cuEventElapsedTime",
                 sys::cuEventElapsedTime_v2(&mut ms, self.event, later.event),
             )?;

@@ -21,6 +21,77 @@ pub(crate) fn driver_err(what: &str) -> impl FnOnce(result::DriverError) -> Erro
     move |e| Error::Cuda(format!("{what}: {e}"))
 }
 
+/// Whether a driver error leaves the context unusable (a kernel faulted: every later call in the
+/// context fails the same way until the process exits).
+pub(crate) fn is_sticky(e: &result::DriverError) -> bool {
+    use sys::CUresult as R;
+    matches!(
+        e.0,
+        R::CUDA_ERROR_ILLEGAL_ADDRESS
+            | R::CUDA_ERROR_LAUNCH_FAILED
+            | R::CUDA_ERROR_LAUNCH_TIMEOUT
+            | R::CUDA_ERROR_MISALIGNED_ADDRESS
+            | R::CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | R::CUDA_ERROR_INVALID_PC
+            | R::CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | R::CUDA_ERROR_HARDWARE_STACK_ERROR
+            | R::CUDA_ERROR_ASSERT
+            | R::CUDA_ERROR_ECC_UNCORRECTABLE
+    )
+}
+
+/// A byte count in words: `1099511627776 bytes (1024.0 GiB)`.
+fn bytes_in_words(bytes: usize) -> String {
+    const GIB: f64 = (1u64 << 30) as f64;
+    const MIB: f64 = (1u64 << 20) as f64;
+    let b = bytes as f64;
+    if b >= GIB {
+        format!("{bytes} bytes ({:.1} GiB)", b / GIB)
+    } else {
+        format!("{bytes} bytes ({:.1} MiB)", b / MIB)
+    }
+}
+
+/// `cuMemAlloc` of `bytes` in `ctx` (made current here). When the device is out of memory,
+/// `reclaim` is asked to free cached blocks (it returns the bytes it freed) and, if it freed any,
+/// the allocation is tried once more. The error names the size, what it was for, and what the
+/// device had free.
+fn malloc_reclaiming(
+    ctx: &CudaContext,
+    bytes: usize,
+    what: &str,
+    reclaim: &dyn Fn() -> usize,
+) -> Result<sys::CUdeviceptr> {
+    ctx.bind_to_thread()
+        .map_err(driver_err("binding the CUDA context"))?;
+    // SAFETY: the context is current; callers pass a non-zero size.
+    let mut r = unsafe { result::malloc_sync(bytes) };
+    if matches!(&r, Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY) && reclaim() > 0 {
+        ctx.bind_to_thread()
+            .map_err(driver_err("binding the CUDA context"))?;
+        // SAFETY: as above.
+        r = unsafe { result::malloc_sync(bytes) };
+    }
+    r.map_err(|e| {
+        let size = bytes_in_words(bytes);
+        if e.0 != sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            return Error::Cuda(format!("cuMemAlloc of {size} ({what}): {e}"));
+        }
+        let free = match result::mem_get_info() {
+            Ok((free, total)) => format!(
+                "; the device has {} free of {}",
+                bytes_in_words(free),
+                bytes_in_words(total)
+            ),
+            Err(_) => String::new(),
+        };
+        Error::Cuda(format!(
+            "out of device memory: cuMemAlloc of {size} ({what}) on cuda:{} failed{free}",
+            ctx.ordinal()
+        ))
+    })
+}
+
 /// One block of device memory.
 pub struct CudaMemory {
     ctx: Arc<CudaContext>,
@@ -39,12 +110,18 @@ unsafe impl Sync for CudaMemory {}
 impl CudaMemory {
     /// Allocates `bytes` (at least 1) of plain device memory, zeroed.
     pub(crate) fn alloc_zeroed(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self> {
+        Self::alloc_zeroed_reclaiming(ctx, bytes, &|| 0)
+    }
+
+    /// As [`CudaMemory::alloc_zeroed`]; when the device is out of memory, `reclaim` may free
+    /// cached blocks (returning the bytes freed) before one more try.
+    pub(crate) fn alloc_zeroed_reclaiming(
+        ctx: &Arc<CudaContext>,
+        bytes: usize,
+        reclaim: &dyn Fn() -> usize,
+    ) -> Result<Self> {
         let block_bytes = bytes.max(1);
-        ctx.bind_to_thread()
-            .map_err(driver_err("binding the CUDA context"))?;
-        // SAFETY: the context is current; the size is non-zero.
-        let ptr = unsafe { result::malloc_sync(block_bytes) }
-            .map_err(driver_err(&format!("cuMemAlloc of {block_bytes} bytes")))?;
+        let ptr = malloc_reclaiming(ctx, block_bytes, "a buffer", reclaim)?;
         let mem = CudaMemory {
             ctx: ctx.clone(),
             ptr,
@@ -171,13 +248,10 @@ impl ScratchPool {
             }
             None => {
                 self.misses.fetch_add(1, Ordering::Relaxed);
-                self.ctx
-                    .bind_to_thread()
-                    .map_err(driver_err("binding the CUDA context"))?;
-                // SAFETY: the context is current; the class size is non-zero.
-                unsafe { result::malloc_sync(class) }.map_err(driver_err(&format!(
-                    "cuMemAlloc of {class} bytes (scratch)"
-                )))?
+                // Out of memory with blocks of other classes cached: free them, try once more.
+                malloc_reclaiming(&self.ctx, class, "a scratch block", &|| {
+                    self.release_cached()
+                })?
             }
         };
         Ok(CudaMemory {
@@ -197,13 +271,24 @@ impl ScratchPool {
 
     /// Frees every cached block.
     pub fn trim(&self) {
-        let blocks: Vec<sys::CUdeviceptr> = match self.free.lock() {
-            Ok(mut free) => free.drain().flat_map(|(_, v)| v).collect(),
-            Err(_) => return,
+        self.release_cached();
+    }
+
+    /// Frees every cached block; returns the bytes freed.
+    pub(crate) fn release_cached(&self) -> usize {
+        let blocks: Vec<(usize, sys::CUdeviceptr)> = match self.free.lock() {
+            Ok(mut free) => free
+                .drain()
+                .flat_map(|(class, v)| v.into_iter().map(move |p| (class, p)))
+                .collect(),
+            Err(_) => return 0,
         };
-        for p in blocks {
+        let mut freed = 0;
+        for (class, p) in blocks {
             free_block(&self.ctx, p);
+            freed += class;
         }
+        freed
     }
 
     /// The pool's counters.
@@ -234,7 +319,19 @@ impl Drop for ScratchPool {
 
 #[cfg(test)]
 mod tests {
-    use super::size_class;
+    use super::{bytes_in_words, is_sticky, result::DriverError, size_class, sys::CUresult};
+
+    #[test]
+    fn sizes_in_words_and_sticky_errors() {
+        assert_eq!(bytes_in_words(1 << 40), "1099511627776 bytes (1024.0 GiB)");
+        assert_eq!(bytes_in_words(3 << 19), "1572864 bytes (1.5 MiB)");
+        assert!(is_sticky(&DriverError(
+            CUresult::CUDA_ERROR_ILLEGAL_ADDRESS
+        )));
+        assert!(is_sticky(&DriverError(CUresult::CUDA_ERROR_LAUNCH_FAILED)));
+        assert!(!is_sticky(&DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY)));
+        assert!(!is_sticky(&DriverError(CUresult::CUDA_ERROR_INVALID_VALUE)));
+    }
 
     #[test]
     fn size_classes_cover_requests_with_bounded_waste() {

@@ -9,6 +9,11 @@
 //! - [`CudaEncoder`] launches dispatches into the stream; stream order is the barrier.
 //! - Kernel-detected bad arguments (a token id outside the vocabulary, ...) land in the device's
 //!   error record and come back as errors from [`CudaDevice::synchronize`] (see [`fault`]).
+//! - Every driver call's failure becomes [`Error::Cuda`] naming the call. Out of memory names the
+//!   size and what the device had free (the scratch pool's cached blocks are freed and the
+//!   allocation tried once more first). A kernel fault (an illegal address, ...) breaks the
+//!   context for good: the error says so, the device remembers it, and every later call on it
+//!   returns an error at once ([`CudaDevice::fault`]) instead of reaching the driver.
 
 mod cache;
 mod encoder;
@@ -30,13 +35,13 @@ pub use registry::{
 use std::ffi::c_int;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
 
 use super::{Allocation, Buffer, Memory};
 use crate::error::{Error, Result};
-use memory::driver_err;
+use memory::{driver_err, is_sticky};
 
 /// The architecture NVRTC targets when there is no device to ask (H100 / H200).
 pub const DEFAULT_ARCH: &str = "sm_90";
@@ -153,6 +158,7 @@ pub struct CudaDevice {
     pool: Arc<ScratchPool>,
     sync_each_launch: AtomicBool,
     error_record: CudaMemory,
+    fault: OnceLock<String>,
 }
 
 impl CudaDevice {
@@ -190,6 +196,7 @@ impl CudaDevice {
             pool,
             sync_each_launch: AtomicBool::new(options.sync_each_launch),
             error_record,
+            fault: OnceLock::new(),
         })
     }
 
@@ -243,11 +250,47 @@ impl CudaDevice {
         self.sync_each_launch.store(on, Ordering::Relaxed);
     }
 
-    /// Makes the device's context current on this thread.
+    /// The fault that broke the device's context, if one did: after a kernel faulted (an illegal
+    /// address, a trap, ...) every call on this device returns an error naming it.
+    pub fn fault(&self) -> Option<&str> {
+        self.fault.get().map(String::as_str)
+    }
+
+    /// An error when an earlier fault broke the context.
+    fn ensure_usable(&self) -> Result<()> {
+        match self.fault.get() {
+            None => Ok(()),
+            Some(first) => Err(Error::Cuda(format!(
+                "{} is unusable: an earlier fault broke its context ({first}); restart the \
+                 process to use the GPU again",
+                self.name()
+            ))),
+        }
+    }
+
+    /// Converts a driver call's result, naming the call (`what`). A fault that breaks the
+    /// context is remembered (later calls fail at once) and the error says so.
+    pub(crate) fn driver<T>(&self, what: &str, r: Result<T, result::DriverError>) -> Result<T> {
+        r.map_err(|e| self.driver_error(what, e))
+    }
+
+    /// The error for a failed driver call (see [`CudaDevice::driver`]).
+    pub(crate) fn driver_error(&self, what: &str, e: result::DriverError) -> Error {
+        if !is_sticky(&e) {
+            return Error::Cuda(format!("{what}: {e}"));
+        }
+        let first = self.fault.get_or_init(|| format!("{what}: {e}"));
+        Error::Cuda(format!(
+            "{what}: {e}; a kernel faulted, which leaves the CUDA context of {} unusable (every \
+             later call on it fails; first fault: {first}); restart the process",
+            self.name()
+        ))
+    }
+
+    /// Makes the device's context current on this thread (an error once a fault broke it).
     pub(crate) fn bind(&self) -> Result<()> {
-        self.ctx
-            .bind_to_thread()
-            .map_err(driver_err("binding the CUDA context"))
+        self.ensure_usable()?;
+        self.driver("binding the CUDA context", self.ctx.bind_to_thread())
     }
 
     /// Waits until everything in the stream has run; reports asynchronous kernel faults, and the
@@ -264,14 +307,14 @@ impl CudaDevice {
         let record = self.error_record.device_ptr();
         // SAFETY: the record is a live allocation of `RECORD_BYTES` bytes in this (current, bound
         // by `sync_stream`) context, and the stream that kernels write it from is idle.
-        unsafe { result::memcpy_dtoh_sync(&mut words, record) }
-            .map_err(driver_err("reading the kernel error record"))?;
+        let copied = unsafe { result::memcpy_dtoh_sync(&mut words, record) };
+        self.driver("reading the kernel error record", copied)?;
         let Some(err) = fault::record_error(&words) else {
             return Ok(());
         };
         // SAFETY: as above.
-        unsafe { result::memset_d8_sync(record, 0, fault::RECORD_BYTES) }
-            .map_err(driver_err("clearing the kernel error record"))?;
+        let cleared = unsafe { result::memset_d8_sync(record, 0, fault::RECORD_BYTES) };
+        self.driver("clearing the kernel error record", cleared)?;
         Err(err)
     }
 
@@ -280,14 +323,18 @@ impl CudaDevice {
         CudaEncoder::new(self.clone())
     }
 
-    /// A zeroed plain allocation.
+    /// A zeroed plain allocation. Out of memory, the scratch pool's cached blocks are freed and
+    /// the allocation tried once more; the error names the size.
     pub(crate) fn alloc_bytes(&self, bytes: usize) -> Result<Arc<Allocation>> {
-        let mem = CudaMemory::alloc_zeroed(&self.ctx, bytes)?;
+        self.ensure_usable()?;
+        let mem =
+            CudaMemory::alloc_zeroed_reclaiming(&self.ctx, bytes, &|| self.pool.release_cached())?;
         Ok(Allocation::new(bytes, Memory::Cuda(mem)))
     }
 
     /// A scratch allocation from the pool; its contents are undefined.
     pub(crate) fn alloc_scratch_bytes(&self, bytes: usize) -> Result<Arc<Allocation>> {
+        self.ensure_usable()?;
         let mem = self.pool.take(bytes)?;
         Ok(Allocation::new(bytes, Memory::Cuda(mem)))
     }
@@ -320,8 +367,8 @@ impl CudaDevice {
         self.bind()?;
         // SAFETY: the destination view lies inside its live allocation and has `bytes.len()`
         // bytes; the copy is waited for before `bytes` can go away.
-        unsafe { result::memcpy_htod_async(dst, bytes, self.cu_stream()) }
-            .map_err(driver_err("cuMemcpyHtoDAsync"))?;
+        let queued = unsafe { result::memcpy_htod_async(dst, bytes, self.cu_stream()) };
+        self.driver("cuMemcpyHtoDAsync", queued)?;
         self.synchronize()
     }
 
@@ -335,8 +382,8 @@ impl CudaDevice {
         self.bind()?;
         // SAFETY: the source view lies inside its live allocation and has `out.len()` bytes; the
         // copy is waited for before `out` is returned.
-        unsafe { result::memcpy_dtoh_async(&mut out, src, self.cu_stream()) }
-            .map_err(driver_err("cuMemcpyDtoHAsync"))?;
+        let queued = unsafe { result::memcpy_dtoh_async(&mut out, src, self.cu_stream()) };
+        self.driver("cuMemcpyDtoHAsync", queued)?;
         self.synchronize()?;
         Ok(out)
     }
