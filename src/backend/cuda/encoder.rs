@@ -70,6 +70,8 @@ impl CudaEncoder {
     /// Launches one dispatch (asynchronously, unless the device synchronizes every launch).
     pub fn encode(&mut self, dispatch: &Dispatch) -> Result<()> {
         let name = dispatch.kernel().0;
+        // First, so that a device broken by an earlier fault fails here, naming the fault.
+        self.device.bind()?;
         let kernel = self.device.registry().get(dispatch.kernel())?;
         let grid = dispatch.grid();
         if grid.blocks.contains(&0) || grid.threads.contains(&0) {
@@ -101,7 +103,6 @@ impl CudaEncoder {
             // SAFETY: `i` is in bounds of `slots`, which is not resized until the launch is done.
             self.params.push(unsafe { base.add(i) } as *mut c_void);
         }
-        self.device.bind()?;
         // SAFETY: the function handle is valid while `kernel` lives (it holds its module); each
         // parameter points to a live 8-byte slot holding a value of the type the kernel declares
         // for that position (same order and types as the CPU kernel's arguments, checked by the op
