@@ -249,95 +249,229 @@ impl Range {
     }
 }
 
+/// Arguments a dispatch keeps inline when built from an array.
+const INLINE_ARGS: usize = 6;
+
+/// The arguments of a dispatch, in kernel order: from a `Vec<Arg>` (kept as it is) or from an
+/// array (up to six arguments are stored inline, so building the dispatch allocates once).
+#[derive(Debug, Clone)]
+pub struct ArgList(ArgStore);
+
+#[derive(Debug, Clone)]
+enum ArgStore {
+    Inline { len: u8, items: [Arg; INLINE_ARGS] },
+    Heap(Vec<Arg>),
+}
+
+impl ArgList {
+    /// The arguments.
+    #[inline]
+    pub fn as_slice(&self) -> &[Arg] {
+        match &self.0 {
+            ArgStore::Inline { len, items } => &items[..*len as usize],
+            ArgStore::Heap(v) => v,
+        }
+    }
+}
+
+impl From<Vec<Arg>> for ArgList {
+    fn from(args: Vec<Arg>) -> Self {
+        ArgList(ArgStore::Heap(args))
+    }
+}
+
+impl<const N: usize> From<[Arg; N]> for ArgList {
+    fn from(args: [Arg; N]) -> Self {
+        if N > INLINE_ARGS {
+            return ArgList(ArgStore::Heap(args.into()));
+        }
+        let mut items: [Arg; INLINE_ARGS] = std::array::from_fn(|_| Arg::u32(0));
+        for (slot, a) in items.iter_mut().zip(args) {
+            *slot = a;
+        }
+        ArgList(ArgStore::Inline {
+            len: N as u8,
+            items,
+        })
+    }
+}
+
+/// Ranges a dispatch keeps inline; more buffer arguments spill to the heap.
+const INLINE_RANGES: usize = 8;
+
+/// A placeholder for unused inline slots.
+const NO_RANGE: Range = Range {
+    alloc: AllocId(0),
+    start: 0,
+    end: 0,
+};
+
+/// The read ranges, then the write ranges, of one dispatch, stored inline when they are few
+/// (recording a decode step then allocates nothing for them).
+#[derive(Debug, Clone)]
+enum RangeList {
+    Inline {
+        len: u8,
+        items: [Range; INLINE_RANGES],
+    },
+    Heap(Box<[Range]>),
+}
+
+impl RangeList {
+    #[inline]
+    fn as_slice(&self) -> &[Range] {
+        match self {
+            RangeList::Inline { len, items } => &items[..*len as usize],
+            RangeList::Heap(v) => v,
+        }
+    }
+}
+
 /// One kernel launch: kernel, arguments, geometry, op kind, and the read and write ranges derived
 /// from the arguments.
+///
+/// The fields live behind one pointer, so a graph node is one word and the passes move nodes for
+/// free.
 #[derive(Debug, Clone)]
 pub struct Dispatch {
+    inner: Box<DispatchInner>,
+}
+
+#[derive(Debug, Clone)]
+struct DispatchInner {
     kernel: KernelId,
-    args: Vec<Arg>,
+    args: ArgList,
     grid: Grid,
     op: OpKind,
-    /// The read ranges, then the write ranges (one allocation for both).
-    ranges: Vec<Range>,
-    n_reads: usize,
+    /// How many of `ranges` are reads (they come first).
+    n_reads: u8,
+    ranges: RangeList,
 }
 
 impl Dispatch {
     /// Builds a dispatch and derives its ranges. A written argument may not overlap any other
     /// buffer argument of the same dispatch (an in-place update is one `ReadWrite` argument).
-    pub fn new(kernel: KernelId, args: Vec<Arg>, grid: Grid, op: OpKind) -> Result<Dispatch> {
-        let buffers = || {
-            args.iter().enumerate().filter_map(|(i, a)| match a {
-                Arg::Buffer(b, acc) => Some((i, b, *acc)),
-                Arg::Scalar(_) => None,
-            })
-        };
-        let mut ranges = Vec::with_capacity(args.len());
-        for (i, buf, access) in buffers() {
-            if access.writes() {
-                let mine = Range::of(buf);
-                let hit = buffers().find(|(j, o, _)| *j != i && mine.overlaps(&Range::of(o)));
-                if let Some((j, _, _)) = hit {
-                    return Err(Error::InvalidArgument(format!(
-                        "kernel {}: written argument {i} overlaps argument {j}; \
-                         use one read-write argument for in-place updates",
-                        kernel.0
-                    )));
+    ///
+    /// `args` is a `Vec<Arg>` or an array of [`Arg`]s (an array of up to six avoids a second
+    /// allocation).
+    pub fn new(
+        kernel: KernelId,
+        args: impl Into<ArgList>,
+        grid: Grid,
+        op: OpKind,
+    ) -> Result<Dispatch> {
+        let args = args.into();
+        // Each buffer argument's range, computed once: (argument index, range, access).
+        let mut inline = [(0usize, NO_RANGE, Access::Read); INLINE_RANGES];
+        let mut spilled = Vec::new();
+        let mut count = 0;
+        for (i, a) in args.as_slice().iter().enumerate() {
+            if let Arg::Buffer(b, acc) = a {
+                let entry = (i, Range::of(b), *acc);
+                if count < INLINE_RANGES {
+                    inline[count] = entry;
+                } else {
+                    if count == INLINE_RANGES {
+                        spilled.extend_from_slice(&inline);
+                    }
+                    spilled.push(entry);
                 }
-            }
-            if access.reads() {
-                ranges.push(Range::of(buf));
+                count += 1;
             }
         }
-        let n_reads = ranges.len();
-        ranges.extend(
-            buffers()
-                .filter(|(_, _, a)| a.writes())
-                .map(|(_, b, _)| Range::of(b)),
-        );
+        let buffers: &[(usize, Range, Access)] = if count <= INLINE_RANGES {
+            &inline[..count]
+        } else {
+            &spilled
+        };
+        let mut n_reads = 0;
+        for (k, (i, mine, access)) in buffers.iter().enumerate() {
+            n_reads += access.reads() as usize;
+            if !access.writes() {
+                continue;
+            }
+            let hit = buffers
+                .iter()
+                .enumerate()
+                .find(|(l, (_, other, _))| *l != k && mine.overlaps(other));
+            if let Some((_, (j, _, _))) = hit {
+                return Err(Error::InvalidArgument(format!(
+                    "kernel {}: written argument {i} overlaps argument {j}; \
+                     use one read-write argument for in-place updates",
+                    kernel.0
+                )));
+            }
+        }
+        if n_reads > u8::MAX as usize {
+            return Err(Error::InvalidArgument(format!(
+                "kernel {}: more than {} read arguments",
+                kernel.0,
+                u8::MAX
+            )));
+        }
+        let reads = buffers.iter().filter(|b| b.2.reads()).map(|b| b.1);
+        let writes = buffers.iter().filter(|b| b.2.writes()).map(|b| b.1);
+        let ranges = if n_reads + buffers.iter().filter(|b| b.2.writes()).count() <= INLINE_RANGES {
+            let mut items = [NO_RANGE; INLINE_RANGES];
+            let mut len = 0;
+            for r in reads.chain(writes) {
+                items[len] = r;
+                len += 1;
+            }
+            RangeList::Inline {
+                len: len as u8,
+                items,
+            }
+        } else {
+            RangeList::Heap(reads.chain(writes).collect())
+        };
         Ok(Dispatch {
-            kernel,
-            args,
-            grid,
-            op,
-            ranges,
-            n_reads,
+            inner: Box::new(DispatchInner {
+                kernel,
+                args,
+                grid,
+                op,
+                n_reads: n_reads as u8,
+                ranges,
+            }),
         })
     }
 
     /// The kernel.
     pub fn kernel(&self) -> KernelId {
-        self.kernel
+        self.inner.kernel
     }
 
     /// The arguments, in kernel order.
     pub fn args(&self) -> &[Arg] {
-        &self.args
+        self.inner.args.as_slice()
     }
 
     /// Launch geometry.
     pub fn grid(&self) -> Grid {
-        self.grid
+        self.inner.grid
     }
 
     /// The op kind.
     pub fn op(&self) -> OpKind {
-        self.op
+        self.inner.op
     }
 
     /// Byte ranges the dispatch reads.
+    #[inline]
     pub fn reads(&self) -> &[Range] {
-        &self.ranges[..self.n_reads]
+        &self.inner.ranges.as_slice()[..self.inner.n_reads as usize]
     }
 
     /// Byte ranges the dispatch writes.
+    #[inline]
     pub fn writes(&self) -> &[Range] {
-        &self.ranges[self.n_reads..]
+        &self.inner.ranges.as_slice()[self.inner.n_reads as usize..]
     }
 
     /// The buffer argument at `index`, if it is one.
     pub fn buffer_arg(&self, index: usize) -> Option<(&Buffer, Access)> {
-        match self.args.get(index) {
+        match self.inner.args.as_slice().get(index) {
             Some(Arg::Buffer(b, a)) => Some((b, *a)),
             _ => None,
         }

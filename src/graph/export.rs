@@ -12,7 +12,6 @@
 
 use std::fmt::Write;
 
-use super::ranges::Footprints;
 use super::{ComputeGraph, Dispatch, Node, OpKind};
 
 /// A dispatch of the graph with its group.
@@ -40,14 +39,13 @@ fn items(graph: &ComputeGraph) -> Vec<Item<'_>> {
 /// Read-after-write edges `(writer, reader)` by dispatch index: for each read range, the latest
 /// earlier dispatch whose writes overlap it.
 fn raw_edges(items: &[Item<'_>]) -> Vec<(usize, usize)> {
-    let fp = Footprints::new(items.iter().map(|i| i.dispatch));
     let mut edges = Vec::new();
     for j in 0..items.len() {
-        let (reads, _) = fp.get(j);
-        for r in reads {
-            let writer = (0..j)
-                .rev()
-                .find(|&i| fp.get(i).1.iter().any(|w| w.overlaps(r)));
+        for r in items[j].dispatch.reads() {
+            let writer = (0..j).rev().find(|&i| {
+                let writes = items[i].dispatch.writes();
+                writes.iter().any(|w| w.overlaps(r))
+            });
             if let Some(i) = writer {
                 if edges.last() != Some(&(i, j)) && !edges.contains(&(i, j)) {
                     edges.push((i, j));

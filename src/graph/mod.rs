@@ -4,11 +4,12 @@
 
 mod dispatch;
 pub mod export;
+mod footprint;
 pub mod passes;
 mod ranges;
 pub mod synthetic;
 
-pub use dispatch::{Access, Arg, Dispatch, Grid, KernelId, Node, OpKind, Range, Scalar};
+pub use dispatch::{Access, Arg, ArgList, Dispatch, Grid, KernelId, Node, OpKind, Range, Scalar};
 pub use ranges::RangeSet;
 
 /// A recorded sequence of dispatches and barriers: what recorded mode produces and the passes
@@ -22,6 +23,13 @@ impl ComputeGraph {
     /// An empty graph.
     pub fn new() -> Self {
         ComputeGraph::default()
+    }
+
+    /// An empty graph with room for `nodes` nodes.
+    pub fn with_capacity(nodes: usize) -> Self {
+        ComputeGraph {
+            nodes: Vec::with_capacity(nodes),
+        }
     }
 
     /// A graph from a node list.

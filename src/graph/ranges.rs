@@ -110,57 +110,6 @@ impl RangeSet {
     }
 }
 
-/// The conflict-relevant ranges of a list of dispatches, packed in one array: reads of an
-/// allocation that no dispatch of the list writes can conflict with nothing, so they are left
-/// out (the weights of a forward pass, the step buffer). What remains is what the passes compare.
-pub(crate) struct Footprints {
-    ranges: Vec<Range>,
-    /// Per dispatch: first read, first write, end.
-    spans: Vec<[u32; 3]>,
-}
-
-/// Bits of the written-allocation filter (allocation ids modulo this; a collision only keeps a
-/// read that could have been dropped).
-const WRITTEN_FILTER_BITS: usize = 4096;
-
-impl Footprints {
-    pub(crate) fn new<'a>(dispatches: impl Iterator<Item = &'a super::Dispatch> + Clone) -> Self {
-        let mut written = [0u64; WRITTEN_FILTER_BITS / 64];
-        let slot = |r: &Range| (r.alloc.0 as usize) % WRITTEN_FILTER_BITS;
-        let mut count = 0;
-        for d in dispatches.clone() {
-            for w in d.writes() {
-                written[slot(w) / 64] |= 1 << (slot(w) % 64);
-            }
-            count += 1;
-        }
-        let mut ranges = Vec::with_capacity(count * 3);
-        let mut spans = Vec::with_capacity(count);
-        for d in dispatches {
-            let start = ranges.len() as u32;
-            let kept = d
-                .reads()
-                .iter()
-                .filter(|r| written[slot(r) / 64] & (1 << (slot(r) % 64)) != 0);
-            ranges.extend(kept);
-            let mid = ranges.len() as u32;
-            ranges.extend_from_slice(d.writes());
-            spans.push([start, mid, ranges.len() as u32]);
-        }
-        Footprints { ranges, spans }
-    }
-
-    /// The kept reads and the writes of dispatch `i`.
-    #[inline]
-    pub(crate) fn get(&self, i: usize) -> (&[Range], &[Range]) {
-        let [a, b, c] = self.spans[i];
-        (
-            &self.ranges[a as usize..b as usize],
-            &self.ranges[b as usize..c as usize],
-        )
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@
 use crate::backend::{Buffer, DType, Device};
 use crate::error::{Error, Result};
 use crate::graph::passes::FusionRule;
-use crate::graph::{Arg, ComputeGraph, Dispatch, Grid, KernelId, OpKind, Range};
+use crate::graph::{Arg, ArgList, ComputeGraph, Dispatch, Grid, KernelId, OpKind, Range};
 
 /// Model dimensions of the synthetic decode step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -208,22 +208,23 @@ impl DecodeGraph {
 
     /// Records one decode step: builds every dispatch (ranges derived from the arguments).
     pub fn record(&self) -> Result<ComputeGraph> {
-        let mut g = ComputeGraph::new();
+        let mut g = ComputeGraph::with_capacity(self.shape.dispatches());
         let s = &self.s;
         let (hidden, ffn) = (self.shape.hidden, self.shape.ffn);
         let rows = |n: usize| Grid::cover(n, 256);
-        let mut push = |name: &'static str, op: OpKind, args: Vec<Arg>, grid: Grid| -> Result<()> {
+        let mut push = |name: &'static str, op: OpKind, args: ArgList, grid: Grid| -> Result<()> {
             g.push(Dispatch::new(KernelId(name), args, grid, op)?);
             Ok(())
         };
         push(
             "embedding_q4_1",
             OpKind::Gather,
-            vec![
+            [
                 Arg::read(&self.token),
                 Arg::read(&self.embedding),
                 Arg::write(&s.x),
-            ],
+            ]
+            .into(),
             rows(hidden),
         )?;
         for l in &self.layers {
@@ -232,7 +233,7 @@ impl DecodeGraph {
                 push(
                     "matmul_q4_1",
                     OpKind::MatMul,
-                    vec![Arg::read(&s.scaled), Arg::read(w), Arg::write(out)],
+                    [Arg::read(&s.scaled), Arg::read(w), Arg::write(out)].into(),
                     rows(out.elems()),
                 )?;
             }
@@ -240,7 +241,7 @@ impl DecodeGraph {
                 push(
                     "rope_f32",
                     OpKind::Rope,
-                    vec![Arg::read_write(t), Arg::read(&self.positions)],
+                    [Arg::read_write(t), Arg::read(&self.positions)].into(),
                     rows(t.elems()),
                 )?;
             }
@@ -248,36 +249,38 @@ impl DecodeGraph {
                 push(
                     "kv_write_f32",
                     OpKind::KvWrite,
-                    vec![
+                    [
                         Arg::read(src),
                         Arg::read(&self.step),
                         Arg::read_write(cache),
-                    ],
+                    ]
+                    .into(),
                     rows(src.elems()),
                 )?;
             }
             push(
                 "attention_decode_f32",
                 OpKind::Attention,
-                vec![
+                [
                     Arg::read(&s.q),
                     Arg::read(&l.k_cache),
                     Arg::read(&l.v_cache),
                     Arg::read(&self.step),
                     Arg::write(&s.attn),
-                ],
+                ]
+                .into(),
                 Grid::new(self.shape.heads as u32, 128),
             )?;
             push(
                 "matmul_q4_1",
                 OpKind::MatMul,
-                vec![Arg::read(&s.attn), Arg::read(&l.wo), Arg::write(&s.proj)],
+                [Arg::read(&s.attn), Arg::read(&l.wo), Arg::write(&s.proj)].into(),
                 rows(hidden),
             )?;
             push(
                 "add_f32",
                 OpKind::Add,
-                vec![Arg::read_write(&s.x), Arg::read(&s.proj)],
+                [Arg::read_write(&s.x), Arg::read(&s.proj)].into(),
                 rows(hidden),
             )?;
             self.norm_mul(&mut push, &l.ffn_norm)?;
@@ -285,26 +288,26 @@ impl DecodeGraph {
                 push(
                     "matmul_q4_1",
                     OpKind::MatMul,
-                    vec![Arg::read(&s.scaled), Arg::read(w), Arg::write(out)],
+                    [Arg::read(&s.scaled), Arg::read(w), Arg::write(out)].into(),
                     rows(ffn),
                 )?;
             }
             push(
                 "swiglu_f32",
                 OpKind::Elementwise,
-                vec![Arg::read(&s.gate), Arg::read(&s.up), Arg::write(&s.act)],
+                [Arg::read(&s.gate), Arg::read(&s.up), Arg::write(&s.act)].into(),
                 rows(ffn),
             )?;
             push(
                 "matmul_q4_1",
                 OpKind::MatMul,
-                vec![Arg::read(&s.act), Arg::read(&l.down), Arg::write(&s.proj)],
+                [Arg::read(&s.act), Arg::read(&l.down), Arg::write(&s.proj)].into(),
                 rows(hidden),
             )?;
             push(
                 "add_f32",
                 OpKind::Add,
-                vec![Arg::read_write(&s.x), Arg::read(&s.proj)],
+                [Arg::read_write(&s.x), Arg::read(&s.proj)].into(),
                 rows(hidden),
             )?;
         }
@@ -312,11 +315,12 @@ impl DecodeGraph {
         push(
             "matmul_q4_1",
             OpKind::MatMul,
-            vec![
+            [
                 Arg::read(&s.scaled),
                 Arg::read(&self.embedding),
                 Arg::write(&s.logits),
-            ],
+            ]
+            .into(),
             rows(self.shape.vocab),
         )?;
         Ok(g)
@@ -324,24 +328,25 @@ impl DecodeGraph {
 
     fn norm_mul(
         &self,
-        push: &mut impl FnMut(&'static str, OpKind, Vec<Arg>, Grid) -> Result<()>,
+        push: &mut impl FnMut(&'static str, OpKind, ArgList, Grid) -> Result<()>,
         weight: &Buffer,
     ) -> Result<()> {
         let s = &self.s;
         push(
             "rms_norm_f32",
             OpKind::RmsNorm,
-            vec![Arg::read(&s.x), Arg::write(&s.normed), Arg::f32(1e-5)],
+            [Arg::read(&s.x), Arg::write(&s.normed), Arg::f32(1e-5)].into(),
             Grid::new(1, 256),
         )?;
         push(
             "mul_f32",
             OpKind::Mul,
-            vec![
+            [
                 Arg::read(&s.normed),
                 Arg::read(weight),
                 Arg::write(&s.scaled),
-            ],
+            ]
+            .into(),
             Grid::cover(s.scaled.elems(), 256),
         )
     }
@@ -374,7 +379,7 @@ fn norm_mul_build(a: &Dispatch, b: &Dispatch) -> Result<Dispatch> {
     let eps = a.args().get(2).cloned().ok_or_else(bad)?;
     Dispatch::new(
         KernelId("rms_norm_mul_f32"),
-        vec![Arg::read(x), Arg::read(w), Arg::write(out), eps],
+        [Arg::read(x), Arg::read(w), Arg::write(out), eps],
         a.grid(),
         OpKind::RmsNormMul,
     )

@@ -1,34 +1,35 @@
 //! Barrier placement from read/write ranges, and the split point of a split submission.
 
-use crate::graph::ranges::Footprints;
-use crate::graph::{ComputeGraph, Node, RangeSet};
+use crate::graph::footprint::{Footprint, Marks};
+use crate::graph::{ComputeGraph, Node};
 
 /// Drops every barrier and inserts one exactly before each dispatch that conflicts with the
 /// current concurrent group. Returns the number of barriers placed.
 pub fn place_barriers(graph: &mut ComputeGraph) -> usize {
     let nodes = graph.nodes_mut();
     nodes.retain(|n| n.as_dispatch().is_some());
-    let fp = Footprints::new(nodes.iter().filter_map(Node::as_dispatch));
+    let fp = Footprint::new(nodes.iter().filter_map(Node::as_dispatch));
     let mut before = Vec::new();
-    let mut group = RangeSet::new();
+    let mut group = Marks::new(&fp);
     for i in 0..nodes.len() {
-        let (reads, writes) = fp.get(i);
-        if group.conflicts(reads, writes) {
+        if group.conflicts(&fp, i) {
             before.push(i);
             group.clear();
         }
-        group.add(reads, writes);
+        group.add(&fp, i);
     }
-    if !before.is_empty() {
-        let old = std::mem::take(nodes);
-        nodes.reserve(old.len() + before.len());
-        let mut next = before.iter().copied().peekable();
-        for (i, node) in old.into_iter().enumerate() {
-            if next.next_if_eq(&i).is_some() {
-                nodes.push(Node::Barrier);
-            }
-            nodes.push(node);
+    // Grow by one barrier per conflict, then walk back from the end, moving each dispatch to
+    // its final slot: the slots between `src` and `dst` always hold barriers.
+    let n = nodes.len();
+    nodes.resize_with(n + before.len(), || Node::Barrier);
+    let (mut src, mut dst) = (n, n + before.len());
+    for &at in before.iter().rev() {
+        while src > at {
+            src -= 1;
+            dst -= 1;
+            nodes.swap(src, dst);
         }
+        dst -= 1;
     }
     before.len()
 }

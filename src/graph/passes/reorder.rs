@@ -7,8 +7,8 @@
 //! lookahead, and a dispatch that may not move never starts one, so such a dispatch keeps its place
 //! relative to every other dispatch (the seeds let a pinned dispatch pull later ones before it).
 
-use crate::graph::ranges::Footprints;
-use crate::graph::{ComputeGraph, Node, RangeSet};
+use crate::graph::footprint::{Footprint, Marks};
+use crate::graph::{ComputeGraph, Node};
 
 /// The seeds' lookahead window.
 pub const DEFAULT_LOOKAHEAD: usize = 64;
@@ -22,40 +22,55 @@ pub fn reorder(graph: &mut ComputeGraph, lookahead: usize) -> usize {
     if n < 2 || lookahead == 0 {
         return 0;
     }
-    let order = greedy_order(nodes, lookahead);
+    let mut order = greedy_order(nodes, lookahead);
     let moved = order
         .iter()
         .enumerate()
         .filter(|(pos, &i)| *pos != i as usize)
         .count();
     if moved > 0 {
-        let mut slots: Vec<Option<Node>> = std::mem::take(nodes).into_iter().map(Some).collect();
-        nodes.extend(order.iter().filter_map(|&i| slots[i as usize].take()));
+        permute(nodes, &mut order);
     }
     moved
+}
+
+/// Puts `nodes[order[p]]` at position `p` for every `p`, in place: each cycle of the permutation
+/// is a chain of swaps. `order` ends as the identity.
+fn permute(nodes: &mut [Node], order: &mut [u32]) {
+    for start in 0..order.len() {
+        let mut cur = start;
+        loop {
+            let next = order[cur] as usize;
+            order[cur] = cur as u32;
+            if next == start || next == cur {
+                break;
+            }
+            nodes.swap(cur, next);
+            cur = next;
+        }
+    }
 }
 
 /// The new order, as original indices.
 fn greedy_order(nodes: &[Node], lookahead: usize) -> Vec<u32> {
     let n = nodes.len();
-    let fp = Footprints::new(nodes.iter().filter_map(Node::as_dispatch));
+    let fp = Footprint::new(nodes.iter().filter_map(Node::as_dispatch));
     let movable: Vec<bool> = nodes
         .iter()
         .map(|d| d.as_dispatch().is_some_and(|d| d.op().is_reorderable()))
         .collect();
     let mut order = Vec::with_capacity(n);
     let mut used = vec![false; n];
-    let mut group = RangeSet::new();
-    let mut skipped = RangeSet::new();
+    let mut group = Marks::new(&fp);
+    let mut skipped = Marks::new(&fp);
     for i0 in 0..n {
         if used[i0] {
             continue;
         }
-        let (r0, w0) = fp.get(i0);
-        if group.conflicts(r0, w0) {
+        if group.conflicts(&fp, i0) {
             if movable[i0] {
                 skipped.clear();
-                skipped.add(r0, w0);
+                skipped.add(&fp, i0);
                 let end = (i0 + 1).saturating_add(lookahead).min(n);
                 for i1 in i0 + 1..end {
                     if used[i1] {
@@ -64,19 +79,18 @@ fn greedy_order(nodes: &[Node], lookahead: usize) -> Vec<u32> {
                     if !movable[i1] {
                         break;
                     }
-                    let (r1, w1) = fp.get(i1);
-                    if !group.conflicts(r1, w1) && !skipped.conflicts(r1, w1) {
-                        group.add(r1, w1);
+                    if !group.conflicts(&fp, i1) && !skipped.conflicts(&fp, i1) {
+                        group.add(&fp, i1);
                         order.push(i1 as u32);
                         used[i1] = true;
                     } else {
-                        skipped.add(r1, w1);
+                        skipped.add(&fp, i1);
                     }
                 }
             }
             group.clear();
         }
-        group.add(r0, w0);
+        group.add(&fp, i0);
         order.push(i0 as u32);
         used[i0] = true;
     }
