@@ -78,6 +78,14 @@ fn bench_shape(c: &mut Criterion, label: &str, layers: usize) {
             g
         })
     });
+    // The steady state of recording every step: the previous step's graph is dropped inside
+    // the timed region, so the allocator reuses its memory.
+    group.bench_function("record+fuse+reorder+barriers+drop", |b| {
+        b.iter(|| {
+            let mut g = dg.record().expect("record");
+            black_box(optimize(&mut g, &rules))
+        })
+    });
     group.finish();
 }
 

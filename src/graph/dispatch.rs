@@ -250,13 +250,15 @@ impl Range {
 }
 
 /// Arguments a dispatch keeps inline when built from an array.
-const INLINE_ARGS: usize = 6;
+const INLINE_ARGS: usize = 4;
 
 /// The arguments of a dispatch, in kernel order: from a `Vec<Arg>` (kept as it is) or from an
-/// array (up to six arguments are stored inline, so building the dispatch allocates once).
+/// array (up to four arguments are stored inline, so building the dispatch allocates once).
 #[derive(Debug, Clone)]
 pub struct ArgList(ArgStore);
 
+// The inline variant is the point: it lives inside the dispatch's one heap block.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 enum ArgStore {
     Inline { len: u8, items: [Arg; INLINE_ARGS] },
@@ -297,7 +299,7 @@ impl<const N: usize> From<[Arg; N]> for ArgList {
 }
 
 /// Ranges a dispatch keeps inline; more buffer arguments spill to the heap.
-const INLINE_RANGES: usize = 8;
+const INLINE_RANGES: usize = 4;
 
 /// A placeholder for unused inline slots.
 const NO_RANGE: Range = Range {
@@ -352,7 +354,7 @@ impl Dispatch {
     /// Builds a dispatch and derives its ranges. A written argument may not overlap any other
     /// buffer argument of the same dispatch (an in-place update is one `ReadWrite` argument).
     ///
-    /// `args` is a `Vec<Arg>` or an array of [`Arg`]s (an array of up to six avoids a second
+    /// `args` is a `Vec<Arg>` or an array of [`Arg`]s (an array of up to four avoids a second
     /// allocation).
     pub fn new(
         kernel: KernelId,
