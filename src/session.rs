@@ -114,16 +114,16 @@ impl Executor {
     /// Optimizes a recorded graph as `plan` says (fuse, reorder, place barriers) and reports.
     pub fn optimize(graph: &mut ComputeGraph, plan: &Plan) -> FinishReport {
         let barriers_sequential = sequential_barriers(graph);
-        let fusions = if plan.fuse {
-            passes::fuse(graph, crate::ops::fusion_rules())
+        let rules = if plan.fuse {
+            crate::ops::fusion_rules()
         } else {
-            0
+            &[]
         };
-        let reordered = match plan.reorder {
-            Some(lookahead) => passes::reorder(graph, lookahead),
-            None => 0,
-        };
-        let barriers = passes::place_barriers(graph);
+        let passes::Optimized {
+            fusions,
+            reordered,
+            barriers,
+        } = passes::optimize(graph, rules, plan.reorder.unwrap_or(0));
         tracing::debug!(
             dispatches = graph.dispatch_count(),
             barriers,

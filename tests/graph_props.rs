@@ -9,7 +9,7 @@
 use onepass::backend::cpu::KernelArgs;
 use onepass::graph::passes::{self, FusionRule};
 use onepass::graph::{
-    Arg, ComputeGraph, Dispatch, Grid, KernelId, Node, OpKind, Range, RangeSet, Scalar,
+    Access, Arg, ComputeGraph, Dispatch, Grid, KernelId, Node, OpKind, Range, RangeSet, Scalar,
 };
 use onepass::ops::custom::CustomKernel;
 use onepass::{Buffer, DType, Device, Executor, Mode};
@@ -162,6 +162,52 @@ fn check_barriers(g: &ComputeGraph) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// The graph as tags and `|` for barriers.
+fn layout(g: &ComputeGraph) -> Vec<Option<usize>> {
+    g.nodes()
+        .iter()
+        .map(|n| n.as_dispatch().map(tag))
+        .collect()
+}
+
+/// A shape-only rule for the random graphs: two elementwise dispatches fuse when the second's
+/// first read is exactly the first's first write; the fused dispatch reads what both read (but
+/// the intermediate), writes what the second writes, and keeps the first's tag.
+fn chain_rule() -> FusionRule {
+    fn buffers(d: &Dispatch, access: fn(Access) -> bool) -> Vec<Buffer> {
+        d.args()
+            .iter()
+            .filter_map(|a| match a {
+                Arg::Buffer(b, acc) if access(*acc) => Some(b.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+    fn intermediate(a: &Dispatch, b: &Dispatch) -> Option<Range> {
+        let w = *a.writes().first()?;
+        (*b.reads().first()? == w).then_some(w)
+    }
+    fn build(a: &Dispatch, b: &Dispatch) -> onepass::Result<Dispatch> {
+        let mid = intermediate(a, b);
+        let mut args: Vec<Arg> = buffers(a, Access::reads)
+            .iter()
+            .chain(&buffers(b, Access::reads))
+            .filter(|r| Some(Range::of(r)) != mid)
+            .map(Arg::read)
+            .collect();
+        args.extend(buffers(b, Access::writes).iter().map(Arg::write));
+        args.push(Arg::u32(tag(a) as u32));
+        Dispatch::new(KernelId("chain"), args, Grid::new(1, 1), OpKind::Elementwise)
+    }
+    FusionRule {
+        name: "props_chain",
+        first: OpKind::Elementwise,
+        second: OpKind::Elementwise,
+        intermediate,
+        build,
+    }
+}
+
 proptest! {
     #![proptest_config(config())]
 
@@ -196,6 +242,27 @@ proptest! {
         }
         passes::place_barriers(&mut g);
         check_barriers(&g)?;
+    }
+
+    #[test]
+    fn optimize_matches_the_passes_run_one_by_one(
+        specs in specs(),
+        lookahead in prop_oneof![Just(0usize), Just(1), Just(4), Just(64)],
+        fuse in any::<bool>(),
+    ) {
+        let dev = Device::cpu(1).expect("cpu");
+        let mem = Mem::new(&dev);
+        let mut one_by_one = build(&mem, &specs);
+        let mut together = one_by_one.clone();
+        let rules = if fuse { vec![chain_rule()] } else { Vec::new() };
+        let fusions = passes::fuse(&mut one_by_one, &rules);
+        let reordered = passes::reorder(&mut one_by_one, lookahead);
+        let barriers = passes::place_barriers(&mut one_by_one);
+        let done = passes::optimize(&mut together, &rules, lookahead);
+        prop_assert_eq!(done.fusions, fusions);
+        prop_assert_eq!(done.reordered, reordered);
+        prop_assert_eq!(done.barriers, barriers);
+        prop_assert_eq!(layout(&together), layout(&one_by_one));
     }
 
     #[test]

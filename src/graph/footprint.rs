@@ -20,6 +20,8 @@ pub(crate) struct Footprint {
     ids: Vec<u32>,
     /// Per dispatch: first read, first write, end (positions in `ids`).
     spans: Vec<[u32; 3]>,
+    /// Per dispatch: whether the reorder pass may move it.
+    movable: Vec<bool>,
     /// The indices overlapping index `k` (itself included) are
     /// `overlaps[overlap_start[k]..overlap_start[k + 1]]`.
     overlap_start: Vec<u32>,
@@ -44,7 +46,9 @@ impl Footprint {
         let mut interner = Interner::new(bound);
         let mut ids = Vec::with_capacity(bound);
         let mut spans = Vec::with_capacity(count);
+        let mut movable = Vec::with_capacity(count);
         for d in dispatches {
+            movable.push(d.op().is_reorderable());
             let start = ids.len() as u32;
             for r in d.reads() {
                 if r.start < r.end && written[slot(r) / 64] & (1 << (slot(r) % 64)) != 0 {
@@ -63,10 +67,22 @@ impl Footprint {
         Footprint {
             ids,
             spans,
+            movable,
             disjoint: overlaps.len() == interner.ranges.len(),
             overlap_start,
             overlaps,
         }
+    }
+
+    /// Number of dispatches.
+    pub(crate) fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    /// Whether dispatch `i` may be reordered.
+    #[inline]
+    pub(crate) fn movable(&self, i: usize) -> bool {
+        self.movable[i]
     }
 
     /// Number of distinct ranges.

@@ -43,6 +43,11 @@ impl std::fmt::Debug for FusionRule {
 pub fn fuse(graph: &mut ComputeGraph, rules: &[FusionRule]) -> usize {
     let nodes = graph.nodes_mut();
     nodes.retain(|n| n.as_dispatch().is_some());
+    fuse_dispatches(nodes, rules)
+}
+
+/// [`fuse`] on a list without barriers.
+pub(super) fn fuse_dispatches(nodes: &mut Vec<Node>, rules: &[FusionRule]) -> usize {
     if rules.is_empty() {
         return 0;
     }

@@ -1,12 +1,15 @@
 //! Optimization passes over a [`ComputeGraph`](super::ComputeGraph): fusion, reordering for
 //! concurrency, barrier placement from ranges, and the split point of a split submission.
+//! [`optimize`] runs the three passes in one go.
 
 mod barriers;
 mod fuse;
+mod optimize;
 mod reorder;
 
 pub use barriers::{place_barriers, split_index};
 pub use fuse::{fuse, FusionRule};
+pub use optimize::{optimize, Optimized};
 pub use reorder::{reorder, DEFAULT_LOOKAHEAD};
 
 #[cfg(test)]
