@@ -529,22 +529,27 @@ fn embedding_family() {
 #[test]
 fn matmul_family() {
     let Some(dev) = cuda_device() else { return };
-    let (n, k) = (96usize, 512usize);
-    for (j, &dt) in WEIGHT_DTYPES.iter().enumerate() {
-        let w = weight_tensor(dt, n, k, 800 + j as u64);
-        for rows in [1usize, 5] {
-            let x = random_tensor(DType::F32, &[rows, k], 1.0, 810 + rows as u64);
-            // Sums of 512 products in another order: f32 rounding, a few 1e-6 relative to the
-            // sum of magnitudes (about 100 here).
-            compare(
-                &format!("matmul {dt} rows {rows}"),
-                &dev,
-                &[x, w.clone()],
-                &[(DType::F32, vec![rows, n])],
-                2e-4,
-                1e-4,
-                &|s, i, o| s.matmul(&i[0], &i[1], &o[0]),
-            );
+    // k = 576 (18 blocks of 32) leaves the block-per-lane-quarter path a partial last round.
+    for (n, k) in [(96usize, 512usize), (40, 576)] {
+        for (j, &dt) in WEIGHT_DTYPES.iter().enumerate() {
+            if k % dt.block_elems() != 0 {
+                continue;
+            }
+            let w = weight_tensor(dt, n, k, 800 + j as u64);
+            for rows in [1usize, 5] {
+                let x = random_tensor(DType::F32, &[rows, k], 1.0, 810 + rows as u64);
+                // Sums of 512 products in another order: f32 rounding, a few 1e-6 relative to the
+                // sum of magnitudes (about 100 here).
+                compare(
+                    &format!("matmul {dt} {n}x{k} rows {rows}"),
+                    &dev,
+                    &[x, w.clone()],
+                    &[(DType::F32, vec![rows, n])],
+                    2e-4,
+                    1e-4,
+                    &|s, i, o| s.matmul(&i[0], &i[1], &o[0]),
+                );
+            }
         }
     }
 }

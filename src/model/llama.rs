@@ -130,10 +130,38 @@ struct Scratch {
 }
 
 /// The per-step values, in device memory.
+/// The per-pass values, as views of one i32 allocation laid out `[step, tokens.., positions..]`
+/// (one host-to-device copy per pass writes them all).
 struct StepInputs {
+    all: Buffer,
     tokens: Buffer,
     positions: Buffer,
     step: Buffer,
+}
+
+impl StepInputs {
+    fn new(device: &Device, max_batch: usize) -> Result<Self> {
+        let all = device.alloc(DType::I32, &[1 + 2 * max_batch])?;
+        Ok(StepInputs {
+            step: all.view(0, DType::I32, &[1])?,
+            tokens: all.view(4, DType::I32, &[max_batch])?,
+            positions: all.view(4 * (1 + max_batch), DType::I32, &[max_batch])?,
+            all,
+        })
+    }
+
+    /// The values of a pass of `ids` starting at `pos0`, as the prefix of `all` to write.
+    fn write(&self, device: &Device, ids: &[i32], pos0: usize) -> Result<()> {
+        let max_batch = self.tokens.elems();
+        let rows = ids.len();
+        let mut words = vec![0i32; 1 + max_batch + rows];
+        words[0] = pos0 as i32;
+        words[1..1 + rows].copy_from_slice(ids);
+        for (r, w) in words[1 + max_batch..].iter_mut().enumerate() {
+            *w = (pos0 + r) as i32;
+        }
+        device.write(&self.all.view(0, DType::I32, &[words.len()])?, &words)
+    }
 }
 
 /// Which rows of a pass produce logits.
@@ -145,8 +173,15 @@ pub enum Logits {
     All,
 }
 
-/// Chunk length of the split decode attention.
-const DECODE_CHUNK: usize = 256;
+/// Chunk length of the split decode attention on `device`: on a GPU, short chunks give one
+/// block per (chunk, head), enough blocks to fill the SMs at short contexts; on the CPU, long
+/// chunks keep the per-task overhead low.
+fn decode_chunk(device: &Device) -> usize {
+    match device {
+        Device::Cuda(_) => 64,
+        _ => 256,
+    }
+}
 
 /// A loaded model with its KV cache and scratch, ready to record passes.
 pub struct Llama {
@@ -189,15 +224,11 @@ impl Llama {
             ));
         }
         let max_batch = max_batch.min(max_ctx);
-        let inputs = StepInputs {
-            tokens: device.alloc(DType::I32, &[max_batch])?,
-            positions: device.alloc(DType::I32, &[max_batch])?,
-            step: device.alloc(DType::I32, &[1])?,
-        };
+        let inputs = StepInputs::new(device, max_batch)?;
         let prefill = Scratch::new(device, &config, max_batch, None)?;
         let params = attention_params(&config);
         let partial_len =
-            crate::ops::attention::attention_decode_scratch_len(params, max_ctx, DECODE_CHUNK)?;
+            crate::ops::attention::attention_decode_scratch_len(params, max_ctx, decode_chunk(device))?;
         let decode = Scratch::new(device, &config, 1, Some(partial_len))?;
         Ok(Llama {
             norm_out: device.alloc(DType::F32, &[max_batch, config.dim])?,
@@ -261,12 +292,7 @@ impl Llama {
             }
             ids.push(t as i32);
         }
-        let pos: Vec<i32> = (pos0..pos0 + rows).map(|p| p as i32).collect();
-        self.device
-            .write(&self.inputs.tokens.rows(0, rows)?, &ids)?;
-        self.device
-            .write(&self.inputs.positions.rows(0, rows)?, &pos)?;
-        self.device.write(&self.inputs.step, &[pos0 as i32])
+        self.inputs.write(&self.device, &ids, pos0)
     }
 
     /// Records one forward pass over `rows` tokens (inputs set by [`Llama::set_inputs`]) into a
@@ -325,7 +351,7 @@ impl Llama {
                     partials,
                     &attn,
                     attn_params,
-                    DECODE_CHUNK,
+                    decode_chunk(&self.device),
                 )?,
                 _ => s.attention(&q, kc, vc, step, &attn, attn_params)?,
             }

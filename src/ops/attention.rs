@@ -285,10 +285,12 @@ pub fn attention_decode(
         "chunk_len",
         chunks.saturating_mul(params.n_head),
     )?;
+    // 256 threads: eight warps score 32 keys at a time, and a 64-wide head gets four key groups
+    // for the V sum (see the CUDA kernel).
     let partial = Dispatch::new(
         partial_kernel,
         args,
-        Grid::new(blocks, 128),
+        Grid::new(blocks, 256),
         OpKind::Attention,
     )?;
     let combine = Dispatch::new(

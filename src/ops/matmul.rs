@@ -58,6 +58,13 @@ fn to_u32(c: &Check, arg: &'static str, v: usize) -> Result<u32> {
     Ok(out)
 }
 
+/// The GPU launch shape of the matmul kernels: one 32-lane warp per output value, four warps per
+/// block, `n` outputs along x and rows along y (capped at the CUDA limit of 65535; the kernels
+/// stride over the rest).
+fn warp_per_output(n: usize, rows: usize) -> Grid {
+    Grid::cover(n.saturating_mul(32), 128).with_y(rows.clamp(1, 65535) as u32)
+}
+
 /// Checks `x` and `out` against `k` and `n` and returns the number of activation rows.
 fn check_rows(c: &Check, x: &Buffer, out: &Buffer, k: usize, n: usize) -> Result<usize> {
     c.dtype("x", x, &[DType::F32])?;
@@ -94,7 +101,7 @@ pub fn matmul(x: &Buffer, w: &Buffer, out: &Buffer) -> Result<Dispatch> {
         Arg::u32(to_u32(&c, "w", k)?),
         Arg::u32(to_u32(&c, "w", n)?),
     ];
-    let grid = Grid::cover(n, 128).with_y(rows.min(u32::MAX as usize) as u32);
+    let grid = warp_per_output(n, rows);
     Dispatch::new(KernelId(kernel_name(w.dtype())), args, grid, OpKind::MatMul)
 }
 
@@ -149,7 +156,7 @@ pub fn matmul_affine(
         Arg::u32(bits),
         Arg::u32(group_size as u32),
     ];
-    let grid = Grid::cover(n, 128).with_y(rows.min(u32::MAX as usize) as u32);
+    let grid = warp_per_output(n, rows);
     // The scale dtype is in the name: a CUDA kernel sees element counts, not dtypes.
     let name = if scales.dtype() == DType::F16 {
         "matmul_affine_f16"
@@ -199,7 +206,7 @@ pub fn matmul_id(x: &Buffer, w: &Buffer, ids: &Buffer, out: &Buffer) -> Result<D
         Arg::u32(to_u32(&c, "ids", slots)?),
         Arg::u32(to_u32(&c, "w", experts)?),
     ];
-    let grid = Grid::cover(n, 128).with_y((rows * slots).min(u32::MAX as usize) as u32);
+    let grid = warp_per_output(n, rows * slots);
     Dispatch::new(
         KernelId(id_kernel_name(w.dtype())),
         args,

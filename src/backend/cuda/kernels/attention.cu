@@ -7,48 +7,89 @@
 //                                 softcap, chunk_len, max_chunks
 //   attention_decode_combine:     partials, step, out, n_head, head_dim, chunk_len, max_chunks
 // Partial records are [max, sum, acc[head_dim]] laid out [max_chunks, n_head, head_dim + 2].
-// One block per (row or chunk, head), keys in tiles of blockDim.x with an online softmax.
+// One block per (row or chunk, head), keys in tiles of ATTN_MAX_TILE with an online softmax.
 // Limits: head_dim <= 256, blockDim.x <= 256 and a multiple of 32.
 
 #define ATTN_MAX_HD 256
 #define ATTN_MAX_TILE 256
 #define ATTN_ACC 8  // head_dim <= ATTN_ACC * blockDim.x
 
-// Folds keys [begin, end) of one KV head slab into (m, l, acc) for the query vector in `qs`.
-// Every thread of the block calls it; acc[j] belongs to dimension threadIdx.x + j * blockDim.x.
+// Folds keys [begin, end) of one KV head slab into the online softmax state (m, l) and the
+// V sum, for the query vector in `qs`, in tiles of up to ATTN_MAX_TILE keys. Scores: eight lanes
+// share a key (four keys per warp at a time, a key row read as coalesced 32-byte pieces), the
+// tile's exponentials go to `ps`. V: a thread owns dimension d0 (+ j * span) for one group of
+// keys (key index = group mod groups), so every thread loads V while the tile is short.
+// At the end, `vsum[0..hd)` (shared, ATTN_MAX_TILE floats) holds the V sum. Every thread of the
+// block calls it.
 template <typename T>
 __device__ void attn_fold(const float* qs, const T* k, const T* v, uint32_t hd, uint64_t begin,
-                          uint64_t end, float scale, float softcap, float* ps, float* red, float& m,
-                          float& l, float* acc) {
-    for (uint64_t tile = begin; tile < end; tile += blockDim.x) {
-        const uint64_t t = tile + threadIdx.x;
-        float s = -__int_as_float(0x7f800000);
-        if (t < end) {
-            const T* kr = k + t * hd;
+                          uint64_t end, float scale, float softcap, float* ps, float* vsum,
+                          float& m, float& l) {
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const uint32_t sub = lane & 7, slot = lane >> 3;
+    const uint32_t span = hd < blockDim.x ? hd : blockDim.x, groups = blockDim.x / span;
+    const uint32_t d0 = threadIdx.x % span, kg = threadIdx.x / span;
+    float acc[ATTN_ACC];
+    for (int j = 0; j < ATTN_ACC; j++) acc[j] = 0.0f;
+    for (uint64_t tile = begin; tile < end; tile += ATTN_MAX_TILE) {
+        const uint32_t n = (uint32_t)(end - tile < ATTN_MAX_TILE ? end - tile : ATTN_MAX_TILE);
+        for (uint32_t j0 = warp * 4; j0 < n; j0 += warps * 4) {
+            const uint32_t j = j0 + slot;
             float d = 0.0f;
-            for (uint32_t i = 0; i < hd; i++) d += qs[i] * op_load(kr, i);
-            s = d * scale;
-            if (softcap != 0.0f) s = softcap * tanhf(s / softcap);
+            if (j < n) {
+                const T* kr = k + (tile + j) * hd;
+                for (uint32_t i = sub; i < hd; i += 8) d += qs[i] * op_load(kr, i);
+            }
+            d += __shfl_xor_sync(ONEPASS_FULL_MASK, d, 1);
+            d += __shfl_xor_sync(ONEPASS_FULL_MASK, d, 2);
+            d += __shfl_xor_sync(ONEPASS_FULL_MASK, d, 4);
+            if (sub == 0 && j < n) {
+                float s = d * scale;
+                if (softcap != 0.0f) s = softcap * tanhf(s / softcap);
+                ps[j] = s;
+            }
         }
-        const float tile_max = op_block_max(s, red);
+        __syncthreads();
+        float tile_max = -__int_as_float(0x7f800000);
+        for (uint32_t j = lane; j < n; j += 32) tile_max = fmaxf(tile_max, ps[j]);
+        tile_max = op_warp_max(tile_max);
         const float new_max = fmaxf(m, tile_max);
         const float c = expf(m - new_max);
-        const float p = t < end ? expf(s - new_max) : 0.0f;
-        const float tile_sum = op_block_sum(p, red);
         __syncthreads();
-        ps[threadIdx.x] = p;
+        for (uint32_t j = threadIdx.x; j < n; j += blockDim.x) ps[j] = expf(ps[j] - new_max);
         __syncthreads();
-        l = l * c + tile_sum;
+        float tile_sum = 0.0f;
+        for (uint32_t j = lane; j < n; j += 32) tile_sum += ps[j];
+        l = l * c + op_warp_sum(tile_sum);
         m = new_max;
-        const uint32_t n = (uint32_t)(end - tile < blockDim.x ? end - tile : blockDim.x);
+        if (kg < groups) {
+            for (uint32_t j = 0; j < ATTN_ACC; j++) {
+                const uint32_t dd = d0 + j * span;
+                if (dd >= hd) break;
+                const T* vt = v + tile * hd + dd;
+                float a = acc[j] * c;
+                for (uint32_t tt = kg; tt < n; tt += groups) a += ps[tt] * op_load(vt, (long)tt * hd);
+                acc[j] = a;
+            }
+        }
+        __syncthreads();
+    }
+    // Each key group's sums side by side (groups * hd <= max(blockDim, hd) <= ATTN_MAX_TILE),
+    // then summed in place: thread dd reads and writes only indices dd + g * hd.
+    if (kg < groups) {
         for (uint32_t j = 0; j < ATTN_ACC; j++) {
-            const uint32_t dd = threadIdx.x + j * blockDim.x;
+            const uint32_t dd = d0 + j * span;
             if (dd >= hd) break;
-            float a = acc[j] * c;
-            for (uint32_t tt = 0; tt < n; tt++) a += ps[tt] * op_load(v + (tile + tt) * hd, dd);
-            acc[j] = a;
+            vsum[kg * hd + dd] = acc[j];
         }
     }
+    __syncthreads();
+    for (uint32_t dd = threadIdx.x; dd < hd; dd += blockDim.x) {
+        float t = vsum[dd];
+        for (uint32_t g = 1; g < groups; g++) t += vsum[g * hd + dd];
+        vsum[dd] = t;
+    }
+    __syncthreads();
 }
 
 template <typename T>
@@ -58,7 +99,7 @@ __device__ void attention_prefill(const float* q, const T* k, const T* v, const 
                                   uint64_t n_v, uint64_t n_step, uint64_t n_out, uint32_t tag) {
     __shared__ float qs[ATTN_MAX_HD];
     __shared__ float ps[ATTN_MAX_TILE];
-    __shared__ float red[32];
+    __shared__ float vsum[ATTN_MAX_TILE];
     OP_REQUIRE(n_head != 0 && n_kv_head != 0 && hd != 0 && hd <= ATTN_MAX_HD &&
                n_head % n_kv_head == 0 && blockDim.x <= ATTN_MAX_TILE && hd <= ATTN_ACC * blockDim.x &&
                n_step != 0 && n_k == n_v && n_q == n_out && n_q % ((uint64_t)n_head * hd) == 0 &&
@@ -78,17 +119,12 @@ __device__ void attention_prefill(const float* q, const T* k, const T* v, const 
         __syncthreads();
         for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = qh[i];
         __syncthreads();
-        float m = -__int_as_float(0x7f800000), l = 0.0f, acc[ATTN_ACC];
-        for (int j = 0; j < ATTN_ACC; j++) acc[j] = 0.0f;
+        float m = -__int_as_float(0x7f800000), l = 0.0f;
         const T* ks = k + (uint64_t)kv * max_ctx * hd;
         const T* vs = v + (uint64_t)kv * max_ctx * hd;
-        attn_fold<T>(qs, ks, vs, hd, 0, (uint64_t)pos0 + r + 1, scale, softcap, ps, red, m, l, acc);
+        attn_fold<T>(qs, ks, vs, hd, 0, (uint64_t)pos0 + r + 1, scale, softcap, ps, vsum, m, l);
         const float inv = 1.0f / l;
-        for (uint32_t j = 0; j < ATTN_ACC; j++) {
-            const uint32_t dd = threadIdx.x + j * blockDim.x;
-            if (dd >= hd) break;
-            out[item * hd + dd] = acc[j] * inv;
-        }
+        for (uint32_t dd = threadIdx.x; dd < hd; dd += blockDim.x) out[item * hd + dd] = vsum[dd] * inv;
     }
 }
 
@@ -100,7 +136,7 @@ __device__ void attention_partial(const float* q, const T* k, const T* v, const 
                                   uint64_t n_partials, uint32_t tag) {
     __shared__ float qs[ATTN_MAX_HD];
     __shared__ float ps[ATTN_MAX_TILE];
-    __shared__ float red[32];
+    __shared__ float vsum[ATTN_MAX_TILE];
     OP_REQUIRE(n_head != 0 && n_kv_head != 0 && hd != 0 && hd <= ATTN_MAX_HD &&
                n_head % n_kv_head == 0 && blockDim.x <= ATTN_MAX_TILE && hd <= ATTN_ACC * blockDim.x &&
                n_step != 0 && n_k == n_v && n_q == (uint64_t)n_head * hd &&
@@ -125,23 +161,18 @@ __device__ void attention_partial(const float* q, const T* k, const T* v, const 
         __syncthreads();
         for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = q[(uint64_t)h * hd + i];
         __syncthreads();
-        float m = -__int_as_float(0x7f800000), l = 0.0f, acc[ATTN_ACC];
-        for (int j = 0; j < ATTN_ACC; j++) acc[j] = 0.0f;
+        float m = -__int_as_float(0x7f800000), l = 0.0f;
         const uint64_t begin = chunk * chunk_len;
         const uint64_t end = begin + chunk_len < kv_len ? begin + chunk_len : kv_len;
         const T* ks = k + (uint64_t)kv * max_ctx * hd;
         const T* vs = v + (uint64_t)kv * max_ctx * hd;
-        attn_fold<T>(qs, ks, vs, hd, begin, end, scale, softcap, ps, red, m, l, acc);
+        attn_fold<T>(qs, ks, vs, hd, begin, end, scale, softcap, ps, vsum, m, l);
         float* rec = partials + item * (hd + 2);
         if (threadIdx.x == 0) {
             rec[0] = m;
             rec[1] = l;
         }
-        for (uint32_t j = 0; j < ATTN_ACC; j++) {
-            const uint32_t dd = threadIdx.x + j * blockDim.x;
-            if (dd >= hd) break;
-            rec[2 + dd] = acc[j];
-        }
+        for (uint32_t dd = threadIdx.x; dd < hd; dd += blockDim.x) rec[2 + dd] = vsum[dd];
     }
 }
 
