@@ -19,6 +19,7 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use super::matmul_simd::{dot_f32, dot_row, micro_kernel, Isa, MR, NR};
+use super::matvec_vnni::{self, Layout, QuantRow};
 use crate::backend::cpu::{CpuRegistry, KernelArgs};
 use crate::backend::DType;
 use crate::error::{Error, Result};
@@ -199,6 +200,9 @@ pub(crate) fn matmul_rows(
     out: &mut [f32],
 ) {
     debug_assert!(x.len() >= rows * k && out.len() >= rows * n);
+    if rows == 1 && isa == Isa::Avx512 && matvec_integer(w, x, k, n, out) {
+        return;
+    }
     if rows == 1 {
         let chunk = (n / (rayon::current_num_threads() * 8)).clamp(8, 512);
         let scratch_len = k.max(QK_K);
@@ -249,6 +253,63 @@ pub(crate) fn matmul_rows(
             }
         })
     });
+}
+
+thread_local! {
+    /// The quantized activation row of the integer matrix-vector product. Taken out of the cell
+    /// for the length of one product (a nested product on this thread finds it empty and uses a
+    /// fresh one), so no borrow is held across the product's rayon calls.
+    static QUANT_ROW: RefCell<QuantRow> = RefCell::new(QuantRow::default());
+}
+
+/// Weights per task below which a matrix-vector product runs on the calling thread alone, and the
+/// smallest share of a parallel one.
+const MATVEC_TASK_WEIGHTS: usize = 64 * 1024;
+
+/// The one-row product through the integer path ([`super::matvec_vnni`]) for Q4_1 and Q8_0
+/// weights: `x` is quantized once, the rows are cut into a few large tasks (at most two per pool
+/// thread). Returns `false` when the path does not apply (other formats, no VNNI), having written
+/// nothing.
+fn matvec_integer(w: &WeightRows<'_>, x: &[f32], k: usize, n: usize, out: &mut [f32]) -> bool {
+    let WeightRows::Plain {
+        dtype,
+        bytes,
+        row_bytes,
+    } = *w
+    else {
+        return false;
+    };
+    let layout = match dtype {
+        DType::Q4_1 => Layout::Q4,
+        DType::Q8_0 => Layout::Q8,
+        _ => return false,
+    };
+    if !matvec_vnni::available() || k % matvec_vnni::QK != 0 || n == 0 {
+        return false;
+    }
+    let mut q = QUANT_ROW.with(|c| std::mem::take(&mut *c.borrow_mut()));
+    q.quantize(&x[..k], layout);
+    let rows_fn = match layout {
+        Layout::Q4 => matvec_vnni::rows_q4_1,
+        Layout::Q8 => matvec_vnni::rows_q8_0,
+    };
+    let bytes = &bytes[..n * row_bytes];
+    let tasks = (n * k)
+        .div_ceil(MATVEC_TASK_WEIGHTS)
+        .min(2 * rayon::current_num_threads())
+        .max(1);
+    let done = if tasks == 1 {
+        rows_fn(bytes, &q, &mut out[..n])
+    } else {
+        let chunk = n.div_ceil(tasks);
+        out[..n]
+            .par_chunks_mut(chunk)
+            .zip(bytes.par_chunks(chunk * row_bytes))
+            .map(|(o, wb)| rows_fn(wb, &q, o))
+            .reduce(|| true, |a, b| a && b)
+    };
+    QUANT_ROW.with(|c| *c.borrow_mut() = q);
+    done
 }
 
 fn kernel_err(args: &KernelArgs<'_>, msg: String) -> Error {

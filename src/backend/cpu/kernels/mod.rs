@@ -8,6 +8,7 @@ mod embedding;
 mod kv_cache;
 mod matmul;
 mod matmul_simd;
+mod matvec_vnni;
 mod norm;
 mod rope;
 mod softmax;
