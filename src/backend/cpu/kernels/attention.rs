@@ -55,17 +55,21 @@ const ARG_N_HEAD: usize = 5;
 
 /// A KV cache element type: f32 rows are used in place, f16 rows are converted into a scratch row.
 trait CacheElem: bytemuck::Pod + Send + Sync {
+    /// Whether the elements are f16 (else f32).
+    const HALF: bool;
     /// The row `src` as f32 values, using `buf` (same length) when a conversion is needed.
     fn row<'a>(src: &'a [Self], buf: &'a mut [f32]) -> &'a [f32];
 }
 
 impl CacheElem for f32 {
+    const HALF: bool = false;
     fn row<'a>(src: &'a [f32], _buf: &'a mut [f32]) -> &'a [f32] {
         src
     }
 }
 
 impl CacheElem for f16 {
+    const HALF: bool = true;
     fn row<'a>(src: &'a [f16], buf: &'a mut [f32]) -> &'a [f32] {
         src.convert_to_f32_slice(buf);
         buf
@@ -173,6 +177,8 @@ struct Scratch {
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+    /// Scores of one decode work item for the AVX-512 form (`[group, chunk]`).
+    static ITEM_SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 impl Scratch {
@@ -357,6 +363,34 @@ fn attention_decode_partial<T: CacheElem>(args: &KernelArgs<'_>) -> Result<()> {
             let keys = chunk * chunk_len..((chunk + 1) * chunk_len).min(kv_len);
             let qh = &q[kv * geo.group * hd..(kv + 1) * geo.group * hd];
             let slab = kv * stride..(kv + 1) * stride;
+            #[cfg(target_arch = "x86_64")]
+            {
+                let item = super::attention_avx512::Item {
+                    q: qh,
+                    k: k[slab.clone()].as_ptr() as *const u8,
+                    v: v[slab.clone()].as_ptr() as *const u8,
+                    keys: keys.clone(),
+                    group: geo.group,
+                    scale: geo.scale,
+                    softcap: geo.softcap,
+                };
+                let done = ITEM_SCORES.with(|cell| {
+                    let mut scores = cell.borrow_mut();
+                    let need = geo.group * keys.len();
+                    if scores.len() < need {
+                        scores.resize(need, 0.0);
+                    }
+                    // SAFETY: the slabs hold `max_ctx` rows of `hd` elements and `keys` ends at
+                    // `kv_len <= max_ctx` (checked by `read_pos0`); `qh` holds `group * hd`
+                    // values and `recs` `group * (hd + 2)` (one unit of the partials).
+                    unsafe {
+                        super::attention_avx512::decode_item(&item, hd, T::HALF, &mut scores, recs)
+                    }
+                });
+                if done {
+                    return;
+                }
+            }
             SCRATCH.with(|cell| {
                 let mut st = cell.borrow_mut();
                 st.reset(geo.group, hd);

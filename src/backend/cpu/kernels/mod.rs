@@ -2,6 +2,8 @@
 
 mod argmax;
 mod attention;
+#[cfg(target_arch = "x86_64")]
+mod attention_avx512;
 mod copy;
 mod elementwise;
 mod embedding;
