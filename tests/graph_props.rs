@@ -164,10 +164,7 @@ fn check_barriers(g: &ComputeGraph) -> Result<(), TestCaseError> {
 
 /// The graph as tags and `|` for barriers.
 fn layout(g: &ComputeGraph) -> Vec<Option<usize>> {
-    g.nodes()
-        .iter()
-        .map(|n| n.as_dispatch().map(tag))
-        .collect()
+    g.nodes().iter().map(|n| n.as_dispatch().map(tag)).collect()
 }
 
 /// A shape-only rule for the random graphs: two elementwise dispatches fuse when the second's
@@ -197,7 +194,12 @@ fn chain_rule() -> FusionRule {
             .collect();
         args.extend(buffers(b, Access::writes).iter().map(Arg::write));
         args.push(Arg::u32(tag(a) as u32));
-        Dispatch::new(KernelId("chain"), args, Grid::new(1, 1), OpKind::Elementwise)
+        Dispatch::new(
+            KernelId("chain"),
+            args,
+            Grid::new(1, 1),
+            OpKind::Elementwise,
+        )
     }
     FusionRule {
         name: "props_chain",

@@ -143,10 +143,19 @@ impl std::fmt::Debug for Allocation {
     }
 }
 
-/// A typed view of a byte range of one allocation. Cheap to clone.
+/// A typed view of a byte range of one allocation. Cheap to clone: one pointer to the view's
+/// description, shared by every clone (a dispatch argument is a clone, so recording one is one
+/// reference-count increment and a pointer copy).
 #[derive(Clone)]
 pub struct Buffer {
+    view: Arc<View>,
+}
+
+/// What a [`Buffer`] points at.
+struct View {
     alloc: Arc<Allocation>,
+    /// The allocation's id, kept beside the offset so a byte range needs one pointer hop.
+    id: AllocId,
     offset: usize,
     len: usize,
     dtype: DType,
@@ -184,11 +193,14 @@ impl Buffer {
             )));
         }
         Ok(Buffer {
-            alloc,
-            offset,
-            len,
-            dtype,
-            shape,
+            view: Arc::new(View {
+                id: alloc.id(),
+                alloc,
+                offset,
+                len,
+                dtype,
+                shape,
+            }),
         })
     }
 
@@ -198,16 +210,16 @@ impl Buffer {
         let len = bytes_of(dtype, shape)?;
         if byte_offset
             .checked_add(len)
-            .is_none_or(|end| end > self.len)
+            .is_none_or(|end| end > self.view.len)
         {
             return Err(Error::View(format!(
                 "sub-view of {len} bytes at {byte_offset} exceeds the parent view of {} bytes",
-                self.len
+                self.view.len
             )));
         }
         Buffer::new(
-            self.alloc.clone(),
-            self.offset + byte_offset,
+            self.view.alloc.clone(),
+            self.view.offset + byte_offset,
             len,
             dtype,
             shape,
@@ -216,100 +228,112 @@ impl Buffer {
 
     /// Rows `start..start + count` of this view (rows are the leading dimension).
     pub fn rows(&self, start: usize, count: usize) -> Result<Buffer> {
-        let dims = self.shape.dims();
+        let dims = self.view.shape.dims();
         if dims.is_empty() || start.checked_add(count).is_none_or(|end| end > dims[0]) {
             return Err(Error::View(format!(
                 "rows {start}..{} out of range for shape {:?}",
                 start.saturating_add(count),
-                self.shape
+                self.view.shape
             )));
         }
         let mut new_dims = dims.to_vec();
-        let row_bytes = self.len / dims[0].max(1);
+        let row_bytes = self.view.len / dims[0].max(1);
         new_dims[0] = count;
-        self.view(start * row_bytes, self.dtype, &new_dims)
+        self.view(start * row_bytes, self.view.dtype, &new_dims)
     }
 
     /// The same bytes with another shape of the same element count.
     pub fn reshape(&self, dims: &[usize]) -> Result<Buffer> {
         let shape = Shape::new(dims)?;
-        if shape.elems() != self.shape.elems() {
+        let v = &self.view;
+        if shape.elems() != v.shape.elems() {
             return Err(Error::View(format!(
                 "cannot reshape {:?} into {:?}",
-                self.shape, shape
+                v.shape, shape
             )));
         }
         Ok(Buffer {
-            shape,
-            ..self.clone()
+            view: Arc::new(View {
+                alloc: v.alloc.clone(),
+                id: v.id,
+                offset: v.offset,
+                len: v.len,
+                dtype: v.dtype,
+                shape,
+            }),
         })
     }
 
     /// The element type.
+    #[inline]
     pub fn dtype(&self) -> DType {
-        self.dtype
+        self.view.dtype
     }
 
     /// The shape.
+    #[inline]
     pub fn shape(&self) -> Shape {
-        self.shape
+        self.view.shape
     }
 
     /// The dimensions.
     pub fn dims(&self) -> &[usize] {
-        // Safety of the borrow: `shape` is stored inline in `self`.
-        let s: &Shape = &self.shape;
-        s.dims()
+        self.view.shape.dims()
     }
 
     /// Number of elements.
+    #[inline]
     pub fn elems(&self) -> usize {
-        self.shape.elems()
+        self.view.shape.elems()
     }
 
     /// Byte offset of the view in its allocation.
+    #[inline]
     pub fn offset(&self) -> usize {
-        self.offset
+        self.view.offset
     }
 
     /// Length of the view in bytes.
+    #[inline]
     pub fn len_bytes(&self) -> usize {
-        self.len
+        self.view.len
     }
 
     /// The allocation's id.
+    #[inline]
     pub fn alloc_id(&self) -> AllocId {
-        self.alloc.id()
+        self.view.id
     }
 
     /// The allocation this view belongs to.
     pub fn allocation(&self) -> &Arc<Allocation> {
-        &self.alloc
+        &self.view.alloc
     }
 
     /// The byte range of the view inside its allocation.
+    #[inline]
     pub fn byte_range(&self) -> std::ops::Range<usize> {
-        self.offset..self.offset + self.len
+        self.view.offset..self.view.offset + self.view.len
     }
 
     /// Whether two views share at least one byte.
     pub fn overlaps(&self, other: &Buffer) -> bool {
-        self.alloc_id() == other.alloc_id()
-            && self.offset < other.offset + other.len
-            && other.offset < self.offset + self.len
+        let (a, b) = (&self.view, &other.view);
+        a.id == b.id && a.offset < b.offset + b.len && b.offset < a.offset + a.len
     }
 }
 
 impl std::fmt::Debug for Buffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let v = &self.view;
         write!(
             f,
             "Buffer(alloc {}, bytes {}..{}, {} {:?})",
-            self.alloc.id().0,
-            self.offset,
-            self.offset + self.len,
-            self.dtype,
-            self.shape
+            v.id.0,
+            v.offset,
+            v.offset + v.len,
+            v.dtype,
+            v.shape
         )
     }
 }

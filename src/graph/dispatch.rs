@@ -1,6 +1,8 @@
 //! The dispatch IR: a dispatch is data (kernel name, arguments with their access, launch
 //! geometry, op kind), never a closure, so one recorded list can run on any backend.
 
+use std::mem::ManuallyDrop;
+
 use crate::backend::{AllocId, Buffer};
 use crate::error::{Error, Result};
 
@@ -250,15 +252,16 @@ impl Range {
 }
 
 /// Arguments a dispatch keeps inline when built from an array.
-const INLINE_ARGS: usize = 4;
+const INLINE_ARGS: usize = 6;
+
+/// A placeholder for unused inline argument slots (nothing to drop).
+const NO_ARG: Arg = Arg::Scalar(Scalar::U32(0));
 
 /// The arguments of a dispatch, in kernel order: from a `Vec<Arg>` (kept as it is) or from an
-/// array (up to four arguments are stored inline, so building the dispatch allocates once).
+/// array (up to six arguments are stored inline, so building the dispatch allocates once).
 #[derive(Debug, Clone)]
 pub struct ArgList(ArgStore);
 
-// The inline variant is the point: it lives inside the dispatch's one heap block.
-#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 enum ArgStore {
     Inline { len: u8, items: [Arg; INLINE_ARGS] },
@@ -283,14 +286,13 @@ impl From<Vec<Arg>> for ArgList {
 }
 
 impl<const N: usize> From<[Arg; N]> for ArgList {
+    #[inline]
     fn from(args: [Arg; N]) -> Self {
         if N > INLINE_ARGS {
             return ArgList(ArgStore::Heap(args.into()));
         }
-        let mut items: [Arg; INLINE_ARGS] = std::array::from_fn(|_| Arg::u32(0));
-        for (slot, a) in items.iter_mut().zip(args) {
-            *slot = a;
-        }
+        let mut given = args.into_iter();
+        let items = std::array::from_fn(|_| given.next().unwrap_or(NO_ARG));
         ArgList(ArgStore::Inline {
             len: N as u8,
             items,
@@ -333,76 +335,141 @@ impl RangeList {
 /// from the arguments.
 ///
 /// The fields live behind one pointer, so a graph node is one word and the passes move nodes for
-/// free.
-#[derive(Debug, Clone)]
+/// free. The blocks behind the pointers are recycled per thread (see [`spare`]): recording a step
+/// after dropping the previous one allocates nothing.
 pub struct Dispatch {
-    inner: Box<DispatchInner>,
+    /// Always set; taken only in `drop`.
+    inner: ManuallyDrop<Box<DispatchInner>>,
+}
+
+impl Clone for Dispatch {
+    fn clone(&self) -> Self {
+        Dispatch {
+            inner: ManuallyDrop::new(spare::boxed(DispatchInner::clone(&self.inner))),
+        }
+    }
+}
+
+impl Drop for Dispatch {
+    fn drop(&mut self) {
+        // SAFETY: `inner` is taken once, here, and the dispatch is gone after `drop`.
+        let inner = unsafe { ManuallyDrop::take(&mut self.inner) };
+        spare::recycle(inner);
+    }
+}
+
+impl std::fmt::Debug for Dispatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatch")
+            .field("kernel", &self.inner.kernel)
+            .field("op", &self.inner.op)
+            .field("grid", &self.inner.grid)
+            .field("args", &self.inner.args)
+            .field("reads", &self.reads())
+            .field("writes", &self.writes())
+            .finish()
+    }
+}
+
+/// Spare dispatch blocks, per thread: dropping a dispatch keeps its block (emptied of its
+/// arguments) for the next one built on the same thread, up to [`spare::KEEP`] blocks.
+mod spare {
+    use std::cell::RefCell;
+
+    use super::{ArgList, ArgStore, DispatchInner, RangeList, NO_ARG, NO_RANGE};
+
+    /// Blocks kept per thread (a 300-layer decode step has about 5700 dispatches).
+    pub(super) const KEEP: usize = 8192;
+
+    thread_local! {
+        static BLOCKS: RefCell<Vec<Box<DispatchInner>>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// `inner` in a block, a kept one when there is one.
+    #[inline]
+    pub(super) fn boxed(inner: DispatchInner) -> Box<DispatchInner> {
+        let kept = BLOCKS
+            .try_with(|b| b.try_borrow_mut().ok().and_then(|mut b| b.pop()))
+            .ok()
+            .flatten();
+        match kept {
+            Some(mut block) => {
+                *block = inner;
+                block
+            }
+            None => Box::new(inner),
+        }
+    }
+
+    /// Drops what `block` holds and keeps the block, or frees it when enough are kept.
+    #[inline]
+    pub(super) fn recycle(mut block: Box<DispatchInner>) {
+        block.args = ArgList(ArgStore::Inline {
+            len: 0,
+            items: [NO_ARG; super::INLINE_ARGS],
+        });
+        if let RangeList::Heap(_) = block.ranges {
+            block.ranges = RangeList::Inline {
+                len: 0,
+                items: [NO_RANGE; super::INLINE_RANGES],
+            };
+        }
+        // A thread being torn down, or a nested borrow, frees the block instead.
+        let _ = BLOCKS.try_with(|b| {
+            if let Ok(mut b) = b.try_borrow_mut() {
+                if b.len() < KEEP {
+                    b.push(block);
+                }
+            }
+        });
+    }
 }
 
 #[derive(Debug, Clone)]
 struct DispatchInner {
     kernel: KernelId,
-    args: ArgList,
     grid: Grid,
     op: OpKind,
     /// How many of `ranges` are reads (they come first).
     n_reads: u8,
+    args: ArgList,
     ranges: RangeList,
+}
+
+/// The buffer arguments of `args` with their access, for the ranges.
+#[inline]
+fn buffers(args: &[Arg]) -> impl Iterator<Item = (&Buffer, Access)> + Clone {
+    args.iter().filter_map(|a| match a {
+        Arg::Buffer(b, acc) => Some((b, *acc)),
+        Arg::Scalar(_) => None,
+    })
 }
 
 impl Dispatch {
     /// Builds a dispatch and derives its ranges. A written argument may not overlap any other
     /// buffer argument of the same dispatch (an in-place update is one `ReadWrite` argument).
     ///
-    /// `args` is a `Vec<Arg>` or an array of [`Arg`]s (an array of up to four avoids a second
+    /// `args` is a `Vec<Arg>` or an array of [`Arg`]s (an array of up to six avoids a second
     /// allocation).
+    #[inline]
     pub fn new(
         kernel: KernelId,
         args: impl Into<ArgList>,
         grid: Grid,
         op: OpKind,
     ) -> Result<Dispatch> {
-        let args = args.into();
-        // Each buffer argument's range, computed once: (argument index, range, access).
-        let mut inline = [(0usize, NO_RANGE, Access::Read); INLINE_RANGES];
-        let mut spilled = Vec::new();
-        let mut count = 0;
-        for (i, a) in args.as_slice().iter().enumerate() {
-            if let Arg::Buffer(b, acc) = a {
-                let entry = (i, Range::of(b), *acc);
-                if count < INLINE_RANGES {
-                    inline[count] = entry;
-                } else {
-                    if count == INLINE_RANGES {
-                        spilled.extend_from_slice(&inline);
-                    }
-                    spilled.push(entry);
-                }
-                count += 1;
-            }
-        }
-        let buffers: &[(usize, Range, Access)] = if count <= INLINE_RANGES {
-            &inline[..count]
-        } else {
-            &spilled
-        };
-        let mut n_reads = 0;
-        for (k, (i, mine, access)) in buffers.iter().enumerate() {
+        Self::build(kernel, args.into(), grid, op)
+    }
+
+    fn build(kernel: KernelId, args: ArgList, grid: Grid, op: OpKind) -> Result<Dispatch> {
+        let list = args.as_slice();
+        let (mut n_reads, mut n_writes) = (0usize, 0usize);
+        for (_, access) in buffers(list) {
             n_reads += access.reads() as usize;
-            if !access.writes() {
-                continue;
-            }
-            let hit = buffers
-                .iter()
-                .enumerate()
-                .find(|(l, (_, other, _))| *l != k && mine.overlaps(other));
-            if let Some((_, (j, _, _))) = hit {
-                return Err(Error::InvalidArgument(format!(
-                    "kernel {}: written argument {i} overlaps argument {j}; \
-                     use one read-write argument for in-place updates",
-                    kernel.0
-                )));
-            }
+            n_writes += access.writes() as usize;
+        }
+        if n_writes > 0 {
+            check_writes_alone(kernel, list)?;
         }
         if n_reads > u8::MAX as usize {
             return Err(Error::InvalidArgument(format!(
@@ -411,31 +478,30 @@ impl Dispatch {
                 u8::MAX
             )));
         }
-        let reads = buffers.iter().filter(|b| b.2.reads()).map(|b| b.1);
-        let writes = buffers.iter().filter(|b| b.2.writes()).map(|b| b.1);
-        let ranges = if n_reads + buffers.iter().filter(|b| b.2.writes()).count() <= INLINE_RANGES {
+        let reads = buffers(list).filter(|(_, a)| a.reads());
+        let writes = buffers(list).filter(|(_, a)| a.writes());
+        let all = reads.chain(writes).map(|(b, _)| Range::of(b));
+        let ranges = if n_reads + n_writes <= INLINE_RANGES {
             let mut items = [NO_RANGE; INLINE_RANGES];
-            let mut len = 0;
-            for r in reads.chain(writes) {
-                items[len] = r;
-                len += 1;
+            for (slot, r) in items.iter_mut().zip(all) {
+                *slot = r;
             }
             RangeList::Inline {
-                len: len as u8,
+                len: (n_reads + n_writes) as u8,
                 items,
             }
         } else {
-            RangeList::Heap(reads.chain(writes).collect())
+            RangeList::Heap(all.collect())
         };
         Ok(Dispatch {
-            inner: Box::new(DispatchInner {
+            inner: ManuallyDrop::new(spare::boxed(DispatchInner {
                 kernel,
-                args,
                 grid,
                 op,
                 n_reads: n_reads as u8,
+                args,
                 ranges,
-            }),
+            })),
         })
     }
 
@@ -478,6 +544,31 @@ impl Dispatch {
             _ => None,
         }
     }
+}
+
+/// Fails when a written buffer argument overlaps any other buffer argument.
+fn check_writes_alone(kernel: KernelId, args: &[Arg]) -> Result<()> {
+    for (i, a) in args.iter().enumerate() {
+        let Arg::Buffer(mine, access) = a else {
+            continue;
+        };
+        if !access.writes() {
+            continue;
+        }
+        let mine = Range::of(mine);
+        let hit = args.iter().enumerate().find(|(j, b)| match b {
+            Arg::Buffer(other, _) => *j != i && mine.overlaps(&Range::of(other)),
+            Arg::Scalar(_) => false,
+        });
+        if let Some((j, _)) = hit {
+            return Err(Error::InvalidArgument(format!(
+                "kernel {}: written argument {i} overlaps argument {j}; \
+                 use one read-write argument for in-place updates",
+                kernel.0
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// One node of a recorded graph.

@@ -96,8 +96,10 @@ fn try_rules<'a>(
                 return None;
             }
             let fused = (rule.build)(a, b).ok()?;
-            let dropped = std::iter::once(&mid).chain(a.writes().iter());
-            for w in dropped {
+            // The intermediate, then `a`'s other writes (the intermediate is usually one of
+            // them: checked once).
+            let others = a.writes().iter().filter(|w| **w != mid);
+            for w in std::iter::once(&mid).chain(others) {
                 let still_written = fused.writes().iter().any(|f| f.covers(w));
                 if !still_written && !is_dead_after(w, rest.clone()) {
                     return None;

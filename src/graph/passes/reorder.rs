@@ -10,7 +10,7 @@
 //! The walk's group is exactly the group barrier placement keeps over the new order, so the walk
 //! also yields the barrier positions: one before each dispatch that conflicted with the group.
 
-use crate::graph::footprint::{Footprint, Marks};
+use crate::graph::footprint::{Blockers, Footprint, Marks};
 use crate::graph::{ComputeGraph, Node};
 
 /// The seeds' lookahead window.
@@ -69,7 +69,136 @@ fn permute(nodes: &mut [Node], order: &mut [u32]) {
 }
 
 /// The greedy walk over the dispatches of `fp` (`lookahead` > 0).
+///
+/// A candidate must conflict neither with the group nor with a dispatch the lookahead skipped.
+/// Everything not yet placed lies at or after the walk's position, and a candidate lies at most
+/// `lookahead` after it, so the skipped dispatches a candidate could conflict with are exactly
+/// its earlier conflicting dispatches (at most `lookahead` back) not placed yet: a count of its
+/// [`Blockers`](crate::graph::footprint::Blockers) not placed yet, lowered as dispatches are
+/// placed, answers that without looking at the ranges.
 pub(super) fn greedy(fp: &Footprint, lookahead: usize) -> Walk {
+    let n = fp.len();
+    let mut blockers = fp.blockers(lookahead);
+    let mut state = WalkState {
+        blocked: std::mem::take(&mut blockers.count),
+        used: vec![false; n],
+        ready: Bits::new(n),
+        pinned: Bits::new(n),
+        order: Vec::with_capacity(n),
+    };
+    for i in 0..n {
+        if !fp.movable(i) {
+            state.pinned.set(i);
+        } else if state.blocked[i] == 0 {
+            state.ready.set(i);
+        }
+    }
+    let mut cuts = Vec::new();
+    let mut group = Marks::new(fp);
+    for i0 in 0..n {
+        if state.used[i0] {
+            continue;
+        }
+        if group.conflicts(fp, i0) {
+            if fp.movable(i0) {
+                // The window ends at the first pinned dispatch not placed yet. Only ready
+                // dispatches can join; placing one may make a later one ready.
+                let end = (i0 + 1).saturating_add(lookahead).min(n);
+                let end = state.pinned.next(i0 + 1, end).unwrap_or(end);
+                let mut at = i0 + 1;
+                while let Some(i1) = state.ready.next(at, end) {
+                    if !group.conflicts(fp, i1) {
+                        group.add(fp, i1);
+                        state.place(i1, fp, &blockers);
+                    }
+                    at = i1 + 1;
+                }
+            }
+            group.clear();
+            cuts.push(state.order.len() as u32);
+        }
+        group.add(fp, i0);
+        state.place(i0, fp, &blockers);
+    }
+    Walk {
+        order: state.order,
+        cuts,
+    }
+}
+
+/// What the walk knows about every dispatch.
+struct WalkState {
+    /// Blockers not placed yet.
+    blocked: Vec<u32>,
+    /// Placed.
+    used: Vec<bool>,
+    /// Movable, not placed, no blocker left.
+    ready: Bits,
+    /// Not movable, not placed.
+    pinned: Bits,
+    order: Vec<u32>,
+}
+
+impl WalkState {
+    #[inline]
+    fn place(&mut self, i: usize, fp: &Footprint, blockers: &Blockers) {
+        self.order.push(i as u32);
+        self.used[i] = true;
+        self.ready.clear(i);
+        self.pinned.clear(i);
+        for s in blockers.after(i) {
+            self.blocked[s] -= 1;
+            if self.blocked[s] == 0 && fp.movable(s) {
+                self.ready.set(s);
+            }
+        }
+    }
+}
+
+/// A fixed-size bit set.
+struct Bits(Vec<u64>);
+
+impl Bits {
+    fn new(n: usize) -> Self {
+        Bits(vec![0; n.div_ceil(64)])
+    }
+
+    #[inline]
+    fn set(&mut self, i: usize) {
+        self.0[i / 64] |= 1 << (i % 64);
+    }
+
+    #[inline]
+    fn clear(&mut self, i: usize) {
+        self.0[i / 64] &= !(1 << (i % 64));
+    }
+
+    /// The first set bit in `from..end`.
+    #[inline]
+    fn next(&self, from: usize, end: usize) -> Option<usize> {
+        if from >= end {
+            return None;
+        }
+        let mut w = from / 64;
+        let mut word = self.0[w] & (!0u64 << (from % 64));
+        loop {
+            if word != 0 {
+                let i = w * 64 + word.trailing_zeros() as usize;
+                return (i < end).then_some(i);
+            }
+            w += 1;
+            if w * 64 >= end {
+                return None;
+            }
+            word = self.0[w];
+        }
+    }
+}
+
+/// The walk as the seeds write it: the skipped dispatches kept as a second set of ranges. The
+/// reference for [`greedy`].
+#[cfg(test)]
+pub(super) fn greedy_reference(fp: &Footprint, lookahead: usize) -> Walk {
     let n = fp.len();
     let mut order = Vec::with_capacity(n);
     let mut cuts = Vec::new();

@@ -464,3 +464,69 @@ fn given_two_fusable_pairs_when_fusing_should_fuse_both_and_keep_the_rest() {
     assert_eq!(fuse(&mut g, &[]), 0);
     assert_eq!(order(&g), vec![102, 304, 5]);
 }
+
+// ---------------------------------------------------------------- the walk against the seeds'
+
+/// Random dispatches over aliased views of three allocations (the third never written), a
+/// quarter of them not reorderable.
+fn random_dispatches(seed: u64, n: usize) -> Vec<Dispatch> {
+    use rand::RngExt;
+    let dev = device();
+    let allocs: Vec<_> = (0..3)
+        .map(|_| dev.alloc(DType::U8, &[256]).expect("alloc"))
+        .collect();
+    let mut rng = crate::testutil::rng(seed);
+    let mut out = Vec::new();
+    while out.len() < n {
+        let mut args = Vec::new();
+        for _ in 0..rng.random_range(1..5) {
+            let a = rng.random_range(0..3usize);
+            let start = rng.random_range(0..256usize);
+            let len = rng.random_range(0..=(256 - start).min(48));
+            let view = allocs[a].view(start, DType::U8, &[len]).expect("view");
+            let access = if a == 2 { 0 } else { rng.random_range(0..3) };
+            args.push(match access {
+                0 => Arg::read(&view),
+                1 => Arg::write(&view),
+                _ => Arg::read_write(&view),
+            });
+        }
+        let op = if rng.random_range(0..4) == 0 { ATT } else { EW };
+        args.push(Arg::u32(out.len() as u32));
+        if let Ok(d) = Dispatch::new(KernelId("t"), args, Grid::new(1, 1), op) {
+            out.push(d);
+        }
+    }
+    out
+}
+
+#[test]
+fn given_random_graphs_when_walked_should_match_the_seeds_walk_exactly() {
+    use crate::graph::footprint::Footprint;
+    for seed in 0..60 {
+        let ds = random_dispatches(seed, 10 + 4 * seed as usize);
+        let fp = Footprint::new(ds.iter());
+        for lookahead in [1, 2, 3, 8, 64, usize::MAX] {
+            let fast = reorder::greedy(&fp, lookahead);
+            let seeds = reorder::greedy_reference(&fp, lookahead);
+            assert_eq!(
+                fast.order, seeds.order,
+                "seed {seed}, lookahead {lookahead}"
+            );
+            assert_eq!(fast.cuts, seeds.cuts, "seed {seed}, lookahead {lookahead}");
+        }
+    }
+}
+
+#[test]
+fn given_random_graphs_when_reordered_should_place_the_same_barriers_as_a_fresh_pass() {
+    for seed in 0..30 {
+        let ds = random_dispatches(seed + 1000, 80);
+        let mut walked = graph(ds.clone());
+        let rules: [FusionRule; 0] = [];
+        let done = optimize(&mut walked, &rules, DEFAULT_LOOKAHEAD);
+        let mut fresh = walked.clone();
+        assert_eq!(place_barriers(&mut fresh), done.barriers, "seed {seed}");
+        assert_eq!(layout(&fresh), layout(&walked), "seed {seed}");
+    }
+}
