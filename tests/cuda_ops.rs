@@ -579,47 +579,50 @@ fn matmul_id_family() {
 fn attention_family() {
     use onepass::ops::attention::{attention_decode_scratch_len, AttentionParams};
     let Some(dev) = cuda_device() else { return };
-    let (n_head, n_kv, hd, max_ctx) = (9usize, 3usize, 64usize, 300usize);
-    for (j, &cache_dt) in [DType::F32, DType::F16].iter().enumerate() {
-        let k = random_tensor(cache_dt, &[n_kv, max_ctx, hd], 1.0, 1000 + j as u64);
-        let v = random_tensor(cache_dt, &[n_kv, max_ctx, hd], 1.0, 1001 + j as u64);
-        for softcap in [0.0f32, 30.0] {
-            let mut params = AttentionParams::new(n_head, n_kv, hd);
-            if softcap != 0.0 {
-                params = params.with_softcap(softcap);
+    // A 64-wide head takes the four-value path of the CUDA kernels, a 40-wide one the scalar path.
+    for hd in [64usize, 40] {
+        let (n_head, n_kv, max_ctx) = (9usize, 3usize, 300usize);
+        for (j, &cache_dt) in [DType::F32, DType::F16].iter().enumerate() {
+            let k = random_tensor(cache_dt, &[n_kv, max_ctx, hd], 1.0, 1000 + j as u64);
+            let v = random_tensor(cache_dt, &[n_kv, max_ctx, hd], 1.0, 1001 + j as u64);
+            for softcap in [0.0f32, 30.0] {
+                let mut params = AttentionParams::new(n_head, n_kv, hd);
+                if softcap != 0.0 {
+                    params = params.with_softcap(softcap);
+                }
+                // Prefill: 7 rows from pos0 = 130 (keys 0..=136 and more per row).
+                let rows = 7usize;
+                let q = random_tensor(DType::F32, &[rows, n_head * hd], 1.0, 1010 + j as u64);
+                let step = i32_tensor(&[130, 0], &[2]);
+                compare(
+                    &format!("attention prefill hd {hd} {cache_dt} softcap {softcap}"),
+                    &dev,
+                    &[q, k.clone(), v.clone(), step],
+                    &[(DType::F32, vec![rows, n_head * hd])],
+                    2e-5,
+                    2e-4,
+                    &|s, i, o| s.attention(&i[0], &i[1], &i[2], &i[3], &o[0], params),
+                );
+                // Decode: one row at pos0 = 257 in chunks of 64.
+                let chunk = 64usize;
+                let q1 = random_tensor(DType::F32, &[1, n_head * hd], 1.0, 1020 + j as u64);
+                let step1 = i32_tensor(&[257, 0], &[2]);
+                let scratch = attention_decode_scratch_len(params, max_ctx, chunk).unwrap();
+                compare(
+                    &format!("attention decode hd {hd} {cache_dt} softcap {softcap}"),
+                    &dev,
+                    &[q1, k.clone(), v.clone(), step1],
+                    &[
+                        (DType::F32, vec![scratch]),
+                        (DType::F32, vec![1, n_head * hd]),
+                    ],
+                    2e-5,
+                    2e-4,
+                    &|s, i, o| {
+                        s.attention_decode(&i[0], &i[1], &i[2], &i[3], &o[0], &o[1], params, chunk)
+                    },
+                );
             }
-            // Prefill: 7 rows from pos0 = 130 (keys 0..=136 and more per row).
-            let rows = 7usize;
-            let q = random_tensor(DType::F32, &[rows, n_head * hd], 1.0, 1010 + j as u64);
-            let step = i32_tensor(&[130, 0], &[2]);
-            compare(
-                &format!("attention prefill {cache_dt} softcap {softcap}"),
-                &dev,
-                &[q, k.clone(), v.clone(), step],
-                &[(DType::F32, vec![rows, n_head * hd])],
-                2e-5,
-                2e-4,
-                &|s, i, o| s.attention(&i[0], &i[1], &i[2], &i[3], &o[0], params),
-            );
-            // Decode: one row at pos0 = 257 in chunks of 64.
-            let chunk = 64usize;
-            let q1 = random_tensor(DType::F32, &[1, n_head * hd], 1.0, 1020 + j as u64);
-            let step1 = i32_tensor(&[257, 0], &[2]);
-            let scratch = attention_decode_scratch_len(params, max_ctx, chunk).unwrap();
-            compare(
-                &format!("attention decode {cache_dt} softcap {softcap}"),
-                &dev,
-                &[q1, k.clone(), v.clone(), step1],
-                &[
-                    (DType::F32, vec![scratch]),
-                    (DType::F32, vec![1, n_head * hd]),
-                ],
-                2e-5,
-                2e-4,
-                &|s, i, o| {
-                    s.attention_decode(&i[0], &i[1], &i[2], &i[3], &o[0], &o[1], params, chunk)
-                },
-            );
         }
     }
 }

@@ -11,6 +11,7 @@ use crate::backend::{Buffer, DType, Device};
 use crate::error::{Error, Result};
 use crate::model::gguf::GgufFile;
 use crate::ops::attention::AttentionParams;
+use crate::ops::fused_block::QkvRope;
 use crate::ops::rope::{RopeMode, RopeParams};
 use crate::session::Session;
 
@@ -173,12 +174,26 @@ pub enum Logits {
     All,
 }
 
+/// Whether passes on `device` record the fused block ops (`ops::fused_block`): on CUDA, when RoPE
+/// turns whole heads without frequency factors, the KV cache is f32 and each layer's q/k/v and
+/// gate/up weights share a dtype. Elsewhere the separate ops.
+fn uses_fused_block(device: &Device, c: &LlamaConfig, w: &Weights) -> bool {
+    matches!(device, Device::Cuda(_))
+        && c.rope_dim == c.head_dim
+        && w.rope_freqs.is_none()
+        && w.layers.iter().all(|l| {
+            l.wk.dtype() == l.wq.dtype()
+                && l.wv.dtype() == l.wq.dtype()
+                && l.w_up.dtype() == l.w_gate.dtype()
+        })
+}
+
 /// Chunk length of the split decode attention on `device`: on a GPU, short chunks give one
 /// block per (chunk, head), enough blocks to fill the SMs at short contexts; on the CPU, long
 /// chunks keep the per-task overhead low.
 fn decode_chunk(device: &Device) -> usize {
     match device {
-        Device::Cuda(_) => 64,
+        Device::Cuda(_) => 32,
         _ => 256,
     }
 }
@@ -196,6 +211,7 @@ pub struct Llama {
     norm_out: Buffer,
     logits: Buffer,
     next_token: Buffer,
+    fused_block: bool,
     _file: Arc<GgufFile>,
 }
 
@@ -215,6 +231,7 @@ impl Llama {
             ));
         }
         let weights = load_weights(&file, device, &config)?;
+        let fused_block = uses_fused_block(device, &config, &weights);
         let mut kv = Vec::with_capacity(config.n_layer);
         for _ in 0..config.n_layer {
             let dims = [config.n_kv_head, max_ctx, config.head_dim];
@@ -227,8 +244,11 @@ impl Llama {
         let inputs = StepInputs::new(device, max_batch)?;
         let prefill = Scratch::new(device, &config, max_batch, None)?;
         let params = attention_params(&config);
-        let partial_len =
-            crate::ops::attention::attention_decode_scratch_len(params, max_ctx, decode_chunk(device))?;
+        let partial_len = crate::ops::attention::attention_decode_scratch_len(
+            params,
+            max_ctx,
+            decode_chunk(device),
+        )?;
         let decode = Scratch::new(device, &config, 1, Some(partial_len))?;
         Ok(Llama {
             norm_out: device.alloc(DType::F32, &[max_batch, config.dim])?,
@@ -242,6 +262,7 @@ impl Llama {
             inputs,
             prefill,
             decode,
+            fused_block,
             _file: file,
         })
     }
@@ -334,14 +355,35 @@ impl Llama {
         let w = &self.weights;
         s.embedding(&w.embed, &tokens, &x)?;
         for (l, (kc, vc)) in w.layers.iter().zip(&self.kv) {
-            s.rms_norm(&x, &l.attn_norm, &xn, c.norm_eps)?;
-            s.matmul(&xn, &l.wq, &q)?;
-            s.matmul(&xn, &l.wk, &k)?;
-            s.matmul(&xn, &l.wv, &v)?;
-            rope_inplace(s, &q)?;
-            rope_inplace(s, &k)?;
-            s.kv_write(&k, kc, step)?;
-            s.kv_write(&v, vc, step)?;
+            if self.fused_block {
+                s.norm_qkv_rope(&QkvRope {
+                    x: &x,
+                    norm: &l.attn_norm,
+                    eps: c.norm_eps,
+                    wq: &l.wq,
+                    wk: &l.wk,
+                    wv: &l.wv,
+                    positions: &positions,
+                    step,
+                    q: &q,
+                    k_cache: kc,
+                    v_cache: vc,
+                    n_head: c.n_head,
+                    n_kv_head: c.n_kv_head,
+                    head_dim: c.head_dim,
+                    base: c.rope_base,
+                    mode: RopeMode::Normal,
+                })?;
+            } else {
+                s.rms_norm(&x, &l.attn_norm, &xn, c.norm_eps)?;
+                s.matmul(&xn, &l.wq, &q)?;
+                s.matmul(&xn, &l.wk, &k)?;
+                s.matmul(&xn, &l.wv, &v)?;
+                rope_inplace(s, &q)?;
+                rope_inplace(s, &k)?;
+                s.kv_write(&k, kc, step)?;
+                s.kv_write(&v, vc, step)?;
+            }
             match &sc.partials {
                 Some(partials) if decode => s.attention_decode(
                     &q,
@@ -357,10 +399,14 @@ impl Llama {
             }
             s.matmul(&attn, &l.wo, &proj)?;
             s.add_inplace(&x, &proj)?;
-            s.rms_norm(&x, &l.ffn_norm, &xn, c.norm_eps)?;
-            s.matmul(&xn, &l.w_gate, &gate)?;
-            s.matmul(&xn, &l.w_up, &up)?;
-            s.swiglu(&gate, &up, &hidden)?;
+            if self.fused_block {
+                s.norm_gate_up(&x, &l.ffn_norm, c.norm_eps, &l.w_gate, &l.w_up, &hidden)?;
+            } else {
+                s.rms_norm(&x, &l.ffn_norm, &xn, c.norm_eps)?;
+                s.matmul(&xn, &l.w_gate, &gate)?;
+                s.matmul(&xn, &l.w_up, &up)?;
+                s.swiglu(&gate, &up, &hidden)?;
+            }
             s.matmul(&hidden, &l.w_down, &proj)?;
             s.add_inplace(&x, &proj)?;
         }

@@ -24,7 +24,8 @@ pub const WEIGHT_DTYPES: [DType; 8] = [
     DType::BF16,
 ];
 
-fn kernel_name(dtype: DType) -> &'static str {
+/// The plain matmul kernel of a weight dtype.
+pub(crate) fn kernel_name(dtype: DType) -> &'static str {
     match dtype {
         DType::F16 => "matmul_f16",
         DType::BF16 => "matmul_bf16",
@@ -61,7 +62,7 @@ fn to_u32(c: &Check, arg: &'static str, v: usize) -> Result<u32> {
 /// The GPU launch shape of the matmul kernels: one 32-lane warp per output value, four warps per
 /// block, `n` outputs along x and rows along y (capped at the CUDA limit of 65535; the kernels
 /// stride over the rest).
-fn warp_per_output(n: usize, rows: usize) -> Grid {
+pub(crate) fn warp_per_output(n: usize, rows: usize) -> Grid {
     Grid::cover(n.saturating_mul(32), 128).with_y(rows.clamp(1, 65535) as u32)
 }
 

@@ -9,8 +9,10 @@ pub mod copy;
 pub mod custom;
 pub mod elementwise;
 pub mod embedding;
+pub mod fused_block;
 pub mod kv_cache;
 pub mod matmul;
+pub mod matmul_fused;
 pub mod norm;
 pub mod rope;
 pub mod softmax;
@@ -19,7 +21,10 @@ pub use check::Check;
 
 use crate::graph::passes::FusionRule;
 
-/// The fusion rules the optimizer applies, in order.
+/// The fusion rules the optimizer applies, in order. The matmul fusion matches CUDA buffers only.
 pub fn fusion_rules() -> &'static [FusionRule] {
-    &[norm::RMS_NORM_MUL_FUSION]
+    &[
+        norm::RMS_NORM_MUL_FUSION,
+        matmul_fused::MATMUL_ADD_FUSION,
+    ]
 }

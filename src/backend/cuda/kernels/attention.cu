@@ -19,8 +19,8 @@
 // share a key (four keys per warp at a time, a key row read as coalesced 32-byte pieces), the
 // tile's exponentials go to `ps`. V: a thread owns dimension d0 (+ j * span) for one group of
 // keys (key index = group mod groups), so every thread loads V while the tile is short.
-// At the end, `vsum[0..hd)` (shared, ATTN_MAX_TILE floats) holds the V sum. Every thread of the
-// block calls it.
+// At the end, `vsum[0..hd)` (shared, at least ATTN_MAX_TILE floats) holds the V sum. Every
+// thread of the block calls it.
 template <typename T>
 __device__ void attn_fold(const float* qs, const T* k, const T* v, uint32_t hd, uint64_t begin,
                           uint64_t end, float scale, float softcap, float* ps, float* vsum,
@@ -92,6 +92,102 @@ __device__ void attn_fold(const float* qs, const T* k, const T* v, uint32_t hd, 
     __syncthreads();
 }
 
+// Four consecutive cache values as f32 (16-byte aligned f32, 8-byte aligned f16).
+__device__ __forceinline__ float4 attn_load4(const float* p) { return *(const float4*)p; }
+__device__ __forceinline__ float4 attn_load4(const __half* p) {
+    const uint2 u = *(const uint2*)p;
+    const float2 a = __half22float2(*(const __half2*)&u.x);
+    const float2 b = __half22float2(*(const __half2*)&u.y);
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+
+// Whether `attn_fold_vec` applies: heads a multiple of 32 values, a key row's four-value pieces
+// spread over at most the block, and caches aligned for four-value loads.
+template <typename T>
+__device__ __forceinline__ bool attn_vec_ok(const T* k, const T* v, uint32_t hd) {
+    return hd % 32 == 0 && hd / 4 <= blockDim.x &&
+           (((uint64_t)k | (uint64_t)v) & (4 * sizeof(T) - 1)) == 0;
+}
+
+// `attn_fold` with four-value loads: a scoring lane reads pieces 4 * sub + 32 j of the key row,
+// and a V thread owns four dimensions for one of blockDim / (hd / 4) key groups, so each thread
+// has only a few independent loads per tile. `vsum` holds 4 * blockDim floats.
+template <typename T>
+__device__ void attn_fold_vec(const float* qs, const T* k, const T* v, uint32_t hd,
+                              uint64_t begin, uint64_t end, float scale, float softcap, float* ps,
+                              float* vsum, float& m, float& l) {
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const uint32_t sub = lane & 7, slot = lane >> 3;
+    const uint32_t span = hd / 4, groups = blockDim.x / span;
+    const uint32_t d4 = threadIdx.x % span, kg = threadIdx.x / span;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (uint64_t tile = begin; tile < end; tile += ATTN_MAX_TILE) {
+        const uint32_t n = (uint32_t)(end - tile < ATTN_MAX_TILE ? end - tile : ATTN_MAX_TILE);
+        for (uint32_t j0 = warp * 4; j0 < n; j0 += warps * 4) {
+            const uint32_t j = j0 + slot;
+            float d = 0.0f;
+            if (j < n) {
+                const T* kr = k + (tile + j) * hd;
+#pragma unroll 4
+                for (uint32_t i = 4 * sub; i < hd; i += 32) {
+                    const float4 kk = attn_load4(kr + i);
+                    d += qs[i] * kk.x + qs[i + 1] * kk.y + qs[i + 2] * kk.z + qs[i + 3] * kk.w;
+                }
+            }
+            d += __shfl_xor_sync(ONEPASS_FULL_MASK, d, 1);
+            d += __shfl_xor_sync(ONEPASS_FULL_MASK, d, 2);
+            d += __shfl_xor_sync(ONEPASS_FULL_MASK, d, 4);
+            if (sub == 0 && j < n) {
+                float s = d * scale;
+                if (softcap != 0.0f) s = softcap * tanhf(s / softcap);
+                ps[j] = s;
+            }
+        }
+        __syncthreads();
+        float tile_max = -__int_as_float(0x7f800000);
+        for (uint32_t j = lane; j < n; j += 32) tile_max = fmaxf(tile_max, ps[j]);
+        tile_max = op_warp_max(tile_max);
+        const float new_max = fmaxf(m, tile_max);
+        const float c = expf(m - new_max);
+        __syncthreads();
+        for (uint32_t j = threadIdx.x; j < n; j += blockDim.x) ps[j] = expf(ps[j] - new_max);
+        __syncthreads();
+        float tile_sum = 0.0f;
+        for (uint32_t j = lane; j < n; j += 32) tile_sum += ps[j];
+        l = l * c + op_warp_sum(tile_sum);
+        m = new_max;
+        if (kg < groups) {
+            float4 a = make_float4(acc.x * c, acc.y * c, acc.z * c, acc.w * c);
+            const T* vt = v + tile * hd + 4 * d4;
+#pragma unroll 4
+            for (uint32_t tt = kg; tt < n; tt += groups) {
+                const float4 vv = attn_load4(vt + (uint64_t)tt * hd);
+                const float p = ps[tt];
+                a.x += p * vv.x;
+                a.y += p * vv.y;
+                a.z += p * vv.z;
+                a.w += p * vv.w;
+            }
+            acc = a;
+        }
+        __syncthreads();
+    }
+    if (kg < groups) {
+        float* dst = vsum + kg * hd + 4 * d4;
+        dst[0] = acc.x;
+        dst[1] = acc.y;
+        dst[2] = acc.z;
+        dst[3] = acc.w;
+    }
+    __syncthreads();
+    for (uint32_t dd = threadIdx.x; dd < hd; dd += blockDim.x) {
+        float t = vsum[dd];
+        for (uint32_t g = 1; g < groups; g++) t += vsum[g * hd + dd];
+        vsum[dd] = t;
+    }
+    __syncthreads();
+}
+
 template <typename T>
 __device__ void attention_prefill(const float* q, const T* k, const T* v, const int32_t* step,
                                   float* out, uint32_t n_head, uint32_t n_kv_head, uint32_t hd,
@@ -99,7 +195,7 @@ __device__ void attention_prefill(const float* q, const T* k, const T* v, const 
                                   uint64_t n_v, uint64_t n_step, uint64_t n_out, uint32_t tag) {
     __shared__ float qs[ATTN_MAX_HD];
     __shared__ float ps[ATTN_MAX_TILE];
-    __shared__ float vsum[ATTN_MAX_TILE];
+    __shared__ float vsum[4 * ATTN_MAX_TILE];
     OP_REQUIRE(n_head != 0 && n_kv_head != 0 && hd != 0 && hd <= ATTN_MAX_HD &&
                n_head % n_kv_head == 0 && blockDim.x <= ATTN_MAX_TILE && hd <= ATTN_ACC * blockDim.x &&
                n_step != 0 && n_k == n_v && n_q == n_out && n_q % ((uint64_t)n_head * hd) == 0 &&
@@ -122,7 +218,10 @@ __device__ void attention_prefill(const float* q, const T* k, const T* v, const 
         float m = -__int_as_float(0x7f800000), l = 0.0f;
         const T* ks = k + (uint64_t)kv * max_ctx * hd;
         const T* vs = v + (uint64_t)kv * max_ctx * hd;
-        attn_fold<T>(qs, ks, vs, hd, 0, (uint64_t)pos0 + r + 1, scale, softcap, ps, vsum, m, l);
+        if (attn_vec_ok(ks, vs, hd))
+            attn_fold_vec<T>(qs, ks, vs, hd, 0, (uint64_t)pos0 + r + 1, scale, softcap, ps, vsum, m, l);
+        else
+            attn_fold<T>(qs, ks, vs, hd, 0, (uint64_t)pos0 + r + 1, scale, softcap, ps, vsum, m, l);
         const float inv = 1.0f / l;
         for (uint32_t dd = threadIdx.x; dd < hd; dd += blockDim.x) out[item * hd + dd] = vsum[dd] * inv;
     }
@@ -136,7 +235,7 @@ __device__ void attention_partial(const float* q, const T* k, const T* v, const 
                                   uint64_t n_partials, uint32_t tag) {
     __shared__ float qs[ATTN_MAX_HD];
     __shared__ float ps[ATTN_MAX_TILE];
-    __shared__ float vsum[ATTN_MAX_TILE];
+    __shared__ float vsum[4 * ATTN_MAX_TILE];
     OP_REQUIRE(n_head != 0 && n_kv_head != 0 && hd != 0 && hd <= ATTN_MAX_HD &&
                n_head % n_kv_head == 0 && blockDim.x <= ATTN_MAX_TILE && hd <= ATTN_ACC * blockDim.x &&
                n_step != 0 && n_k == n_v && n_q == (uint64_t)n_head * hd &&
@@ -166,7 +265,10 @@ __device__ void attention_partial(const float* q, const T* k, const T* v, const 
         const uint64_t end = begin + chunk_len < kv_len ? begin + chunk_len : kv_len;
         const T* ks = k + (uint64_t)kv * max_ctx * hd;
         const T* vs = v + (uint64_t)kv * max_ctx * hd;
-        attn_fold<T>(qs, ks, vs, hd, begin, end, scale, softcap, ps, vsum, m, l);
+        if (attn_vec_ok(ks, vs, hd))
+            attn_fold_vec<T>(qs, ks, vs, hd, begin, end, scale, softcap, ps, vsum, m, l);
+        else
+            attn_fold<T>(qs, ks, vs, hd, begin, end, scale, softcap, ps, vsum, m, l);
         float* rec = partials + item * (hd + 2);
         if (threadIdx.x == 0) {
             rec[0] = m;

@@ -10,10 +10,19 @@
 // (q4_0, q4_1, q8_0) with a 16-byte aligned x, four lanes share a block and read it as whole words
 // (`mm_dot_blocks`); every other case reads one element per lane at a time (`mm_dot`).
 
-template <int FMT>
-__device__ __forceinline__ float mm_dot(const float* x, const uint8_t* wrow, uint32_t k, int lane) {
+// The activation row a matmul reads (a type parameter, so that a fused producer can compute its
+// values as they are read).
+struct XPlain {
+    const float* x;
+    __device__ __forceinline__ float at(uint64_t i) const { return x[i]; }
+    __device__ __forceinline__ float4 at4(uint64_t i) const { return *(const float4*)(x + i); }
+    __device__ __forceinline__ bool aligned16() const { return ((uint64_t)x & 15u) == 0; }
+    __device__ __forceinline__ XPlain row(uint64_t off) const { return XPlain{x + off}; }
+};
+template <int FMT, typename X>
+__device__ __forceinline__ float mm_dot(X x, const uint8_t* wrow, uint32_t k, int lane) {
     float acc = 0.0f;
-    for (uint32_t i = lane; i < k; i += 32) acc += x[i] * op_weight<FMT>(wrow, i);
+    for (uint32_t i = lane; i < k; i += 32) acc += x.at(i) * op_weight<FMT>(wrow, i);
     return op_warp_sum(acc);
 }
 
@@ -21,6 +30,11 @@ __device__ __forceinline__ float mm_dot(const float* x, const uint8_t* wrow, uin
 __device__ __forceinline__ uint32_t mm_u32_at(const uint8_t* p) {
     const uint16_t* h = (const uint16_t*)p;
     return (uint32_t)h[0] | ((uint32_t)h[1] << 16);
+}
+
+// An f16 block scale at a 2-byte aligned address, as f32 (one 16-bit load).
+__device__ __forceinline__ float mm_half_at(const uint8_t* p) {
+    return __half2float(__ushort_as_half(*(const uint16_t*)p));
 }
 
 // sum of lo[i] * (low nibble of byte i) + hi[i] * (high nibble of byte i) over the 4 bytes of q.
@@ -44,41 +58,40 @@ __device__ __forceinline__ float mm_i8_dot(uint32_t q, float4 a) {
 
 // Quarter `t` (0..4) of block `b` of a weight row dotted with x: 4-bit formats take quant bytes
 // [4t, 4t + 4) (values 4t..4t+3 and 16+4t..16+4t+3), q8_0 takes bytes [8t, 8t + 8).
-template <int FMT>
-__device__ __forceinline__ float mm_block_quarter(const float* x, const uint8_t* row, uint32_t b,
-                                                  uint32_t t) {
-    const float* xb = x + b * 32;
+template <int FMT, typename X>
+__device__ __forceinline__ float mm_block_quarter(X x, const uint8_t* row, uint32_t b, uint32_t t) {
+    const uint64_t xb = (uint64_t)b * 32;
     if (FMT == OP_FMT_Q8_0) {
         const uint8_t* p = row + (uint64_t)b * 34;
-        const float4 a = *(const float4*)(xb + 8 * t), c = *(const float4*)(xb + 8 * t + 4);
+        const float4 a = x.at4(xb + 8 * t), c = x.at4(xb + 8 * t + 4);
         const float s = mm_i8_dot(mm_u32_at(p + 2 + 8 * t), a) + mm_i8_dot(mm_u32_at(p + 6 + 8 * t), c);
-        return op_half_bits(p) * s;
+        return mm_half_at(p) * s;
     }
-    const float4 lo = *(const float4*)(xb + 4 * t), hi = *(const float4*)(xb + 16 + 4 * t);
+    const float4 lo = x.at4(xb + 4 * t), hi = x.at4(xb + 16 + 4 * t);
     const float sx = (lo.x + lo.y) + (lo.z + lo.w) + (hi.x + hi.y) + (hi.z + hi.w);
     if (FMT == OP_FMT_Q4_1) {
         const uint8_t* p = row + (uint64_t)b * 20;
-        return op_half_bits(p) * mm_nibble_dot(mm_u32_at(p + 4 + 4 * t), lo, hi) +
-               op_half_bits(p + 2) * sx;
+        return mm_half_at(p) * mm_nibble_dot(mm_u32_at(p + 4 + 4 * t), lo, hi) +
+               mm_half_at(p + 2) * sx;
     }
     const uint8_t* p = row + (uint64_t)b * 18;  // q4_0: value = d * (q - 8)
-    return op_half_bits(p) * (mm_nibble_dot(mm_u32_at(p + 2 + 4 * t), lo, hi) - 8.0f * sx);
+    return mm_half_at(p) * (mm_nibble_dot(mm_u32_at(p + 2 + 4 * t), lo, hi) - 8.0f * sx);
 }
 
 // Whether `mm_dot_blocks` applies: a 32-value block format, x rows 16-byte aligned, weights at an
 // even address.
-template <int FMT>
-__device__ __forceinline__ bool mm_blocks_ok(const float* x, const uint8_t* w, uint32_t k) {
-    return (FMT == OP_FMT_Q4_0 || FMT == OP_FMT_Q4_1 || FMT == OP_FMT_Q8_0) &&
-           ((uint64_t)x & 15u) == 0 && k % 32 == 0 && ((uint64_t)w & 1u) == 0;
+template <int FMT, typename X>
+__device__ __forceinline__ bool mm_blocks_ok(X x, const uint8_t* w, uint32_t k) {
+    return (FMT == OP_FMT_Q4_0 || FMT == OP_FMT_Q4_1 || FMT == OP_FMT_Q8_0) && x.aligned16() &&
+           k % 32 == 0 && ((uint64_t)w & 1u) == 0;
 }
 
-template <int FMT>
-__device__ __forceinline__ float mm_dot_blocks(const float* x, const uint8_t* wrow, uint32_t k,
-                                               int lane) {
+template <int FMT, typename X>
+__device__ __forceinline__ float mm_dot_blocks(X x, const uint8_t* wrow, uint32_t k, int lane) {
     const uint32_t blocks = k / 32, t = lane & 3;
     float acc = 0.0f;
-#pragma unroll 2
+    // Unrolled so that a row of up to 32 blocks is one round of loads in flight.
+#pragma unroll 4
     for (uint32_t b = lane >> 2; b < blocks; b += 8) acc += mm_block_quarter<FMT>(x, wrow, b, t);
     return op_warp_sum(acc);
 }
@@ -90,9 +103,11 @@ __device__ __forceinline__ uint64_t mm_warp_count() {
     return (uint64_t)gridDim.x * gridDim.y * (blockDim.x / 32);
 }
 
-template <int FMT>
-__device__ void matmul(const float* x, const uint8_t* w, float* out, uint32_t rows, uint32_t k,
-                       uint32_t n, uint64_t n_x, uint64_t n_w, uint64_t n_out, uint32_t tag) {
+// out[r, o] = x[r] . W[o], or with ACC out[r, o] += x[r] . W[o] (the fused residual add: the
+// add kernel's `a + b` with a = out, b = the product).
+template <int FMT, bool ACC, typename X>
+__device__ void matmul(X x, const uint8_t* w, float* out, uint32_t rows, uint32_t k, uint32_t n,
+                       uint64_t n_x, uint64_t n_out, uint32_t tag) {
     OP_REQUIRE(k % op_block_elems(FMT) == 0 && n_x == (uint64_t)rows * k &&
                n_out == (uint64_t)rows * n);
     const uint64_t row_bytes = op_row_bytes(FMT, k);
@@ -100,10 +115,10 @@ __device__ void matmul(const float* x, const uint8_t* w, float* out, uint32_t ro
     const bool blocks = mm_blocks_ok<FMT>(x, w, k);
     for (uint64_t t = mm_warp_id(); t < (uint64_t)rows * n; t += mm_warp_count()) {
         const uint64_t r = t / n, o = t % n;
-        const float* xr = x + r * k;
+        const X xr = x.row(r * k);
         const uint8_t* wr = w + o * row_bytes;
         const float v = blocks ? mm_dot_blocks<FMT>(xr, wr, k, lane) : mm_dot<FMT>(xr, wr, k, lane);
-        if (lane == 0) out[t] = v;
+        if (lane == 0) out[t] = ACC ? out[t] + v : v;
     }
 }
 
@@ -115,7 +130,7 @@ __device__ void matmul_id(const float* x, const uint8_t* w, const int32_t* ids, 
                n_ids == (uint64_t)rows * slots && n_out == (uint64_t)rows * slots * n);
     const uint64_t row_bytes = op_row_bytes(FMT, k);
     const int lane = threadIdx.x & 31;
-    const bool blocks = mm_blocks_ok<FMT>(x, w, k);
+    const bool blocks = mm_blocks_ok<FMT>(XPlain{x}, w, k);
     for (uint64_t t = mm_warp_id(); t < n_out; t += mm_warp_count()) {
         const uint64_t pair = t / n, o = t % n, r = pair / slots;
         const int32_t e = ids[pair];
@@ -124,7 +139,7 @@ __device__ void matmul_id(const float* x, const uint8_t* w, const int32_t* ids, 
             continue;
         }
         const uint8_t* wrow = w + ((uint64_t)e * n + o) * row_bytes;
-        const float* xr = x + r * k;
+        const XPlain xr = XPlain{x + r * k};
         const float v = blocks ? mm_dot_blocks<FMT>(xr, wrow, k, lane) : mm_dot<FMT>(xr, wrow, k, lane);
         if (lane == 0) out[t] = v;
     }
@@ -134,7 +149,15 @@ __device__ void matmul_id(const float* x, const uint8_t* w, const int32_t* ids, 
     extern "C" __global__ void NAME(const float* x, const uint8_t* w, float* out, uint32_t rows,      \
                                     uint32_t k, uint32_t n, uint64_t n_x, uint64_t n_w,               \
                                     uint64_t n_out) {                                                 \
-        matmul<FMT>(x, w, out, rows, k, n, n_x, n_w, n_out, op_tag(#NAME));                        \
+        matmul<FMT, false>(XPlain{x}, w, out, rows, k, n, n_x, n_out, op_tag(#NAME));              \
+    }
+// The fusion of a matmul with the in-place add of its output into `acc` (src/ops/matmul_fused.rs,
+// CUDA only).
+#define MATMUL_ADD_KERNEL(NAME, FMT)                                                                \
+    extern "C" __global__ void NAME(const float* x, const uint8_t* w, float* acc, uint32_t rows,      \
+                                    uint32_t k, uint32_t n, uint64_t n_x, uint64_t n_w,               \
+                                    uint64_t n_acc) {                                                 \
+        matmul<FMT, true>(XPlain{x}, w, acc, rows, k, n, n_x, n_acc, op_tag(#NAME));               \
     }
 #define MATMUL_ID_KERNEL(NAME, FMT)                                                                 \
     extern "C" __global__ void NAME(const float* x, const uint8_t* w, const int32_t* ids, float* out, \
@@ -153,6 +176,14 @@ MATMUL_KERNEL(matmul_q4_1, OP_FMT_Q4_1)
 MATMUL_KERNEL(matmul_q8_0, OP_FMT_Q8_0)
 MATMUL_KERNEL(matmul_q4_k, OP_FMT_Q4_K)
 MATMUL_KERNEL(matmul_q6_k, OP_FMT_Q6_K)
+MATMUL_ADD_KERNEL(matmul_add_f32, OP_FMT_F32)
+MATMUL_ADD_KERNEL(matmul_add_f16, OP_FMT_F16)
+MATMUL_ADD_KERNEL(matmul_add_bf16, OP_FMT_BF16)
+MATMUL_ADD_KERNEL(matmul_add_q4_0, OP_FMT_Q4_0)
+MATMUL_ADD_KERNEL(matmul_add_q4_1, OP_FMT_Q4_1)
+MATMUL_ADD_KERNEL(matmul_add_q8_0, OP_FMT_Q8_0)
+MATMUL_ADD_KERNEL(matmul_add_q4_k, OP_FMT_Q4_K)
+MATMUL_ADD_KERNEL(matmul_add_q6_k, OP_FMT_Q6_K)
 MATMUL_ID_KERNEL(matmul_id_f32, OP_FMT_F32)
 MATMUL_ID_KERNEL(matmul_id_f16, OP_FMT_F16)
 MATMUL_ID_KERNEL(matmul_id_bf16, OP_FMT_BF16)
@@ -206,3 +237,165 @@ __device__ void matmul_affine(const float* x, const uint32_t* w, const S* scales
 
 MATMUL_AFFINE_KERNEL(matmul_affine_f32, float)
 MATMUL_AFFINE_KERNEL(matmul_affine_f16, __half)
+
+// ---- Fused decoder-block products (src/ops/fused_block.rs, CUDA only) ----
+// The activation row is RMS-normalized as it is read: each warp sums the squares of its row in
+// f64 (lane order, then a shuffle tree), inv = 1 / sqrt(ss / k + eps) rounded to f32, and value
+// i is (x[i] * inv) * norm[i], the rms_norm kernel's float order.
+struct XNorm {
+    const float* x;
+    const float* w;
+    float inv;
+    __device__ __forceinline__ float at(uint64_t i) const { return (x[i] * inv) * w[i]; }
+    __device__ __forceinline__ float4 at4(uint64_t i) const {
+        const float4 a = *(const float4*)(x + i), b = *(const float4*)(w + i);
+        return make_float4((a.x * inv) * b.x, (a.y * inv) * b.y, (a.z * inv) * b.z,
+                           (a.w * inv) * b.w);
+    }
+    __device__ __forceinline__ bool aligned16() const {
+        return (((uint64_t)x | (uint64_t)w) & 15u) == 0;
+    }
+};
+
+__device__ __forceinline__ XNorm fb_norm_row(const float* xr, const float* w, uint32_t k, float eps,
+                                             int lane) {
+    double ss = 0.0;
+    for (uint32_t i = lane; i < k; i += 32) {
+        const double v = (double)xr[i];
+        ss += v * v;
+    }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(ONEPASS_FULL_MASK, ss, o);
+    return XNorm{xr, w, (float)(1.0 / sqrt(ss / (double)k + (double)eps))};
+}
+
+template <int FMT>
+__device__ __forceinline__ float fb_dot(XNorm x, const uint8_t* wrow, uint32_t k, int lane,
+                                        bool blocks) {
+    return blocks ? mm_dot_blocks<FMT>(x, wrow, k, lane) : mm_dot<FMT>(x, wrow, k, lane);
+}
+
+// q = rope(norm(x) Wq), k_cache[pos] = rope(norm(x) Wk), v_cache[pos] = norm(x) Wv for each row,
+// one warp per output pair (the two values one rotation mixes; mode 0 pairs (2i, 2i + 1), mode 1
+// (i, i + head_dim / 2)), the whole head rotating, angles as the rope kernel computes them (f64
+// pow and sincos, the rotation in f32). Row r is position positions[r] and is written to cache
+// row step[0] + r (a position outside the cache is a kernel error, nothing written).
+template <int FMT>
+__device__ void norm_qkv_rope(const float* x, const float* nw, const uint8_t* wq,
+                              const uint8_t* wk, const uint8_t* wv, const int32_t* positions,
+                              const int32_t* step, float* q, float* kc, float* vc, float eps,
+                              uint32_t k, uint32_t n_head, uint32_t n_kv, uint32_t hd, float base,
+                              uint32_t mode, uint64_t n_x, uint64_t n_nw, uint64_t n_pos,
+                              uint64_t n_step, uint64_t n_q, uint64_t n_kc, uint64_t n_vc,
+                              uint32_t tag) {
+    OP_REQUIRE(k != 0 && k % op_block_elems(FMT) == 0 && hd != 0 && hd % 2 == 0 && n_nw == k &&
+               n_step != 0 && mode <= 1 && n_x == n_pos * k && n_q == n_pos * n_head * hd &&
+               n_kc == n_vc && n_kv != 0 && n_kc % ((uint64_t)n_kv * hd) == 0);
+    const uint64_t rows = n_pos, max_ctx = n_kc / ((uint64_t)n_kv * hd);
+    const int64_t pos0 = step[0];
+    if (pos0 < 0 || (uint64_t)pos0 + rows > max_ctx) {
+        op_fail(tag, OP_ERR_POS0, pos0, max_ctx, rows);
+        return;
+    }
+    const uint32_t half = hd / 2;
+    const uint64_t q_pairs = (uint64_t)n_head * half, kv_pairs = (uint64_t)n_kv * half;
+    const uint64_t pairs = q_pairs + 2 * kv_pairs;
+    const uint64_t row_bytes = op_row_bytes(FMT, k);
+    const int lane = threadIdx.x & 31;
+    const bool even = (((uint64_t)wq | (uint64_t)wk | (uint64_t)wv) & 1u) == 0;
+    for (uint64_t t = mm_warp_id(); t < rows * pairs; t += mm_warp_count()) {
+        const uint64_t r = t / pairs;
+        uint64_t p = t % pairs;
+        int which = 0;
+        const uint8_t* w = wq;
+        if (p >= q_pairs + kv_pairs) {
+            which = 2;
+            w = wv;
+            p -= q_pairs + kv_pairs;
+        } else if (p >= q_pairs) {
+            which = 1;
+            w = wk;
+            p -= q_pairs;
+        }
+        const uint32_t h = (uint32_t)(p / half), i = (uint32_t)(p % half);
+        const uint32_t d0 = mode == 1 ? i : 2 * i, d1 = mode == 1 ? i + half : 2 * i + 1;
+        const XNorm xn = fb_norm_row(x + r * k, nw, k, eps, lane);
+        const bool blocks = even && mm_blocks_ok<FMT>(xn, wq, k);
+        float a = fb_dot<FMT>(xn, w + ((uint64_t)h * hd + d0) * row_bytes, k, lane, blocks);
+        float b = fb_dot<FMT>(xn, w + ((uint64_t)h * hd + d1) * row_bytes, k, lane, blocks);
+        if (lane != 0) continue;
+        if (which < 2) {
+            const double inv_freq = pow((double)base, -2.0 * (double)i / (double)hd);
+            double s, c;
+            sincos((double)positions[r] * inv_freq, &s, &c);
+            const float cf = (float)c, sf = (float)s;
+            const float ra = a * cf - b * sf, rb = a * sf + b * cf;
+            a = ra;
+            b = rb;
+        }
+        if (which == 0) {
+            float* qr = q + (r * n_head + h) * hd;
+            qr[d0] = a;
+            qr[d1] = b;
+        } else {
+            float* cr = (which == 1 ? kc : vc) + ((uint64_t)h * max_ctx + (uint64_t)pos0 + r) * hd;
+            cr[d0] = a;
+            cr[d1] = b;
+        }
+    }
+}
+
+// hidden = silu(norm(x) Wg) * (norm(x) Wu), one warp per output value; silu as the elementwise
+// kernel writes it.
+template <int FMT>
+__device__ void norm_gate_up(const float* x, const float* nw, const uint8_t* wg, const uint8_t* wu,
+                             float* hidden, float eps, uint32_t k, uint32_t n, uint64_t n_x,
+                             uint64_t n_nw, uint64_t n_hidden, uint32_t tag) {
+    OP_REQUIRE(k != 0 && k % op_block_elems(FMT) == 0 && n_nw == k && n_x % k == 0 &&
+               n_hidden == n_x / k * n);
+    const uint64_t row_bytes = op_row_bytes(FMT, k);
+    const int lane = threadIdx.x & 31;
+    const bool even = (((uint64_t)wg | (uint64_t)wu) & 1u) == 0;
+    for (uint64_t t = mm_warp_id(); t < n_hidden; t += mm_warp_count()) {
+        const uint64_t r = t / n, o = t % n;
+        const XNorm xn = fb_norm_row(x + r * k, nw, k, eps, lane);
+        const bool blocks = even && mm_blocks_ok<FMT>(xn, wg, k);
+        const float g = fb_dot<FMT>(xn, wg + o * row_bytes, k, lane, blocks);
+        const float u = fb_dot<FMT>(xn, wu + o * row_bytes, k, lane, blocks);
+        if (lane == 0) hidden[t] = g / (1.0f + expf(-g)) * u;
+    }
+}
+
+#define NORM_QKV_ROPE_KERNEL(NAME, FMT)                                                             \
+    extern "C" __global__ void NAME(                                                                \
+        const float* x, const float* nw, const uint8_t* wq, const uint8_t* wk, const uint8_t* wv,    \
+        const int32_t* positions, const int32_t* step, float* q, float* kc, float* vc, float eps,    \
+        uint32_t k, uint32_t n_head, uint32_t n_kv, uint32_t hd, float base, uint32_t mode,          \
+        uint64_t n_x, uint64_t n_nw, uint64_t n_wq, uint64_t n_wk, uint64_t n_wv, uint64_t n_pos,    \
+        uint64_t n_step, uint64_t n_q, uint64_t n_kc, uint64_t n_vc) {                               \
+        norm_qkv_rope<FMT>(x, nw, wq, wk, wv, positions, step, q, kc, vc, eps, k, n_head, n_kv, hd, \
+                           base, mode, n_x, n_nw, n_pos, n_step, n_q, n_kc, n_vc, op_tag(#NAME));   \
+    }
+#define NORM_GATE_UP_KERNEL(NAME, FMT)                                                              \
+    extern "C" __global__ void NAME(const float* x, const float* nw, const uint8_t* wg,              \
+                                    const uint8_t* wu, float* hidden, float eps, uint32_t k,          \
+                                    uint32_t n, uint64_t n_x, uint64_t n_nw, uint64_t n_wg,           \
+                                    uint64_t n_wu, uint64_t n_hidden) {                               \
+        norm_gate_up<FMT>(x, nw, wg, wu, hidden, eps, k, n, n_x, n_nw, n_hidden, op_tag(#NAME));    \
+    }
+
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_f32, OP_FMT_F32)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_f16, OP_FMT_F16)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_bf16, OP_FMT_BF16)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_q4_0, OP_FMT_Q4_0)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_q4_1, OP_FMT_Q4_1)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_q8_0, OP_FMT_Q8_0)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_q4_k, OP_FMT_Q4_K)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_q6_k, OP_FMT_Q6_K)
+NORM_GATE_UP_KERNEL(norm_gate_up_f32, OP_FMT_F32)
+NORM_GATE_UP_KERNEL(norm_gate_up_f16, OP_FMT_F16)
+NORM_GATE_UP_KERNEL(norm_gate_up_bf16, OP_FMT_BF16)
+NORM_GATE_UP_KERNEL(norm_gate_up_q4_0, OP_FMT_Q4_0)
+NORM_GATE_UP_KERNEL(norm_gate_up_q4_1, OP_FMT_Q4_1)
+NORM_GATE_UP_KERNEL(norm_gate_up_q8_0, OP_FMT_Q8_0)
+NORM_GATE_UP_KERNEL(norm_gate_up_q4_k, OP_FMT_Q4_K)
+NORM_GATE_UP_KERNEL(norm_gate_up_q6_k, OP_FMT_Q6_K)

@@ -1,0 +1,302 @@
+//! Fused decoder-block products for the CUDA backend: the attention input and the MLP input of a
+//! Llama block, each one launch instead of four or five, so a decode step has fewer dependent
+//! launches (every launch in the chain costs a GPU a few microseconds, however small).
+//!
+//! - [`norm_qkv_rope`]: RMS norm of the residual, the q, k and v products, RoPE on q and k, and the
+//!   k and v rows written into the KV cache at `pos0 = step[0]`. Replaces `rms_norm`, three
+//!   `matmul`s, two `rope`s and two `kv_write`s.
+//! - [`norm_gate_up`]: RMS norm of the residual, the gate and up products and SwiGLU. Replaces
+//!   `rms_norm`, two `matmul`s and `swiglu`.
+//!
+//! The kernels do the unfused ops' float operations (the norm's sum of squares in f64,
+//! `(x * inv) * w`, the rope angles in f64), summed in the CUDA matmul's order, so they agree with
+//! the separate ops within f32 rounding. They run on CUDA only: the builders refuse buffers on
+//! another device, and the model records the separate ops there. RoPE here turns the whole head
+//! (`rotary_dim == head_dim`) without frequency factors; the model uses the separate ops for
+//! other configurations.
+
+use crate::backend::{Buffer, DType, Memory};
+use crate::error::{Error, Result};
+use crate::graph::{Arg, Dispatch, KernelId, OpKind};
+use crate::ops::matmul::WEIGHT_DTYPES;
+use crate::ops::rope::RopeMode;
+use crate::ops::Check;
+use crate::session::Session;
+
+const OP_QKV: &str = "norm_qkv_rope";
+const OP_GATE_UP: &str = "norm_gate_up";
+
+/// Kernel names by weight format, in the order of [`WEIGHT_DTYPES`].
+const QKV_ROPE: [&str; 8] = [
+    "norm_qkv_rope_q4_0",
+    "norm_qkv_rope_q4_1",
+    "norm_qkv_rope_q8_0",
+    "norm_qkv_rope_q4_k",
+    "norm_qkv_rope_q6_k",
+    "norm_qkv_rope_f32",
+    "norm_qkv_rope_f16",
+    "norm_qkv_rope_bf16",
+];
+const GATE_UP: [&str; 8] = [
+    "norm_gate_up_q4_0",
+    "norm_gate_up_q4_1",
+    "norm_gate_up_q8_0",
+    "norm_gate_up_q4_k",
+    "norm_gate_up_q6_k",
+    "norm_gate_up_f32",
+    "norm_gate_up_f16",
+    "norm_gate_up_bf16",
+];
+
+/// The arguments of [`norm_qkv_rope`].
+#[derive(Debug, Clone, Copy)]
+pub struct QkvRope<'a> {
+    /// The residual stream, f32 `[rows, dim]`.
+    pub x: &'a Buffer,
+    /// The attention norm's weight, f32 `[dim]`.
+    pub norm: &'a Buffer,
+    /// The norm's epsilon.
+    pub eps: f32,
+    /// Query weight `[n_head * head_dim, dim]`.
+    pub wq: &'a Buffer,
+    /// Key weight `[n_kv_head * head_dim, dim]`, the same dtype as `wq`.
+    pub wk: &'a Buffer,
+    /// Value weight, as `wk`.
+    pub wv: &'a Buffer,
+    /// i32 `[rows]`: each row's position (its rotation angle).
+    pub positions: &'a Buffer,
+    /// i32 step buffer: `step[0]` is the cache row of the first row.
+    pub step: &'a Buffer,
+    /// Output queries, f32 `[rows, n_head * head_dim]`, rotated.
+    pub q: &'a Buffer,
+    /// Key cache, f32 `[n_kv_head, max_ctx, head_dim]`.
+    pub k_cache: &'a Buffer,
+    /// Value cache, as `k_cache`.
+    pub v_cache: &'a Buffer,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads.
+    pub n_kv_head: usize,
+    /// Values per head (all of them rotate).
+    pub head_dim: usize,
+    /// RoPE frequency base.
+    pub base: f32,
+    /// RoPE pair layout.
+    pub mode: RopeMode,
+}
+
+fn to_u32(op: &'static str, arg: &'static str, v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| Error::shape(op, arg, format!("{v} exceeds 32 bits")))
+}
+
+/// Refuses buffers that are not on a CUDA device.
+fn require_cuda(check: &Check, bufs: &[(&'static str, &Buffer)]) -> Result<()> {
+    for (name, b) in bufs {
+        check.require(
+            name,
+            matches!(b.allocation().memory, Memory::Cuda(_)),
+            || {
+                format!(
+                "lives on {}; this fused op runs on CUDA only (record the separate ops elsewhere)",
+                b.allocation().location()
+            )
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// Checks a `[n, dim]` weight of a supported dtype and returns its format index.
+fn weight_format(
+    check: &Check,
+    name: &'static str,
+    w: &Buffer,
+    n: usize,
+    dim: usize,
+) -> Result<usize> {
+    check.dtype(name, w, &WEIGHT_DTYPES)?;
+    check.dims(name, w, &[n, dim])?;
+    // The dtype check above guarantees a position.
+    Ok(WEIGHT_DTYPES
+        .iter()
+        .position(|&d| d == w.dtype())
+        .unwrap_or(0))
+}
+
+/// Checks the residual `x` and the norm weight, returning `(rows, dim)`.
+fn check_x_norm(check: &Check, x: &Buffer, norm: &Buffer, eps: f32) -> Result<(usize, usize)> {
+    check.dtype("x", x, &[DType::F32])?;
+    check.require("x", x.shape().rank() == 2 && x.elems() > 0, || {
+        format!("has shape {:?}, expected [rows, dim]", x.dims())
+    })?;
+    let (rows, dim) = (x.dims()[0], x.dims()[1]);
+    check.dtype("norm", norm, &[DType::F32])?;
+    check.elems("norm", norm, dim)?;
+    check.require("eps", eps.is_finite() && eps >= 0.0, || {
+        format!("{eps} is not a finite non-negative number")
+    })?;
+    Ok((rows, dim))
+}
+
+/// The attention input of a block in one dispatch (see the module documentation).
+pub fn norm_qkv_rope(p: &QkvRope<'_>) -> Result<Dispatch> {
+    let check = Check::op(OP_QKV);
+    require_cuda(
+        &check,
+        &[
+            ("x", p.x),
+            ("wq", p.wq),
+            ("q", p.q),
+            ("k_cache", p.k_cache),
+            ("v_cache", p.v_cache),
+        ],
+    )?;
+    let (rows, dim) = check_x_norm(&check, p.x, p.norm, p.eps)?;
+    let (hd, n_head, n_kv) = (p.head_dim, p.n_head, p.n_kv_head);
+    check.require("head_dim", hd >= 2 && hd % 2 == 0, || {
+        format!("{hd} is not even and at least 2")
+    })?;
+    check.require("n_head", n_kv >= 1 && n_head >= 1, || {
+        format!("{n_head} query and {n_kv} key/value heads")
+    })?;
+    let format = weight_format(&check, "wq", p.wq, n_head * hd, dim)?;
+    for (name, w) in [("wk", p.wk), ("wv", p.wv)] {
+        check.dtype(name, w, &[p.wq.dtype()])?;
+        check.dims(name, w, &[n_kv * hd, dim])?;
+    }
+    check.require("base", p.base.is_finite() && p.base > 0.0, || {
+        format!("{} is not finite and positive", p.base)
+    })?;
+    check.dtype("positions", p.positions, &[DType::I32])?;
+    check.elems("positions", p.positions, rows)?;
+    check.dtype("step", p.step, &[DType::I32])?;
+    check.require("step", p.step.elems() >= 1, || "is empty".into())?;
+    check.dtype("q", p.q, &[DType::F32])?;
+    check.dims("q", p.q, &[rows, n_head * hd])?;
+    check.dtype("k_cache", p.k_cache, &[DType::F32])?;
+    check.require(
+        "k_cache",
+        p.k_cache.shape().rank() == 3 && p.k_cache.dims()[0] == n_kv && p.k_cache.dims()[2] == hd,
+        || {
+            format!(
+                "has shape {:?}, expected [{n_kv}, max_ctx, {hd}]",
+                p.k_cache.dims()
+            )
+        },
+    )?;
+    check.dtype("v_cache", p.v_cache, &[DType::F32])?;
+    check.dims("v_cache", p.v_cache, p.k_cache.dims())?;
+    let pairs = (n_head + 2 * n_kv) * hd / 2;
+    let args = vec![
+        Arg::read(p.x),
+        Arg::read(p.norm),
+        Arg::read(p.wq),
+        Arg::read(p.wk),
+        Arg::read(p.wv),
+        Arg::read(p.positions),
+        Arg::read(p.step),
+        Arg::write(p.q),
+        Arg::read_write(p.k_cache),
+        Arg::read_write(p.v_cache),
+        Arg::f32(p.eps),
+        Arg::u32(to_u32(OP_QKV, "x", dim)?),
+        Arg::u32(to_u32(OP_QKV, "n_head", n_head)?),
+        Arg::u32(to_u32(OP_QKV, "n_kv_head", n_kv)?),
+        Arg::u32(to_u32(OP_QKV, "head_dim", hd)?),
+        Arg::f32(p.base),
+        Arg::u32(match p.mode {
+            RopeMode::Normal => 0,
+            RopeMode::NeoX => 1,
+        }),
+    ];
+    let grid = super::matmul::warp_per_output(pairs, rows);
+    Dispatch::new(KernelId(QKV_ROPE[format]), args, grid, OpKind::MatMul)
+}
+
+/// The MLP input of a block in one dispatch: `hidden = silu(norm(x) Wg) * (norm(x) Wu)` (see the
+/// module documentation). `w_gate` and `w_up` are `[ffn, dim]` of one dtype, `hidden` f32
+/// `[rows, ffn]`.
+pub fn norm_gate_up(
+    x: &Buffer,
+    norm: &Buffer,
+    eps: f32,
+    w_gate: &Buffer,
+    w_up: &Buffer,
+    hidden: &Buffer,
+) -> Result<Dispatch> {
+    let check = Check::op(OP_GATE_UP);
+    require_cuda(&check, &[("x", x), ("w_gate", w_gate), ("hidden", hidden)])?;
+    let (rows, dim) = check_x_norm(&check, x, norm, eps)?;
+    check.require("w_gate", w_gate.shape().rank() == 2, || {
+        format!("has shape {:?}, expected [ffn, dim]", w_gate.dims())
+    })?;
+    let ffn = w_gate.dims()[0];
+    let format = weight_format(&check, "w_gate", w_gate, ffn, dim)?;
+    check.dtype("w_up", w_up, &[w_gate.dtype()])?;
+    check.dims("w_up", w_up, w_gate.dims())?;
+    check.dtype("hidden", hidden, &[DType::F32])?;
+    check.dims("hidden", hidden, &[rows, ffn])?;
+    let args = vec![
+        Arg::read(x),
+        Arg::read(norm),
+        Arg::read(w_gate),
+        Arg::read(w_up),
+        Arg::write(hidden),
+        Arg::f32(eps),
+        Arg::u32(to_u32(OP_GATE_UP, "x", dim)?),
+        Arg::u32(to_u32(OP_GATE_UP, "w_gate", ffn)?),
+    ];
+    let grid = super::matmul::warp_per_output(ffn, rows);
+    Dispatch::new(KernelId(GATE_UP[format]), args, grid, OpKind::MatMul)
+}
+
+impl Session {
+    /// The fused attention input of a block; see [`norm_qkv_rope`].
+    pub fn norm_qkv_rope(&mut self, p: &QkvRope<'_>) -> Result<()> {
+        self.push(norm_qkv_rope(p)?)
+    }
+
+    /// The fused MLP input of a block; see [`norm_gate_up`].
+    pub fn norm_gate_up(
+        &mut self,
+        x: &Buffer,
+        norm: &Buffer,
+        eps: f32,
+        w_gate: &Buffer,
+        w_up: &Buffer,
+        hidden: &Buffer,
+    ) -> Result<()> {
+        self.push(norm_gate_up(x, norm, eps, w_gate, w_up, hidden)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Device;
+
+    #[test]
+    fn given_cpu_buffers_when_building_should_name_the_cuda_requirement() {
+        let dev = Device::cpu(1).unwrap();
+        let x = dev.alloc(DType::F32, &[1, 64]).unwrap();
+        let norm = dev.alloc(DType::F32, &[64]).unwrap();
+        let w = dev.alloc(DType::F32, &[128, 64]).unwrap();
+        let hidden = dev.alloc(DType::F32, &[1, 128]).unwrap();
+        let err = norm_gate_up(&x, &norm, 1e-5, &w, &w, &hidden)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("norm_gate_up") && err.contains("CUDA only"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn kernel_tables_follow_the_weight_dtypes() {
+        for (i, d) in WEIGHT_DTYPES.iter().enumerate() {
+            let suffix = crate::ops::matmul::kernel_name(*d).trim_start_matches("matmul");
+            assert!(QKV_ROPE[i].ends_with(&suffix), "{} vs {d}", QKV_ROPE[i]);
+            assert!(GATE_UP[i].ends_with(&suffix), "{} vs {d}", GATE_UP[i]);
+        }
+    }
+}

@@ -1,0 +1,265 @@
+//! The CUDA fusions against unfused work. The matmul + residual add fusion
+//! (`ops::matmul_fused`): a recorded graph of matmul + residual add and SwiGLU + matmul + residual
+//! add, optimized (two fusions), gives bitwise the residual that direct mode (no fusion) gives on
+//! the same GPU, and the CPU's residual within a stated tolerance. The fused block ops
+//! (`ops::fused_block`) give the separate ops' results on the CPU within a stated tolerance.
+//! Seeded random inputs, never zeros. Skips with a visible message where there is no CUDA device.
+
+use onepass::backend::cuda::{self, CudaOptions};
+use onepass::ops::fused_block::QkvRope;
+use onepass::ops::rope::{RopeMode, RopeParams};
+use onepass::{Buffer, DType, Device, Executor, Mode, Plan};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+fn cuda_device() -> Option<Device> {
+    if !cuda::driver_present() || cuda::device_count().unwrap_or(0) == 0 {
+        eprintln!("skipping: no CUDA device");
+        return None;
+    }
+    let opts = CudaOptions {
+        cache_dir: None,
+        ..CudaOptions::from_env()
+    };
+    Some(Device::cuda_with(0, &opts).expect("a CUDA device is present, opening it must work"))
+}
+
+/// Uniform values in `[-scale, scale]`, never exactly zero.
+fn random_f32(n: usize, scale: f32, seed: u64) -> Vec<f32> {
+    let mut r = ChaCha8Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| match r.random_range(-scale..scale) {
+            0.0 => scale * 0.5,
+            v => v,
+        })
+        .collect()
+}
+
+/// A `[n, k]` weight of `dtype` with random values.
+fn weight(dev: &Device, dtype: DType, n: usize, k: usize, seed: u64) -> Buffer {
+    let values = random_f32(n * k, 1.0, seed);
+    let bytes = onepass::quant::quantize(dtype, &values).unwrap();
+    dev.upload_bytes(&bytes, dtype, &[n, k]).unwrap()
+}
+
+/// The shapes of one block: `rows` tokens, residual width `d`, attention width `a`, FFN width `f`.
+struct Shapes {
+    rows: usize,
+    d: usize,
+    a: usize,
+    f: usize,
+}
+
+/// Runs `acc += attn . Wo; acc += (silu(gate) * up) . Wd` on `dev` in `mode`, then overwrites the
+/// intermediates (so the optimizer can prove them dead), and returns the residual and the report's
+/// fusion and dispatch counts.
+fn run(dev: &Device, dtype: DType, sh: &Shapes, mode: Mode) -> (Vec<f32>, usize, usize) {
+    let f32s = |n: usize, seed: u64, dims: &[usize]| {
+        dev.upload::<f32>(&random_f32(n, 1.0, seed), dims).unwrap()
+    };
+    let wo = weight(dev, dtype, sh.d, sh.a, 11);
+    let wd = weight(dev, dtype, sh.d, sh.f, 12);
+    let attn = f32s(sh.rows * sh.a, 13, &[sh.rows, sh.a]);
+    let gate = f32s(sh.rows * sh.f, 14, &[sh.rows, sh.f]);
+    let up = f32s(sh.rows * sh.f, 15, &[sh.rows, sh.f]);
+    let acc = f32s(sh.rows * sh.d, 16, &[sh.rows, sh.d]);
+    let fill_d = f32s(sh.rows * sh.d, 17, &[sh.rows, sh.d]);
+    let fill_f = f32s(sh.rows * sh.f, 18, &[sh.rows, sh.f]);
+    let proj = dev.alloc(DType::F32, &[sh.rows, sh.d]).unwrap();
+    let hidden = dev.alloc(DType::F32, &[sh.rows, sh.f]).unwrap();
+    let mut s = Executor::new(dev.clone()).begin(mode);
+    s.matmul(&attn, &wo, &proj).unwrap();
+    s.add_inplace(&acc, &proj).unwrap();
+    s.swiglu(&gate, &up, &hidden).unwrap();
+    s.matmul(&hidden, &wd, &proj).unwrap();
+    s.add_inplace(&acc, &proj).unwrap();
+    s.copy(&fill_d, &proj).unwrap();
+    s.copy(&fill_f, &hidden).unwrap();
+    let report = s.finish(&Plan::OPTIMIZED).unwrap();
+    let out = dev.download::<f32>(&acc).unwrap();
+    (out, report.fusions, report.dispatches)
+}
+
+#[test]
+fn fused_matmul_add_gives_the_unfused_bits() {
+    let Some(gpu) = cuda_device() else { return };
+    let cpu = Device::cpu(2).unwrap();
+    for dtype in [
+        DType::Q4_1,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4K,
+        DType::F32,
+        DType::F16,
+    ] {
+        for rows in [1usize, 3] {
+            // FFN width 768 = three Q4_K super-blocks; 576 = 18 blocks of 32 for the others.
+            let f = if dtype == DType::Q4K { 768 } else { 576 };
+            let sh = Shapes {
+                rows,
+                d: 96,
+                a: 256,
+                f,
+            };
+            let what = format!("{dtype} rows {rows}");
+            let (fused, fusions, dispatches) = run(&gpu, dtype, &sh, Mode::Recorded);
+            assert_eq!(fusions, 2, "{what}: two matmul+add");
+            assert_eq!(
+                dispatches, 5,
+                "{what}: two fused products, swiglu, two copies"
+            );
+            let (direct, _, _) = run(&gpu, dtype, &sh, Mode::Direct);
+            assert_eq!(
+                fused.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                direct.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{what}: fused graph and direct mode differ"
+            );
+            let (cpu_out, cpu_fusions, _) = run(&cpu, dtype, &sh, Mode::Recorded);
+            assert_eq!(cpu_fusions, 0, "{what}: the CPU does not fuse matmuls");
+            // Sums of up to 576 products of values below 1 in another order: f32 rounding.
+            for (i, (g, c)) in fused.iter().zip(&cpu_out).enumerate() {
+                let tol = 1e-3 + 1e-4 * c.abs();
+                assert!(
+                    (g - c).abs() <= tol,
+                    "{what}: element {i}: cuda {g}, cpu {c}"
+                );
+            }
+        }
+    }
+}
+
+/// The inputs of one block's fused ops, uploaded to one device.
+struct Block {
+    x: Buffer,
+    attn_norm: Buffer,
+    ffn_norm: Buffer,
+    wq: Buffer,
+    wk: Buffer,
+    wv: Buffer,
+    w_gate: Buffer,
+    w_up: Buffer,
+    positions: Buffer,
+    step: Buffer,
+    q: Buffer,
+    k_cache: Buffer,
+    v_cache: Buffer,
+    hidden: Buffer,
+}
+
+const N_HEAD: usize = 4;
+const N_KV: usize = 2;
+const HD: usize = 64;
+const DIM: usize = 256;
+const FFN: usize = 512;
+const MAX_CTX: usize = 16;
+const POS0: usize = 5;
+const EPS: f32 = 1e-5;
+
+fn block(dev: &Device, dtype: DType, rows: usize) -> Block {
+    let f32s = |seed: u64, dims: &[usize]| {
+        let n = dims.iter().product();
+        dev.upload::<f32>(&random_f32(n, 1.0, seed), dims).unwrap()
+    };
+    let pos: Vec<i32> = (0..rows).map(|r| (POS0 + r) as i32).collect();
+    Block {
+        x: f32s(21, &[rows, DIM]),
+        attn_norm: f32s(22, &[DIM]),
+        ffn_norm: f32s(23, &[DIM]),
+        wq: weight(dev, dtype, N_HEAD * HD, DIM, 24),
+        wk: weight(dev, dtype, N_KV * HD, DIM, 25),
+        wv: weight(dev, dtype, N_KV * HD, DIM, 26),
+        w_gate: weight(dev, dtype, FFN, DIM, 27),
+        w_up: weight(dev, dtype, FFN, DIM, 28),
+        positions: dev.upload::<i32>(&pos, &[rows]).unwrap(),
+        step: dev.upload::<i32>(&[POS0 as i32], &[1]).unwrap(),
+        q: f32s(29, &[rows, N_HEAD * HD]),
+        k_cache: f32s(30, &[N_KV, MAX_CTX, HD]),
+        v_cache: f32s(31, &[N_KV, MAX_CTX, HD]),
+        hidden: f32s(32, &[rows, FFN]),
+    }
+}
+
+/// The block's attention and MLP inputs through the separate ops (the CPU's way).
+fn separate(dev: &Device, b: &Block, rows: usize, mode: RopeMode) -> Vec<Vec<f32>> {
+    let scratch = |dims: &[usize]| dev.alloc(DType::F32, dims).unwrap();
+    let (xn, k, v) = (
+        scratch(&[rows, DIM]),
+        scratch(&[rows, N_KV * HD]),
+        scratch(&[rows, N_KV * HD]),
+    );
+    let (gate, up) = (scratch(&[rows, FFN]), scratch(&[rows, FFN]));
+    let rope = RopeParams::new(mode, HD, 10000.0);
+    let mut s = Executor::new(dev.clone()).begin(Mode::Direct);
+    s.rms_norm(&b.x, &b.attn_norm, &xn, EPS).unwrap();
+    s.matmul(&xn, &b.wq, &b.q).unwrap();
+    s.matmul(&xn, &b.wk, &k).unwrap();
+    s.matmul(&xn, &b.wv, &v).unwrap();
+    s.rope(&b.q, &b.positions, &b.q, &rope).unwrap();
+    s.rope(&k, &b.positions, &k, &rope).unwrap();
+    s.kv_write(&k, &b.k_cache, &b.step).unwrap();
+    s.kv_write(&v, &b.v_cache, &b.step).unwrap();
+    s.rms_norm(&b.x, &b.ffn_norm, &xn, EPS).unwrap();
+    s.matmul(&xn, &b.w_gate, &gate).unwrap();
+    s.matmul(&xn, &b.w_up, &up).unwrap();
+    s.swiglu(&gate, &up, &b.hidden).unwrap();
+    s.finish(&Plan::SEQUENTIAL).unwrap();
+    outputs(dev, b)
+}
+
+fn outputs(dev: &Device, b: &Block) -> Vec<Vec<f32>> {
+    [&b.q, &b.k_cache, &b.v_cache, &b.hidden]
+        .iter()
+        .map(|t| dev.download::<f32>(t).unwrap())
+        .collect()
+}
+
+#[test]
+fn fused_block_ops_match_the_separate_ops_on_the_cpu() {
+    let Some(gpu) = cuda_device() else { return };
+    let cpu = Device::cpu(2).unwrap();
+    for dtype in [DType::Q4_1, DType::Q8_0, DType::Q4K, DType::F16] {
+        for rows in [1usize, 3] {
+            for mode in [RopeMode::Normal, RopeMode::NeoX] {
+                let what = format!("{dtype} rows {rows} {mode:?}");
+                let want = separate(&cpu, &block(&cpu, dtype, rows), rows, mode);
+                let b = block(&gpu, dtype, rows);
+                let mut s = Executor::new(gpu.clone()).begin(Mode::Direct);
+                s.norm_qkv_rope(&QkvRope {
+                    x: &b.x,
+                    norm: &b.attn_norm,
+                    eps: EPS,
+                    wq: &b.wq,
+                    wk: &b.wk,
+                    wv: &b.wv,
+                    positions: &b.positions,
+                    step: &b.step,
+                    q: &b.q,
+                    k_cache: &b.k_cache,
+                    v_cache: &b.v_cache,
+                    n_head: N_HEAD,
+                    n_kv_head: N_KV,
+                    head_dim: HD,
+                    base: 10000.0,
+                    mode,
+                })
+                .unwrap();
+                s.norm_gate_up(&b.x, &b.ffn_norm, EPS, &b.w_gate, &b.w_up, &b.hidden)
+                    .unwrap();
+                s.finish(&Plan::SEQUENTIAL).unwrap();
+                let got = outputs(&gpu, &b);
+                // Sums of 256 products of normalized values (|x| about 1.7) and weights below 1,
+                // in another order: f32 rounding, far below 1e-3 of the magnitudes here. Cache
+                // rows outside pos0..pos0+rows keep their random values on both devices.
+                let names = ["q", "k_cache", "v_cache", "hidden"];
+                for ((g, w), name) in got.iter().zip(&want).zip(names) {
+                    for (i, (a, e)) in g.iter().zip(w).enumerate() {
+                        assert!(
+                            (a - e).abs() <= 1e-3 + 1e-4 * e.abs(),
+                            "{what}: {name}[{i}]: cuda {a}, cpu {e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
