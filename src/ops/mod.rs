@@ -23,8 +23,5 @@ use crate::graph::passes::FusionRule;
 
 /// The fusion rules the optimizer applies, in order. The matmul fusion matches CUDA buffers only.
 pub fn fusion_rules() -> &'static [FusionRule] {
-    &[
-        norm::RMS_NORM_MUL_FUSION,
-        matmul_fused::MATMUL_ADD_FUSION,
-    ]
+    &[norm::RMS_NORM_MUL_FUSION, matmul_fused::MATMUL_ADD_FUSION]
 }
