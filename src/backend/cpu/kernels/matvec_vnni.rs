@@ -79,38 +79,94 @@ impl QuantRow {
             self.corr.resize(padded / 2 * 3 * 16, 0);
         }
         for (b, xb) in x.chunks_exact(QK).enumerate() {
-            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let scale = amax / XMAX;
-            let inv = if amax > 0.0 { XMAX / amax } else { 0.0 };
-            let mut sums = [0i32; 3];
-            for (i, &v) in xb.iter().enumerate() {
-                let (h, m, l) = split((v * inv).round() as i32);
-                let pos = match layout {
-                    Layout::Q8 => b * QK + i,
-                    Layout::Q4 => {
-                        let (g, j) = (b / 4, b % 4);
-                        g * 4 * QK
-                            + if i < 16 {
-                                j * 16 + i
-                            } else {
-                                64 + j * 16 + i - 16
-                            }
-                    }
-                };
-                self.hi[pos] = h;
-                self.mid[pos] = m;
-                self.lo[pos] = l;
-                for (s, p) in sums.iter_mut().zip([h, m, l]) {
-                    *s += p as i32;
+            // Where values 0..16 and 16..32 of block `b` go.
+            let (first, second) = match layout {
+                Layout::Q8 => (b * QK, b * QK + 16),
+                Layout::Q4 => {
+                    let (g, j) = (b / 4, b % 4);
+                    (g * 4 * QK + j * 16, g * 4 * QK + 64 + j * 16)
                 }
-            }
-            self.scale[b] = scale;
-            self.sum[b] = xb.iter().sum();
+            };
+            #[cfg(target_arch = "x86_64")]
+            let sums = if available() {
+                // SAFETY: the features were detected; `xb` holds 32 values and both halves'
+                // destinations lie inside the padded part arrays.
+                unsafe { self.block_avx512(b, xb, first, second) }
+            } else {
+                self.block_portable(b, xb, first, second)
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let sums = self.block_portable(b, xb, first, second);
             if layout == Layout::Q8 {
                 for (i, s) in sums.iter().enumerate() {
                     self.corr[(b / 2 * 3 + i) * 16 + (b % 2) * 8] = -128 * s;
                 }
             }
+        }
+    }
+
+    /// Quantizes block `b` (`xb`), writing its values 0..16 at `first` and 16..32 at `second` of
+    /// the part arrays and its scale and float sum; returns the sums of the three parts.
+    fn block_portable(&mut self, b: usize, xb: &[f32], first: usize, second: usize) -> [i32; 3] {
+        let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let inv = if amax > 0.0 { XMAX / amax } else { 0.0 };
+        let mut sums = [0i32; 3];
+        for (i, &v) in xb.iter().enumerate() {
+            let (h, m, l) = split((v * inv).round_ties_even() as i32);
+            let pos = if i < 16 { first + i } else { second + i - 16 };
+            self.hi[pos] = h;
+            self.mid[pos] = m;
+            self.lo[pos] = l;
+            for (s, p) in sums.iter_mut().zip([h, m, l]) {
+                *s += p as i32;
+            }
+        }
+        self.scale[b] = amax / XMAX;
+        self.sum[b] = xb.iter().sum();
+        sums
+    }
+
+    /// [`QuantRow::block_portable`] with AVX-512 (the same rounding: to nearest, ties to even).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F/BW; `xb` holds 32 values; `first + 16` and `second + 16` are within
+    /// the part arrays.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c,fma")]
+    unsafe fn block_avx512(
+        &mut self,
+        b: usize,
+        xb: &[f32],
+        first: usize,
+        second: usize,
+    ) -> [i32; 3] {
+        // SAFETY: per the contract above.
+        unsafe {
+            let x0 = _mm512_loadu_ps(xb.as_ptr());
+            let x1 = _mm512_loadu_ps(xb.as_ptr().add(16));
+            let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+            let inv = _mm512_set1_ps(if amax > 0.0 { XMAX / amax } else { 0.0 });
+            let mut sums = [_mm512_setzero_si512(); 3];
+            for (half, xv) in [(first, x0), (second, x1)] {
+                let xi = _mm512_cvtps_epi32(_mm512_mul_ps(xv, inv));
+                let h = _mm512_srai_epi32(_mm512_add_epi32(xi, _mm512_set1_epi32(8192)), 14);
+                let r = _mm512_sub_epi32(xi, _mm512_slli_epi32(h, 14));
+                let m = _mm512_srai_epi32(_mm512_add_epi32(r, _mm512_set1_epi32(64)), 7);
+                let l = _mm512_sub_epi32(r, _mm512_slli_epi32(m, 7));
+                for (i, (part, arr)) in [(h, &mut self.hi), (m, &mut self.mid), (l, &mut self.lo)]
+                    .into_iter()
+                    .enumerate()
+                {
+                    _mm_storeu_si128(
+                        arr.as_mut_ptr().add(half) as *mut __m128i,
+                        _mm512_cvtepi32_epi8(part),
+                    );
+                    sums[i] = _mm512_add_epi32(sums[i], part);
+                }
+            }
+            self.scale[b] = amax / XMAX;
+            self.sum[b] = _mm512_reduce_add_ps(_mm512_add_ps(x0, x1));
+            sums.map(|v| _mm512_reduce_add_epi32(v))
         }
     }
 
@@ -486,6 +542,30 @@ mod tests {
         for dtype in [DType::Q4_1, DType::Q8_0] {
             check(dtype, k, 9, 78, &x);
         }
+    }
+
+    #[test]
+    fn vector_and_portable_quantization_agree() {
+        if !available() {
+            return;
+        }
+        let x = random_f32(3 * QK, 2.0, 9);
+        let mut a = QuantRow::default();
+        a.quantize(&x, Layout::Q8);
+        let mut b = QuantRow::default();
+        b.quantize(&x, Layout::Q8);
+        for (blk, xb) in x.chunks(QK).enumerate() {
+            let sums = b.block_portable(blk, xb, blk * QK, blk * QK + 16);
+            let want = [&b.hi, &b.mid, &b.lo].map(|p| {
+                p[blk * QK..(blk + 1) * QK]
+                    .iter()
+                    .map(|&v| v as i32)
+                    .sum::<i32>()
+            });
+            assert_eq!(sums, want, "block {blk}: part sums");
+        }
+        assert_eq!((&a.hi, &a.mid, &a.lo), (&b.hi, &b.mid, &b.lo));
+        assert_eq!(a.scale, b.scale);
     }
 
     #[test]
