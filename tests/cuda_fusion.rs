@@ -263,3 +263,34 @@ fn fused_block_ops_match_the_separate_ops_on_the_cpu() {
         }
     }
 }
+
+/// The one-launch decode attention keeps counters in its scratch: a scratch that was not zeroed
+/// is a clear kernel error, not a wrong result.
+#[test]
+fn decode_attention_with_a_dirty_scratch_is_an_error() {
+    use onepass::ops::attention::{attention_decode_scratch_len, AttentionParams};
+    let Some(gpu) = cuda_device() else { return };
+    let (n_head, n_kv, hd, max_ctx, chunk) = (4usize, 2usize, 64usize, 64usize, 16usize);
+    let params = AttentionParams::new(n_head, n_kv, hd);
+    let f32s = |n: usize, seed: u64, dims: &[usize]| {
+        gpu.upload::<f32>(&random_f32(n, 1.0, seed), dims).unwrap()
+    };
+    let q = f32s(n_head * hd, 41, &[1, n_head * hd]);
+    let k = f32s(n_kv * max_ctx * hd, 42, &[n_kv, max_ctx, hd]);
+    let v = f32s(n_kv * max_ctx * hd, 43, &[n_kv, max_ctx, hd]);
+    let step = gpu.upload::<i32>(&[40], &[1]).unwrap();
+    let len = attention_decode_scratch_len(params, max_ctx, chunk).unwrap();
+    let dirty = gpu.upload::<f32>(&vec![f32::NAN; len], &[len]).unwrap();
+    let out = gpu.alloc(DType::F32, &[1, n_head * hd]).unwrap();
+    let mut s = Executor::new(gpu.clone()).begin(Mode::Direct);
+    let run = s
+        .attention_decode(&q, &k, &v, &step, &dirty, &out, params, chunk)
+        .and_then(|()| s.finish(&Plan::SEQUENTIAL));
+    let err = run
+        .expect_err("a dirty scratch must be refused")
+        .to_string();
+    assert!(
+        err.contains("attention_decode_f32") && err.contains("zeroed"),
+        "{err}"
+    );
+}

@@ -545,7 +545,13 @@ impl Llama {
             sc.up.clone(),
             sc.hidden.clone(),
         ];
-        v.extend(sc.partials.clone());
+        // The attention records only: the counters after them stay zero between passes.
+        let params = attention_params(&self.config);
+        v.extend(
+            sc.partials
+                .as_ref()
+                .and_then(|p| crate::ops::attention::attention_decode_records(p, params).ok()),
+        );
         v.push(self.norm_out.clone());
         v
     }

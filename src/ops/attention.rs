@@ -18,7 +18,7 @@
 //!   then combined (two dispatches and a caller-allocated scratch buffer, see
 //!   [`attention_decode_scratch_len`]).
 
-use crate::backend::{Buffer, DType};
+use crate::backend::{Buffer, DType, Memory};
 use crate::error::{Error, Result};
 use crate::graph::{Arg, Dispatch, Grid, KernelId, OpKind};
 use crate::ops::Check;
@@ -109,13 +109,38 @@ impl AttentionParams {
 }
 
 /// Elements (f32) of the scratch buffer [`attention_decode`] needs for a cache of `max_ctx`
-/// positions cut into chunks of `chunk_len`: `ceil(max_ctx / chunk_len) * n_head * (head_dim + 2)`,
-/// laid out `[max_chunks, n_head, head_dim + 2]`.
+/// positions cut into chunks of `chunk_len`: the records, `ceil(max_ctx / chunk_len) * n_head *
+/// (head_dim + 2)` laid out `[max_chunks, n_head, head_dim + 2]`, then `n_head` words the CUDA
+/// kernel uses as counters. Allocate it with [`Device::alloc`](crate::Device::alloc) (zeroed) and
+/// use it for this op only: the counters must be zero between launches (the kernel keeps them so).
 pub fn attention_decode_scratch_len(
     params: AttentionParams,
     max_ctx: usize,
     chunk_len: usize,
 ) -> Result<usize> {
+    records_len(params, max_ctx, chunk_len)?
+        .checked_add(params.n_head)
+        .ok_or_else(|| Error::shape("attention_decode", "partials", "scratch size overflows"))
+}
+
+/// The part of a decode scratch (see [`attention_decode_scratch_len`]) whose contents mean
+/// nothing between passes: the records, without the counters after them.
+pub fn attention_decode_records(partials: &Buffer, params: AttentionParams) -> Result<Buffer> {
+    let len = partials.elems().checked_sub(params.n_head).ok_or_else(|| {
+        Error::shape(
+            "attention_decode",
+            "partials",
+            format!(
+                "{} elements cannot hold {} counters",
+                partials.elems(),
+                params.n_head
+            ),
+        )
+    })?;
+    partials.view(0, partials.dtype(), &[len])
+}
+
+fn records_len(params: AttentionParams, max_ctx: usize, chunk_len: usize) -> Result<usize> {
     let c = Check::op("attention_decode");
     c.require("chunk_len", chunk_len > 0, || {
         "chunk_len must be positive".into()
@@ -235,8 +260,10 @@ pub fn attention(
 /// exponentials and the weighted V sum into `partials`; a combine pass merges them into `out`.
 /// Both passes read `pos0` from `step`, so the number of chunks used follows the KV length at run
 /// time. `q` and `out` are f32 `[1, n_head * head_dim]`; `partials` is f32 with exactly
-/// [`attention_decode_scratch_len`] elements (any shape). Two dispatches, both
-/// [`OpKind::Attention`]; the same function as [`attention`] with one row.
+/// [`attention_decode_scratch_len`] elements (any shape). On the CPU two dispatches, the partial
+/// and the combine; on CUDA one (`attention_decode_<t>`: the block that finishes a head's last
+/// chunk merges the head), which is one launch less in the dependency chain of every layer. All
+/// are [`OpKind::Attention`]; the same function as [`attention`] with one row.
 #[allow(clippy::too_many_arguments)] // the op's natural argument list; each is a distinct buffer
 pub fn attention_decode(
     q: &Buffer,
@@ -247,7 +274,7 @@ pub fn attention_decode(
     out: &Buffer,
     params: AttentionParams,
     chunk_len: usize,
-) -> Result<[Dispatch; 2]> {
+) -> Result<Vec<Dispatch>> {
     let c = Check::op("attention_decode");
     let checked = check_common(&c, q, k_cache, v_cache, step, out, &params)?;
     c.require("q", checked.rows == 1, || {
@@ -267,36 +294,49 @@ pub fn attention_decode(
     c.dtype("partials", partials, &[DType::F32])?;
     let need = attention_decode_scratch_len(params, checked.max_ctx, chunk_len)?;
     c.elems("partials", partials, need)?;
-    let partial_kernel = match checked.cache {
-        DType::F16 => KernelId("attention_decode_partial_f16"),
-        _ => KernelId("attention_decode_partial_f32"),
-    };
-    let mut args = vec![
-        Arg::read(q),
-        Arg::read(k_cache),
-        Arg::read(v_cache),
-        Arg::read(step),
-        Arg::write(partials),
-    ];
-    args.extend(score_args(&params));
-    args.extend([Arg::u32(chunk), Arg::u32(chunks_u32)]);
     let blocks = to_u32(
         "attention_decode",
         "chunk_len",
         chunks.saturating_mul(params.n_head),
     )?;
-    // 256 threads: eight warps score 32 keys at a time, and a 64-wide head gets four key groups
-    // for the V sum (see the CUDA kernel).
-    let partial = Dispatch::new(
-        partial_kernel,
-        args,
-        Grid::new(blocks, 256),
-        OpKind::Attention,
-    )?;
+    let f16 = checked.cache == DType::F16;
+    let inputs = [
+        Arg::read(q),
+        Arg::read(k_cache),
+        Arg::read(v_cache),
+        Arg::read(step),
+    ];
+    let scalars = score_args(&params)
+        .into_iter()
+        .chain([Arg::u32(chunk), Arg::u32(chunks_u32)]);
+    // 256 threads: eight warps score 32 keys at a time, and a 64-wide head gets sixteen key
+    // groups of four dimensions for the V sum (see the CUDA kernel).
+    let grid = Grid::new(blocks, 256);
+    if matches!(q.allocation().memory, Memory::Cuda(_)) {
+        let kernel = KernelId(if f16 {
+            "attention_decode_f16"
+        } else {
+            "attention_decode_f32"
+        });
+        let mut args = inputs.to_vec();
+        args.extend([Arg::read_write(partials), Arg::write(out)]);
+        args.extend(scalars);
+        return Ok(vec![Dispatch::new(kernel, args, grid, OpKind::Attention)?]);
+    }
+    let records = attention_decode_records(partials, params)?;
+    let partial_kernel = KernelId(if f16 {
+        "attention_decode_partial_f16"
+    } else {
+        "attention_decode_partial_f32"
+    });
+    let mut args = inputs.to_vec();
+    args.push(Arg::write(&records));
+    args.extend(scalars);
+    let partial = Dispatch::new(partial_kernel, args, grid, OpKind::Attention)?;
     let combine = Dispatch::new(
         KernelId("attention_decode_combine"),
         vec![
-            Arg::read(partials),
+            Arg::read(&records),
             Arg::read(step),
             Arg::write(out),
             Arg::u32(params.n_head as u32),
@@ -307,7 +347,7 @@ pub fn attention_decode(
         Grid::new(params.n_head as u32, 128),
         OpKind::Attention,
     )?;
-    Ok([partial, combine])
+    Ok(vec![partial, combine])
 }
 
 impl Session {
@@ -324,7 +364,8 @@ impl Session {
         self.push(attention(q, k_cache, v_cache, step, out, params)?)
     }
 
-    /// Split-KV decode attention for one query row (two dispatches); see [`attention_decode`].
+    /// Split-KV decode attention for one query row (two dispatches on the CPU, one on CUDA); see
+    /// [`attention_decode`].
     #[allow(clippy::too_many_arguments)] // mirrors `attention_decode`
     pub fn attention_decode(
         &mut self,
@@ -337,10 +378,10 @@ impl Session {
         params: AttentionParams,
         chunk_len: usize,
     ) -> Result<()> {
-        let [partial, combine] =
-            attention_decode(q, k_cache, v_cache, step, partials, out, params, chunk_len)?;
-        self.push(partial)?;
-        self.push(combine)
+        for d in attention_decode(q, k_cache, v_cache, step, partials, out, params, chunk_len)? {
+            self.push(d)?;
+        }
+        Ok(())
     }
 }
 

@@ -30,6 +30,7 @@ const TOKEN_ID: u32 = 2;
 const EXPERT_ID: u32 = 3;
 const POS0: u32 = 4;
 const CHUNKS: u32 = 5;
+const SCRATCH: u32 = 6;
 
 /// A kernel's tag in the error record: FNV-1a (32-bit) of its name, as `op_tag` in the prelude.
 pub fn kernel_tag(name: &str) -> u32 {
@@ -66,6 +67,10 @@ pub fn record_error(words: &[u32; RECORD_WORDS]) -> Option<Error> {
         }
         CHUNKS => format!(
             "KV length {value} needs more than the {bound} chunks of {index} the scratch holds"
+        ),
+        SCRATCH => format!(
+            "the attention scratch's counter for head {index} was {value}, not below {bound}: pass \
+             a partials buffer from Device::alloc (zeroed) used by this op only"
         ),
         code => format!("unknown error code {code} (value {value}, bound {bound}, index {index})"),
     };

@@ -6,7 +6,10 @@
 //   attention_decode_partial_<t>: q, k, v, step, partials, n_head, n_kv_head, head_dim, scale,
 //                                 softcap, chunk_len, max_chunks
 //   attention_decode_combine:     partials, step, out, n_head, head_dim, chunk_len, max_chunks
-// Partial records are [max, sum, acc[head_dim]] laid out [max_chunks, n_head, head_dim + 2].
+//   attention_decode_<t>:         q, k, v, step, partials, out, then the partial's scalars: both
+//                                 passes in one launch (CUDA only, see `attention_partial`)
+// Partial records are [max, sum, acc[head_dim]] laid out [max_chunks, n_head, head_dim + 2]; the
+// one-launch form keeps n_head u32 counters after them.
 // One block per (row or chunk, head), keys in tiles of ATTN_MAX_TILE with an online softmax.
 // Limits: head_dim <= 256, blockDim.x <= 256 and a multiple of 32.
 
@@ -227,20 +230,52 @@ __device__ void attention_prefill(const float* q, const T* k, const T* v, const 
     }
 }
 
+// Merges the records of `chunks` chunks of head h into out[h * hd ..]. Loads go through L2
+// (`__ldcg`): in the one-launch kernel, other blocks wrote the records.
+__device__ void attn_combine_head(const float* partials, uint64_t chunks, uint32_t n_head,
+                                  uint32_t h, uint32_t hd, float* out) {
+    const uint32_t rec = hd + 2;
+    float mx = -__int_as_float(0x7f800000);
+    for (uint64_t c = 0; c < chunks; c++) mx = fmaxf(mx, __ldcg(partials + (c * n_head + h) * rec));
+    float total = 0.0f;
+    for (uint64_t c = 0; c < chunks; c++) {
+        const float* r = partials + (c * n_head + h) * rec;
+        total += expf(__ldcg(r) - mx) * __ldcg(r + 1);
+    }
+    const float inv = 1.0f / total;
+    for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.0f;
+        for (uint64_t c = 0; c < chunks; c++) {
+            const float* r = partials + (c * n_head + h) * rec;
+            o += expf(__ldcg(r) - mx) * __ldcg(r + 2 + d);
+        }
+        out[(uint64_t)h * hd + d] = o * inv;
+    }
+}
+
+// The partial pass; with `out`, also the combine, in one launch: after writing its record, a
+// block takes a ticket from its head's counter (u32 words after the records, zero between
+// launches); the block that takes the last ticket resets the counter and merges the head's
+// records into `out`. A counter found at or past the chunk count is a kernel error (a scratch
+// that was not zeroed, or shared with something else).
 template <typename T>
 __device__ void attention_partial(const float* q, const T* k, const T* v, const int32_t* step,
-                                  float* partials, uint32_t n_head, uint32_t n_kv_head, uint32_t hd,
-                                  float scale, float softcap, uint32_t chunk_len, uint32_t max_chunks,
-                                  uint64_t n_q, uint64_t n_k, uint64_t n_v, uint64_t n_step,
-                                  uint64_t n_partials, uint32_t tag) {
+                                  float* partials, float* out, uint32_t n_head, uint32_t n_kv_head,
+                                  uint32_t hd, float scale, float softcap, uint32_t chunk_len,
+                                  uint32_t max_chunks, uint64_t n_q, uint64_t n_k, uint64_t n_v,
+                                  uint64_t n_step, uint64_t n_partials, uint64_t n_out,
+                                  uint32_t tag) {
     __shared__ float qs[ATTN_MAX_HD];
     __shared__ float ps[ATTN_MAX_TILE];
     __shared__ float vsum[4 * ATTN_MAX_TILE];
+    __shared__ uint32_t last;
+    const uint64_t records = (uint64_t)max_chunks * n_head * (hd + 2);
     OP_REQUIRE(n_head != 0 && n_kv_head != 0 && hd != 0 && hd <= ATTN_MAX_HD &&
                n_head % n_kv_head == 0 && blockDim.x <= ATTN_MAX_TILE && hd <= ATTN_ACC * blockDim.x &&
                n_step != 0 && n_k == n_v && n_q == (uint64_t)n_head * hd &&
                n_k % ((uint64_t)n_kv_head * hd) == 0 && chunk_len != 0 &&
-               n_partials == (uint64_t)max_chunks * n_head * (hd + 2));
+               n_partials == records + (out != nullptr ? n_head : 0) &&
+               (out == nullptr || n_out == n_q));
     const uint64_t max_ctx = n_k / ((uint64_t)n_kv_head * hd);
     const int64_t pos0 = step[0];
     if (pos0 < 0 || (uint64_t)pos0 + 1 > max_ctx) {
@@ -275,6 +310,21 @@ __device__ void attention_partial(const float* q, const T* k, const T* v, const 
             rec[1] = l;
         }
         for (uint32_t dd = threadIdx.x; dd < hd; dd += blockDim.x) rec[2 + dd] = vsum[dd];
+        if (out == nullptr) continue;
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            uint32_t* counter = (uint32_t*)(partials + records) + h;
+            const uint32_t ticket = atomicAdd(counter, 1u);
+            last = ticket + 1 == chunks;
+            if (ticket >= chunks) op_fail(tag, OP_ERR_SCRATCH, ticket, chunks, h);
+            if (last) *counter = 0;
+        }
+        __syncthreads();
+        if (last) {
+            __threadfence();
+            attn_combine_head(partials, chunks, n_head, h, hd, out);
+        }
     }
 }
 
@@ -292,8 +342,18 @@ __device__ void attention_partial(const float* q, const T* k, const T* v, const 
                                     uint32_t hd, float scale, float softcap, uint32_t chunk_len,      \
                                     uint32_t max_chunks, uint64_t n_q, uint64_t n_k, uint64_t n_v,    \
                                     uint64_t n_step, uint64_t n_partials) {                           \
-        attention_partial<T>(q, k, v, step, partials, n_head, n_kv_head, hd, scale, softcap,          \
-                             chunk_len, max_chunks, n_q, n_k, n_v, n_step, n_partials,                \
+        attention_partial<T>(q, k, v, step, partials, nullptr, n_head, n_kv_head, hd, scale,          \
+                             softcap, chunk_len, max_chunks, n_q, n_k, n_v, n_step, n_partials, 0,    \
+                             op_tag(#NAME));                                                          \
+    }
+#define ATTENTION_DECODE_KERNEL(NAME, T)                                                            \
+    extern "C" __global__ void NAME(const float* q, const T* k, const T* v, const int32_t* step,      \
+                                    float* partials, float* out, uint32_t n_head, uint32_t n_kv_head, \
+                                    uint32_t hd, float scale, float softcap, uint32_t chunk_len,      \
+                                    uint32_t max_chunks, uint64_t n_q, uint64_t n_k, uint64_t n_v,    \
+                                    uint64_t n_step, uint64_t n_partials, uint64_t n_out) {           \
+        attention_partial<T>(q, k, v, step, partials, out, n_head, n_kv_head, hd, scale, softcap,     \
+                             chunk_len, max_chunks, n_q, n_k, n_v, n_step, n_partials, n_out,         \
                              op_tag(#NAME));                                                          \
     }
 
@@ -301,6 +361,8 @@ ATTENTION_KERNEL(attention_f32, float)
 ATTENTION_KERNEL(attention_f16, __half)
 ATTENTION_PARTIAL_KERNEL(attention_decode_partial_f32, float)
 ATTENTION_PARTIAL_KERNEL(attention_decode_partial_f16, __half)
+ATTENTION_DECODE_KERNEL(attention_decode_f32, float)
+ATTENTION_DECODE_KERNEL(attention_decode_f16, __half)
 
 extern "C" __global__ void attention_decode_combine(const float* partials, const int32_t* step,
                                                     float* out, uint32_t n_head, uint32_t hd,
@@ -317,23 +379,5 @@ extern "C" __global__ void attention_decode_combine(const float* partials, const
         return;
     }
     const uint64_t chunks = ((uint64_t)pos0 + chunk_len) / chunk_len;
-    const uint32_t rec = hd + 2;
-    OP_ROW_LOOP(h, n_head) {
-        float mx = -__int_as_float(0x7f800000);
-        for (uint64_t c = 0; c < chunks; c++) mx = fmaxf(mx, partials[(c * n_head + h) * rec]);
-        float total = 0.0f;
-        for (uint64_t c = 0; c < chunks; c++) {
-            const float* r = partials + (c * n_head + h) * rec;
-            total += expf(r[0] - mx) * r[1];
-        }
-        const float inv = 1.0f / total;
-        for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x) {
-            float o = 0.0f;
-            for (uint64_t c = 0; c < chunks; c++) {
-                const float* r = partials + (c * n_head + h) * rec;
-                o += expf(r[0] - mx) * r[2 + d];
-            }
-            out[(uint64_t)h * hd + d] = o * inv;
-        }
-    }
+    OP_ROW_LOOP(h, n_head) attn_combine_head(partials, chunks, n_head, (uint32_t)h, hd, out);
 }
