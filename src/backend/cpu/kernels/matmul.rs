@@ -284,7 +284,7 @@ fn matvec_integer(w: &WeightRows<'_>, x: &[f32], k: usize, n: usize, out: &mut [
         DType::Q8_0 => Layout::Q8,
         _ => return false,
     };
-    if !matvec_vnni::available() || k % matvec_vnni::QK != 0 || n == 0 {
+    if !matvec_vnni::available() || !k.is_multiple_of(matvec_vnni::QK) || n == 0 {
         return false;
     }
     let mut q = QUANT_ROW.with(|c| std::mem::take(&mut *c.borrow_mut()));
