@@ -404,10 +404,21 @@ mod spare {
     /// Drops what `block` holds and keeps the block, or frees it when enough are kept.
     #[inline]
     pub(super) fn recycle(mut block: Box<DispatchInner>) {
-        block.args = ArgList(ArgStore::Inline {
-            len: 0,
-            items: [NO_ARG; super::INLINE_ARGS],
-        });
+        // Inline slots past `len` always hold `NO_ARG`; blank the used ones in place.
+        match &mut block.args.0 {
+            ArgStore::Inline { len, items } => {
+                for a in &mut items[..*len as usize] {
+                    *a = NO_ARG;
+                }
+                *len = 0;
+            }
+            ArgStore::Heap(_) => {
+                block.args = ArgList(ArgStore::Inline {
+                    len: 0,
+                    items: [NO_ARG; super::INLINE_ARGS],
+                });
+            }
+        }
         if let RangeList::Heap(_) = block.ranges {
             block.ranges = RangeList::Inline {
                 len: 0,

@@ -43,7 +43,7 @@ impl Footprint {
             count += 1;
             bound += d.reads().len() + d.writes().len();
         }
-        let mut interner = Interner::new(bound);
+        let mut interner = Interner::new();
         let mut ids = Vec::with_capacity(bound);
         let mut spans = Vec::with_capacity(count);
         let mut movable = Vec::with_capacity(count);
@@ -98,6 +98,17 @@ impl Footprint {
             &self.ids[a as usize..b as usize],
             &self.ids[b as usize..c as usize],
         )
+    }
+
+    /// [`overlapping`](Self::overlapping), without a lookup when every range overlaps only
+    /// itself.
+    #[inline]
+    fn overlapping_or_self<'a>(&'a self, k: &'a u32) -> &'a [u32] {
+        if self.disjoint {
+            std::slice::from_ref(k)
+        } else {
+            self.overlapping(*k)
+        }
     }
 
     /// The indices whose ranges overlap range `k`, `k` included.
@@ -169,12 +180,12 @@ impl Footprint {
                 }
             };
             for &x in reads {
-                for &y in self.overlapping(x) {
+                for &y in self.overlapping_or_self(&x) {
                     list(last_write[y as usize]);
                 }
             }
             for &x in writes {
-                for &y in self.overlapping(x) {
+                for &y in self.overlapping_or_self(&x) {
                     list(last_write[y as usize]);
                     let mut e = head_read[y as usize];
                     while let Some(&(p1, prev)) = reads_log.get((e as usize).wrapping_sub(1)) {
@@ -255,9 +266,9 @@ struct Interner {
 }
 
 impl Interner {
-    /// A table for at most `bound` distinct ranges, at most half full.
-    fn new(bound: usize) -> Self {
-        let bits = (2 * bound).max(16).next_power_of_two().trailing_zeros();
+    /// An empty table (it doubles whenever it would be more than half full).
+    fn new() -> Self {
+        let bits = 8;
         Interner {
             slots: vec![0; 1 << bits],
             shift: 64 - bits,
@@ -266,23 +277,48 @@ impl Interner {
     }
 
     #[inline]
-    fn intern(&mut self, r: &Range) -> u32 {
+    fn slot_of(&self, r: &Range) -> usize {
         let h = (r.alloc.0 ^ (r.start as u64).rotate_left(21) ^ (r.end as u64).rotate_left(42))
             .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (h >> self.shift) as usize
+    }
+
+    #[inline]
+    fn intern(&mut self, r: &Range) -> u32 {
         let mask = self.slots.len() - 1;
-        let mut at = (h >> self.shift) as usize;
+        let mut at = self.slot_of(r);
         loop {
             let s = self.slots[at];
             if s == 0 {
-                self.ranges.push(*r);
-                let id = self.ranges.len() as u32;
-                self.slots[at] = id;
-                return id - 1;
+                break;
             }
             if self.ranges[s as usize - 1] == *r {
                 return s - 1;
             }
             at = (at + 1) & mask;
+        }
+        self.ranges.push(*r);
+        let id = self.ranges.len() as u32;
+        if 2 * self.ranges.len() > self.slots.len() {
+            self.grow();
+        } else {
+            self.slots[at] = id;
+        }
+        id - 1
+    }
+
+    /// Doubles the table and places every range again (the last one included).
+    #[cold]
+    fn grow(&mut self) {
+        self.shift -= 1;
+        self.slots = vec![0; self.slots.len() * 2];
+        let mask = self.slots.len() - 1;
+        for (i, r) in self.ranges.iter().enumerate() {
+            let mut at = self.slot_of(r);
+            while self.slots[at] != 0 {
+                at = (at + 1) & mask;
+            }
+            self.slots[at] = i as u32 + 1;
         }
     }
 }
