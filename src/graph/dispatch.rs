@@ -374,6 +374,9 @@ impl std::fmt::Debug for Dispatch {
 /// Spare dispatch blocks, per thread: dropping a dispatch keeps its block (emptied of its
 /// arguments) for the next one built on the same thread, up to [`spare::KEEP`] blocks.
 mod spare {
+    // The boxes are the point: each is one block handed out again as it is.
+    #![allow(clippy::vec_box)]
+
     use std::cell::RefCell;
 
     use super::{ArgList, ArgStore, DispatchInner, RangeList, NO_ARG, NO_RANGE};

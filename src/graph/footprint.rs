@@ -165,7 +165,7 @@ impl Footprint {
         let mut reads_log: Vec<(u32, u32)> = Vec::with_capacity(self.ids.len());
         let mut head = vec![0u32; n];
         let mut entries: Vec<(u32, u32)> = Vec::with_capacity(2 * n);
-        let mut count = vec![0u32; n];
+        let mut count = Vec::with_capacity(n);
         for s in 0..n {
             // `p + 1 > low` for every dispatch `p` in the window.
             let low = s.saturating_sub(window) as u32;
@@ -197,7 +197,7 @@ impl Footprint {
                     }
                 }
             }
-            count[s] = listed;
+            count.push(listed);
             for &x in reads {
                 reads_log.push((s as u32 + 1, head_read[x as usize]));
                 head_read[x as usize] = reads_log.len() as u32;

@@ -198,6 +198,7 @@ impl Bits {
 /// The walk as the seeds write it: the skipped dispatches kept as a second set of ranges. The
 /// reference for [`greedy`].
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)] // kept in the seeds' form, the point of a reference
 pub(super) fn greedy_reference(fp: &Footprint, lookahead: usize) -> Walk {
     let n = fp.len();
     let mut order = Vec::with_capacity(n);
