@@ -230,23 +230,30 @@ __device__ void attention_prefill(const float* q, const T* k, const T* v, const 
     }
 }
 
-// Merges the records of `chunks` chunks of head h into out[h * hd ..]. Loads go through L2
-// (`__ldcg`): in the one-launch kernel, other blocks wrote the records.
+// Merges the records of `chunks` chunks of head h into out[h * hd ..]. Every thread of the block
+// calls it (blockDim.x a multiple of 32): each warp finds the maximum and the weighted sum with
+// its lanes over the chunks, then each thread sums its dimensions over the chunks, the loads of
+// several chunks in flight. Loads go through L2 (`__ldcg`): in the one-launch kernel, other
+// blocks wrote the records.
 __device__ void attn_combine_head(const float* partials, uint64_t chunks, uint32_t n_head,
                                   uint32_t h, uint32_t hd, float* out) {
-    const uint32_t rec = hd + 2;
+    const uint32_t rec = hd + 2, lane = threadIdx.x & 31;
+    const float* first = partials + (uint64_t)h * rec;
+    const uint64_t stride = (uint64_t)n_head * rec;
     float mx = -__int_as_float(0x7f800000);
-    for (uint64_t c = 0; c < chunks; c++) mx = fmaxf(mx, __ldcg(partials + (c * n_head + h) * rec));
+    for (uint64_t c = lane; c < chunks; c += 32) mx = fmaxf(mx, __ldcg(first + c * stride));
+    mx = op_warp_max(mx);
     float total = 0.0f;
-    for (uint64_t c = 0; c < chunks; c++) {
-        const float* r = partials + (c * n_head + h) * rec;
+    for (uint64_t c = lane; c < chunks; c += 32) {
+        const float* r = first + c * stride;
         total += expf(__ldcg(r) - mx) * __ldcg(r + 1);
     }
-    const float inv = 1.0f / total;
+    const float inv = 1.0f / op_warp_sum(total);
     for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x) {
         float o = 0.0f;
+#pragma unroll 8
         for (uint64_t c = 0; c < chunks; c++) {
-            const float* r = partials + (c * n_head + h) * rec;
+            const float* r = first + c * stride;
             o += expf(__ldcg(r) - mx) * __ldcg(r + 2 + d);
         }
         out[(uint64_t)h * hd + d] = o * inv;

@@ -240,7 +240,7 @@ MATMUL_AFFINE_KERNEL(matmul_affine_f16, __half)
 
 // ---- Fused decoder-block products (src/ops/fused_block.rs, CUDA only) ----
 // The activation row is RMS-normalized as it is read: each warp sums the squares of its row in
-// f64 (lane order, then a shuffle tree), inv = 1 / sqrt(ss / k + eps) rounded to f32, and value
+// f64 (each lane its share, then a shuffle tree), inv = 1 / sqrt(ss / k + eps) rounded to f32, and value
 // i is (x[i] * inv) * norm[i], the rms_norm kernel's float order.
 struct XNorm {
     const float* x;
@@ -260,9 +260,19 @@ struct XNorm {
 __device__ __forceinline__ XNorm fb_norm_row(const float* xr, const float* w, uint32_t k, float eps,
                                              int lane) {
     double ss = 0.0;
-    for (uint32_t i = lane; i < k; i += 32) {
-        const double v = (double)xr[i];
-        ss += v * v;
+    if (((uint64_t)xr & 15u) == 0 && k % 4 == 0) {
+        // Four values a load, several loads in flight.
+#pragma unroll 4
+        for (uint32_t i = 4 * lane; i < k; i += 128) {
+            const float4 v = *(const float4*)(xr + i);
+            ss += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
+        }
+    } else {
+#pragma unroll 8
+        for (uint32_t i = lane; i < k; i += 32) {
+            const double v = (double)xr[i];
+            ss += v * v;
+        }
     }
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(ONEPASS_FULL_MASK, ss, o);
     return XNorm{xr, w, (float)(1.0 / sqrt(ss / (double)k + (double)eps))};
