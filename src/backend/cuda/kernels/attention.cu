@@ -17,6 +17,53 @@
 #define ATTN_MAX_TILE 256
 #define ATTN_ACC 8  // head_dim <= ATTN_ACC * blockDim.x
 
+// Sums a score over the eight lanes that share a key (every lane of the warp calls it) and stores
+// the scaled, optionally soft-capped score of key j of the tile.
+__device__ __forceinline__ void attn_store_score(float d, uint32_t sub, uint32_t j, uint32_t n,
+                                                 float scale, float softcap, float* ps) {
+    d += __shfl_xor_sync(ONEPASS_FULL_MASK, d, 1);
+    d += __shfl_xor_sync(ONEPASS_FULL_MASK, d, 2);
+    d += __shfl_xor_sync(ONEPASS_FULL_MASK, d, 4);
+    if (sub == 0 && j < n) {
+        float s = d * scale;
+        if (softcap != 0.0f) s = softcap * tanhf(s / softcap);
+        ps[j] = s;
+    }
+}
+
+// The online-softmax step of one tile: turns the n scores in `ps` into exponentials against the
+// new running maximum, updates (m, l), and returns the factor that rescales earlier V sums.
+// Every thread of the block calls it (it begins and ends with a barrier).
+__device__ __forceinline__ float attn_tile_softmax(float* ps, uint32_t n, float& m, float& l) {
+    const uint32_t lane = threadIdx.x & 31;
+    __syncthreads();
+    float tile_max = -__int_as_float(0x7f800000);
+    for (uint32_t j = lane; j < n; j += 32) tile_max = fmaxf(tile_max, ps[j]);
+    tile_max = op_warp_max(tile_max);
+    const float new_max = fmaxf(m, tile_max);
+    const float c = expf(m - new_max);
+    __syncthreads();
+    for (uint32_t j = threadIdx.x; j < n; j += blockDim.x) ps[j] = expf(ps[j] - new_max);
+    __syncthreads();
+    float tile_sum = 0.0f;
+    for (uint32_t j = lane; j < n; j += 32) tile_sum += ps[j];
+    l = l * c + op_warp_sum(tile_sum);
+    m = new_max;
+    return c;
+}
+
+// Sums the key groups' V sums, stored side by side in `vsum`, into vsum[0..hd): thread dd reads
+// and writes only indices dd + g * hd. Every thread of the block calls it.
+__device__ __forceinline__ void attn_sum_groups(float* vsum, uint32_t hd, uint32_t groups) {
+    __syncthreads();
+    for (uint32_t dd = threadIdx.x; dd < hd; dd += blockDim.x) {
+        float t = vsum[dd];
+        for (uint32_t g = 1; g < groups; g++) t += vsum[g * hd + dd];
+        vsum[dd] = t;
+    }
+    __syncthreads();
+}
+
 // Folds keys [begin, end) of one KV head slab into the online softmax state (m, l) and the
 // V sum, for the query vector in `qs`, in tiles of up to ATTN_MAX_TILE keys. Scores: eight lanes
 // share a key (four keys per warp at a time, a key row read as coalesced 32-byte pieces), the
@@ -43,28 +90,9 @@ __device__ void attn_fold(const float* qs, const T* k, const T* v, uint32_t hd, 
                 const T* kr = k + (tile + j) * hd;
                 for (uint32_t i = sub; i < hd; i += 8) d += qs[i] * op_load(kr, i);
             }
-            d += __shfl_xor_sync(ONEPASS_FULL_MASK, d, 1);
-            d += __shfl_xor_sync(ONEPASS_FULL_MASK, d, 2);
-            d += __shfl_xor_sync(ONEPASS_FULL_MASK, d, 4);
-            if (sub == 0 && j < n) {
-                float s = d * scale;
-                if (softcap != 0.0f) s = softcap * tanhf(s / softcap);
-                ps[j] = s;
-            }
+            attn_store_score(d, sub, j, n, scale, softcap, ps);
         }
-        __syncthreads();
-        float tile_max = -__int_as_float(0x7f800000);
-        for (uint32_t j = lane; j < n; j += 32) tile_max = fmaxf(tile_max, ps[j]);
-        tile_max = op_warp_max(tile_max);
-        const float new_max = fmaxf(m, tile_max);
-        const float c = expf(m - new_max);
-        __syncthreads();
-        for (uint32_t j = threadIdx.x; j < n; j += blockDim.x) ps[j] = expf(ps[j] - new_max);
-        __syncthreads();
-        float tile_sum = 0.0f;
-        for (uint32_t j = lane; j < n; j += 32) tile_sum += ps[j];
-        l = l * c + op_warp_sum(tile_sum);
-        m = new_max;
+        const float c = attn_tile_softmax(ps, n, m, l);
         if (kg < groups) {
             for (uint32_t j = 0; j < ATTN_ACC; j++) {
                 const uint32_t dd = d0 + j * span;
@@ -77,8 +105,7 @@ __device__ void attn_fold(const float* qs, const T* k, const T* v, uint32_t hd, 
         }
         __syncthreads();
     }
-    // Each key group's sums side by side (groups * hd <= max(blockDim, hd) <= ATTN_MAX_TILE),
-    // then summed in place: thread dd reads and writes only indices dd + g * hd.
+    // Each key group's sums side by side (groups * hd <= max(blockDim, hd) <= ATTN_MAX_TILE).
     if (kg < groups) {
         for (uint32_t j = 0; j < ATTN_ACC; j++) {
             const uint32_t dd = d0 + j * span;
@@ -86,13 +113,7 @@ __device__ void attn_fold(const float* qs, const T* k, const T* v, uint32_t hd, 
             vsum[kg * hd + dd] = acc[j];
         }
     }
-    __syncthreads();
-    for (uint32_t dd = threadIdx.x; dd < hd; dd += blockDim.x) {
-        float t = vsum[dd];
-        for (uint32_t g = 1; g < groups; g++) t += vsum[g * hd + dd];
-        vsum[dd] = t;
-    }
-    __syncthreads();
+    attn_sum_groups(vsum, hd, groups);
 }
 
 // Four consecutive cache values as f32 (16-byte aligned f32, 8-byte aligned f16).
@@ -137,28 +158,9 @@ __device__ void attn_fold_vec(const float* qs, const T* k, const T* v, uint32_t 
                     d += qs[i] * kk.x + qs[i + 1] * kk.y + qs[i + 2] * kk.z + qs[i + 3] * kk.w;
                 }
             }
-            d += __shfl_xor_sync(ONEPASS_FULL_MASK, d, 1);
-            d += __shfl_xor_sync(ONEPASS_FULL_MASK, d, 2);
-            d += __shfl_xor_sync(ONEPASS_FULL_MASK, d, 4);
-            if (sub == 0 && j < n) {
-                float s = d * scale;
-                if (softcap != 0.0f) s = softcap * tanhf(s / softcap);
-                ps[j] = s;
-            }
+            attn_store_score(d, sub, j, n, scale, softcap, ps);
         }
-        __syncthreads();
-        float tile_max = -__int_as_float(0x7f800000);
-        for (uint32_t j = lane; j < n; j += 32) tile_max = fmaxf(tile_max, ps[j]);
-        tile_max = op_warp_max(tile_max);
-        const float new_max = fmaxf(m, tile_max);
-        const float c = expf(m - new_max);
-        __syncthreads();
-        for (uint32_t j = threadIdx.x; j < n; j += blockDim.x) ps[j] = expf(ps[j] - new_max);
-        __syncthreads();
-        float tile_sum = 0.0f;
-        for (uint32_t j = lane; j < n; j += 32) tile_sum += ps[j];
-        l = l * c + op_warp_sum(tile_sum);
-        m = new_max;
+        const float c = attn_tile_softmax(ps, n, m, l);
         if (kg < groups) {
             float4 a = make_float4(acc.x * c, acc.y * c, acc.z * c, acc.w * c);
             const T* vt = v + tile * hd + 4 * d4;
@@ -182,13 +184,7 @@ __device__ void attn_fold_vec(const float* qs, const T* k, const T* v, uint32_t 
         dst[2] = acc.z;
         dst[3] = acc.w;
     }
-    __syncthreads();
-    for (uint32_t dd = threadIdx.x; dd < hd; dd += blockDim.x) {
-        float t = vsum[dd];
-        for (uint32_t g = 1; g < groups; g++) t += vsum[g * hd + dd];
-        vsum[dd] = t;
-    }
-    __syncthreads();
+    attn_sum_groups(vsum, hd, groups);
 }
 
 template <typename T>
