@@ -219,9 +219,11 @@ fn cpu_profiled_step_times_every_kernel_and_traces_them() {
         engine.last_pass().edges_or_barriers,
         "CPU graph mode reports its barriers"
     );
+    // With the fused block ops a CPU decode step is nearly one dependency chain, so levels may
+    // hold one kernel each; every level holds at least one.
     assert!(
-        levels < kernels.len(),
-        "no two kernels of the step could run together"
+        (0..levels).all(|l| kernels.iter().any(|k| k.level == l)),
+        "a level without kernels"
     );
     let trace = temp_path("trace.json");
     let timeline = onepass::trace::Timeline {

@@ -90,9 +90,10 @@ fn given_a_graph_of_real_ops_when_sanitized_should_pass_with_the_optimizer_at_wo
     .expect("sanitize");
     assert!(report.passed(), "{}", report.verdict());
     assert_eq!(report.dispatches, 15);
-    // The first block's norm output is overwritten by the second block's norm, so that pair fuses;
-    // the second block's is still live at the end of the graph, so that pair stays apart.
-    assert_eq!(report.fusions, 1, "{report:?}");
+    // The first block's norm output is overwritten by the second block's norm, and its down
+    // projection's output by the second block's, so those two pairs fuse (norm+mul and
+    // matmul+add); the second block's are still live at the end of the graph, so they stay apart.
+    assert_eq!(report.fusions, 2, "{report:?}");
     assert!(
         report.groups_optimized < report.dispatches_optimized,
         "{report:?}"
@@ -339,8 +340,10 @@ fn given_the_smollm2_decode_graph_when_sanitized_on_the_cpu_should_pass() {
         prefill_and_sanitize_decode(&llama, &exec, &Plan::OPTIMIZED, &prompt).expect("sanitize");
     eprintln!("{}", report.verdict());
     assert!(report.passed(), "{}", report.verdict());
+    // The optimizer's work on a CPU decode step is fusion (the matmul + residual add pairs
+    // outside the fused block ops); what is left is nearly one dependency chain.
     assert!(
-        report.reordered > 0 && report.groups_optimized < report.dispatches_optimized,
+        report.fusions > 0 && report.dispatches_optimized + report.fusions == report.dispatches,
         "{report:?}"
     );
     // Logits, next token, and K and V of every layer.

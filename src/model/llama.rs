@@ -174,12 +174,11 @@ pub enum Logits {
     All,
 }
 
-/// Whether passes on `device` record the fused block ops (`ops::fused_block`): on CUDA, when RoPE
-/// turns whole heads without frequency factors, the KV cache is f32 and each layer's q/k/v and
-/// gate/up weights share a dtype. Elsewhere the separate ops.
-fn uses_fused_block(device: &Device, c: &LlamaConfig, w: &Weights) -> bool {
-    matches!(device, Device::Cuda(_))
-        && c.rope_dim == c.head_dim
+/// Whether passes record the fused block ops (`ops::fused_block`, on every backend): when RoPE
+/// turns whole heads without frequency factors and each layer's q/k/v and gate/up weights share
+/// a dtype (the KV cache is always f32). Otherwise the separate ops.
+fn uses_fused_block(c: &LlamaConfig, w: &Weights) -> bool {
+    c.rope_dim == c.head_dim
         && w.rope_freqs.is_none()
         && w.layers.iter().all(|l| {
             l.wk.dtype() == l.wq.dtype()
@@ -231,7 +230,7 @@ impl Llama {
             ));
         }
         let weights = load_weights(&file, device, &config)?;
-        let fused_block = uses_fused_block(device, &config, &weights);
+        let fused_block = uses_fused_block(&config, &weights);
         let mut kv = Vec::with_capacity(config.n_layer);
         for _ in 0..config.n_layer {
             let dims = [config.n_kv_head, max_ctx, config.head_dim];

@@ -1,6 +1,7 @@
-//! Fused decoder-block products for the CUDA backend: the attention input and the MLP input of a
-//! Llama block, each one launch instead of four or five, so a decode step has fewer dependent
-//! launches (every launch in the chain costs a GPU a few microseconds, however small).
+//! Fused decoder-block products: the attention input and the MLP input of a Llama block, each one
+//! dispatch instead of four to eight, so a decode step has fewer dependent dispatches (every one
+//! costs a GPU a launch of a few microseconds and the CPU a fork/join of its pool, however small
+//! the work).
 //!
 //! - [`norm_qkv_rope`]: RMS norm of the residual, the q, k and v products, RoPE on q and k, and the
 //!   k and v rows written into the KV cache at `pos0 = step[0]`. Replaces `rms_norm`, three
@@ -9,17 +10,17 @@
 //!   `rms_norm`, two `matmul`s and `swiglu`.
 //!
 //! The kernels do the unfused ops' float operations (the norm's sum of squares in f64,
-//! `(x * inv) * w`, the rope angles in f64), summed in the CUDA matmul's order, so they agree with
-//! the separate ops within f32 rounding. They run on CUDA only: the builders refuse buffers on
-//! another device, and the model records the separate ops there. RoPE here turns the whole head
-//! (`rotary_dim == head_dim`) without frequency factors; the model uses the separate ops for
-//! other configurations.
+//! `(x * inv) * w`, the rope angles in f64). On the CPU they run the separate ops' own product
+//! loops, so they give the separate ops' bits; on CUDA the sums follow the CUDA matmul's order, so
+//! they agree with the separate ops within f32 rounding. Every buffer must live on the device of
+//! `x`. RoPE here turns the whole head (`rotary_dim == head_dim`) without frequency factors, and
+//! the KV cache is f32; the model uses the separate ops for other configurations.
 
 use crate::backend::{Buffer, DType, Memory};
 use crate::error::{Error, Result};
 use crate::graph::{Arg, Dispatch, KernelId, OpKind};
 use crate::ops::matmul::WEIGHT_DTYPES;
-use crate::ops::rope::RopeMode;
+use crate::ops::rope::{RopeMode, MAX_ROTARY_DIM};
 use crate::ops::Check;
 use crate::session::Session;
 
@@ -89,19 +90,26 @@ fn to_u32(op: &'static str, arg: &'static str, v: usize) -> Result<u32> {
     u32::try_from(v).map_err(|_| Error::shape(op, arg, format!("{v} exceeds 32 bits")))
 }
 
-/// Refuses buffers that are not on a CUDA device.
-fn require_cuda(check: &Check, bufs: &[(&'static str, &Buffer)]) -> Result<()> {
+/// Whether two buffers live on one device: both in host memory (the CPU), or both on one CUDA
+/// device.
+pub(crate) fn one_device(a: &Buffer, b: &Buffer) -> bool {
+    match (&a.allocation().memory, &b.allocation().memory) {
+        (Memory::Cuda(x), Memory::Cuda(y)) => x.ordinal() == y.ordinal(),
+        (Memory::Cuda(_), _) | (_, Memory::Cuda(_)) => false,
+        _ => true,
+    }
+}
+
+/// Refuses buffers that do not live on the device of `x`.
+fn require_one_device(check: &Check, x: &Buffer, bufs: &[(&'static str, &Buffer)]) -> Result<()> {
     for (name, b) in bufs {
-        check.require(
-            name,
-            matches!(b.allocation().memory, Memory::Cuda(_)),
-            || {
-                format!(
-                "lives on {}; this fused op runs on CUDA only (record the separate ops elsewhere)",
-                b.allocation().location()
+        check.require(name, one_device(x, b), || {
+            format!(
+                "lives on {}, but x lives on {}",
+                b.allocation().location(),
+                x.allocation().location()
             )
-            },
-        )?;
+        })?;
     }
     Ok(())
 }
@@ -141,11 +149,16 @@ fn check_x_norm(check: &Check, x: &Buffer, norm: &Buffer, eps: f32) -> Result<(u
 /// The attention input of a block in one dispatch (see the module documentation).
 pub fn norm_qkv_rope(p: &QkvRope<'_>) -> Result<Dispatch> {
     let check = Check::op(OP_QKV);
-    require_cuda(
+    require_one_device(
         &check,
+        p.x,
         &[
-            ("x", p.x),
+            ("norm", p.norm),
             ("wq", p.wq),
+            ("wk", p.wk),
+            ("wv", p.wv),
+            ("positions", p.positions),
+            ("step", p.step),
             ("q", p.q),
             ("k_cache", p.k_cache),
             ("v_cache", p.v_cache),
@@ -153,9 +166,11 @@ pub fn norm_qkv_rope(p: &QkvRope<'_>) -> Result<Dispatch> {
     )?;
     let (rows, dim) = check_x_norm(&check, p.x, p.norm, p.eps)?;
     let (hd, n_head, n_kv) = (p.head_dim, p.n_head, p.n_kv_head);
-    check.require("head_dim", hd >= 2 && hd % 2 == 0, || {
-        format!("{hd} is not even and at least 2")
-    })?;
+    check.require(
+        "head_dim",
+        hd >= 2 && hd % 2 == 0 && hd <= MAX_ROTARY_DIM,
+        || format!("{hd} is not even and within 2..={MAX_ROTARY_DIM}"),
+    )?;
     check.require("n_head", n_kv >= 1 && n_head >= 1, || {
         format!("{n_head} query and {n_kv} key/value heads")
     })?;
@@ -225,7 +240,16 @@ pub fn norm_gate_up(
     hidden: &Buffer,
 ) -> Result<Dispatch> {
     let check = Check::op(OP_GATE_UP);
-    require_cuda(&check, &[("x", x), ("w_gate", w_gate), ("hidden", hidden)])?;
+    require_one_device(
+        &check,
+        x,
+        &[
+            ("norm", norm),
+            ("w_gate", w_gate),
+            ("w_up", w_up),
+            ("hidden", hidden),
+        ],
+    )?;
     let (rows, dim) = check_x_norm(&check, x, norm, eps)?;
     check.require("w_gate", w_gate.shape().rank() == 2, || {
         format!("has shape {:?}, expected [ffn, dim]", w_gate.dims())
@@ -276,9 +300,20 @@ mod tests {
     use crate::backend::Device;
 
     #[test]
-    fn given_cpu_buffers_when_building_should_name_the_cuda_requirement() {
+    fn given_cpu_buffers_when_building_should_pick_the_weight_format_kernel() {
         let dev = Device::cpu(1).unwrap();
         let x = dev.alloc(DType::F32, &[1, 64]).unwrap();
+        let norm = dev.alloc(DType::F32, &[64]).unwrap();
+        let w = dev.alloc(DType::F16, &[128, 64]).unwrap();
+        let hidden = dev.alloc(DType::F32, &[1, 128]).unwrap();
+        let d = norm_gate_up(&x, &norm, 1e-5, &w, &w, &hidden).unwrap();
+        assert_eq!(d.kernel().0, "norm_gate_up_f16");
+    }
+
+    #[test]
+    fn given_a_wrong_hidden_shape_when_building_should_name_the_argument() {
+        let dev = Device::cpu(1).unwrap();
+        let x = dev.alloc(DType::F32, &[2, 64]).unwrap();
         let norm = dev.alloc(DType::F32, &[64]).unwrap();
         let w = dev.alloc(DType::F32, &[128, 64]).unwrap();
         let hidden = dev.alloc(DType::F32, &[1, 128]).unwrap();
@@ -286,7 +321,42 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("norm_gate_up") && err.contains("CUDA only"),
+            err.contains("norm_gate_up") && err.contains("hidden"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn given_an_odd_head_dim_when_building_should_name_it() {
+        let dev = Device::cpu(1).unwrap();
+        let f32s = |dims: &[usize]| dev.alloc(DType::F32, dims).unwrap();
+        let (x, norm, wq, wk) = (f32s(&[1, 64]), f32s(&[64]), f32s(&[6, 64]), f32s(&[3, 64]));
+        let (positions, step) = (
+            dev.alloc(DType::I32, &[1]).unwrap(),
+            dev.alloc(DType::I32, &[1]).unwrap(),
+        );
+        let (q, cache) = (f32s(&[1, 6]), f32s(&[1, 8, 3]));
+        let p = QkvRope {
+            x: &x,
+            norm: &norm,
+            eps: 1e-5,
+            wq: &wq,
+            wk: &wk,
+            wv: &wk,
+            positions: &positions,
+            step: &step,
+            q: &q,
+            k_cache: &cache,
+            v_cache: &cache,
+            n_head: 2,
+            n_kv_head: 1,
+            head_dim: 3,
+            base: 10000.0,
+            mode: RopeMode::Normal,
+        };
+        let err = norm_qkv_rope(&p).unwrap_err().to_string();
+        assert!(
+            err.contains("norm_qkv_rope") && err.contains("head_dim"),
             "{err}"
         );
     }

@@ -1,19 +1,18 @@
-//! The fusion of a matmul with the residual add after it, for the CUDA backend:
-//! [`MATMUL_ADD_FUSION`] turns a matmul whose output the next dispatch, an in-place f32 `add`,
-//! adds into an accumulator (the residual stream) into one `matmul_add_<w>` that adds each
-//! product into the accumulator: `acc[r, o] += x[r] . W[o]`. In a decode step this removes two of
-//! the thirteen dependent launches of every layer.
+//! The fusion of a matmul with the residual add after it: [`MATMUL_ADD_FUSION`] turns a matmul
+//! whose output the next dispatch, an in-place f32 `add`, adds into an accumulator (the residual
+//! stream) into one `matmul_add_<w>` that adds each product into the accumulator:
+//! `acc[r, o] += x[r] . W[o]`. In a decode step this removes two dependent dispatches of every
+//! layer (two launches on a GPU, two fork/joins of the pool on the CPU).
 //!
-//! The fused kernel does the pair's float operations in the pair's order (the product, then
-//! `acc + product`), so a fused graph gives the unfused graph's bits. The fuse pass applies the
-//! rule only where it proves the matmul's output dead afterwards.
-//!
-//! The rule matches only dispatches whose buffers live on a CUDA device: the CPU backend runs the
-//! pair as it is (its matmul is bound by weight reads, and a dispatch costs it little).
+//! The fused kernels do the pair's float operations in the pair's order (the product, then
+//! `acc + product`), so a fused graph gives the unfused graph's bits on every backend. The fuse
+//! pass applies the rule only where it proves the matmul's output dead afterwards, and only where
+//! the accumulator lives on the matmul's device.
 //! (A SwiGLU + matmul fusion was measured and dropped: every warp recomputing `silu(gate) * up`
 //! over the whole row made the fused kernel slower than the pair on an H200.)
 
-use crate::backend::{Buffer, Memory};
+use super::fused_block::one_device;
+use crate::backend::Buffer;
 use crate::error::{Error, Result};
 use crate::graph::passes::FusionRule;
 use crate::graph::{Access, Arg, Dispatch, KernelId, OpKind, Range};
@@ -45,10 +44,6 @@ fn table_index(table: &[&str; 8], name: &str) -> Option<usize> {
     table.iter().position(|&k| k == name)
 }
 
-fn on_cuda(buf: &Buffer) -> bool {
-    matches!(buf.allocation().memory, Memory::Cuda(_))
-}
-
 /// The read operand of an in-place f32 add, and its accumulator.
 fn residual_add(add: &Dispatch) -> Option<(&Buffer, &Buffer)> {
     if add.kernel().0 != "add_f32_inplace" {
@@ -56,7 +51,7 @@ fn residual_add(add: &Dispatch) -> Option<(&Buffer, &Buffer)> {
     }
     let (acc, access) = add.buffer_arg(0)?;
     let (b, _) = add.buffer_arg(1)?;
-    (access == Access::ReadWrite && on_cuda(acc)).then_some((acc, b))
+    (access == Access::ReadWrite).then_some((acc, b))
 }
 
 /// A plain matmul: its activations, weight, output, scalar args and format index.
@@ -74,7 +69,7 @@ fn product(d: &Dispatch) -> Option<Product<'_>> {
     let (w, _) = d.buffer_arg(1)?;
     let (out, _) = d.buffer_arg(2)?;
     let scalars = d.args().get(3..)?;
-    on_cuda(out).then_some(Product {
+    Some(Product {
         x,
         w,
         out,
@@ -84,12 +79,12 @@ fn product(d: &Dispatch) -> Option<Product<'_>> {
 }
 
 /// The matmul's output is exactly what the add reads, with the same element count (no
-/// broadcast), and the accumulator is not one of the matmul's operands.
+/// broadcast), the accumulator is not one of the matmul's operands and lives on its device.
 fn matmul_add_match<'a>(mm: &'a Dispatch, add: &'a Dispatch) -> Option<(Product<'a>, &'a Buffer)> {
     let p = product(mm)?;
     let (acc, b) = residual_add(add)?;
     let same = Range::of(b) == Range::of(p.out) && b.elems() == p.out.elems();
-    let apart = !p.x.overlaps(acc) && !p.w.overlaps(acc);
+    let apart = !p.x.overlaps(acc) && !p.w.overlaps(acc) && one_device(acc, p.out);
     (same && apart && acc.elems() == p.out.elems()).then_some((p, acc))
 }
 
@@ -109,7 +104,7 @@ fn build_matmul_add(mm: &Dispatch, add: &Dispatch) -> Result<Dispatch> {
 }
 
 /// A matmul followed by an in-place add of its output into another buffer becomes
-/// `matmul_add`; CUDA only.
+/// `matmul_add`.
 pub const MATMUL_ADD_FUSION: FusionRule = FusionRule {
     name: "matmul+add",
     first: OpKind::MatMul,
@@ -121,27 +116,76 @@ pub const MATMUL_ADD_FUSION: FusionRule = FusionRule {
 #[cfg(test)]
 mod tests {
     use crate::backend::{DType, Device};
+    use crate::testutil::{assert_close, random_f32};
     use crate::{Executor, Mode, Plan};
 
-    /// The CPU runs the pair unfused: the rule does not match CPU buffers, even where the
-    /// matmul's output is provably dead (overwritten by the copy).
-    #[test]
-    fn given_cpu_buffers_when_optimized_should_not_fuse_matmul_add() {
-        let dev = Device::cpu(1).unwrap();
-        let (k, n) = (64usize, 32usize);
-        let w = dev.upload::<f32>(&vec![0.5; n * k], &[n, k]).unwrap();
-        let x = dev.upload::<f32>(&vec![1.5; k], &[1, k]).unwrap();
-        let fill = dev.upload::<f32>(&vec![3.0; n], &[1, n]).unwrap();
-        let proj = dev.alloc(DType::F32, &[1, n]).unwrap();
-        let acc = dev.upload::<f32>(&vec![1.0; n], &[1, n]).unwrap();
-        let mut s = Executor::new(dev.clone()).begin(Mode::Recorded);
+    /// `acc += x . W` then the matmul's output overwritten by a copy (so it is provably dead),
+    /// run in `mode` with `plan`; returns the accumulator and the report's fusion and dispatch
+    /// counts.
+    fn run(dtype: DType, rows: usize, mode: Mode, plan: &Plan) -> (Vec<f32>, usize, usize) {
+        let dev = Device::cpu(2).unwrap();
+        let (k, n) = (256usize, 96usize);
+        let values = random_f32(n * k, 1.0, 1);
+        let bytes = crate::quant::quantize(dtype, &values).unwrap();
+        let w = dev.upload_bytes(&bytes, dtype, &[n, k]).unwrap();
+        let x = dev
+            .upload::<f32>(&random_f32(rows * k, 1.0, 2), &[rows, k])
+            .unwrap();
+        let fill = dev
+            .upload::<f32>(&random_f32(rows * n, 1.0, 3), &[rows, n])
+            .unwrap();
+        let acc = dev
+            .upload::<f32>(&random_f32(rows * n, 1.0, 4), &[rows, n])
+            .unwrap();
+        let proj = dev.alloc(DType::F32, &[rows, n]).unwrap();
+        let mut s = Executor::new(dev.clone()).begin(mode);
         s.matmul(&x, &w, &proj).unwrap();
         s.add_inplace(&acc, &proj).unwrap();
         s.copy(&fill, &proj).unwrap();
-        let report = s.finish(&Plan::OPTIMIZED).unwrap();
-        assert_eq!(report.fusions, 0);
-        assert_eq!(report.dispatches, 3);
-        let want = 1.0 + 0.5 * 1.5 * k as f32;
-        assert_eq!(dev.download::<f32>(&acc).unwrap(), vec![want; n]);
+        let report = s.finish(plan).unwrap();
+        (
+            dev.download::<f32>(&acc).unwrap(),
+            report.fusions,
+            report.dispatches,
+        )
+    }
+
+    /// The CPU fuses the pair where the matmul's output is dead, and the fused kernel gives the
+    /// bits of the pair run one by one (one row: the vector and integer paths; three rows: the
+    /// tile path), which are within f32 rounding of an f64 reference.
+    #[test]
+    fn given_cpu_buffers_when_optimized_should_fuse_matmul_add_with_the_same_bits() {
+        for dtype in [DType::Q4_1, DType::Q8_0, DType::Q4K, DType::F16, DType::F32] {
+            for rows in [1usize, 3] {
+                let what = format!("{dtype} rows {rows}");
+                let (fused, fusions, dispatches) =
+                    run(dtype, rows, Mode::Recorded, &Plan::OPTIMIZED);
+                assert_eq!((fusions, dispatches), (1, 2), "{what}");
+                let (direct, fusions, _) = run(dtype, rows, Mode::Direct, &Plan::SEQUENTIAL);
+                assert_eq!(fusions, 0, "{what}");
+                assert_eq!(
+                    fused.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    direct.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{what}: fused and unfused differ"
+                );
+                let (k, n) = (256usize, 96usize);
+                let bytes = crate::quant::quantize(dtype, &random_f32(n * k, 1.0, 1)).unwrap();
+                let w = crate::quant::dequantize(dtype, &bytes).unwrap();
+                let x = random_f32(rows * k, 1.0, 2);
+                let acc = random_f32(rows * n, 1.0, 4);
+                let want: Vec<f32> = (0..rows * n)
+                    .map(|i| {
+                        let (r, o) = (i / n, i % n);
+                        let dot: f64 = (0..k)
+                            .map(|p| x[r * k + p] as f64 * w[o * k + p] as f64)
+                            .sum();
+                        (acc[i] as f64 + dot) as f32
+                    })
+                    .collect();
+                // Sums of 256 products of values below 1 (|sum| up to about 10) in f32, and
+                // for Q4_1/Q8_0 on one row the activations quantized to 22 bits.
+                assert_close(&fused, &want, 1e-4, 1e-5, &what);
+            }
+        }
     }
 }

@@ -21,7 +21,7 @@ pub use check::Check;
 
 use crate::graph::passes::FusionRule;
 
-/// The fusion rules the optimizer applies, in order. The matmul fusion matches CUDA buffers only.
+/// The fusion rules the optimizer applies, in order.
 pub fn fusion_rules() -> &'static [FusionRule] {
     &[norm::RMS_NORM_MUL_FUSION, matmul_fused::MATMUL_ADD_FUSION]
 }

@@ -7,6 +7,7 @@ mod attention_avx512;
 mod copy;
 mod elementwise;
 mod embedding;
+mod fused_block;
 mod kv_cache;
 mod matmul;
 mod matmul_simd;
@@ -24,6 +25,7 @@ pub fn register_all(registry: &mut CpuRegistry) {
     copy::register(registry);
     elementwise::register(registry);
     embedding::register(registry);
+    fused_block::register(registry);
     kv_cache::register(registry);
     matmul::register(registry);
     norm::register(registry);

@@ -1,0 +1,709 @@
+//! CPU kernels of the fused decoder-block ops (`ops::fused_block`) and of the matmul + residual
+//! add fusion (`ops::matmul_fused`), so a CPU decode block is a handful of dispatches, each with
+//! one fork/join of the pool.
+//!
+//! The products run the CPU matmul's own inner loops on the same data, so every value equals the
+//! separate ops' value bit for bit: the RMS norm as `rms_norm` computes it (sum of squares in f64,
+//! `(x * inv) * w` in f32), then for one row the integer VNNI products of the activation row
+//! quantized once (Q4_1 and Q8_0 on AVX-512 VNNI) or the fused dequantize-and-dot of each weight
+//! row, and for more rows the packed-tile micro-kernel; RoPE with the rope kernel's angles (f64
+//! `powf` and `sin_cos`, the rotation in f32), SwiGLU as `swiglu` writes it, and `acc + product`.
+//! Only the split of the work differs: one parallel loop covers every output row of the fused
+//! products (q, k and v together; gate and up together), and the cheap tails (rope, cache
+//! writes, SwiGLU, the residual add) run on the calling thread or inside that loop.
+//!
+//! Argument layouts (the builders in `ops::fused_block` and `ops::matmul_fused` make them):
+//! - `norm_qkv_rope_<w>`: x, norm, wq, wk, wv, positions (i32), step (i32), q (written), k_cache,
+//!   v_cache (read-write, f32), then eps: f32, dim, n_head, n_kv_head, head_dim: u32, base: f32,
+//!   mode: u32 (0 normal, 1 NeoX)
+//! - `norm_gate_up_<w>`: x, norm, w_gate, w_up, hidden (written), then eps: f32, dim, ffn: u32
+//! - `matmul_add_<w>`: x, w, acc (read-write), then rows, k, n: u32
+
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+use super::matmul_simd::{dot_row, micro_kernel, Isa, MR, NR};
+use super::matvec_vnni::{self, Layout, QuantRow};
+use super::norm::sum_squares;
+use crate::backend::cpu::{CpuRegistry, KernelArgs};
+use crate::backend::DType;
+use crate::error::{Error, Result};
+use crate::quant::QK_K;
+
+/// Kernel names by weight format: the fused attention input, the fused MLP input and the matmul
+/// with the residual add.
+const KERNELS: [(&str, &str, &str); 8] = [
+    ("norm_qkv_rope_q4_0", "norm_gate_up_q4_0", "matmul_add_q4_0"),
+    ("norm_qkv_rope_q4_1", "norm_gate_up_q4_1", "matmul_add_q4_1"),
+    ("norm_qkv_rope_q8_0", "norm_gate_up_q8_0", "matmul_add_q8_0"),
+    ("norm_qkv_rope_q4_k", "norm_gate_up_q4_k", "matmul_add_q4_k"),
+    ("norm_qkv_rope_q6_k", "norm_gate_up_q6_k", "matmul_add_q6_k"),
+    ("norm_qkv_rope_f32", "norm_gate_up_f32", "matmul_add_f32"),
+    ("norm_qkv_rope_f16", "norm_gate_up_f16", "matmul_add_f16"),
+    ("norm_qkv_rope_bf16", "norm_gate_up_bf16", "matmul_add_bf16"),
+];
+
+/// Registers this family's kernels.
+pub(super) fn register(registry: &mut CpuRegistry) {
+    for (qkv, gate_up, add) in KERNELS {
+        registry.register(qkv, norm_qkv_rope_kernel);
+        registry.register(gate_up, norm_gate_up_kernel);
+        registry.register(add, matmul_add_kernel);
+    }
+}
+
+/// Weights per task of a one-row product below which it runs on the calling thread alone (the
+/// separate matmul's threshold).
+const TASK_WEIGHTS: usize = 64 * 1024;
+
+/// Elements per task, at least, of the parallel tails of a many-row pass.
+const MIN_TASK_ELEMS: usize = 1 << 13;
+
+/// The most rotated pairs per head (half of `ops::rope::MAX_ROTARY_DIM`, the rope kernel's limit).
+const MAX_ROPE_PAIRS: usize = 512;
+
+/// One weight matrix: `n` rows of `k` values stored as `row_bytes` bytes of `dtype` each.
+#[derive(Clone, Copy)]
+struct Matrix<'a> {
+    dtype: DType,
+    bytes: &'a [u8],
+    row_bytes: usize,
+    n: usize,
+    k: usize,
+}
+
+impl<'a> Matrix<'a> {
+    /// Row `o`'s bytes.
+    #[inline]
+    fn row(&self, o: usize) -> &'a [u8] {
+        &self.bytes[o * self.row_bytes..(o + 1) * self.row_bytes]
+    }
+
+    /// Rows `lo..hi`'s bytes.
+    #[inline]
+    fn rows(&self, lo: usize, hi: usize) -> &'a [u8] {
+        &self.bytes[lo * self.row_bytes..hi * self.row_bytes]
+    }
+}
+
+/// Per-thread scratch of one task: a packed weight tile and a dequantized row (the tile form) or
+/// the dot's block scratch (the vector form). Borrowed only by code that makes no rayon call, so
+/// a task never finds it borrowed.
+struct TaskScratch {
+    tile: Vec<f32>,
+    row: Vec<f32>,
+}
+
+/// Per-thread scratch of one fused kernel: the normalized rows, the products, the quantized
+/// activation row. Taken out of its cell for the kernel's length (a kernel that this thread runs
+/// meanwhile, stolen while this one waits in a parallel loop, finds it empty and makes its own).
+#[derive(Default)]
+struct KernelScratch {
+    xn: Vec<f32>,
+    products: Vec<f32>,
+    quant: QuantRow,
+}
+
+thread_local! {
+    static TASK_SCRATCH: RefCell<TaskScratch> =
+        const { RefCell::new(TaskScratch { tile: Vec::new(), row: Vec::new() }) };
+    static KERNEL_SCRATCH: RefCell<KernelScratch> = RefCell::new(KernelScratch::default());
+}
+
+fn with_task_scratch<R>(tile: usize, row: usize, f: impl FnOnce(&mut [f32], &mut [f32]) -> R) -> R {
+    TASK_SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        let s = &mut *s;
+        if s.tile.len() < tile {
+            s.tile.resize(tile, 0.0);
+        }
+        if s.row.len() < row {
+            s.row.resize(row, 0.0);
+        }
+        f(&mut s.tile[..tile], &mut s.row[..row])
+    })
+}
+
+fn with_kernel_scratch<R>(f: impl FnOnce(&mut KernelScratch) -> R) -> R {
+    let mut scratch = KERNEL_SCRATCH.with(|c| std::mem::take(&mut *c.borrow_mut()));
+    let result = f(&mut scratch);
+    KERNEL_SCRATCH.with(|c| *c.borrow_mut() = scratch);
+    result
+}
+
+/// `v[..len]`, grown if shorter (old values are left; every caller overwrites what it reads).
+fn sized(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if v.len() < len {
+        v.resize(len, 0.0);
+    }
+    &mut v[..len]
+}
+
+/// The layout in which a one-row product of `dtype` weights quantizes its activation row for the
+/// integer products, where the separate matmul takes that path (AVX-512 with VNNI, Q4_1 or Q8_0,
+/// whole 32-value blocks).
+fn integer_layout(isa: Isa, dtype: DType, k: usize) -> Option<Layout> {
+    let layout = match dtype {
+        DType::Q4_1 => Layout::Q4,
+        DType::Q8_0 => Layout::Q8,
+        _ => return None,
+    };
+    (isa == Isa::Avx512 && matvec_vnni::available() && k.is_multiple_of(matvec_vnni::QK))
+        .then_some(layout)
+}
+
+/// Quantizes the activation row `x` into `quant` where the product takes the integer path;
+/// returns the row to hand to [`dot_rows`].
+fn quantize_for<'q>(
+    isa: Isa,
+    w: &Matrix<'_>,
+    x: &[f32],
+    quant: &'q mut QuantRow,
+) -> Option<&'q QuantRow> {
+    let layout = integer_layout(isa, w.dtype, w.k)?;
+    quant.quantize(&x[..w.k], layout);
+    Some(quant)
+}
+
+/// `out[i] = W[lo + i] . x` for one activation row: the integer products where `quant` holds
+/// `x` quantized for `w`, else the fused dequantize-and-dot of each row. Makes no rayon call.
+fn dot_rows(
+    isa: Isa,
+    w: &Matrix<'_>,
+    x: &[f32],
+    quant: Option<&QuantRow>,
+    lo: usize,
+    out: &mut [f32],
+) {
+    let hi = lo + out.len();
+    if let Some(q) = quant {
+        let rows_fn = match w.dtype {
+            DType::Q4_1 => matvec_vnni::rows_q4_1,
+            _ => matvec_vnni::rows_q8_0,
+        };
+        if rows_fn(w.rows(lo, hi), q, out) {
+            return;
+        }
+    }
+    with_task_scratch(0, w.k.max(QK_K), |_, scratch| {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = dot_row(isa, w.dtype, w.row(lo + i), &x[..w.k], scratch);
+        }
+    });
+}
+
+/// Tasks of a one-row product over `weights` weights: a few large ones, at most two per pool
+/// thread, one where the product is small.
+fn one_row_tasks(weights: usize) -> usize {
+    weights
+        .div_ceil(TASK_WEIGHTS)
+        .min(2 * rayon::current_num_threads())
+        .max(1)
+}
+
+/// Pointer to an output matrix, shared by tasks that write disjoint elements.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: the tasks of one product write disjoint elements (see `tile_products`).
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The pointer (a method, so closures capture the whole `Send` wrapper).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// The many-row products of a stack of matrices (one `k`): `out[r, c_m + o] = x[r] . W_m[o]`
+/// with `c_m` the rows of the matrices before `m`, `out` `[rows, sum n_m]`. One parallel loop over
+/// the `NR`-column tiles of every matrix; each tile is packed and multiplied as the separate
+/// matmul's matrix form does it.
+fn tile_products(isa: Isa, stack: &[Matrix<'_>], x: &[f32], rows: usize, out: &mut [f32]) {
+    let k = stack[0].k;
+    let n_total: usize = stack.iter().map(|w| w.n).sum();
+    assert!(x.len() >= rows * k && out.len() >= rows * n_total);
+    let tiles: usize = stack.iter().map(|w| w.n.div_ceil(NR)).sum();
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    (0..tiles).into_par_iter().for_each(|t| {
+        let (mut tile, mut col0, mut w) = (t, 0, &stack[0]);
+        for m in stack {
+            let count = m.n.div_ceil(NR);
+            w = m;
+            if tile < count {
+                break;
+            }
+            tile -= count;
+            col0 += m.n;
+        }
+        let o0 = tile * NR;
+        let width = NR.min(w.n - o0);
+        with_task_scratch(k * NR, k, |packed, row| {
+            for j in 0..NR {
+                if j < width {
+                    crate::quant::dequantize_unchecked(w.dtype, w.row(o0 + j), row);
+                    for (p, &v) in row.iter().enumerate() {
+                        packed[p * NR + j] = v;
+                    }
+                } else {
+                    for p in 0..k {
+                        packed[p * NR + j] = 0.0;
+                    }
+                }
+            }
+            let mut c = [[0f32; NR]; MR];
+            let mut r0 = 0;
+            while r0 < rows {
+                let m = isa.rows_per_call().min(rows - r0);
+                micro_kernel(isa, &x[r0 * k..], k, m, packed, k, &mut c);
+                for (i, ci) in c.iter().enumerate().take(m) {
+                    let base = (r0 + i) * n_total + col0 + o0;
+                    // SAFETY: `base + width <= rows * n_total <= out.len()` (asserted above), and
+                    // only this tile's task writes columns `col0 + o0..col0 + o0 + width`.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(ci.as_ptr(), out_ptr.get().add(base), width)
+                    };
+                }
+                r0 += m;
+            }
+        })
+    });
+}
+
+/// RMS-normalizes `rows` rows of `x` with `weight` into `out`, as the `rms_norm` kernel does.
+fn rms_norm_rows(x: &[f32], weight: &[f32], eps: f32, dim: usize, out: &mut [f32]) {
+    let one = |xr: &[f32], o: &mut [f32]| {
+        let mean = sum_squares(xr) / dim as f64;
+        let inv = (1.0 / (mean + eps as f64).sqrt()) as f32;
+        for ((o, &xv), &wv) in o.iter_mut().zip(xr).zip(weight) {
+            *o = xv * inv * wv;
+        }
+    };
+    if out.len() == dim {
+        one(x, out);
+    } else {
+        out.par_chunks_mut(dim)
+            .with_min_len((MIN_TASK_ELEMS / dim).max(1))
+            .zip(x.par_chunks(dim))
+            .for_each(|(o, xr)| one(xr, o));
+    }
+}
+
+/// `x * sigmoid(x)`, as the elementwise kernels write it.
+#[inline(always)]
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+fn kernel_err(args: &KernelArgs<'_>, msg: String) -> Error {
+    Error::Kernel {
+        kernel: args.kernel().0,
+        msg,
+    }
+}
+
+fn check_len(args: &KernelArgs<'_>, what: &str, got: usize, want: usize) -> Result<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(kernel_err(
+            args,
+            format!("{what} has {got} elements or bytes, expected {want}"),
+        ))
+    }
+}
+
+/// The weight argument at `index` as `n` rows of `k` values of `dtype`.
+fn matrix<'a>(
+    args: &KernelArgs<'a>,
+    index: usize,
+    what: &str,
+    dtype: DType,
+    n: usize,
+    k: usize,
+) -> Result<Matrix<'a>> {
+    let (buf, _) = args.buffer(index)?;
+    if buf.dtype() != dtype {
+        return Err(kernel_err(
+            args,
+            format!("{what} is {}, expected {dtype}", buf.dtype()),
+        ));
+    }
+    let bytes = args.input_bytes(index)?;
+    let row_bytes = dtype
+        .bytes_for(k)
+        .ok_or_else(|| kernel_err(args, format!("k = {k} is not whole {dtype} blocks")))?;
+    check_len(args, what, bytes.len(), n * row_bytes)?;
+    Ok(Matrix {
+        dtype,
+        bytes,
+        row_bytes,
+        n,
+        k,
+    })
+}
+
+/// The residual `x` (argument 0, `[rows, dim]`) and the norm weight (argument 1, `[dim]`).
+fn x_and_norm<'a>(args: &KernelArgs<'a>, dim: usize) -> Result<(&'a [f32], &'a [f32], usize)> {
+    let x = args.input::<f32>(0)?;
+    let norm = args.input::<f32>(1)?;
+    if dim == 0 || x.is_empty() || x.len() % dim != 0 {
+        return Err(kernel_err(
+            args,
+            format!("x has {} values, not whole rows of {dim}", x.len()),
+        ));
+    }
+    check_len(args, "norm", norm.len(), dim)?;
+    Ok((x, norm, x.len() / dim))
+}
+
+/// The attention input of a block: see the module documentation and `ops::fused_block`.
+fn norm_qkv_rope_kernel(args: &KernelArgs<'_>) -> Result<()> {
+    let (eps, dim) = (args.f32(10)?, args.usize(11)?);
+    let (n_head, n_kv, hd) = (args.usize(12)?, args.usize(13)?, args.usize(14)?);
+    let (base, mode) = (args.f32(15)?, args.u32(16)?);
+    let (x, norm, rows) = x_and_norm(args, dim)?;
+    if hd == 0 || hd % 2 != 0 || hd / 2 > MAX_ROPE_PAIRS || n_kv == 0 || mode > 1 {
+        return Err(kernel_err(
+            args,
+            format!("head_dim {hd}, {n_kv} key/value heads, mode {mode}"),
+        ));
+    }
+    let dtype = args.buffer(2)?.0.dtype();
+    let stack = [
+        matrix(args, 2, "wq", dtype, n_head * hd, dim)?,
+        matrix(args, 3, "wk", dtype, n_kv * hd, dim)?,
+        matrix(args, 4, "wv", dtype, n_kv * hd, dim)?,
+    ];
+    let positions = args.input::<i32>(5)?;
+    let step = args.input::<i32>(6)?;
+    let q = args.output::<f32>(7)?;
+    let k_cache = args.output::<f32>(8)?;
+    let v_cache = args.output::<f32>(9)?;
+    check_len(args, "positions", positions.len(), rows)?;
+    check_len(args, "q", q.len(), rows * n_head * hd)?;
+    check_len(args, "v_cache", v_cache.len(), k_cache.len())?;
+    let kv_row = n_kv * hd;
+    if k_cache.is_empty() || k_cache.len() % kv_row != 0 {
+        return Err(kernel_err(
+            args,
+            format!("the caches do not hold whole rows of {n_kv} x {hd}"),
+        ));
+    }
+    let max_ctx = k_cache.len() / kv_row;
+    let pos0 = *step
+        .first()
+        .ok_or_else(|| kernel_err(args, "the step buffer is empty".into()))?;
+    let Some(pos0) = usize::try_from(pos0)
+        .ok()
+        .filter(|&p| p.checked_add(rows).is_some_and(|end| end <= max_ctx))
+    else {
+        return Err(kernel_err(
+            args,
+            format!(
+                "rows {pos0}..{} do not fit in a cache of {max_ctx} positions",
+                pos0 as i64 + rows as i64
+            ),
+        ));
+    };
+    let rope = Rope {
+        hd,
+        base,
+        neox: mode == 1,
+    };
+    let n_total = (n_head + 2 * n_kv) * hd;
+    with_kernel_scratch(|s| {
+        let isa = Isa::detect();
+        let xn = sized(&mut s.xn, rows * dim);
+        rms_norm_rows(x, norm, eps, dim, xn);
+        let all = sized(&mut s.products, rows * n_total);
+        if rows == 1 {
+            let quant = quantize_for(isa, &stack[0], xn, &mut s.quant);
+            stacked_one_row(isa, &stack, xn, quant, all);
+        } else {
+            tile_products(isa, &stack, xn, rows, all);
+        }
+        let caches = Caches {
+            k: k_cache,
+            v: v_cache,
+            max_ctx,
+            pos0,
+        };
+        rope_and_store(&rope, positions, all, (n_head, n_kv), q, caches);
+    });
+    Ok(())
+}
+
+/// One activation row times a stack of matrices into `out` (`sum n_m` values, matrix `m`'s rows
+/// after those of the matrices before it): one parallel loop over pieces of the stacked rows.
+fn stacked_one_row(
+    isa: Isa,
+    stack: &[Matrix<'_>],
+    x: &[f32],
+    quant: Option<&QuantRow>,
+    out: &mut [f32],
+) {
+    let n_total: usize = stack.iter().map(|w| w.n).sum();
+    let run = |first: usize, piece: &mut [f32]| {
+        let last = first + piece.len();
+        let mut start = 0;
+        for w in stack {
+            let (lo, hi) = (first.max(start), last.min(start + w.n));
+            if lo < hi {
+                let o = &mut piece[lo - first..hi - first];
+                dot_rows(isa, w, x, quant, lo - start, o);
+            }
+            start += w.n;
+        }
+    };
+    let tasks = one_row_tasks(n_total * stack[0].k);
+    if tasks == 1 {
+        run(0, &mut out[..n_total]);
+    } else {
+        let chunk = n_total.div_ceil(tasks);
+        out[..n_total]
+            .par_chunks_mut(chunk)
+            .enumerate()
+            .for_each(|(c, piece)| run(c * chunk, piece));
+    }
+}
+
+/// RoPE of whole heads, as the rope kernel computes it.
+struct Rope {
+    hd: usize,
+    base: f32,
+    neox: bool,
+}
+
+impl Rope {
+    /// Cosine and sine of every pair's angle at `pos` (f64, rounded to f32).
+    fn table(&self, pos: i32, out: &mut [(f32, f32); MAX_ROPE_PAIRS]) {
+        let pairs = self.hd / 2;
+        for (i, cs) in out[..pairs].iter_mut().enumerate() {
+            let inv_freq = (self.base as f64).powf(-2.0 * i as f64 / self.hd as f64);
+            let (s, c) = (pos as f64 * inv_freq).sin_cos();
+            *cs = (c as f32, s as f32);
+        }
+    }
+
+    /// Writes `src`, one head, rotated by `table` into `dst`.
+    #[inline]
+    fn rotate(&self, table: &[(f32, f32)], src: &[f32], dst: &mut [f32]) {
+        let pairs = self.hd / 2;
+        for (i, &(c, s)) in table[..pairs].iter().enumerate() {
+            let (j0, j1) = if self.neox {
+                (i, i + pairs)
+            } else {
+                (2 * i, 2 * i + 1)
+            };
+            let (a, b) = (src[j0], src[j1]);
+            dst[j0] = a * c - b * s;
+            dst[j1] = a * s + b * c;
+        }
+    }
+}
+
+/// The KV cache of a layer and where the pass's rows go.
+struct Caches<'a> {
+    k: &'a mut [f32],
+    v: &'a mut [f32],
+    max_ctx: usize,
+    pos0: usize,
+}
+
+/// The tail of `norm_qkv_rope`: `all` holds each row's q, k and v products; q and k are rotated
+/// into `q` and the key cache, v copied into the value cache (row `r` at `pos0 + r`). One row on
+/// the calling thread, more in parallel over q rows and cache heads.
+fn rope_and_store(
+    rope: &Rope,
+    positions: &[i32],
+    all: &[f32],
+    (n_head, n_kv): (usize, usize),
+    q: &mut [f32],
+    c: Caches<'_>,
+) {
+    let hd = rope.hd;
+    let (nq, nkv) = (n_head * hd, n_kv * hd);
+    let n_total = nq + 2 * nkv;
+    let rows = positions.len();
+    let head_len = c.max_ctx * hd;
+    let q_row = |r: usize, qr: &mut [f32], table: &[(f32, f32)]| {
+        let src = &all[r * n_total..r * n_total + nq];
+        for (dst, s) in qr.chunks_exact_mut(hd).zip(src.chunks_exact(hd)) {
+            rope.rotate(table, s, dst);
+        }
+    };
+    let kv_head = |h: usize, kh: &mut [f32], vh: &mut [f32], r: usize, table: &[(f32, f32)]| {
+        let at = r * n_total + nq + h * hd;
+        let dst = (c.pos0 + r) * hd..(c.pos0 + r + 1) * hd;
+        rope.rotate(table, &all[at..at + hd], &mut kh[dst.clone()]);
+        vh[dst].copy_from_slice(&all[at + nkv..at + nkv + hd]);
+    };
+    if rows == 1 {
+        let mut table = [(0f32, 0f32); MAX_ROPE_PAIRS];
+        rope.table(positions[0], &mut table);
+        q_row(0, q, &table);
+        for (h, (kh, vh)) in
+            c.k.chunks_exact_mut(head_len)
+                .zip(c.v.chunks_exact_mut(head_len))
+                .enumerate()
+        {
+            kv_head(h, kh, vh, 0, &table);
+        }
+        return;
+    }
+    q.par_chunks_mut(nq)
+        .with_min_len((MIN_TASK_ELEMS / nq.max(1)).max(1))
+        .enumerate()
+        .for_each(|(r, qr)| {
+            let mut table = [(0f32, 0f32); MAX_ROPE_PAIRS];
+            rope.table(positions[r], &mut table);
+            q_row(r, qr, &table);
+        });
+    c.k.par_chunks_mut(head_len)
+        .zip(c.v.par_chunks_mut(head_len))
+        .enumerate()
+        .for_each(|(h, (kh, vh))| {
+            let mut table = [(0f32, 0f32); MAX_ROPE_PAIRS];
+            for (r, &pos) in positions.iter().enumerate() {
+                rope.table(pos, &mut table);
+                kv_head(h, kh, vh, r, &table);
+            }
+        });
+}
+
+/// The MLP input of a block: see the module documentation and `ops::fused_block`.
+fn norm_gate_up_kernel(args: &KernelArgs<'_>) -> Result<()> {
+    let (eps, dim, ffn) = (args.f32(5)?, args.usize(6)?, args.usize(7)?);
+    let (x, norm, rows) = x_and_norm(args, dim)?;
+    let dtype = args.buffer(2)?.0.dtype();
+    let stack = [
+        matrix(args, 2, "w_gate", dtype, ffn, dim)?,
+        matrix(args, 3, "w_up", dtype, ffn, dim)?,
+    ];
+    let hidden = args.output::<f32>(4)?;
+    check_len(args, "hidden", hidden.len(), rows * ffn)?;
+    if ffn == 0 {
+        return Ok(());
+    }
+    with_kernel_scratch(|s| {
+        let isa = Isa::detect();
+        let xn = sized(&mut s.xn, rows * dim);
+        rms_norm_rows(x, norm, eps, dim, xn);
+        let all = sized(&mut s.products, rows * 2 * ffn);
+        if rows == 1 {
+            let quant = quantize_for(isa, &stack[0], xn, &mut s.quant);
+            gate_up_one_row(isa, &stack, xn, quant, all, hidden);
+            return;
+        }
+        tile_products(isa, &stack, xn, rows, all);
+        hidden
+            .par_chunks_mut(ffn)
+            .with_min_len((MIN_TASK_ELEMS / ffn).max(1))
+            .zip(all.par_chunks(2 * ffn))
+            .for_each(|(h, gu)| swiglu(&gu[..ffn], &gu[ffn..], h));
+    });
+    Ok(())
+}
+
+/// `h = silu(gate) * up`, as the `swiglu` kernel writes it.
+#[inline]
+fn swiglu(gate: &[f32], up: &[f32], h: &mut [f32]) {
+    for ((h, &g), &u) in h.iter_mut().zip(gate).zip(up) {
+        *h = silu(g) * u;
+    }
+}
+
+/// The one-row gate and up products and SwiGLU in one parallel loop over pieces of the hidden
+/// row: each task takes its outputs' gate and up rows and writes its piece of `hidden`.
+fn gate_up_one_row(
+    isa: Isa,
+    stack: &[Matrix<'_>; 2],
+    x: &[f32],
+    quant: Option<&QuantRow>,
+    all: &mut [f32],
+    hidden: &mut [f32],
+) {
+    let ffn = hidden.len();
+    let (gate, up) = all.split_at_mut(ffn);
+    let run = |first: usize, h: &mut [f32], g: &mut [f32], u: &mut [f32]| {
+        dot_rows(isa, &stack[0], x, quant, first, g);
+        dot_rows(isa, &stack[1], x, quant, first, u);
+        swiglu(g, u, h);
+    };
+    let tasks = one_row_tasks(2 * ffn * stack[0].k);
+    if tasks == 1 {
+        run(0, hidden, gate, &mut up[..ffn]);
+        return;
+    }
+    let chunk = ffn.div_ceil(tasks);
+    hidden
+        .par_chunks_mut(chunk)
+        .zip(gate.par_chunks_mut(chunk))
+        .zip(up[..ffn].par_chunks_mut(chunk))
+        .enumerate()
+        .for_each(|(c, ((h, g), u))| run(c * chunk, h, g, u));
+}
+
+/// `acc[r, o] += x[r] . W[o]`: the matmul's product, then the in-place add's `acc + product`.
+fn matmul_add_kernel(args: &KernelArgs<'_>) -> Result<()> {
+    let x = args.input::<f32>(0)?;
+    let (rows, k, n) = (args.usize(3)?, args.usize(4)?, args.usize(5)?);
+    let dtype = args.buffer(1)?.0.dtype();
+    let w = matrix(args, 1, "w", dtype, n, k)?;
+    let acc = args.output::<f32>(2)?;
+    check_len(args, "x", x.len(), rows * k)?;
+    check_len(args, "acc", acc.len(), rows * n)?;
+    if acc.is_empty() {
+        return Ok(());
+    }
+    with_kernel_scratch(|s| {
+        let isa = Isa::detect();
+        let products = sized(&mut s.products, rows * n);
+        if rows == 1 {
+            let quant = quantize_for(isa, &w, x, &mut s.quant);
+            add_one_row(isa, &w, x, quant, products, acc);
+            return;
+        }
+        tile_products(isa, &[w], x, rows, products);
+        acc.par_chunks_mut(MIN_TASK_ELEMS)
+            .zip(products.par_chunks(MIN_TASK_ELEMS))
+            .for_each(|(a, p)| add_into(a, p));
+    });
+    Ok(())
+}
+
+/// `acc[i] = acc[i] + p[i]`, as the in-place add kernel computes it.
+#[inline]
+fn add_into(acc: &mut [f32], p: &[f32]) {
+    for (a, &v) in acc.iter_mut().zip(p) {
+        *a += v;
+    }
+}
+
+/// The one-row product and the residual add in one parallel loop over pieces of `acc`.
+fn add_one_row(
+    isa: Isa,
+    w: &Matrix<'_>,
+    x: &[f32],
+    quant: Option<&QuantRow>,
+    products: &mut [f32],
+    acc: &mut [f32],
+) {
+    let run = |first: usize, a: &mut [f32], p: &mut [f32]| {
+        dot_rows(isa, w, x, quant, first, p);
+        add_into(a, p);
+    };
+    let tasks = one_row_tasks(w.n * w.k);
+    if tasks == 1 {
+        run(0, acc, products);
+        return;
+    }
+    let chunk = w.n.div_ceil(tasks);
+    acc.par_chunks_mut(chunk)
+        .zip(products.par_chunks_mut(chunk))
+        .enumerate()
+        .for_each(|(c, (a, p))| run(c * chunk, a, p));
+}

@@ -1,0 +1,296 @@
+//! The fused block ops (`ops::fused_block`) on the CPU against the separate CPU ops they replace:
+//! RMS norm, the q/k/v (or gate/up) products, RoPE, the KV cache writes and SwiGLU. The fused
+//! kernels run the separate ops' own loops, so the results must be bitwise equal, for one row
+//! (decode: the integer VNNI products for Q4_1/Q8_0, the vector form for the others) and three
+//! rows (the tile form), both RoPE layouts. Also checked: an f64 reference within a stated
+//! tolerance, and a cache position out of range is an error that writes nothing. Seeded random
+//! inputs, never zeros.
+
+use onepass::ops::fused_block::QkvRope;
+use onepass::ops::rope::{RopeMode, RopeParams};
+use onepass::{Buffer, DType, Device, Executor, Mode, Plan};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// Uniform values in `[-scale, scale]`, never exactly zero.
+fn random_f32(n: usize, scale: f32, seed: u64) -> Vec<f32> {
+    let mut r = ChaCha8Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| match r.random_range(-scale..scale) {
+            0.0 => scale * 0.5,
+            v => v,
+        })
+        .collect()
+}
+
+const N_HEAD: usize = 4;
+const N_KV: usize = 2;
+const HD: usize = 64;
+const DIM: usize = 256;
+const FFN: usize = 512;
+const MAX_CTX: usize = 16;
+const POS0: usize = 5;
+const EPS: f32 = 1e-5;
+const BASE: f32 = 10000.0;
+
+/// The host values of one block's inputs (weights before quantization).
+struct Values {
+    x: Vec<f32>,
+    attn_norm: Vec<f32>,
+    ffn_norm: Vec<f32>,
+    weights: [Vec<f32>; 5],
+    q: Vec<f32>,
+    k_cache: Vec<f32>,
+    v_cache: Vec<f32>,
+    hidden: Vec<f32>,
+}
+
+fn values(rows: usize) -> Values {
+    let shapes = [N_HEAD * HD, N_KV * HD, N_KV * HD, FFN, FFN];
+    Values {
+        x: random_f32(rows * DIM, 1.0, 21),
+        attn_norm: random_f32(DIM, 1.0, 22),
+        ffn_norm: random_f32(DIM, 1.0, 23),
+        weights: std::array::from_fn(|i| random_f32(shapes[i] * DIM, 1.0, 24 + i as u64)),
+        q: random_f32(rows * N_HEAD * HD, 1.0, 29),
+        k_cache: random_f32(N_KV * MAX_CTX * HD, 1.0, 30),
+        v_cache: random_f32(N_KV * MAX_CTX * HD, 1.0, 31),
+        hidden: random_f32(rows * FFN, 1.0, 32),
+    }
+}
+
+/// One block's buffers on the CPU.
+struct Block {
+    x: Buffer,
+    attn_norm: Buffer,
+    ffn_norm: Buffer,
+    /// wq, wk, wv, w_gate, w_up.
+    w: [Buffer; 5],
+    positions: Buffer,
+    step: Buffer,
+    q: Buffer,
+    k_cache: Buffer,
+    v_cache: Buffer,
+    hidden: Buffer,
+}
+
+fn block(dev: &Device, dtype: DType, v: &Values, rows: usize) -> Block {
+    let up = |vals: &[f32], dims: &[usize]| dev.upload::<f32>(vals, dims).unwrap();
+    let shapes = [N_HEAD * HD, N_KV * HD, N_KV * HD, FFN, FFN];
+    let pos: Vec<i32> = (0..rows).map(|r| (POS0 + r) as i32).collect();
+    Block {
+        x: up(&v.x, &[rows, DIM]),
+        attn_norm: up(&v.attn_norm, &[DIM]),
+        ffn_norm: up(&v.ffn_norm, &[DIM]),
+        w: std::array::from_fn(|i| {
+            let bytes = onepass::quant::quantize(dtype, &v.weights[i]).unwrap();
+            dev.upload_bytes(&bytes, dtype, &[shapes[i], DIM]).unwrap()
+        }),
+        positions: dev.upload::<i32>(&pos, &[rows]).unwrap(),
+        step: dev.upload::<i32>(&[POS0 as i32], &[1]).unwrap(),
+        q: up(&v.q, &[rows, N_HEAD * HD]),
+        k_cache: up(&v.k_cache, &[N_KV, MAX_CTX, HD]),
+        v_cache: up(&v.v_cache, &[N_KV, MAX_CTX, HD]),
+        hidden: up(&v.hidden, &[rows, FFN]),
+    }
+}
+
+fn outputs(dev: &Device, b: &Block) -> [Vec<f32>; 4] {
+    [&b.q, &b.k_cache, &b.v_cache, &b.hidden].map(|t| dev.download::<f32>(t).unwrap())
+}
+
+/// The block's attention and MLP inputs through the separate ops.
+fn separate(dev: &Device, b: &Block, rows: usize, mode: RopeMode) -> [Vec<f32>; 4] {
+    let scratch = |dims: &[usize]| dev.alloc(DType::F32, dims).unwrap();
+    let (xn, k, v) = (
+        scratch(&[rows, DIM]),
+        scratch(&[rows, N_KV * HD]),
+        scratch(&[rows, N_KV * HD]),
+    );
+    let (gate, up) = (scratch(&[rows, FFN]), scratch(&[rows, FFN]));
+    let rope = RopeParams::new(mode, HD, BASE);
+    let mut s = Executor::new(dev.clone()).begin(Mode::Direct);
+    s.rms_norm(&b.x, &b.attn_norm, &xn, EPS).unwrap();
+    s.matmul(&xn, &b.w[0], &b.q).unwrap();
+    s.matmul(&xn, &b.w[1], &k).unwrap();
+    s.matmul(&xn, &b.w[2], &v).unwrap();
+    s.rope(&b.q, &b.positions, &b.q, &rope).unwrap();
+    s.rope(&k, &b.positions, &k, &rope).unwrap();
+    s.kv_write(&k, &b.k_cache, &b.step).unwrap();
+    s.kv_write(&v, &b.v_cache, &b.step).unwrap();
+    s.rms_norm(&b.x, &b.ffn_norm, &xn, EPS).unwrap();
+    s.matmul(&xn, &b.w[3], &gate).unwrap();
+    s.matmul(&xn, &b.w[4], &up).unwrap();
+    s.swiglu(&gate, &up, &b.hidden).unwrap();
+    s.finish(&Plan::SEQUENTIAL).unwrap();
+    outputs(dev, b)
+}
+
+fn qkv_rope<'a>(b: &'a Block, mode: RopeMode) -> QkvRope<'a> {
+    QkvRope {
+        x: &b.x,
+        norm: &b.attn_norm,
+        eps: EPS,
+        wq: &b.w[0],
+        wk: &b.w[1],
+        wv: &b.w[2],
+        positions: &b.positions,
+        step: &b.step,
+        q: &b.q,
+        k_cache: &b.k_cache,
+        v_cache: &b.v_cache,
+        n_head: N_HEAD,
+        n_kv_head: N_KV,
+        head_dim: HD,
+        base: BASE,
+        mode,
+    }
+}
+
+/// The same through the two fused ops, recorded and optimized.
+fn fused(dev: &Device, b: &Block, mode: RopeMode) -> [Vec<f32>; 4] {
+    let mut s = Executor::new(dev.clone()).begin(Mode::Recorded);
+    s.norm_qkv_rope(&qkv_rope(b, mode)).unwrap();
+    s.norm_gate_up(&b.x, &b.ffn_norm, EPS, &b.w[3], &b.w[4], &b.hidden)
+        .unwrap();
+    let report = s.finish(&Plan::OPTIMIZED).unwrap();
+    assert_eq!(report.dispatches, 2);
+    outputs(dev, b)
+}
+
+/// The block's outputs in f64 from the dequantized weights: q, the two caches and hidden; and
+/// per hidden value `|g| + |u| + |g u|` of its gate and up products (the scale of its error).
+fn reference(dtype: DType, v: &Values, rows: usize, mode: RopeMode) -> ([Vec<f64>; 4], Vec<f64>) {
+    let w: Vec<Vec<f64>> = v
+        .weights
+        .iter()
+        .map(|w| {
+            let bytes = onepass::quant::quantize(dtype, w).unwrap();
+            let deq = onepass::quant::dequantize(dtype, &bytes).unwrap();
+            deq.iter().map(|&x| x as f64).collect()
+        })
+        .collect();
+    let norm = |r: usize, g: &[f32]| -> Vec<f64> {
+        let xr = &v.x[r * DIM..(r + 1) * DIM];
+        let ms = xr.iter().map(|&a| (a as f64).powi(2)).sum::<f64>() / DIM as f64;
+        let inv = 1.0 / (ms + EPS as f64).sqrt();
+        xr.iter()
+            .zip(g)
+            .map(|(&a, &b)| a as f64 * inv * b as f64)
+            .collect()
+    };
+    let product = |x: &[f64], w: &[f64], n: usize| -> Vec<f64> {
+        (0..n)
+            .map(|o| (0..DIM).map(|i| x[i] * w[o * DIM + i]).sum())
+            .collect()
+    };
+    let rotate = |head: &mut [f64], pos: usize| {
+        let half = HD / 2;
+        for i in 0..half {
+            let theta = pos as f64 * (BASE as f64).powf(-2.0 * i as f64 / HD as f64);
+            let (j0, j1) = match mode {
+                RopeMode::Normal => (2 * i, 2 * i + 1),
+                RopeMode::NeoX => (i, i + half),
+            };
+            let (a, b) = (head[j0], head[j1]);
+            head[j0] = a * theta.cos() - b * theta.sin();
+            head[j1] = a * theta.sin() + b * theta.cos();
+        }
+    };
+    let widen = |s: &[f32]| s.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+    let (mut q, mut kc, mut vc, mut hidden) = (
+        widen(&v.q),
+        widen(&v.k_cache),
+        widen(&v.v_cache),
+        widen(&v.hidden),
+    );
+    let mut hidden_scale = vec![0.0; rows * FFN];
+    for r in 0..rows {
+        let pos = POS0 + r;
+        let xa = norm(r, &v.attn_norm);
+        let mut qr = product(&xa, &w[0], N_HEAD * HD);
+        let mut kr = product(&xa, &w[1], N_KV * HD);
+        let vr = product(&xa, &w[2], N_KV * HD);
+        qr.chunks_exact_mut(HD).for_each(|h| rotate(h, pos));
+        kr.chunks_exact_mut(HD).for_each(|h| rotate(h, pos));
+        q[r * N_HEAD * HD..(r + 1) * N_HEAD * HD].copy_from_slice(&qr);
+        for h in 0..N_KV {
+            let at = (h * MAX_CTX + pos) * HD;
+            kc[at..at + HD].copy_from_slice(&kr[h * HD..(h + 1) * HD]);
+            vc[at..at + HD].copy_from_slice(&vr[h * HD..(h + 1) * HD]);
+        }
+        let xf = norm(r, &v.ffn_norm);
+        let (g, u) = (product(&xf, &w[3], FFN), product(&xf, &w[4], FFN));
+        for o in 0..FFN {
+            hidden[r * FFN + o] = g[o] / (1.0 + (-g[o]).exp()) * u[o];
+            hidden_scale[r * FFN + o] = g[o].abs() + u[o].abs() + (g[o] * u[o]).abs();
+        }
+    }
+    ([q, kc, vc, hidden], hidden_scale)
+}
+
+const NAMES: [&str; 4] = ["q", "k_cache", "v_cache", "hidden"];
+
+#[test]
+fn fused_block_ops_give_the_separate_ops_bits_on_the_cpu() {
+    let dev = Device::cpu(2).unwrap();
+    for dtype in [DType::Q4_1, DType::Q8_0, DType::Q4K, DType::F16] {
+        for rows in [1usize, 3] {
+            let v = values(rows);
+            for mode in [RopeMode::Normal, RopeMode::NeoX] {
+                let what = format!("{dtype} rows {rows} {mode:?}");
+                let want = separate(&dev, &block(&dev, dtype, &v, rows), rows, mode);
+                let got = fused(&dev, &block(&dev, dtype, &v, rows), mode);
+                for ((g, w), name) in got.iter().zip(&want).zip(NAMES) {
+                    for (i, (a, e)) in g.iter().zip(w).enumerate() {
+                        assert!(
+                            a.to_bits() == e.to_bits(),
+                            "{what}: {name}[{i}]: fused {a}, separate {e}"
+                        );
+                    }
+                }
+                // q, k and v are sums of 256 products of normalized values (|x| about 1.7) and
+                // weights below 1 in f32 (for Q4_1/Q8_0 on one row with the activations
+                // quantized to 22 bits): errors far below 1e-4 + 1e-5 |value|. A hidden value
+                // silu(g) u carries the errors of g and u times the other factor, so its bound
+                // scales with |g| + |u| + |g u|. Cache rows outside pos0..pos0 + rows keep their
+                // random values.
+                let (reference, hidden_scale) = reference(dtype, &v, rows, mode);
+                for (j, ((g, w), name)) in got.iter().zip(&reference).zip(NAMES).enumerate() {
+                    for (i, (&a, &e)) in g.iter().zip(w).enumerate() {
+                        let scale = if j == 3 { hidden_scale[i] } else { e.abs() };
+                        assert!(
+                            (a as f64 - e).abs() <= 1e-4 + 1e-5 * scale,
+                            "{what}: {name}[{i}]: fused {a}, f64 {e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_cache_position_out_of_range_is_an_error_that_writes_nothing() {
+    let dev = Device::cpu(2).unwrap();
+    let rows = 3;
+    let v = values(rows);
+    let b = block(&dev, DType::Q8_0, &v, rows);
+    // Positions 14..17 do not fit in 16.
+    dev.write::<i32>(&b.step, &[(MAX_CTX - 2) as i32]).unwrap();
+    let before = outputs(&dev, &b);
+    let mut s = Executor::new(dev.clone()).begin(Mode::Direct);
+    let err = s
+        .norm_qkv_rope(&qkv_rope(&b, RopeMode::Normal))
+        .and_then(|()| s.finish(&Plan::SEQUENTIAL).map(|_| ()))
+        .expect_err("pos0 + rows beyond the cache must be refused")
+        .to_string();
+    assert!(
+        err.contains("norm_qkv_rope_q8_0") && err.contains("do not fit"),
+        "{err}"
+    );
+    let after = outputs(&dev, &b);
+    for ((a, e), name) in after.iter().zip(&before).zip(NAMES) {
+        assert!(a == e, "{name} changed on a refused dispatch");
+    }
+}
