@@ -124,7 +124,7 @@ mod tests {
     /// counts.
     fn run(dtype: DType, rows: usize, mode: Mode, plan: &Plan) -> (Vec<f32>, usize, usize) {
         let dev = Device::cpu(2).unwrap();
-        let (k, n) = (256usize, 96usize);
+        let (k, n) = (256usize, 100usize);
         let values = random_f32(n * k, 1.0, 1);
         let bytes = crate::quant::quantize(dtype, &values).unwrap();
         let w = dev.upload_bytes(&bytes, dtype, &[n, k]).unwrap();
@@ -168,7 +168,7 @@ mod tests {
                     direct.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                     "{what}: fused and unfused differ"
                 );
-                let (k, n) = (256usize, 96usize);
+                let (k, n) = (256usize, 100usize);
                 let bytes = crate::quant::quantize(dtype, &random_f32(n * k, 1.0, 1)).unwrap();
                 let w = crate::quant::dequantize(dtype, &bytes).unwrap();
                 let x = random_f32(rows * k, 1.0, 2);
