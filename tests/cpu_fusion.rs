@@ -1,8 +1,8 @@
 //! The fused block ops (`ops::fused_block`) on the CPU against the separate CPU ops they replace:
 //! RMS norm, the q/k/v (or gate/up) products, RoPE, the KV cache writes and SwiGLU. The fused
 //! kernels run the separate ops' own loops, so the results must be bitwise equal, for one row
-//! (decode: the integer VNNI products for Q4_1/Q8_0, the vector form for the others) and three
-//! rows (the tile form), both RoPE layouts. Also checked: an f64 reference within a stated
+//! (decode: the integer VNNI products for Q4_1/Q8_0, the vector form for the others) and 3 and 13
+//! rows (the tile form, 13 crossing a micro-kernel call of 12 rows), both RoPE layouts. Also checked: an f64 reference within a stated
 //! tolerance, and a cache position out of range is an error that writes nothing. Seeded random
 //! inputs, never zeros.
 
@@ -29,7 +29,7 @@ const HD: usize = 64;
 const DIM: usize = 256;
 // Not a multiple of the 16-column tile, so the stacked gate/up tiles include partial ones.
 const FFN: usize = 520;
-const MAX_CTX: usize = 16;
+const MAX_CTX: usize = 24;
 const POS0: usize = 5;
 const EPS: f32 = 1e-5;
 const BASE: f32 = 10000.0;
@@ -236,7 +236,7 @@ const NAMES: [&str; 4] = ["q", "k_cache", "v_cache", "hidden"];
 fn fused_block_ops_give_the_separate_ops_bits_on_the_cpu() {
     let dev = Device::cpu(2).unwrap();
     for dtype in [DType::Q4_1, DType::Q8_0, DType::Q4K, DType::F16] {
-        for rows in [1usize, 3] {
+        for rows in [1usize, 3, 13] {
             let v = values(rows);
             for mode in [RopeMode::Normal, RopeMode::NeoX] {
                 let what = format!("{dtype} rows {rows} {mode:?}");
@@ -277,7 +277,7 @@ fn a_cache_position_out_of_range_is_an_error_that_writes_nothing() {
     let rows = 3;
     let v = values(rows);
     let b = block(&dev, DType::Q8_0, &v, rows);
-    // Positions 14..17 do not fit in 16.
+    // Positions 22..25 do not fit in 24.
     dev.write::<i32>(&b.step, &[(MAX_CTX - 2) as i32]).unwrap();
     let before = outputs(&dev, &b);
     let mut s = Executor::new(dev.clone()).begin(Mode::Direct);

@@ -151,12 +151,12 @@ mod tests {
     }
 
     /// The CPU fuses the pair where the matmul's output is dead, and the fused kernel gives the
-    /// bits of the pair run one by one (one row: the vector and integer paths; three rows: the
-    /// tile path), which are within f32 rounding of an f64 reference.
+    /// bits of the pair run one by one (one row: the vector and integer paths; 3 and 13 rows:
+    /// the tile path), which are within f32 rounding of an f64 reference.
     #[test]
     fn given_cpu_buffers_when_optimized_should_fuse_matmul_add_with_the_same_bits() {
         for dtype in [DType::Q4_1, DType::Q8_0, DType::Q4K, DType::F16, DType::F32] {
-            for rows in [1usize, 3] {
+            for rows in [1usize, 3, 13] {
                 let what = format!("{dtype} rows {rows}");
                 let (fused, fusions, dispatches) =
                     run(dtype, rows, Mode::Recorded, &Plan::OPTIMIZED);

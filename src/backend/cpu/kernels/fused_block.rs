@@ -202,73 +202,110 @@ fn one_row_tasks(weights: usize) -> usize {
         .max(1)
 }
 
-/// Pointer to an output matrix, shared by tasks that write disjoint elements.
+/// Pointer to an output matrix that the tile tasks of one product share, each writing only the
+/// columns of its own tile.
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
+struct SharedOut {
+    ptr: *mut f32,
+    len: usize,
+}
 // SAFETY: the tasks of one product write disjoint elements (see `tile_products`).
-unsafe impl Send for OutPtr {}
+unsafe impl Send for SharedOut {}
 // SAFETY: as above.
-unsafe impl Sync for OutPtr {}
+unsafe impl Sync for SharedOut {}
 
-impl OutPtr {
-    /// The pointer (a method, so closures capture the whole `Send` wrapper).
-    fn get(self) -> *mut f32 {
-        self.0
+impl SharedOut {
+    fn new(out: &mut [f32]) -> Self {
+        SharedOut {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+        }
+    }
+
+    /// `out[at + j] = f(j, out[at + j])` for `j < len`.
+    ///
+    /// # Safety
+    /// No other task reads or writes `out[at..at + len]` meanwhile (the slice outlives the
+    /// product; bounds are checked here).
+    #[inline]
+    unsafe fn update(self, at: usize, len: usize, f: impl Fn(usize, f32) -> f32) {
+        assert!(at + len <= self.len, "tile write out of bounds");
+        for j in 0..len {
+            // SAFETY: in bounds (asserted above); exclusive per the contract.
+            unsafe {
+                let p = self.ptr.add(at + j);
+                *p = f(j, *p);
+            }
+        }
     }
 }
 
-/// The many-row products of a stack of matrices (one `k`): `out[r, c_m + o] = x[r] . W_m[o]`
-/// with `c_m` the rows of the matrices before `m`, `out` `[rows, sum n_m]`. One parallel loop over
-/// the `NR`-column tiles of every matrix; each tile is packed and multiplied as the separate
-/// matmul's matrix form does it.
-fn tile_products(isa: Isa, stack: &[Matrix<'_>], x: &[f32], rows: usize, out: &mut [f32]) {
-    let k = stack[0].k;
-    let n_total: usize = stack.iter().map(|w| w.n).sum();
-    assert!(x.len() >= rows * k && out.len() >= rows * n_total);
-    let tiles: usize = stack.iter().map(|w| w.n.div_ceil(NR)).sum();
-    let out_ptr = OutPtr(out.as_mut_ptr());
+/// The many-row products of groups of `P` matrices (all of one `k`; the matrices of a group of
+/// one `n`): one parallel loop over the `NR`-column tiles of every group. Each task packs its
+/// tile of each of the group's matrices as the separate matmul's matrix form does and runs the
+/// same micro-kernel over all activation rows, then hands `emit(group, row, o0, values)` the
+/// products of columns `o0..o0 + width` of row `row`, one slice per matrix of the group. No two
+/// tasks emit the same `(group, o0)`.
+fn tile_products<const P: usize>(
+    isa: Isa,
+    groups: &[[Matrix<'_>; P]],
+    x: &[f32],
+    rows: usize,
+    emit: impl Fn(usize, usize, usize, [&[f32]; P]) + Sync,
+) {
+    let k = groups[0][0].k;
+    assert!(x.len() >= rows * k);
+    let tiles: usize = groups.iter().map(|g| g[0].n.div_ceil(NR)).sum();
     (0..tiles).into_par_iter().for_each(|t| {
-        let (mut tile, mut col0, mut w) = (t, 0, &stack[0]);
-        for m in stack {
-            let count = m.n.div_ceil(NR);
-            w = m;
-            if tile < count {
-                break;
-            }
-            tile -= count;
-            col0 += m.n;
+        let (mut tile, mut gi) = (t, 0);
+        while tile >= groups[gi][0].n.div_ceil(NR) {
+            tile -= groups[gi][0].n.div_ceil(NR);
+            gi += 1;
         }
+        let group = &groups[gi];
         let o0 = tile * NR;
-        let width = NR.min(w.n - o0);
-        with_task_scratch(k * NR, k, |packed, row| {
-            for j in 0..NR {
-                if j < width {
-                    crate::quant::dequantize_unchecked(w.dtype, w.row(o0 + j), row);
-                    for (p, &v) in row.iter().enumerate() {
-                        packed[p * NR + j] = v;
-                    }
-                } else {
-                    for p in 0..k {
-                        packed[p * NR + j] = 0.0;
+        let width = NR.min(group[0].n - o0);
+        with_task_scratch(P * k * NR, k, |packed, row| {
+            for (w, packed) in group.iter().zip(packed.chunks_exact_mut(k * NR)) {
+                for j in 0..NR {
+                    if j < width {
+                        crate::quant::dequantize_unchecked(w.dtype, w.row(o0 + j), row);
+                        for (p, &v) in row.iter().enumerate() {
+                            packed[p * NR + j] = v;
+                        }
+                    } else {
+                        for p in 0..k {
+                            packed[p * NR + j] = 0.0;
+                        }
                     }
                 }
             }
-            let mut c = [[0f32; NR]; MR];
+            let mut c = [[[0f32; NR]; MR]; P];
             let mut r0 = 0;
             while r0 < rows {
                 let m = isa.rows_per_call().min(rows - r0);
-                micro_kernel(isa, &x[r0 * k..], k, m, packed, k, &mut c);
-                for (i, ci) in c.iter().enumerate().take(m) {
-                    let base = (r0 + i) * n_total + col0 + o0;
-                    // SAFETY: `base + width <= rows * n_total <= out.len()` (asserted above), and
-                    // only this tile's task writes columns `col0 + o0..col0 + o0 + width`.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(ci.as_ptr(), out_ptr.get().add(base), width)
-                    };
+                for (cp, packed) in c.iter_mut().zip(packed.chunks_exact(k * NR)) {
+                    micro_kernel(isa, &x[r0 * k..], k, m, packed, k, cp);
+                }
+                for i in 0..m {
+                    emit(gi, r0 + i, o0, std::array::from_fn(|p| &c[p][i][..width]));
                 }
                 r0 += m;
             }
         })
+    });
+}
+
+/// The many-row products of a stack of matrices (one `k`): `out[r, c_m + o] = x[r] . W_m[o]`
+/// with `c_m` the rows of the matrices before `m`, `out` `[rows, sum n_m]`, in one parallel loop.
+fn stacked_products(isa: Isa, stack: &[Matrix<'_>; 3], x: &[f32], rows: usize, out: &mut [f32]) {
+    let n_total: usize = stack.iter().map(|w| w.n).sum();
+    let col0 = [0, stack[0].n, stack[0].n + stack[1].n];
+    let shared = SharedOut::new(&mut out[..rows * n_total]);
+    let groups = stack.map(|w| [w]);
+    tile_products(isa, &groups, x, rows, |g, r, o0, [v]| {
+        // SAFETY: only the task of tile `o0` of matrix `g` writes these columns.
+        unsafe { shared.update(r * n_total + col0[g] + o0, v.len(), |j, _| v[j]) }
     });
 }
 
@@ -423,7 +460,7 @@ fn norm_qkv_rope_kernel(args: &KernelArgs<'_>) -> Result<()> {
             let quant = quantize_for(isa, &stack[0], xn, &mut s.quant);
             stacked_one_row(isa, &stack, xn, quant, all);
         } else {
-            tile_products(isa, &stack, xn, rows, all);
+            stacked_products(isa, &stack, xn, rows, all);
         }
         let caches = Caches {
             k: k_cache,
@@ -592,18 +629,17 @@ fn norm_gate_up_kernel(args: &KernelArgs<'_>) -> Result<()> {
         let isa = Isa::detect();
         let xn = sized(&mut s.xn, rows * dim);
         rms_norm_rows(x, norm, eps, dim, xn);
-        let all = sized(&mut s.products, rows * 2 * ffn);
         if rows == 1 {
+            let all = sized(&mut s.products, 2 * ffn);
             let quant = quantize_for(isa, &stack[0], xn, &mut s.quant);
             gate_up_one_row(isa, &stack, xn, quant, all, hidden);
             return;
         }
-        tile_products(isa, &stack, xn, rows, all);
-        hidden
-            .par_chunks_mut(ffn)
-            .with_min_len((MIN_TASK_ELEMS / ffn).max(1))
-            .zip(all.par_chunks(2 * ffn))
-            .for_each(|(h, gu)| swiglu(&gu[..ffn], &gu[ffn..], h));
+        let shared = SharedOut::new(hidden);
+        tile_products(isa, &[stack], xn, rows, |_, r, o0, [g, u]| {
+            // SAFETY: only the task of tile `o0` writes these columns of `hidden`.
+            unsafe { shared.update(r * ffn + o0, g.len(), |j, _| silu(g[j]) * u[j]) }
+        });
     });
     Ok(())
 }
@@ -659,18 +695,19 @@ fn matmul_add_kernel(args: &KernelArgs<'_>) -> Result<()> {
     if acc.is_empty() {
         return Ok(());
     }
-    with_kernel_scratch(|s| {
-        let isa = Isa::detect();
-        let products = sized(&mut s.products, rows * n);
-        if rows == 1 {
+    let isa = Isa::detect();
+    if rows == 1 {
+        with_kernel_scratch(|s| {
+            let products = sized(&mut s.products, n);
             let quant = quantize_for(isa, &w, x, &mut s.quant);
             add_one_row(isa, &w, x, quant, products, acc);
-            return;
-        }
-        tile_products(isa, &[w], x, rows, products);
-        acc.par_chunks_mut(MIN_TASK_ELEMS)
-            .zip(products.par_chunks(MIN_TASK_ELEMS))
-            .for_each(|(a, p)| add_into(a, p));
+        });
+        return Ok(());
+    }
+    let shared = SharedOut::new(acc);
+    tile_products(isa, &[[w]], x, rows, |_, r, o0, [v]| {
+        // SAFETY: only the task of tile `o0` reads and writes these columns of `acc`.
+        unsafe { shared.update(r * n + o0, v.len(), |j, a| a + v[j]) }
     });
     Ok(())
 }
