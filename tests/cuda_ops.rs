@@ -336,7 +336,7 @@ fn matmul_family() {
                 continue;
             }
             let w = weight_tensor(dt, n, k, 800 + j as u64);
-            for rows in [1usize, 5] {
+            for rows in [1usize, 5, 17] {
                 let x = random_tensor(DType::F32, &[rows, k], 1.0, 810 + rows as u64);
                 // Sums of 512 products in another order: f32 rounding, a few 1e-6 relative to the
                 // sum of magnitudes (about 100 here).

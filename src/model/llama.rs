@@ -187,6 +187,15 @@ fn uses_fused_block(c: &LlamaConfig, w: &Weights) -> bool {
         })
 }
 
+/// Whether a pass of `rows` rows records the fused block ops (when the model may use them at
+/// all): always on the CPU, whose fused kernels normalize each row once; on a GPU only for one
+/// row, because the fused CUDA kernels normalize the row in every warp, which a decode step
+/// hides but a prefill pass pays for each of its outputs, where the separate ops normalize once
+/// and take the tiled matmul.
+fn fused_block_for(device: &Device, rows: usize) -> bool {
+    rows == 1 || !matches!(device, Device::Cuda(_))
+}
+
 /// Chunk length of the split decode attention on `device`: on a GPU, short chunks give one
 /// block per (chunk, head), enough blocks to fill the SMs at short contexts; on the CPU, long
 /// chunks keep the per-task overhead low.
@@ -322,6 +331,7 @@ impl Llama {
     pub fn record(&self, s: &mut Session, rows: usize, logits: Logits, argmax: bool) -> Result<()> {
         let c = &self.config;
         let decode = rows == 1;
+        let fused_block = self.fused_block && fused_block_for(&self.device, rows);
         let sc = if decode { &self.decode } else { &self.prefill };
         if rows == 0 || rows > sc.rows {
             return Err(Error::InvalidArgument(format!(
@@ -354,7 +364,7 @@ impl Llama {
         let w = &self.weights;
         s.embedding(&w.embed, &tokens, &x)?;
         for (l, (kc, vc)) in w.layers.iter().zip(&self.kv) {
-            if self.fused_block {
+            if fused_block {
                 s.norm_qkv_rope(&QkvRope {
                     x: &x,
                     norm: &l.attn_norm,
@@ -398,7 +408,7 @@ impl Llama {
             }
             s.matmul(&attn, &l.wo, &proj)?;
             s.add_inplace(&x, &proj)?;
-            if self.fused_block {
+            if fused_block {
                 s.norm_gate_up(&x, &l.ffn_norm, c.norm_eps, &l.w_gate, &l.w_up, &hidden)?;
             } else {
                 s.rms_norm(&x, &l.ffn_norm, &xn, c.norm_eps)?;

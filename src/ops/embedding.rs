@@ -67,7 +67,8 @@ pub fn embedding(table: &Buffer, ids: &Buffer, out: &Buffer) -> Result<Dispatch>
         Arg::u32(vocab as u32),
         Arg::u32(dim as u32),
     ];
-    let grid = Grid::cover(dim, 128).with_y(rows.min(u32::MAX as usize) as u32);
+    // The kernel strides over the output elements along x (capped: it strides over the rest).
+    let grid = Grid::cover(rows.saturating_mul(dim).min(1 << 28), 256);
     Dispatch::new(
         KernelId(kernel_name(table.dtype())),
         args,

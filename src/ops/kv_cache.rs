@@ -64,7 +64,9 @@ pub fn kv_write(new: &Buffer, cache: &Buffer, step: &Buffer) -> Result<Dispatch>
         Arg::u32(u32_size(&check, "cache", n_kv_head)?),
         Arg::u32(u32_size(&check, "cache", head_dim)?),
     ];
-    let grid = Grid::cover(head_dim, 64).with_y(u32_size(&check, "new", rows * n_kv_head)?);
+    // The kernel strides over the new elements along x (capped: it strides over the rest).
+    let elems = rows.saturating_mul(n_kv_head).saturating_mul(head_dim);
+    let grid = Grid::cover(elems.min(1 << 28), 256);
     Dispatch::new(kernel, args, grid, OpKind::KvWrite)
 }
 

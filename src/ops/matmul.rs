@@ -59,10 +59,46 @@ fn to_u32(c: &Check, arg: &'static str, v: usize) -> Result<u32> {
     Ok(out)
 }
 
-/// The GPU launch shape of the matmul kernels: one 32-lane warp per output value, four warps per
-/// block, `n` outputs along x and rows along y (capped at the CUDA limit of 65535; the kernels
-/// stride over the rest).
+/// Activation rows one warp of the CUDA matmul takes together in the matrix (prefill) form, reading
+/// each weight value once for all of them (`MM_ROWS` in `backend/cuda/kernels/matmul.cu`).
+pub(crate) const MM_ROWS: usize = 8;
+
+/// The GPU launch shape of the matmul kernels (and the fused block products): one 32-lane warp per
+/// output value, four warps per block, `n` outputs along x and along y the row groups: one row in
+/// the vector form, [`MM_ROWS`] rows a group in the matrix form (capped at the CUDA limit of 65535;
+/// the kernels stride over the rest).
 pub(crate) fn warp_per_output(n: usize, rows: usize) -> Grid {
+    let groups = if rows <= 1 { 1 } else { rows.div_ceil(MM_ROWS) };
+    warp_per_output_and_row(n, groups)
+}
+
+/// Rows from which the CUDA matmul takes its tiled form (`MM_TILE_MIN_ROWS` in
+/// `backend/cuda/kernels/matmul.cu`): blocks of 128 threads, each a tile of [`MM_TILE_M`] rows by
+/// [`MM_TILE_N`] outputs.
+pub(crate) const MM_TILE_MIN_ROWS: usize = 16;
+/// Rows of one tile of the tiled form.
+pub(crate) const MM_TILE_M: usize = 32;
+/// Outputs of one tile of the tiled form.
+pub(crate) const MM_TILE_N: usize = 64;
+/// Dynamic shared memory of the tiled form: the activation and weight tiles of one k step of 32
+/// values (`MM_TILE_SMEM`); the kernel takes the tiled form only when given this much.
+const MM_TILE_SMEM: u32 = (4 * 32 * (MM_TILE_M + MM_TILE_N)) as u32;
+
+/// The launch shape of the plain (and residual-fused) matmul: a block per tile from
+/// [`MM_TILE_MIN_ROWS`] rows on, else [`warp_per_output`].
+pub(crate) fn matmul_grid(n: usize, rows: usize) -> Grid {
+    if rows < MM_TILE_MIN_ROWS {
+        return warp_per_output(n, rows);
+    }
+    let tiles = rows
+        .div_ceil(MM_TILE_M)
+        .saturating_mul(n.div_ceil(MM_TILE_N));
+    Grid::new(tiles.clamp(1, 1 << 30) as u32, 128).with_shared(MM_TILE_SMEM)
+}
+
+/// One warp per output value and row (the kernels without a matrix form: the expert-routed and
+/// the MLX affine products).
+fn warp_per_output_and_row(n: usize, rows: usize) -> Grid {
     Grid::cover(n.saturating_mul(32), 128).with_y(rows.clamp(1, 65535) as u32)
 }
 
@@ -102,7 +138,7 @@ pub fn matmul(x: &Buffer, w: &Buffer, out: &Buffer) -> Result<Dispatch> {
         Arg::u32(to_u32(&c, "w", k)?),
         Arg::u32(to_u32(&c, "w", n)?),
     ];
-    let grid = warp_per_output(n, rows);
+    let grid = matmul_grid(n, rows);
     Dispatch::new(KernelId(kernel_name(w.dtype())), args, grid, OpKind::MatMul)
 }
 
@@ -157,7 +193,7 @@ pub fn matmul_affine(
         Arg::u32(bits),
         Arg::u32(group_size as u32),
     ];
-    let grid = warp_per_output(n, rows);
+    let grid = warp_per_output_and_row(n, rows);
     // The scale dtype is in the name: a CUDA kernel sees element counts, not dtypes.
     let name = if scales.dtype() == DType::F16 {
         "matmul_affine_f16"
@@ -207,7 +243,7 @@ pub fn matmul_id(x: &Buffer, w: &Buffer, ids: &Buffer, out: &Buffer) -> Result<D
         Arg::u32(to_u32(&c, "ids", slots)?),
         Arg::u32(to_u32(&c, "w", experts)?),
     ];
-    let grid = warp_per_output(n, rows * slots);
+    let grid = warp_per_output_and_row(n, rows * slots);
     Dispatch::new(
         KernelId(id_kernel_name(w.dtype())),
         args,

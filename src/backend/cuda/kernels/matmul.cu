@@ -6,9 +6,14 @@
 //                  slots, experts (an id outside 0..experts is a kernel error)
 //   matmul_affine_<s>: x, w u32 [n, k * bits / 32], scales and biases of dtype <s> [n, k / group],
 //                  out, rows, k, n, bits, group (MLX affine: W[o, i] = scale * q + bias)
-// One warp per output value (grid-stride over warps), sums in f32. For the 32-value block formats
-// (q4_0, q4_1, q8_0) with a 16-byte aligned x, four lanes share a block and read it as whole words
-// (`mm_dot_blocks`); every other case reads one element per lane at a time (`mm_dot`).
+// Sums in f32, in three forms chosen by the row count (the host sizes the grid to match):
+// - one row (decode): one warp per output value (grid-stride over warps). For the 32-value block
+//   formats (q4_0, q4_1, q8_0) with a 16-byte aligned x, four lanes share a block and read it as
+//   whole words (`mm_dot_blocks`); every other case reads one element per lane (`mm_dot`).
+// - 2 to 15 rows: one warp per output value and group of MM_ROWS rows, each weight value read once
+//   for the group.
+// - 16 rows and more (prefill, given MM_TILE_SMEM bytes of dynamic shared memory): the tiled form
+//   (`mm_tiled`), a block per tile of rows x outputs staged through shared memory.
 
 // The activation row a matmul reads (a type parameter, so that a fused producer can compute its
 // values as they are read).
@@ -56,26 +61,56 @@ __device__ __forceinline__ float mm_i8_dot(uint32_t q, float4 a) {
            a.z * (float)(int8_t)((q >> 16) & 0xffu) + a.w * (float)(int8_t)(q >> 24);
 }
 
-// Quarter `t` (0..4) of block `b` of a weight row dotted with x: 4-bit formats take quant bytes
-// [4t, 4t + 4) (values 4t..4t+3 and 16+4t..16+4t+3), q8_0 takes bytes [8t, 8t + 8).
-template <int FMT, typename X>
-__device__ __forceinline__ float mm_block_quarter(X x, const uint8_t* row, uint32_t b, uint32_t t) {
-    const uint64_t xb = (uint64_t)b * 32;
+// The weight words of quarter `t` (0..4) of block `b` of a row: 4-bit formats take quant bytes
+// [4t, 4t + 4) (values 4t..4t+3 and 16+4t..16+4t+3) and the scale (and q4_1's minimum), q8_0 takes
+// bytes [8t, 8t + 8) and the scale. Loaded once, applied to one activation row or several.
+struct MmQuarter {
+    uint32_t q0, q1;
+    float d, m;
+};
+
+template <int FMT>
+__device__ __forceinline__ MmQuarter mm_load_quarter(const uint8_t* row, uint32_t b, uint32_t t) {
+    MmQuarter w;
     if (FMT == OP_FMT_Q8_0) {
         const uint8_t* p = row + (uint64_t)b * 34;
+        w.d = mm_half_at(p);
+        w.q0 = mm_u32_at(p + 2 + 8 * t);
+        w.q1 = mm_u32_at(p + 6 + 8 * t);
+        w.m = 0.0f;
+    } else if (FMT == OP_FMT_Q4_1) {
+        const uint8_t* p = row + (uint64_t)b * 20;
+        w.d = mm_half_at(p);
+        w.m = mm_half_at(p + 2);
+        w.q0 = mm_u32_at(p + 4 + 4 * t);
+        w.q1 = 0;
+    } else {  // q4_0: value = d * (q - 8)
+        const uint8_t* p = row + (uint64_t)b * 18;
+        w.d = mm_half_at(p);
+        w.m = 0.0f;
+        w.q0 = mm_u32_at(p + 2 + 4 * t);
+        w.q1 = 0;
+    }
+    return w;
+}
+
+// Quarter `t` of block `b` dotted with the activation row `x`.
+template <int FMT, typename X>
+__device__ __forceinline__ float mm_apply_quarter(X x, MmQuarter w, uint32_t b, uint32_t t) {
+    const uint64_t xb = (uint64_t)b * 32;
+    if (FMT == OP_FMT_Q8_0) {
         const float4 a = x.at4(xb + 8 * t), c = x.at4(xb + 8 * t + 4);
-        const float s = mm_i8_dot(mm_u32_at(p + 2 + 8 * t), a) + mm_i8_dot(mm_u32_at(p + 6 + 8 * t), c);
-        return mm_half_at(p) * s;
+        return w.d * (mm_i8_dot(w.q0, a) + mm_i8_dot(w.q1, c));
     }
     const float4 lo = x.at4(xb + 4 * t), hi = x.at4(xb + 16 + 4 * t);
     const float sx = (lo.x + lo.y) + (lo.z + lo.w) + (hi.x + hi.y) + (hi.z + hi.w);
-    if (FMT == OP_FMT_Q4_1) {
-        const uint8_t* p = row + (uint64_t)b * 20;
-        return mm_half_at(p) * mm_nibble_dot(mm_u32_at(p + 4 + 4 * t), lo, hi) +
-               mm_half_at(p + 2) * sx;
-    }
-    const uint8_t* p = row + (uint64_t)b * 18;  // q4_0: value = d * (q - 8)
-    return mm_half_at(p) * (mm_nibble_dot(mm_u32_at(p + 2 + 4 * t), lo, hi) - 8.0f * sx);
+    if (FMT == OP_FMT_Q4_1) return w.d * mm_nibble_dot(w.q0, lo, hi) + w.m * sx;
+    return w.d * (mm_nibble_dot(w.q0, lo, hi) - 8.0f * sx);
+}
+
+template <int FMT, typename X>
+__device__ __forceinline__ float mm_block_quarter(X x, const uint8_t* row, uint32_t b, uint32_t t) {
+    return mm_apply_quarter<FMT>(x, mm_load_quarter<FMT>(row, b, t), b, t);
 }
 
 // Whether `mm_dot_blocks` applies: a 32-value block format, x rows 16-byte aligned, weights at an
@@ -96,11 +131,204 @@ __device__ __forceinline__ float mm_dot_blocks(X x, const uint8_t* wrow, uint32_
     return op_warp_sum(acc);
 }
 
+// Rows of activations one warp takes together in the matrix (prefill) form: each weight value is
+// read once and used for up to MM_ROWS rows, each row summed in the vector form's order. The
+// host sizes its grids with the same number (`ops::matmul::MM_ROWS`).
+#define MM_ROWS 8
+
+// `acc[r] = xs[r] . wrow` for the first `nr` rows (warp-uniform), one element per lane at a time.
+template <int FMT, typename X>
+__device__ __forceinline__ void mm_dot_rows(const X (&xs)[MM_ROWS], int nr, const uint8_t* wrow,
+                                            uint32_t k, int lane, float (&acc)[MM_ROWS]) {
+#pragma unroll
+    for (int r = 0; r < MM_ROWS; ++r) acc[r] = 0.0f;
+    for (uint32_t i = lane; i < k; i += 32) {
+        const float wv = op_weight<FMT>(wrow, i);
+#pragma unroll
+        for (int r = 0; r < MM_ROWS; ++r)
+            if (r < nr) acc[r] += xs[r].at(i) * wv;
+    }
+#pragma unroll
+    for (int r = 0; r < MM_ROWS; ++r)
+        if (r < nr) acc[r] = op_warp_sum(acc[r]);
+}
+
+// `mm_dot_rows` for the 32-value block formats, four lanes a block as in `mm_dot_blocks`.
+template <int FMT, typename X>
+__device__ __forceinline__ void mm_dot_blocks_rows(const X (&xs)[MM_ROWS], int nr,
+                                                   const uint8_t* wrow, uint32_t k, int lane,
+                                                   float (&acc)[MM_ROWS]) {
+    const uint32_t blocks = k / 32, t = lane & 3;
+#pragma unroll
+    for (int r = 0; r < MM_ROWS; ++r) acc[r] = 0.0f;
+    for (uint32_t b = lane >> 2; b < blocks; b += 8) {
+        const MmQuarter w = mm_load_quarter<FMT>(wrow, b, t);
+#pragma unroll
+        for (int r = 0; r < MM_ROWS; ++r)
+            if (r < nr) acc[r] += mm_apply_quarter<FMT>(xs[r], w, b, t);
+    }
+#pragma unroll
+    for (int r = 0; r < MM_ROWS; ++r)
+        if (r < nr) acc[r] = op_warp_sum(acc[r]);
+}
+
+template <int FMT, typename X>
+__device__ __forceinline__ void mm_dots(const X (&xs)[MM_ROWS], int nr, const uint8_t* wrow,
+                                        uint32_t k, int lane, bool blocks, float (&acc)[MM_ROWS]) {
+    if (blocks) {
+        mm_dot_blocks_rows<FMT>(xs, nr, wrow, k, lane, acc);
+    } else {
+        mm_dot_rows<FMT>(xs, nr, wrow, k, lane, acc);
+    }
+}
+
 __device__ __forceinline__ uint64_t mm_warp_id() {
     return (blockIdx.y * (uint64_t)gridDim.x + blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
 }
 __device__ __forceinline__ uint64_t mm_warp_count() {
     return (uint64_t)gridDim.x * gridDim.y * (blockDim.x / 32);
+}
+
+// The tiled matrix form, for many rows (prefill): a block of 128 threads computes a tile of
+// MM_TILE_M rows x MM_TILE_N outputs, stepping through k MM_TILE_K values at a time; each step
+// stages the activation tile and the dequantized weight tile in shared memory (k-major, so a
+// thread reads four rows or four outputs as one 16-byte load), and thread (tr, tc) sums rows
+// 4tr..4tr+3 times outputs 4tc..4tc+3. Every activation and weight value is read from device
+// memory once per tile instead of once per output.
+#define MM_TILE_M 32
+#define MM_TILE_N 64
+#define MM_TILE_K 32
+#define MM_TILE_MIN_ROWS 16
+#define MM_TILE_SMEM (4 * MM_TILE_K * (MM_TILE_M + MM_TILE_N))
+
+__device__ __forceinline__ uint32_t mm_dynamic_smem() {
+    uint32_t bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+    return bytes;
+}
+
+// Values 16h .. 16h + 15 of the 32 from k0 of a weight row (zeros past k, or for a row past the
+// matrix when `!live`), each as `op_weight` gives it. The 32-value block formats read the block
+// (one per step) as words when the rows start at even addresses.
+template <int FMT>
+__device__ __forceinline__ void mm_stage_weights(const uint8_t* row, uint32_t k0, uint32_t h,
+                                                 bool live, uint32_t k, bool words,
+                                                 float (&v)[16]) {
+    constexpr bool block32 = FMT == OP_FMT_Q4_0 || FMT == OP_FMT_Q4_1 || FMT == OP_FMT_Q8_0;
+    if (block32 && live && words) {
+        const uint32_t b = k0 / 32;
+        if (FMT == OP_FMT_Q8_0) {
+            const uint8_t* p = row + (uint64_t)b * 34;
+            const float d = mm_half_at(p);
+#pragma unroll
+            for (int wd = 0; wd < 4; ++wd) {
+                const uint32_t q = mm_u32_at(p + 2 + 16 * h + 4 * wd);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) v[4 * wd + e] = (float)(int8_t)((q >> (8 * e)) & 0xffu) * d;
+            }
+            return;
+        }
+        const bool q41 = FMT == OP_FMT_Q4_1;
+        const uint8_t* p = row + (uint64_t)b * (q41 ? 20 : 18);
+        const float d = mm_half_at(p), m = q41 ? mm_half_at(p + 2) : 0.0f;
+        const uint8_t* qs = p + (q41 ? 4 : 2);
+#pragma unroll
+        for (int wd = 0; wd < 4; ++wd) {
+            const uint32_t q = mm_u32_at(qs + 4 * wd);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int nib = (int)((q >> (8 * e + 4 * h)) & 15u);
+                v[4 * wd + e] = q41 ? d * (float)nib + m : d * (float)(nib - 8);
+            }
+        }
+        return;
+    }
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+        const uint32_t gk = k0 + 16 * h + e;
+        v[e] = live && gk < k ? op_weight<FMT>(row, gk) : 0.0f;
+    }
+}
+
+template <int FMT, bool ACC, typename X>
+__device__ void mm_tiled(X x, const uint8_t* w, float* out, uint32_t rows, uint32_t k, uint32_t n,
+                         uint64_t row_bytes) {
+    // Dynamic shared memory (the host asks for MM_TILE_SMEM bytes), so that the vector form of
+    // the same kernel runs without a shared-memory carve-out.
+    extern __shared__ __align__(16) float mm_smem[];
+    float(*xs)[MM_TILE_M] = (float(*)[MM_TILE_M])mm_smem;
+    float(*ws)[MM_TILE_N] = (float(*)[MM_TILE_N])(mm_smem + MM_TILE_K * MM_TILE_M);
+    const int tid = threadIdx.x, tr = tid / 16, tc = tid % 16;
+    const bool x_vec = x.aligned16() && k % 4 == 0;
+    const bool w_words = ((uint64_t)w & 1u) == 0 && row_bytes % 2 == 0;
+    const uint64_t tiles_m = ((uint64_t)rows + MM_TILE_M - 1) / MM_TILE_M;
+    const uint64_t tiles_n = ((uint64_t)n + MM_TILE_N - 1) / MM_TILE_N;
+    const uint64_t tiles = tiles_m * tiles_n;
+    for (uint64_t tile = blockIdx.y * (uint64_t)gridDim.x + blockIdx.x; tile < tiles;
+         tile += (uint64_t)gridDim.x * gridDim.y) {
+        // Consecutive blocks take consecutive output tiles of one row tile (the rows stay hot).
+        const uint64_t r0 = tile / tiles_n * MM_TILE_M, o0 = tile % tiles_n * MM_TILE_N;
+        float acc[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+        for (uint32_t k0 = 0; k0 < k; k0 += MM_TILE_K) {
+            // Activations: thread tid stages row tid / 4, values 8 (tid % 4) .. + 8 of the step.
+            {
+                const uint32_t r = tid / 4, c = (tid % 4) * 8;
+                const uint64_t gr = r0 + r;
+                float v[8];
+                if (x_vec && gr < rows && k0 + c + 8 <= k) {
+                    const float4 a = x.at4(gr * k + k0 + c), b = x.at4(gr * k + k0 + c + 4);
+                    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+                    v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+                } else {
+#pragma unroll
+                    for (int m = 0; m < 8; ++m) {
+                        const uint32_t gk = k0 + c + m;
+                        v[m] = gr < rows && gk < k ? x.at(gr * k + gk) : 0.0f;
+                    }
+                }
+#pragma unroll
+                for (int m = 0; m < 8; ++m) xs[c + m][r] = v[m];
+            }
+            // Weights: thread tid stages output tid / 2, values 16 (tid % 2) .. + 16.
+            {
+                const uint32_t o = tid / 2, h = tid % 2;
+                const uint64_t go = o0 + o;
+                float v[16];
+                mm_stage_weights<FMT>(w + go * row_bytes, k0, h, go < n, k, w_words, v);
+#pragma unroll
+                for (int m = 0; m < 16; ++m) ws[16 * h + m][o] = v[m];
+            }
+            __syncthreads();
+#pragma unroll 8
+            for (int kk = 0; kk < MM_TILE_K; ++kk) {
+                const float4 a = *(const float4*)&xs[kk][4 * tr];
+                const float4 b = *(const float4*)&ws[kk][4 * tc];
+                const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) acc[i][j] += av[i] * bv[j];
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint64_t gr = r0 + 4 * tr + i;
+            if (gr >= rows) continue;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const uint64_t go = o0 + 4 * tc + j;
+                if (go < n) {
+                    float* y = out + gr * n + go;
+                    *y = ACC ? *y + acc[i][j] : acc[i][j];
+                }
+            }
+        }
+    }
 }
 
 // out[r, o] = x[r] . W[o], or with ACC out[r, o] += x[r] . W[o] (the fused residual add: the
@@ -111,14 +339,39 @@ __device__ void matmul(X x, const uint8_t* w, float* out, uint32_t rows, uint32_
     OP_REQUIRE(k % op_block_elems(FMT) == 0 && n_x == (uint64_t)rows * k &&
                n_out == (uint64_t)rows * n);
     const uint64_t row_bytes = op_row_bytes(FMT, k);
+    if (rows >= MM_TILE_MIN_ROWS && blockDim.x == 128 && blockDim.y == 1 && blockDim.z == 1 &&
+        mm_dynamic_smem() >= MM_TILE_SMEM) {
+        mm_tiled<FMT, ACC>(x, w, out, rows, k, n, row_bytes);
+        return;
+    }
     const int lane = threadIdx.x & 31;
     const bool blocks = mm_blocks_ok<FMT>(x, w, k);
-    for (uint64_t t = mm_warp_id(); t < (uint64_t)rows * n; t += mm_warp_count()) {
-        const uint64_t r = t / n, o = t % n;
-        const X xr = x.row(r * k);
-        const uint8_t* wr = w + o * row_bytes;
-        const float v = blocks ? mm_dot_blocks<FMT>(xr, wr, k, lane) : mm_dot<FMT>(xr, wr, k, lane);
-        if (lane == 0) out[t] = ACC ? out[t] + v : v;
+    if (rows == 1) {
+        for (uint64_t o = mm_warp_id(); o < n; o += mm_warp_count()) {
+            const uint8_t* wr = w + o * row_bytes;
+            const float v = blocks ? mm_dot_blocks<FMT>(x, wr, k, lane) : mm_dot<FMT>(x, wr, k, lane);
+            if (lane == 0) out[o] = ACC ? out[o] + v : v;
+        }
+        return;
+    }
+    // The matrix form: warp t takes output o = t % n of rows group * MM_ROWS.. (group = t / n).
+    const uint64_t groups = ((uint64_t)rows + MM_ROWS - 1) / MM_ROWS;
+    for (uint64_t t = mm_warp_id(); t < groups * n; t += mm_warp_count()) {
+        const uint64_t r0 = t / n * MM_ROWS, o = t % n;
+        const int nr = (int)min((uint64_t)MM_ROWS, (uint64_t)rows - r0);
+        X xs[MM_ROWS];
+#pragma unroll
+        for (int r = 0; r < MM_ROWS; ++r) xs[r] = x.row((r0 + (r < nr ? r : 0)) * k);
+        float acc[MM_ROWS];
+        mm_dots<FMT>(xs, nr, w + o * row_bytes, k, lane, blocks, acc);
+        if (lane != 0) continue;
+#pragma unroll
+        for (int r = 0; r < MM_ROWS; ++r) {
+            if (r < nr) {
+                float* y = out + (r0 + r) * n + o;
+                *y = ACC ? *y + acc[r] : acc[r];
+            }
+        }
     }
 }
 
@@ -151,8 +404,7 @@ __device__ void matmul_id(const float* x, const uint8_t* w, const int32_t* ids, 
                                     uint64_t n_out) {                                                 \
         matmul<FMT, false>(XPlain{x}, w, out, rows, k, n, n_x, n_out, op_tag(#NAME));              \
     }
-// The fusion of a matmul with the in-place add of its output into `acc` (src/ops/matmul_fused.rs,
-// CUDA only).
+// The fusion of a matmul with the in-place add of its output into `acc` (src/ops/matmul_fused.rs).
 #define MATMUL_ADD_KERNEL(NAME, FMT)                                                                \
     extern "C" __global__ void NAME(const float* x, const uint8_t* w, float* acc, uint32_t rows,      \
                                     uint32_t k, uint32_t n, uint64_t n_x, uint64_t n_w,               \
@@ -238,7 +490,8 @@ __device__ void matmul_affine(const float* x, const uint32_t* w, const S* scales
 MATMUL_AFFINE_KERNEL(matmul_affine_f32, float)
 MATMUL_AFFINE_KERNEL(matmul_affine_f16, __half)
 
-// ---- Fused decoder-block products (src/ops/fused_block.rs, CUDA only) ----
+// ---- Fused decoder-block products (src/ops/fused_block.rs; the model records them on a GPU for
+// decode steps only: every warp normalizes its row, which a prefill pass would pay per output) ----
 // The activation row is RMS-normalized as it is read: each warp sums the squares of its row in
 // f64 (each lane its share, then a shuffle tree), inv = 1 / sqrt(ss / k + eps) rounded to f32, and value
 // i is (x[i] * inv) * norm[i], the rms_norm kernel's float order.
