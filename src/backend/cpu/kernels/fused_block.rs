@@ -287,8 +287,8 @@ fn tile_products<const P: usize>(
                 for (cp, packed) in c.iter_mut().zip(packed.chunks_exact(k * NR)) {
                     micro_kernel(isa, &x[r0 * k..], k, m, packed, k, cp);
                 }
-                for i in 0..m {
-                    emit(gi, r0 + i, o0, std::array::from_fn(|p| &c[p][i][..width]));
+                for (i, r) in (r0..r0 + m).enumerate() {
+                    emit(gi, r, o0, std::array::from_fn(|p| &c[p][i][..width]));
                 }
                 r0 += m;
             }
