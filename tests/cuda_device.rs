@@ -2,21 +2,12 @@
 //! kernel registry, and the three ways of running a pass (direct, recorded, synchronized per
 //! launch). Every test skips with a visible message where there is no device.
 
-use onepass::backend::cuda::{self, CudaOptions};
+mod cuda_open;
+
+use cuda_open::cuda_device;
+use onepass::backend::cuda;
 use onepass::graph::{Arg, Dispatch, Grid, KernelId, OpKind};
 use onepass::{DType, Device, Executor, Mode, Plan};
-
-fn cuda_device() -> Option<Device> {
-    if !cuda::driver_present() || cuda::device_count().unwrap_or(0) == 0 {
-        eprintln!("skipping: no CUDA device");
-        return None;
-    }
-    let opts = CudaOptions {
-        cache_dir: None,
-        ..CudaOptions::from_env()
-    };
-    Some(Device::cuda_with(0, &opts).expect("a CUDA device is present, opening it must work"))
-}
 
 fn seeded(n: usize, seed: u32) -> Vec<f32> {
     // A small LCG: reproducible, never zero.

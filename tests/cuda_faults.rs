@@ -8,11 +8,13 @@
 //! printed, how it exited, and that it exited in time. Every test skips with a visible message
 //! where there is no device.
 
+mod cuda_open;
+
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use onepass::backend::cuda::{self, size_class, CudaDevice, CudaGraph, CudaOptions};
+use onepass::backend::cuda::{size_class, CudaDevice, CudaGraph};
 use onepass::graph::{Arg, Dispatch, Grid, KernelId, OpKind};
 use onepass::{DType, Device, Executor, Mode, Plan};
 
@@ -29,15 +31,7 @@ const BAD_HIGH: u32 = 0xdead_0000;
 static BIG_MEMORY: Mutex<()> = Mutex::new(());
 
 fn cuda_device() -> Option<(Device, Arc<CudaDevice>)> {
-    if !cuda::driver_present() || cuda::device_count().unwrap_or(0) == 0 {
-        eprintln!("skipping: no CUDA device");
-        return None;
-    }
-    let opts = CudaOptions {
-        cache_dir: None,
-        ..CudaOptions::from_env()
-    };
-    let dev = Device::cuda_with(0, &opts).expect("a CUDA device is present, opening it must work");
+    let dev = cuda_open::cuda_device()?;
     let Device::Cuda(cuda) = &dev else {
         panic!("Device::cuda_with gave another backend")
     };

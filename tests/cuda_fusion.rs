@@ -6,24 +6,14 @@
 //! tolerance. Seeded random inputs, never zeros. Skips with a visible message where there is no
 //! CUDA device (`tests/cpu_fusion.rs` and `ops::matmul_fused` test the CPU kernels alone).
 
-use onepass::backend::cuda::{self, CudaOptions};
+mod cuda_open;
+
+use cuda_open::cuda_device;
 use onepass::ops::fused_block::QkvRope;
 use onepass::ops::rope::{RopeMode, RopeParams};
 use onepass::{Buffer, DType, Device, Executor, Mode, Plan};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-
-fn cuda_device() -> Option<Device> {
-    if !cuda::driver_present() || cuda::device_count().unwrap_or(0) == 0 {
-        eprintln!("skipping: no CUDA device");
-        return None;
-    }
-    let opts = CudaOptions {
-        cache_dir: None,
-        ..CudaOptions::from_env()
-    };
-    Some(Device::cuda_with(0, &opts).expect("a CUDA device is present, opening it must work"))
-}
 
 /// Uniform values in `[-scale, scale]`, never exactly zero.
 fn random_f32(n: usize, scale: f32, seed: u64) -> Vec<f32> {

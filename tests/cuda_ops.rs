@@ -4,8 +4,10 @@
 //! where there is no CUDA device.
 
 mod cuda_harness;
+mod cuda_open;
 
 use cuda_harness::*;
+use cuda_open::cuda_device;
 use onepass::backend::cuda;
 use onepass::{Buffer, DType, Device, Executor, Mode, Plan, Result, Session};
 use rand::RngExt;

@@ -3,22 +3,9 @@
 //! stated tolerance.
 
 use half::{bf16, f16};
-use onepass::backend::cuda::{self, CudaOptions};
 use onepass::{Buffer, DType, Device, Executor, Mode, Plan, Result, Session};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-
-pub(crate) fn cuda_device() -> Option<Device> {
-    if !cuda::driver_present() || cuda::device_count().unwrap_or(0) == 0 {
-        eprintln!("skipping: no CUDA device");
-        return None;
-    }
-    let opts = CudaOptions {
-        cache_dir: None,
-        ..CudaOptions::from_env()
-    };
-    Some(Device::cuda_with(0, &opts).expect("a CUDA device is present, opening it must work"))
-}
 
 /// A host tensor: raw bytes, dtype and dims.
 #[derive(Clone)]
