@@ -20,6 +20,7 @@
 //! - `matmul_add_<w>`: x, w, acc (read-write), then rows, k, n: u32
 
 use std::cell::RefCell;
+use std::marker::PhantomData;
 
 use rayon::prelude::*;
 
@@ -202,41 +203,41 @@ fn one_row_tasks(weights: usize) -> usize {
         .max(1)
 }
 
-/// Pointer to an output matrix that the tile tasks of one product share, each writing only the
-/// columns of its own tile.
-#[derive(Clone, Copy)]
-struct SharedOut {
+/// An output slice that the tasks of one parallel loop share, each writing only its own elements
+/// (the columns of its tile, or the cache rows of its row).
+struct SharedOut<'a> {
     ptr: *mut f32,
     len: usize,
+    _slice: PhantomData<&'a mut [f32]>,
 }
-// SAFETY: the tasks of one product write disjoint elements (see `tile_products`).
-unsafe impl Send for SharedOut {}
+// SAFETY: the tasks sharing it write disjoint elements (see `SharedOut::part`).
+unsafe impl Send for SharedOut<'_> {}
 // SAFETY: as above.
-unsafe impl Sync for SharedOut {}
+unsafe impl Sync for SharedOut<'_> {}
 
-impl SharedOut {
-    fn new(out: &mut [f32]) -> Self {
+impl<'a> SharedOut<'a> {
+    fn new(out: &'a mut [f32]) -> Self {
         SharedOut {
             ptr: out.as_mut_ptr(),
             len: out.len(),
+            _slice: PhantomData,
         }
     }
 
-    /// `out[at + j] = f(j, out[at + j])` for `j < len`.
+    /// `out[at..at + len]` (bounds checked).
     ///
     /// # Safety
-    /// No other task reads or writes `out[at..at + len]` meanwhile (the slice outlives the
-    /// product; bounds are checked here).
+    /// No other reference to these elements is used while the returned slice lives.
     #[inline]
-    unsafe fn update(self, at: usize, len: usize, f: impl Fn(usize, f32) -> f32) {
-        assert!(at + len <= self.len, "tile write out of bounds");
-        for j in 0..len {
-            // SAFETY: in bounds (asserted above); exclusive per the contract.
-            unsafe {
-                let p = self.ptr.add(at + j);
-                *p = f(j, *p);
-            }
-        }
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn part(&self, at: usize, len: usize) -> &'a mut [f32] {
+        assert!(
+            at.checked_add(len).is_some_and(|end| end <= self.len),
+            "shared output part out of bounds"
+        );
+        // SAFETY: in bounds (asserted above) of a slice borrowed mutably for `'a`; exclusive
+        // per the contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at), len) }
     }
 }
 
@@ -305,7 +306,8 @@ fn stacked_products(isa: Isa, stack: &[Matrix<'_>; 3], x: &[f32], rows: usize, o
     let groups = stack.map(|w| [w]);
     tile_products(isa, &groups, x, rows, |g, r, o0, [v]| {
         // SAFETY: only the task of tile `o0` of matrix `g` writes these columns.
-        unsafe { shared.update(r * n_total + col0[g] + o0, v.len(), |j, _| v[j]) }
+        let dst = unsafe { shared.part(r * n_total + col0[g] + o0, v.len()) };
+        dst.copy_from_slice(v);
     });
 }
 
@@ -402,10 +404,10 @@ fn norm_qkv_rope_kernel(args: &KernelArgs<'_>) -> Result<()> {
     let (n_head, n_kv, hd) = (args.usize(12)?, args.usize(13)?, args.usize(14)?);
     let (base, mode) = (args.f32(15)?, args.u32(16)?);
     let (x, norm, rows) = x_and_norm(args, dim)?;
-    if hd == 0 || hd % 2 != 0 || hd / 2 > MAX_ROPE_PAIRS || n_kv == 0 || mode > 1 {
+    if hd == 0 || hd % 2 != 0 || hd / 2 > MAX_ROPE_PAIRS || n_head == 0 || n_kv == 0 || mode > 1 {
         return Err(kernel_err(
             args,
-            format!("head_dim {hd}, {n_kv} key/value heads, mode {mode}"),
+            format!("head_dim {hd}, {n_head} query and {n_kv} key/value heads, mode {mode}"),
         ));
     }
     let dtype = args.buffer(2)?.0.dtype();
@@ -552,7 +554,8 @@ struct Caches<'a> {
 
 /// The tail of `norm_qkv_rope`: `all` holds each row's q, k and v products; q and k are rotated
 /// into `q` and the key cache, v copied into the value cache (row `r` at `pos0 + r`). One row on
-/// the calling thread, more in parallel over q rows and cache heads.
+/// the calling thread, more in parallel over rows (each row's angles computed once, as the rope
+/// kernel does).
 fn rope_and_store(
     rope: &Rope,
     positions: &[i32],
@@ -564,51 +567,31 @@ fn rope_and_store(
     let hd = rope.hd;
     let (nq, nkv) = (n_head * hd, n_kv * hd);
     let n_total = nq + 2 * nkv;
-    let rows = positions.len();
-    let head_len = c.max_ctx * hd;
-    let q_row = |r: usize, qr: &mut [f32], table: &[(f32, f32)]| {
-        let src = &all[r * n_total..r * n_total + nq];
-        for (dst, s) in qr.chunks_exact_mut(hd).zip(src.chunks_exact(hd)) {
-            rope.rotate(table, s, dst);
-        }
-    };
-    let kv_head = |h: usize, kh: &mut [f32], vh: &mut [f32], r: usize, table: &[(f32, f32)]| {
-        let at = r * n_total + nq + h * hd;
-        let dst = (c.pos0 + r) * hd..(c.pos0 + r + 1) * hd;
-        rope.rotate(table, &all[at..at + hd], &mut kh[dst.clone()]);
-        vh[dst].copy_from_slice(&all[at + nkv..at + nkv + hd]);
-    };
-    if rows == 1 {
+    let (k_cache, v_cache) = (SharedOut::new(c.k), SharedOut::new(c.v));
+    let row = |r: usize, qr: &mut [f32]| {
         let mut table = [(0f32, 0f32); MAX_ROPE_PAIRS];
-        rope.table(positions[0], &mut table);
-        q_row(0, q, &table);
-        for (h, (kh, vh)) in
-            c.k.chunks_exact_mut(head_len)
-                .zip(c.v.chunks_exact_mut(head_len))
-                .enumerate()
-        {
-            kv_head(h, kh, vh, 0, &table);
+        rope.table(positions[r], &mut table);
+        let (qs, kv) = all[r * n_total..(r + 1) * n_total].split_at(nq);
+        let (ks, vs) = kv.split_at(nkv);
+        for (dst, src) in qr.chunks_exact_mut(hd).zip(qs.chunks_exact(hd)) {
+            rope.rotate(&table, src, dst);
         }
+        for (h, (kh, vh)) in ks.chunks_exact(hd).zip(vs.chunks_exact(hd)).enumerate() {
+            let at = (h * c.max_ctx + c.pos0 + r) * hd;
+            // SAFETY: cache row `pos0 + r` of every head is written by row `r`'s task alone.
+            let (kd, vd) = unsafe { (k_cache.part(at, hd), v_cache.part(at, hd)) };
+            rope.rotate(&table, kh, kd);
+            vd.copy_from_slice(vh);
+        }
+    };
+    if positions.len() == 1 {
+        row(0, q);
         return;
     }
     q.par_chunks_mut(nq)
-        .with_min_len((MIN_TASK_ELEMS / nq.max(1)).max(1))
+        .with_min_len((MIN_TASK_ELEMS / n_total).max(1))
         .enumerate()
-        .for_each(|(r, qr)| {
-            let mut table = [(0f32, 0f32); MAX_ROPE_PAIRS];
-            rope.table(positions[r], &mut table);
-            q_row(r, qr, &table);
-        });
-    c.k.par_chunks_mut(head_len)
-        .zip(c.v.par_chunks_mut(head_len))
-        .enumerate()
-        .for_each(|(h, (kh, vh))| {
-            let mut table = [(0f32, 0f32); MAX_ROPE_PAIRS];
-            for (r, &pos) in positions.iter().enumerate() {
-                rope.table(pos, &mut table);
-                kv_head(h, kh, vh, r, &table);
-            }
-        });
+        .for_each(|(r, qr)| row(r, qr));
 }
 
 /// The MLP input of a block: see the module documentation and `ops::fused_block`.
@@ -638,7 +621,7 @@ fn norm_gate_up_kernel(args: &KernelArgs<'_>) -> Result<()> {
         let shared = SharedOut::new(hidden);
         tile_products(isa, &[stack], xn, rows, |_, r, o0, [g, u]| {
             // SAFETY: only the task of tile `o0` writes these columns of `hidden`.
-            unsafe { shared.update(r * ffn + o0, g.len(), |j, _| silu(g[j]) * u[j]) }
+            swiglu(g, u, unsafe { shared.part(r * ffn + o0, g.len()) });
         });
     });
     Ok(())
@@ -707,7 +690,7 @@ fn matmul_add_kernel(args: &KernelArgs<'_>) -> Result<()> {
     let shared = SharedOut::new(acc);
     tile_products(isa, &[[w]], x, rows, |_, r, o0, [v]| {
         // SAFETY: only the task of tile `o0` reads and writes these columns of `acc`.
-        unsafe { shared.update(r * n + o0, v.len(), |j, a| a + v[j]) }
+        add_into(unsafe { shared.part(r * n + o0, v.len()) }, v);
     });
     Ok(())
 }
