@@ -10,7 +10,8 @@
 //! `powf` and `sin_cos`, the rotation in f32), SwiGLU as `swiglu` writes it, and `acc + product`.
 //! Only the split of the work differs: one parallel loop covers every output row of the fused
 //! products (q, k and v together; gate and up together), and the cheap tails (rope, cache
-//! writes, SwiGLU, the residual add) run on the calling thread or inside that loop.
+//! writes, SwiGLU, the residual add) run inside that loop, on the calling thread (one row), or
+//! for the rope of many rows in a second loop over rows.
 //!
 //! Argument layouts (the builders in `ops::fused_block` and `ops::matmul_fused` make them):
 //! - `norm_qkv_rope_<w>`: x, norm, wq, wk, wv, positions (i32), step (i32), q (written), k_cache,
@@ -675,7 +676,13 @@ fn matmul_add_kernel(args: &KernelArgs<'_>) -> Result<()> {
     let acc = args.output::<f32>(2)?;
     check_len(args, "x", x.len(), rows * k)?;
     check_len(args, "acc", acc.len(), rows * n)?;
-    if acc.is_empty() {
+    if k == 0 || n == 0 {
+        return Err(kernel_err(
+            args,
+            format!("k = {k} and n = {n} must be at least 1"),
+        ));
+    }
+    if rows == 0 {
         return Ok(());
     }
     let isa = Isa::detect();
