@@ -101,7 +101,7 @@ impl UnaryOp for Softcap {
 
 /// `x * sigmoid(x)`.
 #[inline(always)]
-fn silu(x: f32) -> f32 {
+pub(super) fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 

@@ -25,12 +25,14 @@ use std::marker::PhantomData;
 
 use rayon::prelude::*;
 
+use super::elementwise::silu;
+use super::matmul::{check_len, kernel_err};
 use super::matmul_simd::{dot_row, micro_kernel, Isa, MR, NR};
 use super::matvec_vnni::{self, Layout, QuantRow};
 use super::norm::sum_squares;
 use crate::backend::cpu::{CpuRegistry, KernelArgs};
 use crate::backend::DType;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::quant::QK_K;
 
 /// Kernel names by weight format: the fused attention input, the fused MLP input and the matmul
@@ -328,30 +330,6 @@ fn rms_norm_rows(x: &[f32], weight: &[f32], eps: f32, dim: usize, out: &mut [f32
             .with_min_len((MIN_TASK_ELEMS / dim).max(1))
             .zip(x.par_chunks(dim))
             .for_each(|(o, xr)| one(xr, o));
-    }
-}
-
-/// `x * sigmoid(x)`, as the elementwise kernels write it.
-#[inline(always)]
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-
-fn kernel_err(args: &KernelArgs<'_>, msg: String) -> Error {
-    Error::Kernel {
-        kernel: args.kernel().0,
-        msg,
-    }
-}
-
-fn check_len(args: &KernelArgs<'_>, what: &str, got: usize, want: usize) -> Result<()> {
-    if got == want {
-        Ok(())
-    } else {
-        Err(kernel_err(
-            args,
-            format!("{what} has {got} elements or bytes, expected {want}"),
-        ))
     }
 }
 

@@ -312,14 +312,16 @@ fn matvec_integer(w: &WeightRows<'_>, x: &[f32], k: usize, n: usize, out: &mut [
     done
 }
 
-fn kernel_err(args: &KernelArgs<'_>, msg: String) -> Error {
+/// A kernel error naming the running kernel.
+pub(super) fn kernel_err(args: &KernelArgs<'_>, msg: String) -> Error {
     Error::Kernel {
         kernel: args.kernel().0,
         msg,
     }
 }
 
-fn check_len(args: &KernelArgs<'_>, what: &str, got: usize, want: usize) -> Result<()> {
+/// An error unless an argument holds `want` elements or bytes.
+pub(super) fn check_len(args: &KernelArgs<'_>, what: &str, got: usize, want: usize) -> Result<()> {
     if got == want {
         Ok(())
     } else {
