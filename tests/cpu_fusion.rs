@@ -6,22 +6,12 @@
 //! tolerance, and a cache position out of range is an error that writes nothing. Seeded random
 //! inputs, never zeros.
 
+mod seeded;
+
 use onepass::ops::fused_block::QkvRope;
 use onepass::ops::rope::{RopeMode, RopeParams};
 use onepass::{Buffer, DType, Device, Executor, Mode, Plan};
-use rand::{RngExt, SeedableRng};
-use rand_chacha::ChaCha8Rng;
-
-/// Uniform values in `[-scale, scale]`, never exactly zero.
-fn random_f32(n: usize, scale: f32, seed: u64) -> Vec<f32> {
-    let mut r = ChaCha8Rng::seed_from_u64(seed);
-    (0..n)
-        .map(|_| match r.random_range(-scale..scale) {
-            0.0 => scale * 0.5,
-            v => v,
-        })
-        .collect()
-}
+use seeded::random_f32;
 
 const N_HEAD: usize = 4;
 const N_KV: usize = 2;

@@ -8,23 +8,13 @@
 
 mod cuda_open;
 
+mod seeded;
+
 use cuda_open::cuda_device;
 use onepass::ops::fused_block::QkvRope;
 use onepass::ops::rope::{RopeMode, RopeParams};
 use onepass::{Buffer, DType, Device, Executor, Mode, Plan};
-use rand::{RngExt, SeedableRng};
-use rand_chacha::ChaCha8Rng;
-
-/// Uniform values in `[-scale, scale]`, never exactly zero.
-fn random_f32(n: usize, scale: f32, seed: u64) -> Vec<f32> {
-    let mut r = ChaCha8Rng::seed_from_u64(seed);
-    (0..n)
-        .map(|_| match r.random_range(-scale..scale) {
-            0.0 => scale * 0.5,
-            v => v,
-        })
-        .collect()
-}
+use seeded::random_f32;
 
 /// A `[n, k]` weight of `dtype` with random values.
 fn weight(dev: &Device, dtype: DType, n: usize, k: usize, seed: u64) -> Buffer {

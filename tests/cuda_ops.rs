@@ -5,6 +5,7 @@
 
 mod cuda_harness;
 mod cuda_open;
+mod seeded;
 
 use cuda_harness::*;
 use cuda_open::cuda_device;

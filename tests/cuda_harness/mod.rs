@@ -2,10 +2,9 @@
 //! one op in a direct session on a device, and comparing the CUDA results with the CPU's within a
 //! stated tolerance.
 
+pub(crate) use crate::seeded::{random_f32, rng};
 use half::{bf16, f16};
 use onepass::{Buffer, DType, Device, Executor, Mode, Plan, Result, Session};
-use rand::{RngExt, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 
 /// A host tensor: raw bytes, dtype and dims.
 #[derive(Clone)]
@@ -13,25 +12,6 @@ pub(crate) struct Host {
     pub(crate) bytes: Vec<u8>,
     pub(crate) dtype: DType,
     pub(crate) dims: Vec<usize>,
-}
-
-pub(crate) fn rng(seed: u64) -> ChaCha8Rng {
-    ChaCha8Rng::seed_from_u64(seed)
-}
-
-/// Uniform values in `[-scale, scale]`, never exactly zero.
-pub(crate) fn random_f32(n: usize, scale: f32, seed: u64) -> Vec<f32> {
-    let mut r = rng(seed);
-    (0..n)
-        .map(|_| {
-            let v: f32 = r.random_range(-scale..scale);
-            if v == 0.0 {
-                scale * 0.5
-            } else {
-                v
-            }
-        })
-        .collect()
 }
 
 /// A float tensor of `dtype` from f32 values.
