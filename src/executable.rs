@@ -205,7 +205,7 @@ impl Executor {
 
 impl Executable {
     fn new(device: Device, graph: &ComputeGraph, stable: &StableSet) -> Result<Self> {
-        let dispatches: Vec<Dispatch> = graph.dispatches().cloned().collect();
+        let dispatches: Vec<Dispatch> = graph.dispatches().map(|d| d.to_dispatch()).collect();
         if dispatches.is_empty() {
             return Err(Error::InvalidArgument(
                 "instantiate: the graph has no dispatch".into(),

@@ -200,7 +200,11 @@ pub fn sanitize(
         ));
     }
     let device = executor.device();
-    let serial: Vec<Vec<Dispatch>> = input.graph.dispatches().map(|d| vec![d.clone()]).collect();
+    let serial: Vec<Vec<Dispatch>> = input
+        .graph
+        .dispatches()
+        .map(|d| vec![d.to_dispatch()])
+        .collect();
     let mut optimized_graph = input.graph.clone();
     let opt = Executor::optimize(&mut optimized_graph, plan);
     let optimized = groups_of(&optimized_graph);
@@ -347,7 +351,7 @@ fn groups_of(graph: &ComputeGraph) -> Vec<Vec<Dispatch>> {
     let mut current = Vec::new();
     for node in graph.nodes() {
         match node {
-            Node::Dispatch(d) => current.push(d.clone()),
+            Node::Dispatch(d) => current.push(d.to_dispatch()),
             Node::Barrier => groups.push(std::mem::take(&mut current)),
         }
     }
@@ -421,7 +425,11 @@ impl Schedule {
         }
         let graphs = units
             .iter()
-            .map(|u| ComputeGraph::from_nodes(u.iter().cloned().map(Node::Dispatch).collect()))
+            .map(|u| {
+                let mut g = ComputeGraph::with_capacity(u.len());
+                u.iter().for_each(|d| g.push_ref(d.as_view()));
+                g
+            })
             .collect();
         Schedule {
             units,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::backend::{Buffer, Device};
 use crate::config::RuntimeConfig;
 use crate::error::{Error, Result};
-use crate::graph::{passes, Arg, ComputeGraph, Dispatch, Node, RangeSet};
+use crate::graph::{passes, Arg, ComputeGraph, Dispatch, Node, Nodes, RangeSet};
 
 /// How a session treats its dispatches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,16 +145,16 @@ impl Executor {
 
     /// Runs a graph whose barriers are already placed, split or not, and waits for it.
     pub fn run(&self, graph: &ComputeGraph, split: bool) -> Result<RunTimes> {
-        let nodes = graph.nodes();
+        let len = graph.len();
         let cut = if split {
             passes::split_index(graph)
         } else {
-            nodes.len()
+            len
         };
         let start = Instant::now();
         let mut submissions = Vec::with_capacity(2);
-        for part in [&nodes[..cut], &nodes[cut..]] {
-            if part.iter().any(|n| n.as_dispatch().is_some()) {
+        for part in [graph.nodes_in(0..cut), graph.nodes_in(cut..len)] {
+            if part.clone().any(|n| n.as_dispatch().is_some()) {
                 submissions.push(self.encode_part(part)?);
             }
         }
@@ -170,7 +170,7 @@ impl Executor {
         })
     }
 
-    fn encode_part(&self, nodes: &[Node]) -> Result<Submission> {
+    fn encode_part(&self, nodes: Nodes<'_>) -> Result<Submission> {
         match &self.device {
             Device::Cpu(cpu) => {
                 let mut enc = cpu.encoder();
@@ -305,7 +305,7 @@ impl Session {
                     self.group.clear();
                 }
                 self.group.add(dispatch.reads(), dispatch.writes());
-                encoder.encode(&dispatch)?;
+                encoder.encode(dispatch.as_view())?;
                 Ok(())
             }
             Some(Encoding::Cuda { encoder }) => {
@@ -316,7 +316,7 @@ impl Session {
                     self.group.clear();
                 }
                 self.group.add(dispatch.reads(), dispatch.writes());
-                encoder.encode(&dispatch)
+                encoder.encode(dispatch.as_view())
             }
         }
         .and_then(|()| self.maybe_split_direct())

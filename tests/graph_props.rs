@@ -9,7 +9,8 @@
 use onepass::backend::cpu::KernelArgs;
 use onepass::graph::passes::{self, FusionRule};
 use onepass::graph::{
-    Access, Arg, ComputeGraph, Dispatch, Grid, KernelId, Node, OpKind, Range, RangeSet, Scalar,
+    Access, Arg, ComputeGraph, Dispatch, DispatchRef, Grid, KernelId, Node, OpKind, Range,
+    RangeSet, Scalar,
 };
 use onepass::ops::custom::CustomKernel;
 use onepass::{Buffer, DType, Device, Executor, Mode};
@@ -103,14 +104,14 @@ fn build(mem: &Mem, specs: &[Spec]) -> ComputeGraph {
     g
 }
 
-fn tag(d: &Dispatch) -> usize {
+fn tag(d: DispatchRef<'_>) -> usize {
     match d.args().last() {
         Some(Arg::Scalar(Scalar::U32(t))) => *t as usize,
         other => panic!("untagged dispatch {other:?}"),
     }
 }
 
-fn conflict(a: &Dispatch, b: &Dispatch) -> bool {
+fn conflict(a: DispatchRef<'_>, b: DispatchRef<'_>) -> bool {
     let mut s = RangeSet::new();
     s.add(a.reads(), a.writes());
     s.conflicts(b.reads(), b.writes())
@@ -118,16 +119,16 @@ fn conflict(a: &Dispatch, b: &Dispatch) -> bool {
 
 /// Checks (c) on a graph with barriers placed.
 fn check_barriers(g: &ComputeGraph) -> Result<(), TestCaseError> {
-    let mut group: Vec<&Dispatch> = Vec::new();
+    let mut group: Vec<DispatchRef<'_>> = Vec::new();
     for node in g.nodes() {
         match node {
             Node::Barrier => group.clear(),
             Node::Dispatch(d) => {
                 for other in &group {
                     prop_assert!(
-                        !conflict(other, d),
+                        !conflict(*other, d),
                         "dispatches {} and {} conflict inside one group",
-                        tag(other),
+                        tag(*other),
                         tag(d)
                     );
                 }
@@ -136,23 +137,23 @@ fn check_barriers(g: &ComputeGraph) -> Result<(), TestCaseError> {
         }
     }
     // Every barrier is needed: the dispatch right after it conflicts with the group before it.
-    let nodes = g.nodes();
+    let nodes: Vec<Node<'_>> = g.nodes().collect();
     let mut start = 0;
     for (i, node) in nodes.iter().enumerate() {
         if matches!(node, Node::Barrier) {
-            let next = nodes.get(i + 1).and_then(Node::as_dispatch);
+            let next = nodes.get(i + 1).and_then(|n| n.as_dispatch());
             let Some(next) = next else {
                 return Err(TestCaseError::fail(format!(
                     "barrier {i} is not followed by a dispatch"
                 )));
             };
             prop_assert!(start < i, "barrier {} has an empty group before it", i);
-            let before: Vec<&Dispatch> = nodes[start..i]
+            let before: Vec<DispatchRef<'_>> = nodes[start..i]
                 .iter()
                 .filter_map(Node::as_dispatch)
                 .collect();
             prop_assert!(
-                before.iter().any(|d| conflict(d, next)),
+                before.iter().any(|d| conflict(*d, next)),
                 "barrier before dispatch {} is not needed",
                 tag(next)
             );
@@ -164,14 +165,14 @@ fn check_barriers(g: &ComputeGraph) -> Result<(), TestCaseError> {
 
 /// The graph as tags and `|` for barriers.
 fn layout(g: &ComputeGraph) -> Vec<Option<usize>> {
-    g.nodes().iter().map(|n| n.as_dispatch().map(tag)).collect()
+    g.nodes().map(|n| n.as_dispatch().map(tag)).collect()
 }
 
 /// A shape-only rule for the random graphs: two elementwise dispatches fuse when the second's
 /// first read is exactly the first's first write; the fused dispatch reads what both read (but
 /// the intermediate), writes what the second writes, and keeps the first's tag.
 fn chain_rule() -> FusionRule {
-    fn buffers(d: &Dispatch, access: fn(Access) -> bool) -> Vec<Buffer> {
+    fn buffers(d: DispatchRef<'_>, access: fn(Access) -> bool) -> Vec<Buffer> {
         d.args()
             .iter()
             .filter_map(|a| match a {
@@ -180,11 +181,11 @@ fn chain_rule() -> FusionRule {
             })
             .collect()
     }
-    fn intermediate(a: &Dispatch, b: &Dispatch) -> Option<Range> {
+    fn intermediate(a: DispatchRef<'_>, b: DispatchRef<'_>) -> Option<Range> {
         let w = *a.writes().first()?;
         (*b.reads().first()? == w).then_some(w)
     }
-    fn build(a: &Dispatch, b: &Dispatch) -> onepass::Result<Dispatch> {
+    fn build(a: DispatchRef<'_>, b: DispatchRef<'_>) -> onepass::Result<Dispatch> {
         let mid = intermediate(a, b);
         let mut args: Vec<Arg> = buffers(a, Access::reads)
             .iter()
@@ -221,7 +222,7 @@ proptest! {
         let dev = Device::cpu(1).expect("cpu");
         let mem = Mem::new(&dev);
         let original = build(&mem, &specs);
-        let orig: Vec<&Dispatch> = original.dispatches().collect();
+        let orig: Vec<DispatchRef<'_>> = original.dispatches().collect();
         let mut g = original.clone();
         passes::reorder(&mut g, lookahead);
         let mut pos = vec![usize::MAX; orig.len()];
@@ -337,12 +338,12 @@ const ADD_SCALE: CustomKernel = CustomKernel {
     reorderable: true,
 };
 
-fn buffer(d: &Dispatch, i: usize) -> Option<&Buffer> {
+fn buffer(d: DispatchRef<'_>, i: usize) -> Option<&Buffer> {
     d.buffer_arg(i).map(|(b, _)| b)
 }
 
 /// An add whose output the next scale reads in full.
-fn add_scale_intermediate(a: &Dispatch, b: &Dispatch) -> Option<Range> {
+fn add_scale_intermediate(a: DispatchRef<'_>, b: DispatchRef<'_>) -> Option<Range> {
     if a.kernel().0 != ADD.name || b.kernel().0 != SCALE.name {
         return None;
     }
@@ -351,7 +352,7 @@ fn add_scale_intermediate(a: &Dispatch, b: &Dispatch) -> Option<Range> {
     (Range::of(out) == Range::of(input)).then(|| Range::of(out))
 }
 
-fn add_scale_build(a: &Dispatch, b: &Dispatch) -> onepass::Result<Dispatch> {
+fn add_scale_build(a: DispatchRef<'_>, b: DispatchRef<'_>) -> onepass::Result<Dispatch> {
     let missing = || onepass::Error::InvalidArgument("add_scale: unexpected arguments".into());
     let s = match b.args().get(2) {
         Some(Arg::Scalar(Scalar::F32(s))) => *s,

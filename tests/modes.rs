@@ -9,7 +9,7 @@
 
 use onepass::backend::cpu::KernelArgs;
 use onepass::graph::passes::{self, FusionRule};
-use onepass::graph::{Arg, Dispatch, Grid, OpKind, Range, Scalar};
+use onepass::graph::{Arg, Dispatch, DispatchRef, Grid, OpKind, Range, Scalar};
 use onepass::ops::custom::{self, CustomKernel};
 use onepass::{Buffer, DType, Device, Executor, Mode, Plan, RuntimeConfig};
 use rand::{RngExt, SeedableRng};
@@ -287,11 +287,11 @@ impl Memory {
 
 // ---------------------------------------------------------------- the fusion test rule
 
-fn buffer(d: &Dispatch, i: usize) -> Option<&Buffer> {
+fn buffer(d: DispatchRef<'_>, i: usize) -> Option<&Buffer> {
     d.buffer_arg(i).map(|(b, _)| b)
 }
 
-fn add_scale_intermediate(a: &Dispatch, b: &Dispatch) -> Option<Range> {
+fn add_scale_intermediate(a: DispatchRef<'_>, b: DispatchRef<'_>) -> Option<Range> {
     if a.kernel().0 != ADD.name || b.kernel().0 != SCALE.name {
         return None;
     }
@@ -299,7 +299,7 @@ fn add_scale_intermediate(a: &Dispatch, b: &Dispatch) -> Option<Range> {
     (out == input).then_some(out)
 }
 
-fn add_scale_build(a: &Dispatch, b: &Dispatch) -> onepass::Result<Dispatch> {
+fn add_scale_build(a: DispatchRef<'_>, b: DispatchRef<'_>) -> onepass::Result<Dispatch> {
     let bad = || onepass::Error::InvalidArgument("add_scale: unexpected arguments".into());
     let Some(Arg::Scalar(Scalar::F32(s))) = b.args().get(2) else {
         return Err(bad());

@@ -160,6 +160,9 @@ struct View {
     len: usize,
     dtype: DType,
     shape: Shape,
+    /// The last graph that took this view in, and the view's index in that graph (see
+    /// [`Buffer::graph_stamp`]).
+    stamp: AtomicU64,
 }
 
 impl Buffer {
@@ -200,6 +203,7 @@ impl Buffer {
                 len,
                 dtype,
                 shape,
+                stamp: AtomicU64::new(0),
             }),
         })
     }
@@ -260,6 +264,7 @@ impl Buffer {
                 len: v.len,
                 dtype: v.dtype,
                 shape,
+                stamp: AtomicU64::new(0),
             }),
         })
     }
@@ -314,6 +319,20 @@ impl Buffer {
     #[inline]
     pub fn byte_range(&self) -> std::ops::Range<usize> {
         self.view.offset..self.view.offset + self.view.len
+    }
+
+    /// A word the graph recorder keeps in the view, shared by every clone of this buffer: which
+    /// graph last took the view in and at which index. Only
+    /// [`ComputeGraph`](crate::graph::ComputeGraph) reads or writes it.
+    #[inline]
+    pub(crate) fn graph_stamp(&self) -> &AtomicU64 {
+        &self.view.stamp
+    }
+
+    /// Whether two clones point at the same view (not merely the same bytes).
+    #[inline]
+    pub fn same_view(&self, other: &Buffer) -> bool {
+        Arc::ptr_eq(&self.view, &other.view)
     }
 
     /// Whether two views share at least one byte.

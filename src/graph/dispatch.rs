@@ -81,6 +81,58 @@ impl Arg {
     }
 }
 
+/// One kernel argument as a recorder takes it: buffers are borrowed, so recording into a
+/// [`ComputeGraph`](super::ComputeGraph) takes no reference count per argument (the graph keeps
+/// one reference per distinct view instead).
+#[derive(Debug, Clone, Copy)]
+pub enum ArgRef<'a> {
+    /// A buffer view and how the kernel uses it.
+    Buffer(&'a Buffer, Access),
+    /// A scalar.
+    Scalar(Scalar),
+}
+
+impl<'a> ArgRef<'a> {
+    /// A buffer the kernel reads.
+    pub fn read(buf: &'a Buffer) -> Self {
+        ArgRef::Buffer(buf, Access::Read)
+    }
+
+    /// A buffer the kernel writes.
+    pub fn write(buf: &'a Buffer) -> Self {
+        ArgRef::Buffer(buf, Access::Write)
+    }
+
+    /// A buffer the kernel reads and writes in place.
+    pub fn read_write(buf: &'a Buffer) -> Self {
+        ArgRef::Buffer(buf, Access::ReadWrite)
+    }
+
+    /// An unsigned scalar.
+    pub fn u32(v: u32) -> Self {
+        ArgRef::Scalar(Scalar::U32(v))
+    }
+
+    /// A signed scalar.
+    pub fn i32(v: i32) -> Self {
+        ArgRef::Scalar(Scalar::I32(v))
+    }
+
+    /// A float scalar.
+    pub fn f32(v: f32) -> Self {
+        ArgRef::Scalar(Scalar::F32(v))
+    }
+}
+
+impl<'a> From<&'a Arg> for ArgRef<'a> {
+    fn from(arg: &'a Arg) -> Self {
+        match arg {
+            Arg::Buffer(b, a) => ArgRef::Buffer(b, *a),
+            Arg::Scalar(s) => ArgRef::Scalar(*s),
+        }
+    }
+}
+
 /// Names one kernel in a backend's registry (CPU: a Rust function; CUDA: a compiled function).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct KernelId(pub &'static str);
@@ -445,7 +497,7 @@ struct DispatchInner {
     grid: Grid,
     op: OpKind,
     /// How many of `ranges` are reads (they come first).
-    n_reads: u8,
+    n_reads: u32,
     args: ArgList,
     ranges: RangeList,
 }
@@ -485,13 +537,6 @@ impl Dispatch {
         if n_writes > 0 {
             check_writes_alone(kernel, list)?;
         }
-        if n_reads > u8::MAX as usize {
-            return Err(Error::InvalidArgument(format!(
-                "kernel {}: more than {} read arguments",
-                kernel.0,
-                u8::MAX
-            )));
-        }
         let reads = buffers(list).filter(|(_, a)| a.reads());
         let writes = buffers(list).filter(|(_, a)| a.writes());
         let all = reads.chain(writes).map(|(b, _)| Range::of(b));
@@ -512,7 +557,7 @@ impl Dispatch {
                 kernel,
                 grid,
                 op,
-                n_reads: n_reads as u8,
+                n_reads: n_reads as u32,
                 args,
                 ranges,
             })),
@@ -558,6 +603,19 @@ impl Dispatch {
             _ => None,
         }
     }
+
+    /// The dispatch as a borrowed view (what encoders and fusion rules take).
+    #[inline]
+    pub fn as_view(&self) -> DispatchRef<'_> {
+        DispatchRef::from_parts(
+            self.inner.kernel,
+            self.inner.grid,
+            self.inner.op,
+            self.inner.args.as_slice(),
+            self.inner.ranges.as_slice(),
+            self.inner.n_reads as usize,
+        )
+    }
 }
 
 /// Fails when a written buffer argument overlaps any other buffer argument.
@@ -585,21 +643,117 @@ fn check_writes_alone(kernel: KernelId, args: &[Arg]) -> Result<()> {
     Ok(())
 }
 
-/// One node of a recorded graph.
-#[derive(Debug, Clone)]
-pub enum Node {
-    /// A kernel launch.
-    Dispatch(Dispatch),
-    /// Everything before must finish before anything after starts.
-    Barrier,
+/// A borrowed view of one dispatch: of a [`Dispatch`] ([`Dispatch::as_view`]) or of a dispatch
+/// inside a [`ComputeGraph`](super::ComputeGraph). Backends encode from it; fusion rules read it.
+#[derive(Clone, Copy)]
+pub struct DispatchRef<'a> {
+    kernel: KernelId,
+    grid: Grid,
+    op: OpKind,
+    args: &'a [Arg],
+    /// The read ranges, then the write ranges.
+    ranges: &'a [Range],
+    n_reads: usize,
 }
 
-impl Node {
-    /// The dispatch, if this node is one.
-    pub fn as_dispatch(&self) -> Option<&Dispatch> {
-        match self {
-            Node::Dispatch(d) => Some(d),
-            Node::Barrier => None,
+impl<'a> DispatchRef<'a> {
+    /// A view from its parts (`ranges`: the `n_reads` read ranges, then the write ranges).
+    pub(crate) fn from_parts(
+        kernel: KernelId,
+        grid: Grid,
+        op: OpKind,
+        args: &'a [Arg],
+        ranges: &'a [Range],
+        n_reads: usize,
+    ) -> Self {
+        DispatchRef {
+            kernel,
+            grid,
+            op,
+            args,
+            ranges,
+            n_reads,
         }
+    }
+
+    /// The kernel.
+    #[inline]
+    pub fn kernel(&self) -> KernelId {
+        self.kernel
+    }
+
+    /// The arguments, in kernel order.
+    #[inline]
+    pub fn args(&self) -> &'a [Arg] {
+        self.args
+    }
+
+    /// Launch geometry.
+    #[inline]
+    pub fn grid(&self) -> Grid {
+        self.grid
+    }
+
+    /// The op kind.
+    #[inline]
+    pub fn op(&self) -> OpKind {
+        self.op
+    }
+
+    /// Byte ranges the dispatch reads.
+    #[inline]
+    pub fn reads(&self) -> &'a [Range] {
+        &self.ranges[..self.n_reads]
+    }
+
+    /// Byte ranges the dispatch writes.
+    #[inline]
+    pub fn writes(&self) -> &'a [Range] {
+        &self.ranges[self.n_reads..]
+    }
+
+    /// The buffer argument at `index`, if it is one.
+    pub fn buffer_arg(&self, index: usize) -> Option<(&'a Buffer, Access)> {
+        match self.args.get(index) {
+            Some(Arg::Buffer(b, a)) => Some((b, *a)),
+            _ => None,
+        }
+    }
+
+    /// An owned copy (one reference per buffer argument).
+    pub fn to_dispatch(&self) -> Dispatch {
+        let ranges = if self.ranges.len() <= INLINE_RANGES {
+            let mut items = [NO_RANGE; INLINE_RANGES];
+            items[..self.ranges.len()].copy_from_slice(self.ranges);
+            RangeList::Inline {
+                len: self.ranges.len() as u8,
+                items,
+            }
+        } else {
+            RangeList::Heap(self.ranges.into())
+        };
+        Dispatch {
+            inner: ManuallyDrop::new(spare::boxed(DispatchInner {
+                kernel: self.kernel,
+                grid: self.grid,
+                op: self.op,
+                n_reads: self.n_reads as u32,
+                args: ArgList::from(self.args.to_vec()),
+                ranges,
+            })),
+        }
+    }
+}
+
+impl std::fmt::Debug for DispatchRef<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatch")
+            .field("kernel", &self.kernel)
+            .field("op", &self.op)
+            .field("grid", &self.grid)
+            .field("args", &self.args)
+            .field("reads", &self.reads())
+            .field("writes", &self.writes())
+            .finish()
     }
 }

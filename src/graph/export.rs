@@ -12,11 +12,11 @@
 
 use std::fmt::Write;
 
-use super::{ComputeGraph, Dispatch, Node, OpKind};
+use super::{ComputeGraph, DispatchRef, Node, OpKind};
 
 /// A dispatch of the graph with its group.
 struct Item<'a> {
-    dispatch: &'a Dispatch,
+    dispatch: DispatchRef<'a>,
     group: usize,
 }
 

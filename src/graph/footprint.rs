@@ -1,6 +1,6 @@
-//! The passes' view of a dispatch list: every distinct byte range that can take part in a
-//! conflict gets a small index, once per pass run, and every index knows which indices overlap
-//! it. A set of dispatches (a concurrent group, the dispatches a lookahead skipped) is then two
+//! The passes' view of a graph's dispatch list: every view the graph took in has a small index
+//! (given at record time, see [`ComputeGraph`]), and every index knows which indices overlap it.
+//! A set of dispatches (a concurrent group, the dispatches a lookahead skipped) is then two
 //! stamps per index, and asking whether a dispatch conflicts with the set is one load per range
 //! of the dispatch. The conflict rule is [`RangeSet`](super::RangeSet)'s, exactly.
 //!
@@ -8,13 +8,13 @@
 //! are left out (the weights of a forward pass, the step buffer). Empty ranges touch no byte and
 //! are left out too.
 
-use super::{Dispatch, Range};
+use super::{ComputeGraph, Range};
 
 /// Bits of the written-allocation filter (allocation ids modulo this; a collision only keeps a
 /// read that could have been dropped).
 const WRITTEN_FILTER_BITS: usize = 4096;
 
-/// The interned, conflict-relevant ranges of a list of dispatches.
+/// The conflict-relevant ranges of a graph's dispatches, as view indices.
 pub(crate) struct Footprint {
     /// Per dispatch, packed: the indices of its kept reads, then of its writes.
     ids: Vec<u32>,
@@ -31,44 +31,56 @@ pub(crate) struct Footprint {
 }
 
 impl Footprint {
-    /// Interns the ranges of `dispatches`, in order.
-    pub(crate) fn new<'a>(dispatches: impl Iterator<Item = &'a Dispatch> + Clone) -> Self {
+    /// The footprint of the dispatches of `graph`, in node order (barriers are skipped).
+    pub(crate) fn new(graph: &ComputeGraph) -> Self {
+        let view_ranges = graph.view_ranges();
+        let order = graph.order();
         let mut written = [0u64; WRITTEN_FILTER_BITS / 64];
         let slot = |r: &Range| (r.alloc.0 as usize) % WRITTEN_FILTER_BITS;
-        let (mut count, mut bound) = (0, 0);
-        for d in dispatches.clone() {
-            for w in d.writes() {
-                written[slot(w) / 64] |= 1 << (slot(w) % 64);
+        let mut bound = 0;
+        for &h in order {
+            if h == ComputeGraph::BARRIER {
+                continue;
             }
-            count += 1;
-            bound += d.reads().len() + d.writes().len();
+            let (reads, writes) = graph.range_views_at(h);
+            for &w in writes {
+                let k = slot(&view_ranges[w as usize]);
+                written[k / 64] |= 1 << (k % 64);
+            }
+            bound += reads.len() + writes.len();
         }
-        let mut interner = Interner::new();
+        // Per view: 1 if a read of it can conflict, 2 if a write of it can (non-empty).
+        let keep: Vec<u8> = view_ranges
+            .iter()
+            .map(|r| {
+                let k = slot(r);
+                let nonempty = r.start < r.end;
+                let read = nonempty && written[k / 64] & (1 << (k % 64)) != 0;
+                read as u8 | (nonempty as u8) << 1
+            })
+            .collect();
+        let count = order.len();
         let mut ids = Vec::with_capacity(bound);
         let mut spans = Vec::with_capacity(count);
         let mut movable = Vec::with_capacity(count);
-        for d in dispatches {
-            movable.push(d.op().is_reorderable());
+        for &h in order {
+            if h == ComputeGraph::BARRIER {
+                continue;
+            }
+            movable.push(graph.op_at(h).is_reorderable());
+            let (reads, writes) = graph.range_views_at(h);
             let start = ids.len() as u32;
-            for r in d.reads() {
-                if r.start < r.end && written[slot(r) / 64] & (1 << (slot(r) % 64)) != 0 {
-                    ids.push(interner.intern(r));
-                }
-            }
+            ids.extend(reads.iter().filter(|&&v| keep[v as usize] & 1 != 0));
             let mid = ids.len() as u32;
-            for w in d.writes() {
-                if w.start < w.end {
-                    ids.push(interner.intern(w));
-                }
-            }
+            ids.extend(writes.iter().filter(|&&v| keep[v as usize] & 2 != 0));
             spans.push([start, mid, ids.len() as u32]);
         }
-        let (overlap_start, overlaps) = overlap_lists(&interner.ranges);
+        let (overlap_start, overlaps) = overlap_lists(view_ranges, &keep);
         Footprint {
             ids,
             spans,
             movable,
-            disjoint: overlaps.len() == interner.ranges.len(),
+            disjoint: overlaps.len() == view_ranges.len(),
             overlap_start,
             overlaps,
         }
@@ -215,12 +227,12 @@ impl Footprint {
     }
 }
 
-/// For each range, the ranges it overlaps (itself included), as offsets and a packed list.
-/// Ranges are non-empty and distinct; sorted by allocation and start, each range overlaps exactly
-/// the following ranges of its allocation that start before it ends.
-fn overlap_lists(ranges: &[Range]) -> (Vec<u32>, Vec<u32>) {
+/// For each view, the views it overlaps (itself included), as offsets and a packed list. Only
+/// views with `keep != 0` (non-empty) are compared; sorted by allocation and start, each overlaps
+/// exactly the following ones of its allocation that start before it ends.
+fn overlap_lists(ranges: &[Range], keep: &[u8]) -> (Vec<u32>, Vec<u32>) {
     let k = ranges.len();
-    let mut order: Vec<u32> = (0..k as u32).collect();
+    let mut order: Vec<u32> = (0..k as u32).filter(|&i| keep[i as usize] != 0).collect();
     order.sort_unstable_by_key(|&i| (ranges[i as usize].alloc, ranges[i as usize].start));
     let mut pairs = Vec::new();
     for (a, &i) in order.iter().enumerate() {
@@ -256,71 +268,6 @@ fn overlap_lists(ranges: &[Range]) -> (Vec<u32>, Vec<u32>) {
         put(j, i);
     }
     (start, list)
-}
-
-/// Gives each distinct range an index: an open-addressing table of indices plus one.
-struct Interner {
-    slots: Vec<u32>,
-    shift: u32,
-    ranges: Vec<Range>,
-}
-
-impl Interner {
-    /// An empty table (it doubles whenever it would be more than half full).
-    fn new() -> Self {
-        let bits = 8;
-        Interner {
-            slots: vec![0; 1 << bits],
-            shift: 64 - bits,
-            ranges: Vec::new(),
-        }
-    }
-
-    #[inline]
-    fn slot_of(&self, r: &Range) -> usize {
-        let h = (r.alloc.0 ^ (r.start as u64).rotate_left(21) ^ (r.end as u64).rotate_left(42))
-            .wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        (h >> self.shift) as usize
-    }
-
-    #[inline]
-    fn intern(&mut self, r: &Range) -> u32 {
-        let mask = self.slots.len() - 1;
-        let mut at = self.slot_of(r);
-        loop {
-            let s = self.slots[at];
-            if s == 0 {
-                break;
-            }
-            if self.ranges[s as usize - 1] == *r {
-                return s - 1;
-            }
-            at = (at + 1) & mask;
-        }
-        self.ranges.push(*r);
-        let id = self.ranges.len() as u32;
-        if 2 * self.ranges.len() > self.slots.len() {
-            self.grow();
-        } else {
-            self.slots[at] = id;
-        }
-        id - 1
-    }
-
-    /// Doubles the table and places every range again (the last one included).
-    #[cold]
-    fn grow(&mut self) {
-        self.shift -= 1;
-        self.slots = vec![0; self.slots.len() * 2];
-        let mask = self.slots.len() - 1;
-        for (i, r) in self.ranges.iter().enumerate() {
-            let mut at = self.slot_of(r);
-            while self.slots[at] != 0 {
-                at = (at + 1) & mask;
-            }
-            self.slots[at] = i as u32 + 1;
-        }
-    }
 }
 
 /// A set of dispatches of one [`Footprint`]: for every range index, whether some read of the set
@@ -395,24 +342,34 @@ impl Marks {
 mod tests {
     use super::*;
     use crate::backend::{DType, Device};
-    use crate::graph::{Arg, Grid, KernelId, OpKind, RangeSet};
+    use crate::graph::{Arg, Dispatch, Grid, KernelId, OpKind, RangeSet};
     use rand::RngExt;
 
-    /// Random dispatches over a few aliased views of three allocations, one never written.
+    /// Random dispatches over aliased views of three allocations, one never written: views
+    /// reused from a pool (the same view in several dispatches, as a model records them) and
+    /// fresh ones (new views of possibly the same bytes).
     fn random_dispatches(seed: u64, n: usize) -> Vec<Dispatch> {
         let dev = Device::cpu(1).expect("cpu");
         let allocs: Vec<_> = (0..3)
             .map(|_| dev.alloc(DType::U8, &[256]).expect("alloc"))
             .collect();
         let mut rng = crate::testutil::rng(seed);
+        let fresh = |rng: &mut rand_chacha::ChaCha8Rng| {
+            let a = rng.random_range(0..3usize);
+            let start = rng.random_range(0..256usize);
+            let len = rng.random_range(0..=(256 - start).min(64));
+            (a, allocs[a].view(start, DType::U8, &[len]).expect("view"))
+        };
+        let pool: Vec<_> = (0..12).map(|_| fresh(&mut rng)).collect();
         let mut out = Vec::new();
         while out.len() < n {
             let mut args = Vec::new();
             for _ in 0..rng.random_range(1..5) {
-                let a = rng.random_range(0..3usize);
-                let start = rng.random_range(0..256usize);
-                let len = rng.random_range(0..=(256 - start).min(64));
-                let view = allocs[a].view(start, DType::U8, &[len]).expect("view");
+                let (a, view) = if rng.random_range(0..3) == 0 {
+                    fresh(&mut rng)
+                } else {
+                    pool[rng.random_range(0..pool.len())].clone()
+                };
                 let access = if a == 2 { 0 } else { rng.random_range(0..3) };
                 args.push(match access {
                     0 => Arg::read(&view),
@@ -428,11 +385,19 @@ mod tests {
         out
     }
 
+    fn graph_of(ds: &[Dispatch]) -> ComputeGraph {
+        let mut g = ComputeGraph::new();
+        for d in ds {
+            g.push_ref(d.as_view());
+        }
+        g
+    }
+
     #[test]
     fn given_random_sets_when_checked_should_agree_with_the_range_set() {
         for seed in 0..20 {
             let ds = random_dispatches(seed, 40);
-            let fp = Footprint::new(ds.iter());
+            let fp = Footprint::new(&graph_of(&ds));
             let mut marks = Marks::new(&fp);
             let mut set = RangeSet::new();
             let mut rng = crate::testutil::rng(seed + 100);
@@ -455,7 +420,7 @@ mod tests {
     #[test]
     fn given_reads_of_an_unwritten_allocation_when_interned_should_be_left_out() {
         let ds = random_dispatches(7, 30);
-        let fp = Footprint::new(ds.iter());
+        let fp = Footprint::new(&graph_of(&ds));
         let kept: usize = (0..ds.len()).map(|i| fp.get(i).0.len()).sum();
         let all: usize = ds.iter().map(|d| d.reads().len()).sum();
         assert!(

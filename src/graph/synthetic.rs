@@ -7,7 +7,9 @@
 use crate::backend::{Buffer, DType, Device};
 use crate::error::{Error, Result};
 use crate::graph::passes::FusionRule;
-use crate::graph::{Arg, ArgList, ComputeGraph, Dispatch, Grid, KernelId, OpKind, Range};
+use crate::graph::{
+    Arg, ArgRef, ComputeGraph, Dispatch, DispatchRef, Grid, KernelId, OpKind, Range,
+};
 
 /// Model dimensions of the synthetic decode step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,19 +214,17 @@ impl DecodeGraph {
         let s = &self.s;
         let (hidden, ffn) = (self.shape.hidden, self.shape.ffn);
         let rows = |n: usize| Grid::cover(n, 256);
-        let mut push = |name: &'static str, op: OpKind, args: ArgList, grid: Grid| -> Result<()> {
-            g.push(Dispatch::new(KernelId(name), args, grid, op)?);
-            Ok(())
+        let mut push = |name: &'static str, op: OpKind, args: &[ArgRef<'_>], grid: Grid| {
+            g.record(KernelId(name), args, grid, op)
         };
         push(
             "embedding_q4_1",
             OpKind::Gather,
-            [
-                Arg::read(&self.token),
-                Arg::read(&self.embedding),
-                Arg::write(&s.x),
-            ]
-            .into(),
+            &[
+                ArgRef::read(&self.token),
+                ArgRef::read(&self.embedding),
+                ArgRef::write(&s.x),
+            ],
             rows(hidden),
         )?;
         for l in &self.layers {
@@ -233,7 +233,7 @@ impl DecodeGraph {
                 push(
                     "matmul_q4_1",
                     OpKind::MatMul,
-                    [Arg::read(&s.scaled), Arg::read(w), Arg::write(out)].into(),
+                    &[ArgRef::read(&s.scaled), ArgRef::read(w), ArgRef::write(out)],
                     rows(out.elems()),
                 )?;
             }
@@ -241,7 +241,7 @@ impl DecodeGraph {
                 push(
                     "rope_f32",
                     OpKind::Rope,
-                    [Arg::read_write(t), Arg::read(&self.positions)].into(),
+                    &[ArgRef::read_write(t), ArgRef::read(&self.positions)],
                     rows(t.elems()),
                 )?;
             }
@@ -249,38 +249,40 @@ impl DecodeGraph {
                 push(
                     "kv_write_f32",
                     OpKind::KvWrite,
-                    [
-                        Arg::read(src),
-                        Arg::read(&self.step),
-                        Arg::read_write(cache),
-                    ]
-                    .into(),
+                    &[
+                        ArgRef::read(src),
+                        ArgRef::read(&self.step),
+                        ArgRef::read_write(cache),
+                    ],
                     rows(src.elems()),
                 )?;
             }
             push(
                 "attention_decode_f32",
                 OpKind::Attention,
-                [
-                    Arg::read(&s.q),
-                    Arg::read(&l.k_cache),
-                    Arg::read(&l.v_cache),
-                    Arg::read(&self.step),
-                    Arg::write(&s.attn),
-                ]
-                .into(),
+                &[
+                    ArgRef::read(&s.q),
+                    ArgRef::read(&l.k_cache),
+                    ArgRef::read(&l.v_cache),
+                    ArgRef::read(&self.step),
+                    ArgRef::write(&s.attn),
+                ],
                 Grid::new(self.shape.heads as u32, 128),
             )?;
             push(
                 "matmul_q4_1",
                 OpKind::MatMul,
-                [Arg::read(&s.attn), Arg::read(&l.wo), Arg::write(&s.proj)].into(),
+                &[
+                    ArgRef::read(&s.attn),
+                    ArgRef::read(&l.wo),
+                    ArgRef::write(&s.proj),
+                ],
                 rows(hidden),
             )?;
             push(
                 "add_f32",
                 OpKind::Add,
-                [Arg::read_write(&s.x), Arg::read(&s.proj)].into(),
+                &[ArgRef::read_write(&s.x), ArgRef::read(&s.proj)],
                 rows(hidden),
             )?;
             self.norm_mul(&mut push, &l.ffn_norm)?;
@@ -288,26 +290,34 @@ impl DecodeGraph {
                 push(
                     "matmul_q4_1",
                     OpKind::MatMul,
-                    [Arg::read(&s.scaled), Arg::read(w), Arg::write(out)].into(),
+                    &[ArgRef::read(&s.scaled), ArgRef::read(w), ArgRef::write(out)],
                     rows(ffn),
                 )?;
             }
             push(
                 "swiglu_f32",
                 OpKind::Elementwise,
-                [Arg::read(&s.gate), Arg::read(&s.up), Arg::write(&s.act)].into(),
+                &[
+                    ArgRef::read(&s.gate),
+                    ArgRef::read(&s.up),
+                    ArgRef::write(&s.act),
+                ],
                 rows(ffn),
             )?;
             push(
                 "matmul_q4_1",
                 OpKind::MatMul,
-                [Arg::read(&s.act), Arg::read(&l.down), Arg::write(&s.proj)].into(),
+                &[
+                    ArgRef::read(&s.act),
+                    ArgRef::read(&l.down),
+                    ArgRef::write(&s.proj),
+                ],
                 rows(hidden),
             )?;
             push(
                 "add_f32",
                 OpKind::Add,
-                [Arg::read_write(&s.x), Arg::read(&s.proj)].into(),
+                &[ArgRef::read_write(&s.x), ArgRef::read(&s.proj)],
                 rows(hidden),
             )?;
         }
@@ -315,12 +325,11 @@ impl DecodeGraph {
         push(
             "matmul_q4_1",
             OpKind::MatMul,
-            [
-                Arg::read(&s.scaled),
-                Arg::read(&self.embedding),
-                Arg::write(&s.logits),
-            ]
-            .into(),
+            &[
+                ArgRef::read(&s.scaled),
+                ArgRef::read(&self.embedding),
+                ArgRef::write(&s.logits),
+            ],
             rows(self.shape.vocab),
         )?;
         Ok(g)
@@ -328,25 +337,28 @@ impl DecodeGraph {
 
     fn norm_mul(
         &self,
-        push: &mut impl FnMut(&'static str, OpKind, ArgList, Grid) -> Result<()>,
+        push: &mut impl FnMut(&'static str, OpKind, &[ArgRef<'_>], Grid) -> Result<()>,
         weight: &Buffer,
     ) -> Result<()> {
         let s = &self.s;
         push(
             "rms_norm_f32",
             OpKind::RmsNorm,
-            [Arg::read(&s.x), Arg::write(&s.normed), Arg::f32(1e-5)].into(),
+            &[
+                ArgRef::read(&s.x),
+                ArgRef::write(&s.normed),
+                ArgRef::f32(1e-5),
+            ],
             Grid::new(1, 256),
         )?;
         push(
             "mul_f32",
             OpKind::Mul,
-            [
-                Arg::read(&s.normed),
-                Arg::read(weight),
-                Arg::write(&s.scaled),
-            ]
-            .into(),
+            &[
+                ArgRef::read(&s.normed),
+                ArgRef::read(weight),
+                ArgRef::write(&s.scaled),
+            ],
             Grid::cover(s.scaled.elems(), 256),
         )
     }
@@ -364,14 +376,14 @@ pub fn norm_mul_rule() -> FusionRule {
     }
 }
 
-fn norm_mul_intermediate(a: &Dispatch, b: &Dispatch) -> Option<Range> {
+fn norm_mul_intermediate(a: DispatchRef<'_>, b: DispatchRef<'_>) -> Option<Range> {
     let (out, _) = a.buffer_arg(1)?;
     let (input, _) = b.buffer_arg(0)?;
     let (out, input) = (Range::of(out), Range::of(input));
     (out == input).then_some(out)
 }
 
-fn norm_mul_build(a: &Dispatch, b: &Dispatch) -> Result<Dispatch> {
+fn norm_mul_build(a: DispatchRef<'_>, b: DispatchRef<'_>) -> Result<Dispatch> {
     let bad = || Error::InvalidArgument("synthetic rms_norm_mul: unexpected arguments".into());
     let (x, _) = a.buffer_arg(0).ok_or_else(bad)?;
     let (w, _) = b.buffer_arg(1).ok_or_else(bad)?;

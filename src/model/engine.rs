@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use crate::backend::Device;
 use crate::error::{Error, Result};
 use crate::executable::{Executable, KernelTiming, StableSet};
-use crate::graph::{ComputeGraph, Node};
+use crate::graph::ComputeGraph;
 use crate::model::llama::{Llama, Logits};
 use crate::model::sampler::{Sampler, SamplerConfig};
 use crate::session::{Executor, Mode, Plan};
@@ -285,14 +285,13 @@ impl Engine {
         self.llama.record(&mut s, rows, logits, argmax)?;
         if self.mode == RunMode::PerOpSync {
             // CPU: one submission per dispatch, in program order, each waited for.
-            let nodes = s.into_graph()?.into_nodes();
+            let graph = s.into_graph()?;
             let mut kernels = 0;
-            for node in nodes {
-                if let Node::Dispatch(d) = node {
-                    self.executor
-                        .run(&ComputeGraph::from_nodes(vec![Node::Dispatch(d)]), false)?;
-                    kernels += 1;
-                }
+            for d in graph.dispatches() {
+                let mut one = ComputeGraph::with_capacity(1);
+                one.push_ref(d);
+                self.executor.run(&one, false)?;
+                kernels += 1;
             }
             self.last_pass = PassStats {
                 kernels,

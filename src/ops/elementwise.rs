@@ -12,7 +12,7 @@
 
 use crate::backend::{Buffer, DType};
 use crate::error::{Error, Result};
-use crate::graph::{Arg, Dispatch, Grid, KernelId, OpKind};
+use crate::graph::{Arg, Dispatch, DispatchRef, Grid, KernelId, OpKind};
 use crate::ops::Check;
 use crate::Session;
 
@@ -70,7 +70,7 @@ pub(crate) fn u32_size(check: &Check, arg: &'static str, value: usize) -> Result
 
 /// The pieces of an add, mul or swiglu dispatch: `(a, b, out)`, where `out` is `None` for the
 /// in-place form (whose `a` is also its output).
-pub(crate) fn binary_operands(d: &Dispatch) -> Option<(&Buffer, &Buffer, Option<&Buffer>)> {
+pub(crate) fn binary_operands(d: DispatchRef<'_>) -> Option<(&Buffer, &Buffer, Option<&Buffer>)> {
     use crate::graph::Access;
     let (a, access) = d.buffer_arg(0)?;
     let (b, _) = d.buffer_arg(1)?;

@@ -15,7 +15,7 @@ use super::fused_block::one_device;
 use crate::backend::Buffer;
 use crate::error::{Error, Result};
 use crate::graph::passes::FusionRule;
-use crate::graph::{Access, Arg, Dispatch, KernelId, OpKind, Range};
+use crate::graph::{Access, Arg, Dispatch, DispatchRef, KernelId, OpKind, Range};
 
 // Kernel names by weight format: f32, f16, bf16, q4_0, q4_1, q8_0, q4_k, q6_k.
 const PLAIN: [&str; 8] = [
@@ -45,7 +45,7 @@ fn table_index(table: &[&str; 8], name: &str) -> Option<usize> {
 }
 
 /// The read operand of an in-place f32 add, and its accumulator.
-fn residual_add(add: &Dispatch) -> Option<(&Buffer, &Buffer)> {
+fn residual_add(add: DispatchRef<'_>) -> Option<(&Buffer, &Buffer)> {
     if add.kernel().0 != "add_f32_inplace" {
         return None;
     }
@@ -63,7 +63,7 @@ struct Product<'a> {
     format: usize,
 }
 
-fn product(d: &Dispatch) -> Option<Product<'_>> {
+fn product(d: DispatchRef<'_>) -> Option<Product<'_>> {
     let format = table_index(&PLAIN, d.kernel().0)?;
     let (x, _) = d.buffer_arg(0)?;
     let (w, _) = d.buffer_arg(1)?;
@@ -80,7 +80,10 @@ fn product(d: &Dispatch) -> Option<Product<'_>> {
 
 /// The matmul's output is exactly what the add reads, with the same element count (no
 /// broadcast), the accumulator is not one of the matmul's operands and lives on its device.
-fn matmul_add_match<'a>(mm: &'a Dispatch, add: &'a Dispatch) -> Option<(Product<'a>, &'a Buffer)> {
+fn matmul_add_match<'a>(
+    mm: DispatchRef<'a>,
+    add: DispatchRef<'a>,
+) -> Option<(Product<'a>, &'a Buffer)> {
     let p = product(mm)?;
     let (acc, b) = residual_add(add)?;
     let same = Range::of(b) == Range::of(p.out) && b.elems() == p.out.elems();
@@ -88,7 +91,7 @@ fn matmul_add_match<'a>(mm: &'a Dispatch, add: &'a Dispatch) -> Option<(Product<
     (same && apart && acc.elems() == p.out.elems()).then_some((p, acc))
 }
 
-fn matmul_add_intermediate(mm: &Dispatch, add: &Dispatch) -> Option<Range> {
+fn matmul_add_intermediate(mm: DispatchRef<'_>, add: DispatchRef<'_>) -> Option<Range> {
     matmul_add_match(mm, add).map(|(p, _)| Range::of(p.out))
 }
 
@@ -96,7 +99,7 @@ fn unmatched(rule: &str) -> Error {
     Error::InvalidArgument(format!("{rule}: the pair does not match"))
 }
 
-fn build_matmul_add(mm: &Dispatch, add: &Dispatch) -> Result<Dispatch> {
+fn build_matmul_add(mm: DispatchRef<'_>, add: DispatchRef<'_>) -> Result<Dispatch> {
     let (p, acc) = matmul_add_match(mm, add).ok_or_else(|| unmatched("matmul + add"))?;
     let mut args = vec![Arg::read(p.x), Arg::read(p.w), Arg::read_write(acc)];
     args.extend(p.scalars.iter().cloned());

@@ -13,7 +13,7 @@
 use crate::backend::Buffer;
 use crate::error::{Error, Result};
 use crate::graph::passes::FusionRule;
-use crate::graph::{Arg, Dispatch, Grid, OpKind, Range, Scalar};
+use crate::graph::{Arg, Dispatch, DispatchRef, Grid, OpKind, Range, Scalar};
 use crate::ops::elementwise::{
     binary_operands, check_disjoint, float_kernel, u32_size, FLOAT_DTYPES,
 };
@@ -173,7 +173,7 @@ impl Session {
 }
 
 /// The parts of an `rms_norm` or `rms_norm_no_scale` dispatch: `(x, weight, out, eps)`.
-fn norm_operands(d: &Dispatch) -> Option<(&Buffer, Option<&Buffer>, &Buffer, f32)> {
+fn norm_operands(d: DispatchRef<'_>) -> Option<(&Buffer, Option<&Buffer>, &Buffer, f32)> {
     if d.op() != OpKind::RmsNorm {
         return None;
     }
@@ -212,7 +212,7 @@ struct NormMul<'a> {
 
 /// Matches when the mul reads exactly the norm's output as one operand and its
 /// other operand does not touch that output.
-fn norm_mul_match<'a>(norm: &'a Dispatch, mul: &'a Dispatch) -> Option<NormMul<'a>> {
+fn norm_mul_match<'a>(norm: DispatchRef<'a>, mul: DispatchRef<'a>) -> Option<NormMul<'a>> {
     let (x, weight, norm_out, eps) = norm_operands(norm)?;
     if mul.op() != OpKind::Mul {
         return None;
@@ -242,11 +242,11 @@ fn norm_mul_match<'a>(norm: &'a Dispatch, mul: &'a Dispatch) -> Option<NormMul<'
     })
 }
 
-fn norm_mul_intermediate(norm: &Dispatch, mul: &Dispatch) -> Option<Range> {
+fn norm_mul_intermediate(norm: DispatchRef<'_>, mul: DispatchRef<'_>) -> Option<Range> {
     norm_mul_match(norm, mul).map(|p| Range::of(p.norm_out))
 }
 
-fn build_norm_mul(norm: &Dispatch, mul: &Dispatch) -> Result<Dispatch> {
+fn build_norm_mul(norm: DispatchRef<'_>, mul: DispatchRef<'_>) -> Result<Dispatch> {
     let unmatched = |why: &str| Error::InvalidArgument(format!("rms_norm + mul: {why}"));
     let p = norm_mul_match(norm, mul).ok_or_else(|| unmatched("the pair does not match"))?;
     // The mul must read the norm's output with the norm's own shape and dtype, so that the

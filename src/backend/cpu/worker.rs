@@ -6,7 +6,7 @@ use std::thread::JoinHandle;
 
 use super::{CpuDevice, CpuKernelFn, KernelArgs};
 use crate::error::{Error, Result};
-use crate::graph::Dispatch;
+use crate::graph::{Dispatch, DispatchRef};
 
 /// One encoded dispatch: the resolved kernel and the dispatch it runs.
 struct Encoded {
@@ -132,7 +132,7 @@ impl CpuEncoder {
 
     /// Adds a dispatch to the current group. The caller guarantees (by placing barriers) that it
     /// conflicts with nothing else in the group.
-    pub fn encode(&mut self, dispatch: &Dispatch) -> Result<()> {
+    pub fn encode(&mut self, dispatch: DispatchRef<'_>) -> Result<()> {
         let kernel = self.device.kernel(dispatch.kernel())?;
         let group = self
             .groups
@@ -140,7 +140,7 @@ impl CpuEncoder {
             .expect("an encoder always has a current group");
         group.push(Encoded {
             kernel,
-            dispatch: dispatch.clone(),
+            dispatch: dispatch.to_dispatch(),
         });
         self.dispatches += 1;
         Ok(())

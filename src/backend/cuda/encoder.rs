@@ -18,7 +18,7 @@ use cudarc::driver::result;
 use super::CudaDevice;
 use crate::backend::{Buffer, Memory};
 use crate::error::{Error, Result};
-use crate::graph::{Arg, Dispatch, Scalar};
+use crate::graph::{Arg, DispatchRef, Scalar};
 
 /// Encodes dispatches into a CUDA device's stream.
 pub struct CudaEncoder {
@@ -68,7 +68,7 @@ impl CudaEncoder {
     }
 
     /// Launches one dispatch (asynchronously, unless the device synchronizes every launch).
-    pub fn encode(&mut self, dispatch: &Dispatch) -> Result<()> {
+    pub fn encode(&mut self, dispatch: DispatchRef<'_>) -> Result<()> {
         let name = dispatch.kernel().0;
         // First, so that a device broken by an earlier fault fails here, naming the fault.
         self.device.bind()?;

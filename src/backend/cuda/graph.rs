@@ -268,7 +268,7 @@ pub fn profile_dispatches(device: &Arc<CudaDevice>, dispatches: &[Dispatch]) -> 
     let mut enc = device.encoder();
     events[0].record()?;
     for (d, ev) in dispatches.iter().zip(&events[1..]) {
-        enc.encode(d)?;
+        enc.encode(d.as_view())?;
         ev.record()?;
     }
     enc.finish()?;

@@ -1,16 +1,15 @@
 //! Barrier placement from read/write ranges, and the split point of a split submission.
 
 use crate::graph::footprint::{Footprint, Marks};
-use crate::graph::{ComputeGraph, Node};
+use crate::graph::ComputeGraph;
 
 /// Drops every barrier and inserts one exactly before each dispatch that conflicts with the
 /// current concurrent group. Returns the number of barriers placed.
 pub fn place_barriers(graph: &mut ComputeGraph) -> usize {
-    let nodes = graph.nodes_mut();
-    nodes.retain(|n| n.as_dispatch().is_some());
-    let fp = Footprint::new(nodes.iter().filter_map(Node::as_dispatch));
+    graph.drop_barriers();
+    let fp = Footprint::new(graph);
     let cuts = conflict_cuts(&fp);
-    insert_barriers(nodes, &cuts);
+    insert_barriers(graph.order_mut(), &cuts);
     cuts.len()
 }
 
@@ -29,11 +28,11 @@ pub(super) fn conflict_cuts(fp: &Footprint) -> Vec<u32> {
 }
 
 /// Inserts a barrier before each dispatch index of `before` (ascending) in a barrier-free list.
-pub(super) fn insert_barriers(nodes: &mut Vec<Node>, before: &[u32]) {
+pub(super) fn insert_barriers(nodes: &mut Vec<u32>, before: &[u32]) {
     // Grow by one barrier per cut, then walk back from the end, moving each dispatch to its final
     // slot: the slots between `src` and `dst` always hold barriers.
     let n = nodes.len();
-    nodes.resize_with(n + before.len(), || Node::Barrier);
+    nodes.resize(n + before.len(), ComputeGraph::BARRIER);
     let (mut src, mut dst) = (n, n + before.len());
     for &at in before.iter().rev() {
         while src > at as usize {
@@ -51,13 +50,13 @@ pub fn split_index(graph: &ComputeGraph) -> usize {
     let total = graph.dispatch_count();
     let first = (total / 10).max(64);
     let mut seen = 0;
-    for (i, node) in graph.nodes().iter().enumerate() {
-        if node.as_dispatch().is_some() {
+    for (i, &entry) in graph.order().iter().enumerate() {
+        if entry != ComputeGraph::BARRIER {
             seen += 1;
             if seen == first {
                 return i + 1;
             }
         }
     }
-    graph.nodes().len()
+    graph.len()
 }

@@ -10,7 +10,7 @@
 //! A fused dispatch may fuse again with the dispatch after it (chains like add, norm, mul).
 
 use crate::error::Result;
-use crate::graph::{ComputeGraph, Dispatch, Node, OpKind, Range};
+use crate::graph::{ComputeGraph, Dispatch, DispatchRef, OpKind, Range};
 
 /// One fusion rule. The rule functions live next to the kernels they fuse (in `ops/`).
 #[derive(Clone, Copy)]
@@ -23,9 +23,9 @@ pub struct FusionRule {
     pub second: OpKind,
     /// The intermediate the pair would no longer materialize: `first`'s output as `second`
     /// reads it. `None` when the pair does not match the rule.
-    pub intermediate: fn(&Dispatch, &Dispatch) -> Option<Range>,
+    pub intermediate: fn(DispatchRef<'_>, DispatchRef<'_>) -> Option<Range>,
     /// Builds the fused dispatch. An error means "do not fuse this pair".
-    pub build: fn(&Dispatch, &Dispatch) -> Result<Dispatch>,
+    pub build: fn(DispatchRef<'_>, DispatchRef<'_>) -> Result<Dispatch>,
 }
 
 impl std::fmt::Debug for FusionRule {
@@ -41,48 +41,55 @@ impl std::fmt::Debug for FusionRule {
 /// Applies the rules left to right over the graph (barriers are dropped; place them again
 /// afterwards). Returns the number of fusions made.
 pub fn fuse(graph: &mut ComputeGraph, rules: &[FusionRule]) -> usize {
-    let nodes = graph.nodes_mut();
-    nodes.retain(|n| n.as_dispatch().is_some());
-    fuse_dispatches(nodes, rules)
+    graph.drop_barriers();
+    fuse_dispatches(graph, rules)
 }
 
-/// [`fuse`] on a list without barriers.
-pub(super) fn fuse_dispatches(nodes: &mut Vec<Node>, rules: &[FusionRule]) -> usize {
+/// [`fuse`] on a graph without barriers.
+pub(super) fn fuse_dispatches(graph: &mut ComputeGraph, rules: &[FusionRule]) -> usize {
     if rules.is_empty() {
         return 0;
     }
-    // nodes[..kept] is the output; a fused pair replaces nodes[kept - 1], and the slots between
-    // `kept` and `i` hold dispatches fused away, dropped at the end.
+    let mut order = std::mem::take(graph.order_mut());
+    // order[..kept] is the output; a fused pair replaces order[kept - 1].
     let mut kept: usize = 0;
     let mut fusions = 0;
-    for i in 0..nodes.len() {
-        let fused = match (kept.checked_sub(1).map(|k| &nodes[k]), &nodes[i]) {
-            (Some(Node::Dispatch(a)), Node::Dispatch(b)) => {
-                let rest = nodes[i + 1..].iter().filter_map(Node::as_dispatch);
-                try_rules(rules, a, b, rest)
+    for i in 0..order.len() {
+        let cur = order[i];
+        let fused = match kept.checked_sub(1).map(|k| order[k]) {
+            Some(prev) if rules.iter().any(|r| pair_kinds(r, graph, prev, cur)) => {
+                let rest = order[i + 1..].iter().map(|&h| graph.dispatch_at(h));
+                try_rules(rules, graph.dispatch_at(prev), graph.dispatch_at(cur), rest)
             }
             _ => None,
         };
         match fused {
             Some(d) => {
-                nodes[kept - 1] = Node::Dispatch(d);
+                order[kept - 1] = graph.add_detached(&d);
                 fusions += 1;
             }
             None => {
-                nodes.swap(kept, i);
+                order[kept] = cur;
                 kept += 1;
             }
         }
     }
-    nodes.truncate(kept);
+    order.truncate(kept);
+    *graph.order_mut() = order;
     fusions
+}
+
+/// Whether headers `a` and `b` have the kinds of `rule`'s pair.
+#[inline]
+fn pair_kinds(rule: &FusionRule, graph: &ComputeGraph, a: u32, b: u32) -> bool {
+    rule.first == graph.op_at(a) && rule.second == graph.op_at(b)
 }
 
 fn try_rules<'a>(
     rules: &[FusionRule],
-    a: &Dispatch,
-    b: &Dispatch,
-    rest: impl Iterator<Item = &'a Dispatch> + Clone,
+    a: DispatchRef<'_>,
+    b: DispatchRef<'_>,
+    rest: impl Iterator<Item = DispatchRef<'a>> + Clone,
 ) -> Option<Dispatch> {
     rules
         .iter()
@@ -110,7 +117,7 @@ fn try_rules<'a>(
 }
 
 /// Whether `range` is overwritten in full before any of `later` reads a byte of it.
-fn is_dead_after<'a>(range: &Range, later: impl Iterator<Item = &'a Dispatch>) -> bool {
+fn is_dead_after<'a>(range: &Range, later: impl Iterator<Item = DispatchRef<'a>>) -> bool {
     for d in later {
         if d.reads().iter().any(|r| r.overlaps(range)) {
             return false;

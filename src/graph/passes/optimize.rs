@@ -8,7 +8,7 @@ use super::fuse::fuse_dispatches;
 use super::reorder::{apply_order, greedy};
 use super::FusionRule;
 use crate::graph::footprint::Footprint;
-use crate::graph::{ComputeGraph, Node};
+use crate::graph::ComputeGraph;
 
 /// What [`optimize`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -24,17 +24,16 @@ pub struct Optimized {
 /// Fuses with `rules` (none: no fusion), reorders with a `lookahead` window (0: no reordering)
 /// and places barriers, dropping the graph's old barriers.
 pub fn optimize(graph: &mut ComputeGraph, rules: &[FusionRule], lookahead: usize) -> Optimized {
-    let nodes = graph.nodes_mut();
-    nodes.retain(|n| n.as_dispatch().is_some());
-    let fusions = fuse_dispatches(nodes, rules);
-    let fp = Footprint::new(nodes.iter().filter_map(Node::as_dispatch));
-    let (reordered, cuts) = if lookahead > 0 && nodes.len() >= 2 {
+    graph.drop_barriers();
+    let fusions = fuse_dispatches(graph, rules);
+    let fp = Footprint::new(graph);
+    let (reordered, cuts) = if lookahead > 0 && fp.len() >= 2 {
         let mut walk = greedy(&fp, lookahead);
-        (apply_order(nodes, &mut walk.order), walk.cuts)
+        (apply_order(graph.order_mut(), &mut walk.order), walk.cuts)
     } else {
         (0, conflict_cuts(&fp))
     };
-    insert_barriers(nodes, &cuts);
+    insert_barriers(graph.order_mut(), &cuts);
     Optimized {
         fusions,
         reordered,

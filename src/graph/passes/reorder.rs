@@ -11,7 +11,7 @@
 //! also yields the barrier positions: one before each dispatch that conflicted with the group.
 
 use crate::graph::footprint::{Blockers, Footprint, Marks};
-use crate::graph::{ComputeGraph, Node};
+use crate::graph::ComputeGraph;
 
 /// The seeds' lookahead window.
 pub const DEFAULT_LOOKAHEAD: usize = 64;
@@ -19,14 +19,13 @@ pub const DEFAULT_LOOKAHEAD: usize = 64;
 /// Reorders the dispatches of `graph` (dropping its barriers; place them again afterwards).
 /// Returns how many dispatches ended at a different index.
 pub fn reorder(graph: &mut ComputeGraph, lookahead: usize) -> usize {
-    let nodes = graph.nodes_mut();
-    nodes.retain(|n| n.as_dispatch().is_some());
-    if nodes.len() < 2 || lookahead == 0 {
+    graph.drop_barriers();
+    if graph.len() < 2 || lookahead == 0 {
         return 0;
     }
-    let fp = Footprint::new(nodes.iter().filter_map(Node::as_dispatch));
+    let fp = Footprint::new(graph);
     let mut walk = greedy(&fp, lookahead);
-    apply_order(nodes, &mut walk.order)
+    apply_order(graph.order_mut(), &mut walk.order)
 }
 
 /// The outcome of the greedy walk.
@@ -37,35 +36,16 @@ pub(super) struct Walk {
     pub(super) cuts: Vec<u32>,
 }
 
-/// Puts the dispatches in `order` and returns how many moved. `order` is consumed (left as the
-/// identity).
-pub(super) fn apply_order(nodes: &mut [Node], order: &mut [u32]) -> usize {
-    let moved = order
-        .iter()
-        .enumerate()
-        .filter(|(pos, &i)| *pos != i as usize)
-        .count();
-    if moved > 0 {
-        permute(nodes, order);
+/// Puts the node entries in `order` (indices into `nodes`) and returns how many moved. `order`
+/// is overwritten.
+pub(super) fn apply_order(nodes: &mut [u32], order: &mut [u32]) -> usize {
+    let mut moved = 0;
+    for (pos, o) in order.iter_mut().enumerate() {
+        moved += (*o as usize != pos) as usize;
+        *o = nodes[*o as usize];
     }
+    nodes.copy_from_slice(order);
     moved
-}
-
-/// Puts `nodes[order[p]]` at position `p` for every `p`, in place: each cycle of the permutation
-/// is a chain of swaps. `order` ends as the identity.
-fn permute(nodes: &mut [Node], order: &mut [u32]) {
-    for start in 0..order.len() {
-        let mut cur = start;
-        loop {
-            let next = order[cur] as usize;
-            order[cur] = cur as u32;
-            if next == start || next == cur {
-                break;
-            }
-            nodes.swap(cur, next);
-            cur = next;
-        }
-    }
 }
 
 /// The greedy walk over the dispatches of `fp` (`lookahead` > 0).

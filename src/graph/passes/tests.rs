@@ -4,7 +4,9 @@
 use super::*;
 use crate::backend::{Buffer, DType, Device};
 use crate::error::Result;
-use crate::graph::{Arg, ComputeGraph, Dispatch, Grid, KernelId, Node, OpKind, Range, Scalar};
+use crate::graph::{
+    Arg, ComputeGraph, Dispatch, DispatchRef, Grid, KernelId, Node, OpKind, Range, Scalar,
+};
 
 /// One allocation of 4096 f32 values; views by element range.
 struct Mem {
@@ -36,7 +38,7 @@ fn d(tag: u32, op: OpKind, reads: &[&Buffer], writes: &[&Buffer]) -> Dispatch {
     Dispatch::new(KernelId("synthetic"), args, Grid::new(1, 1), op).expect("dispatch")
 }
 
-fn tag(d: &Dispatch) -> u32 {
+fn tag(d: DispatchRef<'_>) -> u32 {
     match d.args().last() {
         Some(Arg::Scalar(Scalar::U32(t))) => *t,
         other => panic!("untagged dispatch: {other:?}"),
@@ -50,7 +52,6 @@ fn order(g: &ComputeGraph) -> Vec<u32> {
 /// The order with `|` for barriers, e.g. "0 2 | 1".
 fn layout(g: &ComputeGraph) -> String {
     g.nodes()
-        .iter()
         .map(|n| match n {
             Node::Dispatch(d) => tag(d).to_string(),
             Node::Barrier => "|".to_string(),
@@ -280,8 +281,7 @@ fn given_graph_sizes_when_splitting_should_cut_after_max_64_or_a_tenth() {
         g
     };
     let dispatches_before = |g: &ComputeGraph, cut: usize| {
-        g.nodes()[..cut]
-            .iter()
+        g.nodes_in(0..cut)
             .filter(|n| n.as_dispatch().is_some())
             .count()
     };
@@ -292,7 +292,11 @@ fn given_graph_sizes_when_splitting_should_cut_after_max_64_or_a_tenth() {
     let g = build(1000, 7);
     let cut = split_index(&g);
     assert_eq!(dispatches_before(&g, cut), 100);
-    assert!(g.nodes()[cut - 1].as_dispatch().is_some());
+    assert!(g
+        .nodes()
+        .nth(cut - 1)
+        .and_then(|n| n.as_dispatch())
+        .is_some());
     let g = build(30, 0);
     assert_eq!(split_index(&g), g.nodes().len());
     assert_eq!(split_index(&ComputeGraph::new()), 0);
@@ -302,12 +306,12 @@ fn given_graph_sizes_when_splitting_should_cut_after_max_64_or_a_tenth() {
 
 /// A test rule: a norm followed by a multiply that reads the norm's output becomes one dispatch
 /// reading the norm's inputs and the multiply's other inputs, writing the multiply's output.
-fn norm_mul_intermediate(a: &Dispatch, b: &Dispatch) -> Option<Range> {
+fn norm_mul_intermediate(a: DispatchRef<'_>, b: DispatchRef<'_>) -> Option<Range> {
     let out = *a.writes().first()?;
     b.reads().contains(&out).then_some(out)
 }
 
-fn norm_mul_build(a: &Dispatch, b: &Dispatch) -> Result<Dispatch> {
+fn norm_mul_build(a: DispatchRef<'_>, b: DispatchRef<'_>) -> Result<Dispatch> {
     let out = a.writes()[0];
     let mut args: Vec<Arg> = Vec::new();
     for arg in a.args().iter().chain(b.args()) {
@@ -505,7 +509,7 @@ fn given_random_graphs_when_walked_should_match_the_seeds_walk_exactly() {
     use crate::graph::footprint::Footprint;
     for seed in 0..60 {
         let ds = random_dispatches(seed, 10 + 4 * seed as usize);
-        let fp = Footprint::new(ds.iter());
+        let fp = Footprint::new(&graph(ds));
         for lookahead in [1, 2, 3, 8, 64, usize::MAX] {
             let fast = reorder::greedy(&fp, lookahead);
             let seeds = reorder::greedy_reference(&fp, lookahead);

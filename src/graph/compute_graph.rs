@@ -1,0 +1,569 @@
+//! [`ComputeGraph`]: a recorded list of dispatches and barriers, stored flat so that recording a
+//! step and running the passes over it touch a few arrays and take no reference count per
+//! argument.
+//!
+//! Storage: every dispatch is a header (kernel, grid, op kind, where its arguments and ranges
+//! start) over shared argument and range arrays; the node order is a list of header indices
+//! with a marker for barriers, so the passes move 4-byte indices, never dispatches.
+//!
+//! Views: the graph takes in each distinct buffer view once (one reference, kept until the graph
+//! is dropped) and gives it a small index; the index of every read and write range is stored
+//! beside the range, so the passes never hash a range. Buffer arguments in the argument array
+//! are copies of those kept references that own nothing: they are handed out only as borrows of
+//! the graph and never dropped. A view remembers the last graph that took it in and its index
+//! there (one atomic word in the view, see [`Buffer::graph_stamp`]), so taking in a view seen
+//! before is one load.
+
+use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::dispatch::{Access, Arg, ArgRef, Dispatch, DispatchRef, Grid, KernelId, OpKind, Range};
+use crate::backend::Buffer;
+use crate::error::{Error, Result};
+
+/// Bits of a view's stamp word that hold its index in the graph; the rest is the graph's stamp.
+const INDEX_BITS: u32 = 20;
+const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
+
+/// The node-order entry of a barrier.
+const BARRIER: u32 = u32::MAX;
+
+/// A stamp no other graph of this process has (0 once they run out: such a graph then takes in
+/// a view at every use, which is correct and only slower).
+fn fresh_stamp() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let s = NEXT.fetch_add(1, Ordering::Relaxed);
+    if s < 1 << (64 - INDEX_BITS) {
+        s
+    } else {
+        0
+    }
+}
+
+/// One dispatch of the graph: where its arguments and ranges lie in the shared arrays.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Header {
+    pub(crate) kernel: KernelId,
+    pub(crate) grid: Grid,
+    pub(crate) op: OpKind,
+    args: u32,
+    n_args: u32,
+    /// First range; the reads come first.
+    ranges: u32,
+    n_reads: u32,
+    n_writes: u32,
+}
+
+/// One node of a recorded graph, as the graph hands it out.
+#[derive(Debug, Clone, Copy)]
+pub enum Node<'g> {
+    /// A kernel launch.
+    Dispatch(DispatchRef<'g>),
+    /// Everything before must finish before anything after starts.
+    Barrier,
+}
+
+impl<'g> Node<'g> {
+    /// The dispatch, if this node is one.
+    pub fn as_dispatch(&self) -> Option<DispatchRef<'g>> {
+        match self {
+            Node::Dispatch(d) => Some(*d),
+            Node::Barrier => None,
+        }
+    }
+}
+
+/// A recorded sequence of dispatches and barriers: what recorded mode produces and the passes
+/// transform.
+pub struct ComputeGraph {
+    stamp: u64,
+    /// One owned reference per view taken in; a view's index is its position here.
+    views: Vec<Buffer>,
+    /// The byte range of each view.
+    view_ranges: Vec<Range>,
+    headers: Vec<Header>,
+    /// Arguments of every header. Buffers here are copies of references in `views` and own
+    /// nothing (never dropped, never handed out by value).
+    args: Vec<ManuallyDrop<Arg>>,
+    ranges: Vec<Range>,
+    /// Per range: its view's index.
+    range_views: Vec<u32>,
+    /// The nodes in order: header indices and [`BARRIER`]s.
+    order: Vec<u32>,
+}
+
+impl Default for ComputeGraph {
+    fn default() -> Self {
+        ComputeGraph::with_capacity(0)
+    }
+}
+
+impl Clone for ComputeGraph {
+    fn clone(&self) -> Self {
+        // The copy keeps its own reference to every view, so the argument copies stay backed
+        // by a kept reference; it takes a stamp of its own (views still carrying this graph's
+        // stamp are taken in again by the copy, under new indices).
+        let args = self
+            .args
+            .iter()
+            // SAFETY: a bitwise copy of an argument that owns nothing; the clone's `views`
+            // holds a reference to the same view for as long as the copy exists.
+            .map(|a| ManuallyDrop::new(unsafe { std::ptr::read(&**a) }))
+            .collect();
+        ComputeGraph {
+            stamp: fresh_stamp(),
+            views: self.views.clone(),
+            view_ranges: self.view_ranges.clone(),
+            headers: self.headers.clone(),
+            args,
+            ranges: self.ranges.clone(),
+            range_views: self.range_views.clone(),
+            order: self.order.clone(),
+        }
+    }
+}
+
+impl Drop for ComputeGraph {
+    fn drop(&mut self) {
+        spare::keep(self);
+    }
+}
+
+/// The arrays of the last graph dropped on each thread, emptied, for the next one: recording a
+/// step after dropping the previous one then allocates nothing.
+mod spare {
+    use std::cell::RefCell;
+    use std::mem::{take as out, ManuallyDrop};
+
+    use super::{ComputeGraph, Header};
+    use crate::backend::Buffer;
+    use crate::graph::{Arg, Range};
+
+    /// A graph's arrays, empty.
+    struct Arrays {
+        views: Vec<Buffer>,
+        view_ranges: Vec<Range>,
+        headers: Vec<Header>,
+        args: Vec<ManuallyDrop<Arg>>,
+        ranges: Vec<Range>,
+        range_views: Vec<u32>,
+        order: Vec<u32>,
+    }
+
+    thread_local! {
+        static ARRAYS: RefCell<Option<Arrays>> = const { RefCell::new(None) };
+    }
+
+    /// Moves kept arrays, if this thread has some, into the empty `graph`.
+    pub(super) fn take(graph: &mut ComputeGraph) {
+        let kept = ARRAYS
+            .try_with(|a| a.try_borrow_mut().ok().and_then(|mut a| a.take()))
+            .ok()
+            .flatten();
+        if let Some(k) = kept {
+            graph.views = k.views;
+            graph.view_ranges = k.view_ranges;
+            graph.headers = k.headers;
+            graph.args = k.args;
+            graph.ranges = k.ranges;
+            graph.range_views = k.range_views;
+            graph.order = k.order;
+        }
+    }
+
+    /// Empties `graph` (its views' references are dropped here) and keeps its arrays.
+    pub(super) fn keep(graph: &mut ComputeGraph) {
+        // The argument copies own nothing: emptying them drops nothing.
+        graph.args.clear();
+        graph.views.clear();
+        if graph.headers.capacity() == 0 {
+            return;
+        }
+        graph.view_ranges.clear();
+        graph.headers.clear();
+        graph.ranges.clear();
+        graph.range_views.clear();
+        graph.order.clear();
+        let arrays = Arrays {
+            views: out(&mut graph.views),
+            view_ranges: out(&mut graph.view_ranges),
+            headers: out(&mut graph.headers),
+            args: out(&mut graph.args),
+            ranges: out(&mut graph.ranges),
+            range_views: out(&mut graph.range_views),
+            order: out(&mut graph.order),
+        };
+        // A thread being torn down, or a slot already filled, frees the arrays instead.
+        let _ = ARRAYS.try_with(|a| {
+            if let Ok(mut a) = a.try_borrow_mut() {
+                if a.is_none() {
+                    *a = Some(arrays);
+                }
+            }
+        });
+    }
+}
+
+impl std::fmt::Debug for ComputeGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.nodes()).finish()
+    }
+}
+
+impl ComputeGraph {
+    /// An empty graph.
+    pub fn new() -> Self {
+        ComputeGraph::default()
+    }
+
+    /// An empty graph with room for `dispatches` dispatches of a few arguments each. The arrays
+    /// of the last graph dropped on this thread are used again when there are any.
+    pub fn with_capacity(dispatches: usize) -> Self {
+        let mut g = ComputeGraph {
+            stamp: fresh_stamp(),
+            views: Vec::new(),
+            view_ranges: Vec::new(),
+            headers: Vec::new(),
+            args: Vec::new(),
+            ranges: Vec::new(),
+            range_views: Vec::new(),
+            order: Vec::new(),
+        };
+        spare::take(&mut g);
+        g.headers.reserve(dispatches);
+        g.args.reserve(4 * dispatches);
+        g.ranges.reserve(4 * dispatches);
+        g.range_views.reserve(4 * dispatches);
+        g.order.reserve(dispatches + dispatches / 2);
+        g
+    }
+
+    /// Appends a dispatch of `kernel` over `args`, deriving its read and write ranges. A written
+    /// argument may not overlap any other buffer argument of the same dispatch (an in-place
+    /// update is one `ReadWrite` argument); if one does, nothing is appended.
+    pub fn record(
+        &mut self,
+        kernel: KernelId,
+        args: &[ArgRef<'_>],
+        grid: Grid,
+        op: OpKind,
+    ) -> Result<()> {
+        self.record_args(kernel, args.iter().copied(), grid, op)
+    }
+
+    /// Appends a dispatch (its checks already ran when it was built).
+    pub fn push(&mut self, dispatch: Dispatch) {
+        self.push_ref(dispatch.as_view());
+    }
+
+    /// Appends a copy of a dispatch viewed elsewhere (in another graph, or a [`Dispatch`]).
+    pub fn push_ref(&mut self, dispatch: DispatchRef<'_>) {
+        let args = dispatch.args().iter().map(ArgRef::from);
+        // A dispatch view has passed the same checks, so this cannot fail; if it did, the
+        // dispatch is left out rather than half-recorded.
+        let _ = self.record_args(dispatch.kernel(), args, dispatch.grid(), dispatch.op());
+    }
+
+    /// Appends a barrier.
+    pub fn push_barrier(&mut self) {
+        self.order.push(BARRIER);
+    }
+
+    #[inline]
+    fn record_args<'b>(
+        &mut self,
+        kernel: KernelId,
+        args: impl Iterator<Item = ArgRef<'b>>,
+        grid: Grid,
+        op: OpKind,
+    ) -> Result<()> {
+        // The buffer arguments as (view, access, argument position); a few live on the stack.
+        const LOCAL: usize = 8;
+        let mut local = [(0u32, Access::Read, 0u32); LOCAL];
+        let mut spilled: Vec<(u32, Access, u32)> = Vec::new();
+        let mut n_bufs = 0;
+        let a0 = self.args.len();
+        for (pos, arg) in args.enumerate() {
+            match arg {
+                ArgRef::Buffer(b, access) => {
+                    let v = self.take_in(b);
+                    // SAFETY: a copy that owns nothing: `views[v]` holds a reference to the same
+                    // view for the graph's life, and the copy is never dropped.
+                    let copy = unsafe { std::ptr::read(b) };
+                    self.args.push(ManuallyDrop::new(Arg::Buffer(copy, access)));
+                    let entry = (v, access, pos as u32);
+                    if n_bufs < LOCAL {
+                        local[n_bufs] = entry;
+                    } else {
+                        if n_bufs == LOCAL {
+                            spilled.extend_from_slice(&local);
+                        }
+                        spilled.push(entry);
+                    }
+                    n_bufs += 1;
+                }
+                ArgRef::Scalar(s) => self.args.push(ManuallyDrop::new(Arg::Scalar(s))),
+            }
+        }
+        let bufs = if n_bufs <= LOCAL {
+            &local[..n_bufs]
+        } else {
+            &spilled[..]
+        };
+        let r0 = self.ranges.len();
+        for &(v, access, _) in bufs {
+            if access.reads() {
+                self.ranges.push(self.view_ranges[v as usize]);
+                self.range_views.push(v);
+            }
+        }
+        let n_reads = (self.ranges.len() - r0) as u32;
+        for &(v, access, _) in bufs {
+            if access.writes() {
+                self.ranges.push(self.view_ranges[v as usize]);
+                self.range_views.push(v);
+            }
+        }
+        let n_writes = (self.ranges.len() - r0) as u32 - n_reads;
+        if n_writes > 0 {
+            if let Err(e) = self.check_writes_alone(kernel, bufs) {
+                self.args.truncate(a0);
+                self.ranges.truncate(r0);
+                self.range_views.truncate(r0);
+                return Err(e);
+            }
+        }
+        self.order.push(self.headers.len() as u32);
+        self.headers.push(Header {
+            kernel,
+            grid,
+            op,
+            args: a0 as u32,
+            n_args: (self.args.len() - a0) as u32,
+            ranges: r0 as u32,
+            n_reads,
+            n_writes,
+        });
+        Ok(())
+    }
+
+    /// Fails when a written argument among `bufs` (view, access, position) overlaps another
+    /// buffer argument.
+    fn check_writes_alone(&self, kernel: KernelId, bufs: &[(u32, Access, u32)]) -> Result<()> {
+        for (i, &(vi, access, pi)) in bufs.iter().enumerate() {
+            if !access.writes() {
+                continue;
+            }
+            let mine = &self.view_ranges[vi as usize];
+            for (j, &(vj, _, pj)) in bufs.iter().enumerate() {
+                if j != i && mine.overlaps(&self.view_ranges[vj as usize]) {
+                    return Err(Error::InvalidArgument(format!(
+                        "kernel {}: written argument {pi} overlaps argument {pj}; \
+                         use one read-write argument for in-place updates",
+                        kernel.0
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The index of `b`'s view, taking the view in (one reference) the first time.
+    #[inline]
+    fn take_in(&mut self, b: &Buffer) -> u32 {
+        let word = b.graph_stamp().load(Ordering::Relaxed);
+        if self.stamp != 0 && word >> INDEX_BITS == self.stamp {
+            return (word & INDEX_MASK) as u32;
+        }
+        self.take_in_new(b)
+    }
+
+    fn take_in_new(&mut self, b: &Buffer) -> u32 {
+        let v = self.views.len();
+        self.views.push(b.clone());
+        self.view_ranges.push(Range::of(b));
+        if self.stamp != 0 && (v as u64) <= INDEX_MASK {
+            // Only this graph writes words with its stamp, and it writes the right index.
+            b.graph_stamp()
+                .store(self.stamp << INDEX_BITS | v as u64, Ordering::Relaxed);
+        }
+        v as u32
+    }
+
+    /// The dispatch of header `h`.
+    #[inline]
+    pub(crate) fn dispatch_at(&self, h: u32) -> DispatchRef<'_> {
+        let hd = &self.headers[h as usize];
+        let args = &self.args[hd.args as usize..(hd.args + hd.n_args) as usize];
+        // SAFETY: `ManuallyDrop<Arg>` has the layout of `Arg` (it is `repr(transparent)`); the
+        // slice is borrowed from the graph, which keeps every buffer it names alive.
+        let args = unsafe { std::slice::from_raw_parts(args.as_ptr().cast::<Arg>(), args.len()) };
+        let end = (hd.ranges + hd.n_reads + hd.n_writes) as usize;
+        DispatchRef::from_parts(
+            hd.kernel,
+            hd.grid,
+            hd.op,
+            args,
+            &self.ranges[hd.ranges as usize..end],
+            hd.n_reads as usize,
+        )
+    }
+
+    /// The op kind of header `h`.
+    #[inline]
+    pub(crate) fn op_at(&self, h: u32) -> OpKind {
+        self.headers[h as usize].op
+    }
+
+    /// The view indices of header `h`'s read ranges and of its write ranges.
+    #[inline]
+    pub(crate) fn range_views_at(&self, h: u32) -> (&[u32], &[u32]) {
+        let hd = &self.headers[h as usize];
+        let (a, b) = (hd.ranges as usize, (hd.ranges + hd.n_reads) as usize);
+        let c = b + hd.n_writes as usize;
+        (&self.range_views[a..b], &self.range_views[b..c])
+    }
+
+    /// The byte range of every view, by index.
+    #[inline]
+    pub(crate) fn view_ranges(&self) -> &[Range] {
+        &self.view_ranges
+    }
+
+    /// The node order (header indices, barriers as `u32::MAX`), for the passes.
+    pub(crate) fn order_mut(&mut self) -> &mut Vec<u32> {
+        &mut self.order
+    }
+
+    /// The node order.
+    #[inline]
+    pub(crate) fn order(&self) -> &[u32] {
+        &self.order
+    }
+
+    /// The order entry of a barrier.
+    pub(crate) const BARRIER: u32 = BARRIER;
+
+    /// Drops the barriers from the node order.
+    pub(crate) fn drop_barriers(&mut self) {
+        self.order.retain(|&e| e != BARRIER);
+    }
+
+    /// Appends a header for a dispatch built outside the graph (a fused one) without placing
+    /// it in the node order; returns its index.
+    pub(crate) fn add_detached(&mut self, dispatch: &Dispatch) -> u32 {
+        let before = self.order.len();
+        self.push_ref(dispatch.as_view());
+        // `push_ref` placed it at the end of the order; take it out again.
+        self.order.truncate(before);
+        (self.headers.len() - 1) as u32
+    }
+
+    /// Number of nodes (dispatches and barriers).
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    /// Whether the graph has no node.
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    /// The nodes, in order.
+    pub fn nodes(&self) -> Nodes<'_> {
+        Nodes {
+            graph: self,
+            order: self.order.iter(),
+        }
+    }
+
+    /// The nodes at positions `range`, in order.
+    pub fn nodes_in(&self, range: std::ops::Range<usize>) -> Nodes<'_> {
+        Nodes {
+            graph: self,
+            order: self.order[range].iter(),
+        }
+    }
+
+    /// The dispatches, in order, without barriers.
+    pub fn dispatches(&self) -> impl DoubleEndedIterator<Item = DispatchRef<'_>> + Clone + '_ {
+        self.order
+            .iter()
+            .filter(|&&e| e != BARRIER)
+            .map(|&e| self.dispatch_at(e))
+    }
+
+    /// Number of dispatch nodes.
+    pub fn dispatch_count(&self) -> usize {
+        self.order.len() - self.barrier_count()
+    }
+
+    /// Number of barrier nodes.
+    pub fn barrier_count(&self) -> usize {
+        self.order.iter().filter(|&&e| e == BARRIER).count()
+    }
+
+    /// Number of distinct buffer views the graph keeps.
+    pub fn view_count(&self) -> usize {
+        self.views.len()
+    }
+
+    /// Sizes of the concurrent groups (dispatches between barriers), in order.
+    pub fn group_sizes(&self) -> Vec<usize> {
+        let mut sizes = Vec::new();
+        let mut current = 0;
+        for &e in &self.order {
+            if e == BARRIER {
+                if current > 0 {
+                    sizes.push(current);
+                }
+                current = 0;
+            } else {
+                current += 1;
+            }
+        }
+        if current > 0 {
+            sizes.push(current);
+        }
+        sizes
+    }
+}
+
+/// The nodes of a [`ComputeGraph`], in order.
+#[derive(Clone)]
+pub struct Nodes<'g> {
+    graph: &'g ComputeGraph,
+    order: std::slice::Iter<'g, u32>,
+}
+
+impl<'g> Iterator for Nodes<'g> {
+    type Item = Node<'g>;
+
+    #[inline]
+    fn next(&mut self) -> Option<Node<'g>> {
+        let &e = self.order.next()?;
+        Some(node_of(self.graph, e))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.order.size_hint()
+    }
+}
+
+impl DoubleEndedIterator for Nodes<'_> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        let &e = self.order.next_back()?;
+        Some(node_of(self.graph, e))
+    }
+}
+
+impl ExactSizeIterator for Nodes<'_> {}
+
+#[inline]
+fn node_of(graph: &ComputeGraph, entry: u32) -> Node<'_> {
+    if entry == BARRIER {
+        Node::Barrier
+    } else {
+        Node::Dispatch(graph.dispatch_at(entry))
+    }
+}
