@@ -9,8 +9,8 @@
 use onepass::backend::cpu::KernelArgs;
 use onepass::graph::passes::{self, FusionRule};
 use onepass::graph::{
-    Access, Arg, ComputeGraph, Dispatch, DispatchRef, Grid, KernelId, Node, OpKind, Range,
-    RangeSet, Scalar,
+    Access, Arg, ArgRef, ComputeGraph, Dispatch, DispatchRef, DispatchSpec, Grid, KernelId, Node,
+    OpKind, Range, RangeSet, Scalar,
 };
 use onepass::ops::custom::CustomKernel;
 use onepass::{Buffer, DType, Device, Executor, Mode};
@@ -172,11 +172,11 @@ fn layout(g: &ComputeGraph) -> Vec<Option<usize>> {
 /// first read is exactly the first's first write; the fused dispatch reads what both read (but
 /// the intermediate), writes what the second writes, and keeps the first's tag.
 fn chain_rule() -> FusionRule {
-    fn buffers(d: DispatchRef<'_>, access: fn(Access) -> bool) -> Vec<Buffer> {
+    fn buffers(d: DispatchRef<'_>, access: fn(Access) -> bool) -> Vec<&Buffer> {
         d.args()
             .iter()
             .filter_map(|a| match a {
-                Arg::Buffer(b, acc) if access(*acc) => Some(b.clone()),
+                Arg::Buffer(b, acc) if access(*acc) => Some(b),
                 _ => None,
             })
             .collect()
@@ -185,19 +185,19 @@ fn chain_rule() -> FusionRule {
         let w = *a.writes().first()?;
         (*b.reads().first()? == w).then_some(w)
     }
-    fn build(a: DispatchRef<'_>, b: DispatchRef<'_>) -> onepass::Result<Dispatch> {
+    fn build<'a>(a: DispatchRef<'a>, b: DispatchRef<'a>) -> onepass::Result<DispatchSpec<'a>> {
         let mid = intermediate(a, b);
-        let mut args: Vec<Arg> = buffers(a, Access::reads)
-            .iter()
-            .chain(&buffers(b, Access::reads))
+        let mut args: Vec<ArgRef<'a>> = buffers(a, Access::reads)
+            .into_iter()
+            .chain(buffers(b, Access::reads))
             .filter(|r| Some(Range::of(r)) != mid)
-            .map(Arg::read)
+            .map(ArgRef::read)
             .collect();
-        args.extend(buffers(b, Access::writes).iter().map(Arg::write));
-        args.push(Arg::u32(tag(a) as u32));
-        Dispatch::new(
+        args.extend(buffers(b, Access::writes).into_iter().map(ArgRef::write));
+        args.push(ArgRef::u32(tag(a) as u32));
+        DispatchSpec::new(
             KernelId("chain"),
-            args,
+            &args,
             Grid::new(1, 1),
             OpKind::Elementwise,
         )
@@ -352,7 +352,10 @@ fn add_scale_intermediate(a: DispatchRef<'_>, b: DispatchRef<'_>) -> Option<Rang
     (Range::of(out) == Range::of(input)).then(|| Range::of(out))
 }
 
-fn add_scale_build(a: DispatchRef<'_>, b: DispatchRef<'_>) -> onepass::Result<Dispatch> {
+fn add_scale_build<'a>(
+    a: DispatchRef<'a>,
+    b: DispatchRef<'a>,
+) -> onepass::Result<DispatchSpec<'a>> {
     let missing = || onepass::Error::InvalidArgument("add_scale: unexpected arguments".into());
     let s = match b.args().get(2) {
         Some(Arg::Scalar(Scalar::F32(s))) => *s,
@@ -363,9 +366,14 @@ fn add_scale_build(a: DispatchRef<'_>, b: DispatchRef<'_>) -> onepass::Result<Di
         buffer(a, 1).ok_or_else(missing)?,
         buffer(b, 1).ok_or_else(missing)?,
     );
-    onepass::ops::custom::custom(
+    onepass::ops::custom::custom_spec(
         &ADD_SCALE,
-        vec![Arg::read(x), Arg::read(y), Arg::write(out), Arg::f32(s)],
+        &[
+            ArgRef::read(x),
+            ArgRef::read(y),
+            ArgRef::write(out),
+            ArgRef::f32(s),
+        ],
         b.grid(),
     )
 }

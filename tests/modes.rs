@@ -9,7 +9,7 @@
 
 use onepass::backend::cpu::KernelArgs;
 use onepass::graph::passes::{self, FusionRule};
-use onepass::graph::{Arg, Dispatch, DispatchRef, Grid, OpKind, Range, Scalar};
+use onepass::graph::{Arg, ArgRef, DispatchRef, DispatchSpec, Grid, OpKind, Range, Scalar};
 use onepass::ops::custom::{self, CustomKernel};
 use onepass::{Buffer, DType, Device, Executor, Mode, Plan, RuntimeConfig};
 use rand::{RngExt, SeedableRng};
@@ -299,7 +299,10 @@ fn add_scale_intermediate(a: DispatchRef<'_>, b: DispatchRef<'_>) -> Option<Rang
     (out == input).then_some(out)
 }
 
-fn add_scale_build(a: DispatchRef<'_>, b: DispatchRef<'_>) -> onepass::Result<Dispatch> {
+fn add_scale_build<'a>(
+    a: DispatchRef<'a>,
+    b: DispatchRef<'a>,
+) -> onepass::Result<DispatchSpec<'a>> {
     let bad = || onepass::Error::InvalidArgument("add_scale: unexpected arguments".into());
     let Some(Arg::Scalar(Scalar::F32(s))) = b.args().get(2) else {
         return Err(bad());
@@ -307,9 +310,14 @@ fn add_scale_build(a: DispatchRef<'_>, b: DispatchRef<'_>) -> onepass::Result<Di
     let x = buffer(a, 0).ok_or_else(bad)?;
     let y = buffer(a, 1).ok_or_else(bad)?;
     let out = buffer(b, 1).ok_or_else(bad)?;
-    custom::custom(
+    custom::custom_spec(
         &ADD_SCALE,
-        vec![Arg::read(x), Arg::read(y), Arg::write(out), Arg::f32(*s)],
+        &[
+            ArgRef::read(x),
+            ArgRef::read(y),
+            ArgRef::write(out),
+            ArgRef::f32(*s),
+        ],
         b.grid(),
     )
 }

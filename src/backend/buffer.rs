@@ -152,17 +152,20 @@ pub struct Buffer {
 }
 
 /// What a [`Buffer`] points at.
+///
+/// The fields a recorder reads (the stamp, then the byte range) come first, in one cache line.
+#[repr(C)]
 struct View {
-    alloc: Arc<Allocation>,
+    /// The last graph that took this view in, and the view's index in that graph (see
+    /// [`Buffer::graph_stamp`]).
+    stamp: AtomicU64,
     /// The allocation's id, kept beside the offset so a byte range needs one pointer hop.
     id: AllocId,
     offset: usize,
     len: usize,
+    alloc: Arc<Allocation>,
     dtype: DType,
     shape: Shape,
-    /// The last graph that took this view in, and the view's index in that graph (see
-    /// [`Buffer::graph_stamp`]).
-    stamp: AtomicU64,
 }
 
 impl Buffer {

@@ -17,7 +17,8 @@
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::dispatch::{Access, Arg, ArgRef, Dispatch, DispatchRef, Grid, KernelId, OpKind, Range};
+use super::borrowed::{ArgRef, DispatchRef, DispatchSpec, SPEC_ARGS};
+use super::dispatch::{Access, Arg, Dispatch, Grid, KernelId, OpKind, Range, Scalar};
 use crate::backend::Buffer;
 use crate::error::{Error, Result};
 
@@ -38,6 +39,39 @@ fn fresh_stamp() -> u64 {
     } else {
         0
     }
+}
+
+/// One argument as [`ComputeGraph::record_args`] takes it: a buffer, a view the graph holds
+/// already (by index), or a scalar.
+#[derive(Clone, Copy)]
+enum Slot<'b> {
+    Buffer(&'b Buffer, Access),
+    View(u32, Access),
+    Scalar(Scalar),
+}
+
+impl<'b> From<ArgRef<'b>> for Slot<'b> {
+    #[inline(always)]
+    fn from(arg: ArgRef<'b>) -> Self {
+        match arg {
+            ArgRef::Buffer(b, access) => Slot::Buffer(b, access),
+            ArgRef::Scalar(s) => Slot::Scalar(s),
+        }
+    }
+}
+
+/// A placeholder view index in a [`Resolved`] slot: the next of its foreign buffers.
+const NOT_TAKEN_IN: u32 = u32::MAX;
+
+/// A [`DispatchSpec`] whose buffers the graph holds are named by view index (others are cloned
+/// into `foreign`), so it no longer borrows the graph.
+pub(crate) struct Resolved {
+    kernel: KernelId,
+    grid: Grid,
+    op: OpKind,
+    len: usize,
+    slots: [Slot<'static>; SPEC_ARGS],
+    foreign: Vec<Buffer>,
 }
 
 /// One dispatch of the graph: where its arguments and ranges lie in the shared arrays.
@@ -248,7 +282,7 @@ impl ComputeGraph {
         grid: Grid,
         op: OpKind,
     ) -> Result<()> {
-        self.record_args(kernel, args.iter().copied(), grid, op)
+        self.record_args(kernel, args.iter().map(|&a| Slot::from(a)), grid, op)
     }
 
     /// Appends a dispatch (its checks already ran when it was built).
@@ -258,7 +292,7 @@ impl ComputeGraph {
 
     /// Appends a copy of a dispatch viewed elsewhere (in another graph, or a [`Dispatch`]).
     pub fn push_ref(&mut self, dispatch: DispatchRef<'_>) {
-        let args = dispatch.args().iter().map(ArgRef::from);
+        let args = dispatch.args().iter().map(|a| Slot::from(ArgRef::from(a)));
         // A dispatch view has passed the same checks, so this cannot fail; if it did, the
         // dispatch is left out rather than half-recorded.
         let _ = self.record_args(dispatch.kernel(), args, dispatch.grid(), dispatch.op());
@@ -273,7 +307,7 @@ impl ComputeGraph {
     fn record_args<'b>(
         &mut self,
         kernel: KernelId,
-        args: impl Iterator<Item = ArgRef<'b>>,
+        args: impl ExactSizeIterator<Item = Slot<'b>>,
         grid: Grid,
         op: OpKind,
     ) -> Result<()> {
@@ -283,40 +317,47 @@ impl ComputeGraph {
         let mut spilled: Vec<(u32, Access, u32)> = Vec::new();
         let mut n_bufs = 0;
         let a0 = self.args.len();
+        let r0 = self.ranges.len();
         for (pos, arg) in args.enumerate() {
-            match arg {
-                ArgRef::Buffer(b, access) => {
+            let (v, access, copy) = match arg {
+                Slot::Buffer(b, access) => {
                     let v = self.take_in(b);
                     // SAFETY: a copy that owns nothing: `views[v]` holds a reference to the same
                     // view for the graph's life, and the copy is never dropped.
-                    let copy = unsafe { std::ptr::read(b) };
-                    self.args.push(ManuallyDrop::new(Arg::Buffer(copy, access)));
-                    let entry = (v, access, pos as u32);
-                    if n_bufs < LOCAL {
-                        local[n_bufs] = entry;
-                    } else {
-                        if n_bufs == LOCAL {
-                            spilled.extend_from_slice(&local);
-                        }
-                        spilled.push(entry);
-                    }
-                    n_bufs += 1;
+                    (v, access, unsafe { std::ptr::read(b) })
                 }
-                ArgRef::Scalar(s) => self.args.push(ManuallyDrop::new(Arg::Scalar(s))),
+                Slot::View(v, access) => {
+                    // SAFETY: as above, a copy of the graph's own reference.
+                    (v, access, unsafe {
+                        std::ptr::read(&self.views[v as usize])
+                    })
+                }
+                Slot::Scalar(s) => {
+                    self.args.push(ManuallyDrop::new(Arg::Scalar(s)));
+                    continue;
+                }
+            };
+            self.args.push(ManuallyDrop::new(Arg::Buffer(copy, access)));
+            if access.reads() {
+                self.ranges.push(self.view_ranges[v as usize]);
+                self.range_views.push(v);
             }
+            let entry = (v, access, pos as u32);
+            if n_bufs < LOCAL {
+                local[n_bufs] = entry;
+            } else {
+                if n_bufs == LOCAL {
+                    spilled.extend_from_slice(&local);
+                }
+                spilled.push(entry);
+            }
+            n_bufs += 1;
         }
         let bufs = if n_bufs <= LOCAL {
             &local[..n_bufs]
         } else {
             &spilled[..]
         };
-        let r0 = self.ranges.len();
-        for &(v, access, _) in bufs {
-            if access.reads() {
-                self.ranges.push(self.view_ranges[v as usize]);
-                self.range_views.push(v);
-            }
-        }
         let n_reads = (self.ranges.len() - r0) as u32;
         for &(v, access, _) in bufs {
             if access.writes() {
@@ -369,7 +410,7 @@ impl ComputeGraph {
     }
 
     /// The index of `b`'s view, taking the view in (one reference) the first time.
-    #[inline]
+    #[inline(always)]
     fn take_in(&mut self, b: &Buffer) -> u32 {
         let word = b.graph_stamp().load(Ordering::Relaxed);
         if self.stamp != 0 && word >> INDEX_BITS == self.stamp {
@@ -378,6 +419,7 @@ impl ComputeGraph {
         self.take_in_new(b)
     }
 
+    #[inline(never)]
     fn take_in_new(&mut self, b: &Buffer) -> u32 {
         let v = self.views.len();
         self.views.push(b.clone());
@@ -407,6 +449,14 @@ impl ComputeGraph {
             &self.ranges[hd.ranges as usize..end],
             hd.n_reads as usize,
         )
+    }
+
+    /// The read ranges and the write ranges of header `h`.
+    #[inline]
+    pub(crate) fn ranges_at(&self, h: u32) -> (&[Range], &[Range]) {
+        let hd = &self.headers[h as usize];
+        let all = &self.ranges[hd.ranges as usize..(hd.ranges + hd.n_reads + hd.n_writes) as usize];
+        all.split_at(hd.n_reads as usize)
     }
 
     /// The op kind of header `h`.
@@ -449,14 +499,56 @@ impl ComputeGraph {
         self.order.retain(|&e| e != BARRIER);
     }
 
-    /// Appends a header for a dispatch built outside the graph (a fused one) without placing
-    /// it in the node order; returns its index.
-    pub(crate) fn add_detached(&mut self, dispatch: &Dispatch) -> u32 {
+    /// The index of `b`'s view if the graph holds it.
+    #[inline]
+    fn view_of(&self, b: &Buffer) -> Option<u32> {
+        let word = b.graph_stamp().load(Ordering::Relaxed);
+        (self.stamp != 0 && word >> INDEX_BITS == self.stamp).then_some((word & INDEX_MASK) as u32)
+    }
+
+    /// `spec` with its buffers named by view index where the graph holds them, so that it can
+    /// be recorded ([`add_detached`](Self::add_detached)) once the borrows of the graph end.
+    pub(crate) fn resolve(&self, spec: &DispatchSpec<'_>) -> Resolved {
+        let mut r = Resolved {
+            kernel: spec.kernel(),
+            grid: spec.grid(),
+            op: spec.op(),
+            len: spec.args().len(),
+            slots: [Slot::Scalar(Scalar::U32(0)); SPEC_ARGS],
+            foreign: Vec::new(),
+        };
+        for (slot, arg) in r.slots.iter_mut().zip(spec.args()) {
+            *slot = match *arg {
+                ArgRef::Buffer(b, access) => match self.view_of(b) {
+                    Some(v) => Slot::View(v, access),
+                    None => {
+                        // Rare: a rule names a buffer no recorded dispatch uses.
+                        r.foreign.push(b.clone());
+                        Slot::View(NOT_TAKEN_IN, access)
+                    }
+                },
+                ArgRef::Scalar(s) => Slot::Scalar(s),
+            };
+        }
+        r
+    }
+
+    /// Records a resolved dispatch as a header outside the node order and returns its index;
+    /// an error (a written argument overlapping another) records nothing.
+    pub(crate) fn add_detached(&mut self, mut r: Resolved) -> Result<u32> {
+        let mut foreign = r.foreign.iter();
+        for slot in &mut r.slots[..r.len] {
+            if let Slot::View(v @ NOT_TAKEN_IN, _) = slot {
+                if let Some(b) = foreign.next() {
+                    *v = self.take_in(b);
+                }
+            }
+        }
         let before = self.order.len();
-        self.push_ref(dispatch.as_view());
-        // `push_ref` placed it at the end of the order; take it out again.
+        self.record_args(r.kernel, r.slots[..r.len].iter().copied(), r.grid, r.op)?;
+        // Recording placed it at the end of the order; take it out again.
         self.order.truncate(before);
-        (self.headers.len() - 1) as u32
+        Ok((self.headers.len() - 1) as u32)
     }
 
     /// Number of nodes (dispatches and barriers).
@@ -567,3 +659,7 @@ fn node_of(graph: &ComputeGraph, entry: u32) -> Node<'_> {
         Node::Dispatch(graph.dispatch_at(entry))
     }
 }
+
+#[cfg(test)]
+#[path = "compute_graph_tests.rs"]
+mod tests;

@@ -3,6 +3,7 @@
 
 use std::mem::ManuallyDrop;
 
+use super::borrowed::DispatchRef;
 use crate::backend::{AllocId, Buffer};
 use crate::error::{Error, Result};
 
@@ -78,58 +79,6 @@ impl Arg {
     /// A float scalar.
     pub fn f32(v: f32) -> Arg {
         Arg::Scalar(Scalar::F32(v))
-    }
-}
-
-/// One kernel argument as a recorder takes it: buffers are borrowed, so recording into a
-/// [`ComputeGraph`](super::ComputeGraph) takes no reference count per argument (the graph keeps
-/// one reference per distinct view instead).
-#[derive(Debug, Clone, Copy)]
-pub enum ArgRef<'a> {
-    /// A buffer view and how the kernel uses it.
-    Buffer(&'a Buffer, Access),
-    /// A scalar.
-    Scalar(Scalar),
-}
-
-impl<'a> ArgRef<'a> {
-    /// A buffer the kernel reads.
-    pub fn read(buf: &'a Buffer) -> Self {
-        ArgRef::Buffer(buf, Access::Read)
-    }
-
-    /// A buffer the kernel writes.
-    pub fn write(buf: &'a Buffer) -> Self {
-        ArgRef::Buffer(buf, Access::Write)
-    }
-
-    /// A buffer the kernel reads and writes in place.
-    pub fn read_write(buf: &'a Buffer) -> Self {
-        ArgRef::Buffer(buf, Access::ReadWrite)
-    }
-
-    /// An unsigned scalar.
-    pub fn u32(v: u32) -> Self {
-        ArgRef::Scalar(Scalar::U32(v))
-    }
-
-    /// A signed scalar.
-    pub fn i32(v: i32) -> Self {
-        ArgRef::Scalar(Scalar::I32(v))
-    }
-
-    /// A float scalar.
-    pub fn f32(v: f32) -> Self {
-        ArgRef::Scalar(Scalar::F32(v))
-    }
-}
-
-impl<'a> From<&'a Arg> for ArgRef<'a> {
-    fn from(arg: &'a Arg) -> Self {
-        match arg {
-            Arg::Buffer(b, a) => ArgRef::Buffer(b, *a),
-            Arg::Scalar(s) => ArgRef::Scalar(*s),
-        }
     }
 }
 
@@ -643,117 +592,36 @@ fn check_writes_alone(kernel: KernelId, args: &[Arg]) -> Result<()> {
     Ok(())
 }
 
-/// A borrowed view of one dispatch: of a [`Dispatch`] ([`Dispatch::as_view`]) or of a dispatch
-/// inside a [`ComputeGraph`](super::ComputeGraph). Backends encode from it; fusion rules read it.
-#[derive(Clone, Copy)]
-pub struct DispatchRef<'a> {
-    kernel: KernelId,
-    grid: Grid,
-    op: OpKind,
-    args: &'a [Arg],
-    /// The read ranges, then the write ranges.
-    ranges: &'a [Range],
-    n_reads: usize,
-}
-
-impl<'a> DispatchRef<'a> {
-    /// A view from its parts (`ranges`: the `n_reads` read ranges, then the write ranges).
-    pub(crate) fn from_parts(
+impl Dispatch {
+    /// A dispatch from parts another dispatch already checked (its ranges are derived from the
+    /// same arguments: the read ranges, `n_reads` of them, then the write ranges).
+    pub(super) fn from_checked_parts(
         kernel: KernelId,
         grid: Grid,
         op: OpKind,
-        args: &'a [Arg],
-        ranges: &'a [Range],
+        args: Vec<Arg>,
+        ranges: &[Range],
         n_reads: usize,
-    ) -> Self {
-        DispatchRef {
-            kernel,
-            grid,
-            op,
-            args,
-            ranges,
-            n_reads,
-        }
-    }
-
-    /// The kernel.
-    #[inline]
-    pub fn kernel(&self) -> KernelId {
-        self.kernel
-    }
-
-    /// The arguments, in kernel order.
-    #[inline]
-    pub fn args(&self) -> &'a [Arg] {
-        self.args
-    }
-
-    /// Launch geometry.
-    #[inline]
-    pub fn grid(&self) -> Grid {
-        self.grid
-    }
-
-    /// The op kind.
-    #[inline]
-    pub fn op(&self) -> OpKind {
-        self.op
-    }
-
-    /// Byte ranges the dispatch reads.
-    #[inline]
-    pub fn reads(&self) -> &'a [Range] {
-        &self.ranges[..self.n_reads]
-    }
-
-    /// Byte ranges the dispatch writes.
-    #[inline]
-    pub fn writes(&self) -> &'a [Range] {
-        &self.ranges[self.n_reads..]
-    }
-
-    /// The buffer argument at `index`, if it is one.
-    pub fn buffer_arg(&self, index: usize) -> Option<(&'a Buffer, Access)> {
-        match self.args.get(index) {
-            Some(Arg::Buffer(b, a)) => Some((b, *a)),
-            _ => None,
-        }
-    }
-
-    /// An owned copy (one reference per buffer argument).
-    pub fn to_dispatch(&self) -> Dispatch {
-        let ranges = if self.ranges.len() <= INLINE_RANGES {
+    ) -> Dispatch {
+        let ranges = if ranges.len() <= INLINE_RANGES {
             let mut items = [NO_RANGE; INLINE_RANGES];
-            items[..self.ranges.len()].copy_from_slice(self.ranges);
+            items[..ranges.len()].copy_from_slice(ranges);
             RangeList::Inline {
-                len: self.ranges.len() as u8,
+                len: ranges.len() as u8,
                 items,
             }
         } else {
-            RangeList::Heap(self.ranges.into())
+            RangeList::Heap(ranges.into())
         };
         Dispatch {
             inner: ManuallyDrop::new(spare::boxed(DispatchInner {
-                kernel: self.kernel,
-                grid: self.grid,
-                op: self.op,
-                n_reads: self.n_reads as u32,
-                args: ArgList::from(self.args.to_vec()),
+                kernel,
+                grid,
+                op,
+                n_reads: n_reads as u32,
+                args: ArgList::from(args),
                 ranges,
             })),
         }
-    }
-}
-
-impl std::fmt::Debug for DispatchRef<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Dispatch")
-            .field("kernel", &self.kernel)
-            .field("op", &self.op)
-            .field("grid", &self.grid)
-            .field("args", &self.args)
-            .field("reads", &self.reads())
-            .field("writes", &self.writes())
-            .finish()
     }
 }

@@ -228,16 +228,23 @@ impl Footprint {
 }
 
 /// For each view, the views it overlaps (itself included), as offsets and a packed list. Only
-/// views with `keep != 0` (non-empty) are compared; sorted by allocation and start, each overlaps
+/// non-empty views of written allocations (`keep & 1`; every kept write is one) are compared; sorted by allocation and start, each overlaps
 /// exactly the following ones of its allocation that start before it ends.
 fn overlap_lists(ranges: &[Range], keep: &[u8]) -> (Vec<u32>, Vec<u32>) {
     let k = ranges.len();
-    let mut order: Vec<u32> = (0..k as u32).filter(|&i| keep[i as usize] != 0).collect();
-    order.sort_unstable_by_key(|&i| (ranges[i as usize].alloc, ranges[i as usize].start));
+    // Sorted by (allocation, start), the keys beside the indices.
+    let mut order: Vec<(u128, u32)> = (0..k as u32)
+        .filter(|&i| keep[i as usize] & 1 != 0)
+        .map(|i| {
+            let r = &ranges[i as usize];
+            ((r.alloc.0 as u128) << 64 | r.start as u128, i)
+        })
+        .collect();
+    order.sort_unstable_by_key(|&(key, _)| key);
     let mut pairs = Vec::new();
-    for (a, &i) in order.iter().enumerate() {
+    for (a, &(_, i)) in order.iter().enumerate() {
         let ri = &ranges[i as usize];
-        for &j in &order[a + 1..] {
+        for &(_, j) in &order[a + 1..] {
             let rj = &ranges[j as usize];
             if rj.alloc != ri.alloc || rj.start >= ri.end {
                 break;

@@ -2,6 +2,7 @@
 //!
 //! Nothing here knows about a device: every pass is tested on the CPU with synthetic nodes.
 
+mod borrowed;
 mod compute_graph;
 mod dispatch;
 pub mod export;
@@ -10,8 +11,7 @@ pub mod passes;
 mod ranges;
 pub mod synthetic;
 
+pub use borrowed::{ArgRef, DispatchRef, DispatchSpec, SPEC_ARGS};
 pub use compute_graph::{ComputeGraph, Node, Nodes};
-pub use dispatch::{
-    Access, Arg, ArgList, ArgRef, Dispatch, DispatchRef, Grid, KernelId, OpKind, Range, Scalar,
-};
+pub use dispatch::{Access, Arg, ArgList, Dispatch, Grid, KernelId, OpKind, Range, Scalar};
 pub use ranges::RangeSet;

@@ -8,7 +8,7 @@ use crate::backend::{Buffer, DType, Device};
 use crate::error::{Error, Result};
 use crate::graph::passes::FusionRule;
 use crate::graph::{
-    Arg, ArgRef, ComputeGraph, Dispatch, DispatchRef, Grid, KernelId, OpKind, Range,
+    ArgRef, ComputeGraph, DispatchRef, DispatchSpec, Grid, KernelId, OpKind, Range,
 };
 
 /// Model dimensions of the synthetic decode step.
@@ -383,15 +383,20 @@ fn norm_mul_intermediate(a: DispatchRef<'_>, b: DispatchRef<'_>) -> Option<Range
     (out == input).then_some(out)
 }
 
-fn norm_mul_build(a: DispatchRef<'_>, b: DispatchRef<'_>) -> Result<Dispatch> {
+fn norm_mul_build<'a>(a: DispatchRef<'a>, b: DispatchRef<'a>) -> Result<DispatchSpec<'a>> {
     let bad = || Error::InvalidArgument("synthetic rms_norm_mul: unexpected arguments".into());
     let (x, _) = a.buffer_arg(0).ok_or_else(bad)?;
     let (w, _) = b.buffer_arg(1).ok_or_else(bad)?;
     let (out, _) = b.buffer_arg(2).ok_or_else(bad)?;
-    let eps = a.args().get(2).cloned().ok_or_else(bad)?;
-    Dispatch::new(
+    let eps = a.args().get(2).ok_or_else(bad)?;
+    DispatchSpec::new(
         KernelId("rms_norm_mul_f32"),
-        [Arg::read(x), Arg::read(w), Arg::write(out), eps],
+        &[
+            ArgRef::read(x),
+            ArgRef::read(w),
+            ArgRef::write(out),
+            ArgRef::from(eps),
+        ],
         a.grid(),
         OpKind::RmsNormMul,
     )

@@ -44,7 +44,7 @@ use std::sync::OnceLock;
 use crate::backend::cpu::{CpuKernelFn, CpuRegistry};
 use crate::backend::Device;
 use crate::error::{Error, Result};
-use crate::graph::{Arg, Dispatch, Grid, KernelId, OpKind};
+use crate::graph::{Arg, ArgRef, Dispatch, DispatchSpec, Grid, KernelId, OpKind};
 use crate::session::Session;
 
 /// A user kernel: its name, its CPU implementation and whether the optimizer may move it.
@@ -100,6 +100,21 @@ pub fn custom(kernel: &CustomKernel, args: Vec<Arg>, grid: Grid) -> Result<Dispa
         },
     )
     .map_err(|e| Error::InvalidArgument(format!("custom kernel `{}`: {e}", kernel.name)))
+}
+
+/// The dispatch of a custom kernel as a spec borrowing its buffers: what a
+/// [`FusionRule`](crate::graph::passes::FusionRule) that fuses into a custom kernel builds. The
+/// ranges are checked when the fusion pass records it.
+pub fn custom_spec<'a>(
+    kernel: &CustomKernel,
+    args: &[ArgRef<'a>],
+    grid: Grid,
+) -> Result<DispatchSpec<'a>> {
+    check_name(kernel.name)?;
+    let op = OpKind::Custom {
+        reorderable: kernel.reorderable,
+    };
+    DispatchSpec::new(KernelId(kernel.name), args, grid, op)
 }
 
 fn check_name(name: &'static str) -> Result<()> {

@@ -15,7 +15,9 @@ use super::fused_block::one_device;
 use crate::backend::Buffer;
 use crate::error::{Error, Result};
 use crate::graph::passes::FusionRule;
-use crate::graph::{Access, Arg, Dispatch, DispatchRef, KernelId, OpKind, Range};
+use crate::graph::{
+    Access, Arg, ArgRef, DispatchRef, DispatchSpec, KernelId, OpKind, Range, SPEC_ARGS,
+};
 
 // Kernel names by weight format: f32, f16, bf16, q4_0, q4_1, q8_0, q4_k, q6_k.
 const PLAIN: [&str; 8] = [
@@ -99,11 +101,27 @@ fn unmatched(rule: &str) -> Error {
     Error::InvalidArgument(format!("{rule}: the pair does not match"))
 }
 
-fn build_matmul_add(mm: DispatchRef<'_>, add: DispatchRef<'_>) -> Result<Dispatch> {
+fn build_matmul_add<'a>(mm: DispatchRef<'a>, add: DispatchRef<'a>) -> Result<DispatchSpec<'a>> {
     let (p, acc) = matmul_add_match(mm, add).ok_or_else(|| unmatched("matmul + add"))?;
-    let mut args = vec![Arg::read(p.x), Arg::read(p.w), Arg::read_write(acc)];
-    args.extend(p.scalars.iter().cloned());
-    Dispatch::new(KernelId(ADD[p.format]), args, mm.grid(), OpKind::MatMul)
+    if 3 + p.scalars.len() > SPEC_ARGS {
+        return Err(unmatched("matmul + add (too many scalars)"));
+    }
+    let mut args = [ArgRef::u32(0); SPEC_ARGS];
+    args[..3].copy_from_slice(&[
+        ArgRef::read(p.x),
+        ArgRef::read(p.w),
+        ArgRef::read_write(acc),
+    ]);
+    for (slot, a) in args[3..].iter_mut().zip(p.scalars) {
+        *slot = ArgRef::from(a);
+    }
+    let n = 3 + p.scalars.len();
+    DispatchSpec::new(
+        KernelId(ADD[p.format]),
+        &args[..n],
+        mm.grid(),
+        OpKind::MatMul,
+    )
 }
 
 /// A matmul followed by an in-place add of its output into another buffer becomes

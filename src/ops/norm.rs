@@ -13,7 +13,7 @@
 use crate::backend::Buffer;
 use crate::error::{Error, Result};
 use crate::graph::passes::FusionRule;
-use crate::graph::{Arg, Dispatch, DispatchRef, Grid, OpKind, Range, Scalar};
+use crate::graph::{Arg, ArgRef, Dispatch, DispatchRef, DispatchSpec, Grid, OpKind, Range, Scalar};
 use crate::ops::elementwise::{
     binary_operands, check_disjoint, float_kernel, u32_size, FLOAT_DTYPES,
 };
@@ -98,6 +98,17 @@ pub fn rms_norm_mul(
     out: &Buffer,
     eps: f32,
 ) -> Result<Dispatch> {
+    rms_norm_mul_spec(x, weight, m, out, eps)?.to_dispatch()
+}
+
+/// [`rms_norm_mul`] as a spec borrowing its buffers (what the fusion rule builds).
+fn rms_norm_mul_spec<'a>(
+    x: &'a Buffer,
+    weight: Option<&'a Buffer>,
+    m: &'a Buffer,
+    out: &'a Buffer,
+    eps: f32,
+) -> Result<DispatchSpec<'a>> {
     let check = Check::op("rms_norm_mul");
     let dim = check_x_out(&check, x, out, eps)?;
     check.dtype("m", m, &[x.dtype()])?;
@@ -105,7 +116,8 @@ pub fn rms_norm_mul(
         check_row(&check, "m", m, x)?;
     }
     let grid = grid_rows(x.shape().rows());
-    let (kernel, args) = match weight {
+    let (eps, dim) = (ArgRef::f32(eps), ArgRef::u32(dim));
+    match weight {
         Some(w) => {
             check_row(&check, "weight", w, x)?;
             check_disjoint(&check, "out", out, &[("x", x), ("weight", w), ("m", m)])?;
@@ -114,15 +126,15 @@ pub fn rms_norm_mul(
                 x.dtype(),
                 ["rms_norm_mul_f32", "rms_norm_mul_f16", "rms_norm_mul_bf16"],
             )?;
-            let args = vec![
-                Arg::read(x),
-                Arg::read(w),
-                Arg::read(m),
-                Arg::write(out),
-                Arg::f32(eps),
-                Arg::u32(dim),
+            let args = [
+                ArgRef::read(x),
+                ArgRef::read(w),
+                ArgRef::read(m),
+                ArgRef::write(out),
+                eps,
+                dim,
             ];
-            (kernel, args)
+            DispatchSpec::new(kernel, &args, grid, OpKind::RmsNormMul)
         }
         None => {
             check_disjoint(&check, "out", out, &[("x", x), ("m", m)])?;
@@ -135,17 +147,16 @@ pub fn rms_norm_mul(
                     "rms_norm_no_scale_mul_bf16",
                 ],
             )?;
-            let args = vec![
-                Arg::read(x),
-                Arg::read(m),
-                Arg::write(out),
-                Arg::f32(eps),
-                Arg::u32(dim),
+            let args = [
+                ArgRef::read(x),
+                ArgRef::read(m),
+                ArgRef::write(out),
+                eps,
+                dim,
             ];
-            (kernel, args)
+            DispatchSpec::new(kernel, &args, grid, OpKind::RmsNormMul)
         }
-    };
-    Dispatch::new(kernel, args, grid, OpKind::RmsNormMul)
+    }
 }
 
 impl Session {
@@ -246,7 +257,7 @@ fn norm_mul_intermediate(norm: DispatchRef<'_>, mul: DispatchRef<'_>) -> Option<
     norm_mul_match(norm, mul).map(|p| Range::of(p.norm_out))
 }
 
-fn build_norm_mul(norm: DispatchRef<'_>, mul: DispatchRef<'_>) -> Result<Dispatch> {
+fn build_norm_mul<'a>(norm: DispatchRef<'a>, mul: DispatchRef<'a>) -> Result<DispatchSpec<'a>> {
     let unmatched = |why: &str| Error::InvalidArgument(format!("rms_norm + mul: {why}"));
     let p = norm_mul_match(norm, mul).ok_or_else(|| unmatched("the pair does not match"))?;
     // The mul must read the norm's output with the norm's own shape and dtype, so that the
@@ -256,7 +267,7 @@ fn build_norm_mul(norm: DispatchRef<'_>, mul: DispatchRef<'_>) -> Result<Dispatc
             "the mul reads the norm's output with another shape or dtype",
         ));
     }
-    rms_norm_mul(p.x, p.weight, p.m, p.out, p.eps)
+    rms_norm_mul_spec(p.x, p.weight, p.m, p.out, p.eps)
 }
 
 /// `rms_norm` or `rms_norm_no_scale` followed by a `mul` that reads the norm's output as `a` or

@@ -10,7 +10,7 @@
 //! A fused dispatch may fuse again with the dispatch after it (chains like add, norm, mul).
 
 use crate::error::Result;
-use crate::graph::{ComputeGraph, Dispatch, DispatchRef, OpKind, Range};
+use crate::graph::{ComputeGraph, DispatchRef, DispatchSpec, OpKind, Range};
 
 /// One fusion rule. The rule functions live next to the kernels they fuse (in `ops/`).
 #[derive(Clone, Copy)]
@@ -24,8 +24,9 @@ pub struct FusionRule {
     /// The intermediate the pair would no longer materialize: `first`'s output as `second`
     /// reads it. `None` when the pair does not match the rule.
     pub intermediate: fn(DispatchRef<'_>, DispatchRef<'_>) -> Option<Range>,
-    /// Builds the fused dispatch. An error means "do not fuse this pair".
-    pub build: fn(DispatchRef<'_>, DispatchRef<'_>) -> Result<Dispatch>,
+    /// Describes the fused dispatch (its buffers borrowed from the pair). An error means "do
+    /// not fuse this pair".
+    pub build: for<'a> fn(DispatchRef<'a>, DispatchRef<'a>) -> Result<DispatchSpec<'a>>,
 }
 
 impl std::fmt::Debug for FusionRule {
@@ -58,17 +59,18 @@ pub(super) fn fuse_dispatches(graph: &mut ComputeGraph, rules: &[FusionRule]) ->
         let cur = order[i];
         let fused = match kept.checked_sub(1).map(|k| order[k]) {
             Some(prev) if rules.iter().any(|r| pair_kinds(r, graph, prev, cur)) => {
-                let rest = order[i + 1..].iter().map(|&h| graph.dispatch_at(h));
+                let rest = order[i + 1..].iter().map(|&h| graph.ranges_at(h));
                 try_rules(rules, graph.dispatch_at(prev), graph.dispatch_at(cur), rest)
+                    .map(|spec| graph.resolve(&spec))
             }
             _ => None,
         };
-        match fused {
-            Some(d) => {
-                order[kept - 1] = graph.add_detached(&d);
+        match fused.map(|r| graph.add_detached(r)) {
+            Some(Ok(h)) => {
+                order[kept - 1] = h;
                 fusions += 1;
             }
-            None => {
+            _ => {
                 order[kept] = cur;
                 kept += 1;
             }
@@ -87,10 +89,10 @@ fn pair_kinds(rule: &FusionRule, graph: &ComputeGraph, a: u32, b: u32) -> bool {
 
 fn try_rules<'a>(
     rules: &[FusionRule],
-    a: DispatchRef<'_>,
-    b: DispatchRef<'_>,
-    rest: impl Iterator<Item = DispatchRef<'a>> + Clone,
-) -> Option<Dispatch> {
+    a: DispatchRef<'a>,
+    b: DispatchRef<'a>,
+    rest: impl Iterator<Item = (&'a [Range], &'a [Range])> + Clone,
+) -> Option<DispatchSpec<'a>> {
     rules
         .iter()
         .filter(|r| r.first == a.op() && r.second == b.op())
@@ -107,7 +109,7 @@ fn try_rules<'a>(
             // them: checked once).
             let others = a.writes().iter().filter(|w| **w != mid);
             for w in std::iter::once(&mid).chain(others) {
-                let still_written = fused.writes().iter().any(|f| f.covers(w));
+                let still_written = fused.writes().any(|f| f.covers(w));
                 if !still_written && !is_dead_after(w, rest.clone()) {
                     return None;
                 }
@@ -116,13 +118,17 @@ fn try_rules<'a>(
         })
 }
 
-/// Whether `range` is overwritten in full before any of `later` reads a byte of it.
-fn is_dead_after<'a>(range: &Range, later: impl Iterator<Item = DispatchRef<'a>>) -> bool {
-    for d in later {
-        if d.reads().iter().any(|r| r.overlaps(range)) {
+/// Whether `range` is overwritten in full before any of `later` (read and write ranges of each
+/// later dispatch) reads a byte of it.
+fn is_dead_after<'a>(
+    range: &Range,
+    later: impl Iterator<Item = (&'a [Range], &'a [Range])>,
+) -> bool {
+    for (reads, writes) in later {
+        if reads.iter().any(|r| r.overlaps(range)) {
             return false;
         }
-        if d.writes().iter().any(|w| w.covers(range)) {
+        if writes.iter().any(|w| w.covers(range)) {
             return true;
         }
     }

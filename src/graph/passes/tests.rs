@@ -5,7 +5,8 @@ use super::*;
 use crate::backend::{Buffer, DType, Device};
 use crate::error::Result;
 use crate::graph::{
-    Arg, ComputeGraph, Dispatch, DispatchRef, Grid, KernelId, Node, OpKind, Range, Scalar,
+    Arg, ArgRef, ComputeGraph, Dispatch, DispatchRef, DispatchSpec, Grid, KernelId, Node, OpKind,
+    Range, Scalar,
 };
 
 /// One allocation of 4096 f32 values; views by element range.
@@ -311,18 +312,23 @@ fn norm_mul_intermediate(a: DispatchRef<'_>, b: DispatchRef<'_>) -> Option<Range
     b.reads().contains(&out).then_some(out)
 }
 
-fn norm_mul_build(a: DispatchRef<'_>, b: DispatchRef<'_>) -> Result<Dispatch> {
+fn norm_mul_build<'a>(a: DispatchRef<'a>, b: DispatchRef<'a>) -> Result<DispatchSpec<'a>> {
     let out = a.writes()[0];
-    let mut args: Vec<Arg> = Vec::new();
+    let mut args: Vec<ArgRef<'a>> = Vec::new();
     for arg in a.args().iter().chain(b.args()) {
-        if let Arg::Buffer(buf, acc) = arg {
+        if let Arg::Buffer(buf, _) = arg {
             if Range::of(buf) != out {
-                args.push(Arg::Buffer(buf.clone(), *acc));
+                args.push(ArgRef::from(arg));
             }
         }
     }
-    args.push(Arg::u32(tag(a) * 100 + tag(b)));
-    Dispatch::new(KernelId("fused"), args, Grid::new(1, 1), OpKind::RmsNormMul)
+    args.push(ArgRef::u32(tag(a) * 100 + tag(b)));
+    DispatchSpec::new(
+        KernelId("fused"),
+        &args,
+        Grid::new(1, 1),
+        OpKind::RmsNormMul,
+    )
 }
 
 fn rules() -> Vec<FusionRule> {

@@ -1,0 +1,242 @@
+//! Borrowed forms of a dispatch: [`ArgRef`] (an argument that borrows its buffer), [`DispatchRef`]
+//! (a view of a recorded or owned dispatch, what encoders and fusion rules read) and
+//! [`DispatchSpec`] (a dispatch described over borrowed buffers, what a fusion rule builds).
+
+use super::dispatch::{Access, Arg, Dispatch, Grid, KernelId, OpKind, Range, Scalar};
+use crate::backend::Buffer;
+use crate::error::{Error, Result};
+
+/// One kernel argument as a recorder takes it: buffers are borrowed, so recording into a
+/// [`ComputeGraph`](super::ComputeGraph) takes no reference count per argument (the graph keeps
+/// one reference per distinct view instead).
+#[derive(Debug, Clone, Copy)]
+pub enum ArgRef<'a> {
+    /// A buffer view and how the kernel uses it.
+    Buffer(&'a Buffer, Access),
+    /// A scalar.
+    Scalar(Scalar),
+}
+
+impl<'a> ArgRef<'a> {
+    /// A buffer the kernel reads.
+    pub fn read(buf: &'a Buffer) -> Self {
+        ArgRef::Buffer(buf, Access::Read)
+    }
+
+    /// A buffer the kernel writes.
+    pub fn write(buf: &'a Buffer) -> Self {
+        ArgRef::Buffer(buf, Access::Write)
+    }
+
+    /// A buffer the kernel reads and writes in place.
+    pub fn read_write(buf: &'a Buffer) -> Self {
+        ArgRef::Buffer(buf, Access::ReadWrite)
+    }
+
+    /// An unsigned scalar.
+    pub fn u32(v: u32) -> Self {
+        ArgRef::Scalar(Scalar::U32(v))
+    }
+
+    /// A signed scalar.
+    pub fn i32(v: i32) -> Self {
+        ArgRef::Scalar(Scalar::I32(v))
+    }
+
+    /// A float scalar.
+    pub fn f32(v: f32) -> Self {
+        ArgRef::Scalar(Scalar::F32(v))
+    }
+}
+
+impl<'a> From<&'a Arg> for ArgRef<'a> {
+    fn from(arg: &'a Arg) -> Self {
+        match arg {
+            Arg::Buffer(b, a) => ArgRef::Buffer(b, *a),
+            Arg::Scalar(s) => ArgRef::Scalar(*s),
+        }
+    }
+}
+
+/// Most arguments a [`DispatchSpec`] holds.
+pub const SPEC_ARGS: usize = 16;
+
+/// A dispatch described with borrowed arguments, not recorded yet: what a fusion rule builds.
+/// The fusion pass records it into the graph without a reference count per argument;
+/// [`to_dispatch`](Self::to_dispatch) makes an owned [`Dispatch`] of it.
+#[derive(Debug, Clone, Copy)]
+pub struct DispatchSpec<'a> {
+    kernel: KernelId,
+    grid: Grid,
+    op: OpKind,
+    len: u8,
+    args: [ArgRef<'a>; SPEC_ARGS],
+}
+
+impl<'a> DispatchSpec<'a> {
+    /// A dispatch of `kernel` over `args` (at most [`SPEC_ARGS`]). Its ranges are checked when
+    /// it is recorded or made a [`Dispatch`].
+    pub fn new(kernel: KernelId, args: &[ArgRef<'a>], grid: Grid, op: OpKind) -> Result<Self> {
+        if args.len() > SPEC_ARGS {
+            return Err(Error::InvalidArgument(format!(
+                "kernel {}: {} arguments, a dispatch spec holds at most {SPEC_ARGS}",
+                kernel.0,
+                args.len()
+            )));
+        }
+        let mut items = [ArgRef::Scalar(Scalar::U32(0)); SPEC_ARGS];
+        items[..args.len()].copy_from_slice(args);
+        Ok(DispatchSpec {
+            kernel,
+            grid,
+            op,
+            len: args.len() as u8,
+            args: items,
+        })
+    }
+
+    /// The kernel.
+    pub fn kernel(&self) -> KernelId {
+        self.kernel
+    }
+
+    /// Launch geometry.
+    pub fn grid(&self) -> Grid {
+        self.grid
+    }
+
+    /// The op kind.
+    pub fn op(&self) -> OpKind {
+        self.op
+    }
+
+    /// The arguments, in kernel order.
+    pub fn args(&self) -> &[ArgRef<'a>] {
+        &self.args[..self.len as usize]
+    }
+
+    /// The byte ranges the dispatch would write.
+    pub fn writes(&self) -> impl Iterator<Item = Range> + '_ {
+        self.args().iter().filter_map(|a| match a {
+            ArgRef::Buffer(b, access) if access.writes() => Some(Range::of(b)),
+            _ => None,
+        })
+    }
+
+    /// An owned dispatch (one reference per buffer argument), with the checks of
+    /// [`Dispatch::new`].
+    pub fn to_dispatch(&self) -> Result<Dispatch> {
+        let args: Vec<Arg> = self
+            .args()
+            .iter()
+            .map(|a| match a {
+                ArgRef::Buffer(b, access) => Arg::Buffer((*b).clone(), *access),
+                ArgRef::Scalar(s) => Arg::Scalar(*s),
+            })
+            .collect();
+        Dispatch::new(self.kernel, args, self.grid, self.op)
+    }
+}
+
+/// A borrowed view of one dispatch: of a [`Dispatch`] ([`Dispatch::as_view`]) or of a dispatch
+/// inside a [`ComputeGraph`](super::ComputeGraph). Backends encode from it; fusion rules read it.
+#[derive(Clone, Copy)]
+pub struct DispatchRef<'a> {
+    kernel: KernelId,
+    grid: Grid,
+    op: OpKind,
+    args: &'a [Arg],
+    /// The read ranges, then the write ranges.
+    ranges: &'a [Range],
+    n_reads: usize,
+}
+
+impl<'a> DispatchRef<'a> {
+    /// A view from its parts (`ranges`: the `n_reads` read ranges, then the write ranges).
+    pub(crate) fn from_parts(
+        kernel: KernelId,
+        grid: Grid,
+        op: OpKind,
+        args: &'a [Arg],
+        ranges: &'a [Range],
+        n_reads: usize,
+    ) -> Self {
+        DispatchRef {
+            kernel,
+            grid,
+            op,
+            args,
+            ranges,
+            n_reads,
+        }
+    }
+
+    /// The kernel.
+    #[inline]
+    pub fn kernel(&self) -> KernelId {
+        self.kernel
+    }
+
+    /// The arguments, in kernel order.
+    #[inline]
+    pub fn args(&self) -> &'a [Arg] {
+        self.args
+    }
+
+    /// Launch geometry.
+    #[inline]
+    pub fn grid(&self) -> Grid {
+        self.grid
+    }
+
+    /// The op kind.
+    #[inline]
+    pub fn op(&self) -> OpKind {
+        self.op
+    }
+
+    /// Byte ranges the dispatch reads.
+    #[inline]
+    pub fn reads(&self) -> &'a [Range] {
+        &self.ranges[..self.n_reads]
+    }
+
+    /// Byte ranges the dispatch writes.
+    #[inline]
+    pub fn writes(&self) -> &'a [Range] {
+        &self.ranges[self.n_reads..]
+    }
+
+    /// The buffer argument at `index`, if it is one.
+    pub fn buffer_arg(&self, index: usize) -> Option<(&'a Buffer, Access)> {
+        match self.args.get(index) {
+            Some(Arg::Buffer(b, a)) => Some((b, *a)),
+            _ => None,
+        }
+    }
+
+    /// An owned copy (one reference per buffer argument).
+    pub fn to_dispatch(&self) -> Dispatch {
+        Dispatch::from_checked_parts(
+            self.kernel,
+            self.grid,
+            self.op,
+            self.args.to_vec(),
+            self.ranges,
+            self.n_reads,
+        )
+    }
+}
+
+impl std::fmt::Debug for DispatchRef<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatch")
+            .field("kernel", &self.kernel)
+            .field("op", &self.op)
+            .field("grid", &self.grid)
+            .field("args", &self.args)
+            .field("reads", &self.reads())
+            .field("writes", &self.writes())
+            .finish()
+    }
+}
