@@ -124,7 +124,13 @@ pub struct ComputeGraph {
     range_views: Vec<u32>,
     /// The nodes in order: header indices and [`BARRIER`]s.
     order: Vec<u32>,
+    /// Allocations some dispatch ever wrote, by id modulo [`WRITTEN_BITS`] (a superset once
+    /// fusion drops writes: it only keeps reads the passes could have left out).
+    written: [u64; WRITTEN_BITS / 64],
 }
+
+/// Bits of [`ComputeGraph`]'s written-allocation filter.
+pub(crate) const WRITTEN_BITS: usize = 4096;
 
 impl Default for ComputeGraph {
     fn default() -> Self {
@@ -153,6 +159,7 @@ impl Clone for ComputeGraph {
             ranges: self.ranges.clone(),
             range_views: self.range_views.clone(),
             order: self.order.clone(),
+            written: self.written,
         }
     }
 }
@@ -262,12 +269,15 @@ impl ComputeGraph {
             ranges: Vec::new(),
             range_views: Vec::new(),
             order: Vec::new(),
+            written: [0; WRITTEN_BITS / 64],
         };
         spare::take(&mut g);
-        g.headers.reserve(dispatches);
-        g.args.reserve(4 * dispatches);
-        g.ranges.reserve(4 * dispatches);
-        g.range_views.reserve(4 * dispatches);
+        // Room for a tenth more: fused dispatches are appended after the recorded ones.
+        let with_fused = dispatches + dispatches / 10;
+        g.headers.reserve(with_fused);
+        g.args.reserve(4 * with_fused);
+        g.ranges.reserve(4 * with_fused);
+        g.range_views.reserve(4 * with_fused);
         g.order.reserve(dispatches + dispatches / 2);
         g
     }
@@ -361,12 +371,15 @@ impl ComputeGraph {
         let n_reads = (self.ranges.len() - r0) as u32;
         for &(v, access, _) in bufs {
             if access.writes() {
-                self.ranges.push(self.view_ranges[v as usize]);
+                let r = self.view_ranges[v as usize];
+                let bit = r.alloc.0 as usize % WRITTEN_BITS;
+                self.written[bit / 64] |= 1 << (bit % 64);
+                self.ranges.push(r);
                 self.range_views.push(v);
             }
         }
         let n_writes = (self.ranges.len() - r0) as u32 - n_reads;
-        if n_writes > 0 {
+        if n_writes > 0 && n_bufs > 1 {
             if let Err(e) = self.check_writes_alone(kernel, bufs) {
                 self.args.truncate(a0);
                 self.ranges.truncate(r0);
@@ -472,6 +485,19 @@ impl ComputeGraph {
         let (a, b) = (hd.ranges as usize, (hd.ranges + hd.n_reads) as usize);
         let c = b + hd.n_writes as usize;
         (&self.range_views[a..b], &self.range_views[b..c])
+    }
+
+    /// Whether some dispatch ever recorded wrote allocation `alloc` (may say yes for one that
+    /// was not written).
+    #[inline]
+    pub(crate) fn maybe_written(&self, alloc: crate::backend::AllocId) -> bool {
+        let bit = alloc.0 as usize % WRITTEN_BITS;
+        self.written[bit / 64] & (1 << (bit % 64)) != 0
+    }
+
+    /// Number of recorded ranges (fused-away dispatches included): a bound for the passes.
+    pub(crate) fn range_count(&self) -> usize {
+        self.range_views.len()
     }
 
     /// The byte range of every view, by index.

@@ -10,10 +10,6 @@
 
 use super::{ComputeGraph, Range};
 
-/// Bits of the written-allocation filter (allocation ids modulo this; a collision only keeps a
-/// read that could have been dropped).
-const WRITTEN_FILTER_BITS: usize = 4096;
-
 /// The conflict-relevant ranges of a graph's dispatches, as view indices.
 pub(crate) struct Footprint {
     /// Per dispatch, packed: the indices of its kept reads, then of its writes.
@@ -35,30 +31,16 @@ impl Footprint {
     pub(crate) fn new(graph: &ComputeGraph) -> Self {
         let view_ranges = graph.view_ranges();
         let order = graph.order();
-        let mut written = [0u64; WRITTEN_FILTER_BITS / 64];
-        let slot = |r: &Range| (r.alloc.0 as usize) % WRITTEN_FILTER_BITS;
-        let mut bound = 0;
-        for &h in order {
-            if h == ComputeGraph::BARRIER {
-                continue;
-            }
-            let (reads, writes) = graph.range_views_at(h);
-            for &w in writes {
-                let k = slot(&view_ranges[w as usize]);
-                written[k / 64] |= 1 << (k % 64);
-            }
-            bound += reads.len() + writes.len();
-        }
-        // Per view: 1 if a read of it can conflict, 2 if a write of it can (non-empty).
+        // Per view: 1 if a read of it can conflict (a non-empty view of a written allocation),
+        // 2 if a write of it can (non-empty).
         let keep: Vec<u8> = view_ranges
             .iter()
             .map(|r| {
-                let k = slot(r);
                 let nonempty = r.start < r.end;
-                let read = nonempty && written[k / 64] & (1 << (k % 64)) != 0;
-                read as u8 | (nonempty as u8) << 1
+                (nonempty && graph.maybe_written(r.alloc)) as u8 | (nonempty as u8) << 1
             })
             .collect();
+        let bound = graph.range_count();
         let count = order.len();
         let mut ids = Vec::with_capacity(bound);
         let mut spans = Vec::with_capacity(count);
