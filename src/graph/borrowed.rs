@@ -142,35 +142,17 @@ impl<'a> DispatchSpec<'a> {
 /// inside a [`ComputeGraph`](super::ComputeGraph). Backends encode from it; fusion rules read it.
 #[derive(Clone, Copy)]
 pub struct DispatchRef<'a> {
-    kernel: KernelId,
-    grid: Grid,
-    op: OpKind,
-    args: &'a [Arg],
+    pub(super) kernel: KernelId,
+    pub(super) grid: Grid,
+    pub(super) op: OpKind,
+    pub(super) args: &'a [Arg],
     /// The read ranges, then the write ranges.
-    ranges: &'a [Range],
-    n_reads: usize,
+    pub(super) ranges: &'a [Range],
+    /// How many of `ranges` are reads.
+    pub(super) n_reads: usize,
 }
 
 impl<'a> DispatchRef<'a> {
-    /// A view from its parts (`ranges`: the `n_reads` read ranges, then the write ranges).
-    pub(crate) fn from_parts(
-        kernel: KernelId,
-        grid: Grid,
-        op: OpKind,
-        args: &'a [Arg],
-        ranges: &'a [Range],
-        n_reads: usize,
-    ) -> Self {
-        DispatchRef {
-            kernel,
-            grid,
-            op,
-            args,
-            ranges,
-            n_reads,
-        }
-    }
-
     /// The kernel.
     #[inline]
     pub fn kernel(&self) -> KernelId {

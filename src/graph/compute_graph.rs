@@ -111,6 +111,15 @@ impl<'g> Node<'g> {
 /// transform.
 pub struct ComputeGraph {
     stamp: u64,
+    a: Arrays,
+    /// Allocations some dispatch ever wrote, by id modulo [`WRITTEN_BITS`] (a superset once
+    /// fusion drops writes: it only keeps reads the passes could have left out).
+    written: [u64; WRITTEN_BITS / 64],
+}
+
+/// A graph's storage.
+#[derive(Default)]
+struct Arrays {
     /// One owned reference per view taken in; a view's index is its position here.
     views: Vec<Buffer>,
     /// The byte range of each view.
@@ -124,9 +133,6 @@ pub struct ComputeGraph {
     range_views: Vec<u32>,
     /// The nodes in order: header indices and [`BARRIER`]s.
     order: Vec<u32>,
-    /// Allocations some dispatch ever wrote, by id modulo [`WRITTEN_BITS`] (a superset once
-    /// fusion drops writes: it only keeps reads the passes could have left out).
-    written: [u64; WRITTEN_BITS / 64],
 }
 
 /// Bits of [`ComputeGraph`]'s written-allocation filter.
@@ -144,6 +150,7 @@ impl Clone for ComputeGraph {
         // by a kept reference; it takes a stamp of its own (views still carrying this graph's
         // stamp are taken in again by the copy, under new indices).
         let args = self
+            .a
             .args
             .iter()
             // SAFETY: a bitwise copy of an argument that owns nothing; the clone's `views`
@@ -152,13 +159,15 @@ impl Clone for ComputeGraph {
             .collect();
         ComputeGraph {
             stamp: fresh_stamp(),
-            views: self.views.clone(),
-            view_ranges: self.view_ranges.clone(),
-            headers: self.headers.clone(),
-            args,
-            ranges: self.ranges.clone(),
-            range_views: self.range_views.clone(),
-            order: self.order.clone(),
+            a: Arrays {
+                views: self.a.views.clone(),
+                view_ranges: self.a.view_ranges.clone(),
+                headers: self.a.headers.clone(),
+                args,
+                ranges: self.a.ranges.clone(),
+                range_views: self.a.range_views.clone(),
+                order: self.a.order.clone(),
+            },
             written: self.written,
         }
     }
@@ -174,66 +183,36 @@ impl Drop for ComputeGraph {
 /// step after dropping the previous one then allocates nothing.
 mod spare {
     use std::cell::RefCell;
-    use std::mem::{take as out, ManuallyDrop};
 
-    use super::{ComputeGraph, Header};
-    use crate::backend::Buffer;
-    use crate::graph::{Arg, Range};
-
-    /// A graph's arrays, empty.
-    struct Arrays {
-        views: Vec<Buffer>,
-        view_ranges: Vec<Range>,
-        headers: Vec<Header>,
-        args: Vec<ManuallyDrop<Arg>>,
-        ranges: Vec<Range>,
-        range_views: Vec<u32>,
-        order: Vec<u32>,
-    }
+    use super::{Arrays, ComputeGraph};
 
     thread_local! {
         static ARRAYS: RefCell<Option<Arrays>> = const { RefCell::new(None) };
     }
 
-    /// Moves kept arrays, if this thread has some, into the empty `graph`.
-    pub(super) fn take(graph: &mut ComputeGraph) {
-        let kept = ARRAYS
+    /// Kept arrays, if this thread has some, else new ones.
+    pub(super) fn take() -> Arrays {
+        ARRAYS
             .try_with(|a| a.try_borrow_mut().ok().and_then(|mut a| a.take()))
             .ok()
-            .flatten();
-        if let Some(k) = kept {
-            graph.views = k.views;
-            graph.view_ranges = k.view_ranges;
-            graph.headers = k.headers;
-            graph.args = k.args;
-            graph.ranges = k.ranges;
-            graph.range_views = k.range_views;
-            graph.order = k.order;
-        }
+            .flatten()
+            .unwrap_or_default()
     }
 
     /// Empties `graph` (its views' references are dropped here) and keeps its arrays.
     pub(super) fn keep(graph: &mut ComputeGraph) {
-        // The argument copies own nothing: emptying them drops nothing.
-        graph.args.clear();
-        graph.views.clear();
-        if graph.headers.capacity() == 0 {
+        let mut arrays = std::mem::take(&mut graph.a);
+        if arrays.headers.capacity() == 0 {
             return;
         }
-        graph.view_ranges.clear();
-        graph.headers.clear();
-        graph.ranges.clear();
-        graph.range_views.clear();
-        graph.order.clear();
-        let arrays = Arrays {
-            views: out(&mut graph.views),
-            view_ranges: out(&mut graph.view_ranges),
-            headers: out(&mut graph.headers),
-            args: out(&mut graph.args),
-            ranges: out(&mut graph.ranges),
-            range_views: out(&mut graph.range_views),
-            order: out(&mut graph.order),
-        };
+        // The argument copies own nothing: emptying them drops nothing.
+        arrays.args.clear();
+        arrays.views.clear();
+        arrays.view_ranges.clear();
+        arrays.headers.clear();
+        arrays.ranges.clear();
+        arrays.range_views.clear();
+        arrays.order.clear();
         // A thread being torn down, or a slot already filled, frees the arrays instead.
         let _ = ARRAYS.try_with(|a| {
             if let Ok(mut a) = a.try_borrow_mut() {
@@ -262,23 +241,16 @@ impl ComputeGraph {
     pub fn with_capacity(dispatches: usize) -> Self {
         let mut g = ComputeGraph {
             stamp: fresh_stamp(),
-            views: Vec::new(),
-            view_ranges: Vec::new(),
-            headers: Vec::new(),
-            args: Vec::new(),
-            ranges: Vec::new(),
-            range_views: Vec::new(),
-            order: Vec::new(),
+            a: spare::take(),
             written: [0; WRITTEN_BITS / 64],
         };
-        spare::take(&mut g);
         // Room for a tenth more: fused dispatches are appended after the recorded ones.
         let with_fused = dispatches + dispatches / 10;
-        g.headers.reserve(with_fused);
-        g.args.reserve(4 * with_fused);
-        g.ranges.reserve(4 * with_fused);
-        g.range_views.reserve(4 * with_fused);
-        g.order.reserve(dispatches + dispatches / 2);
+        g.a.headers.reserve(with_fused);
+        g.a.args.reserve(4 * with_fused);
+        g.a.ranges.reserve(4 * with_fused);
+        g.a.range_views.reserve(4 * with_fused);
+        g.a.order.reserve(dispatches + dispatches / 2);
         g
     }
 
@@ -310,7 +282,7 @@ impl ComputeGraph {
 
     /// Appends a barrier.
     pub fn push_barrier(&mut self) {
-        self.order.push(BARRIER);
+        self.a.order.push(BARRIER);
     }
 
     #[inline]
@@ -326,8 +298,8 @@ impl ComputeGraph {
         let mut local = [(0u32, Access::Read, 0u32); LOCAL];
         let mut spilled: Vec<(u32, Access, u32)> = Vec::new();
         let mut n_bufs = 0;
-        let a0 = self.args.len();
-        let r0 = self.ranges.len();
+        let a0 = self.a.args.len();
+        let r0 = self.a.ranges.len();
         for (pos, arg) in args.enumerate() {
             let (v, access, copy) = match arg {
                 Slot::Buffer(b, access) => {
@@ -339,18 +311,20 @@ impl ComputeGraph {
                 Slot::View(v, access) => {
                     // SAFETY: as above, a copy of the graph's own reference.
                     (v, access, unsafe {
-                        std::ptr::read(&self.views[v as usize])
+                        std::ptr::read(&self.a.views[v as usize])
                     })
                 }
                 Slot::Scalar(s) => {
-                    self.args.push(ManuallyDrop::new(Arg::Scalar(s)));
+                    self.a.args.push(ManuallyDrop::new(Arg::Scalar(s)));
                     continue;
                 }
             };
-            self.args.push(ManuallyDrop::new(Arg::Buffer(copy, access)));
+            self.a
+                .args
+                .push(ManuallyDrop::new(Arg::Buffer(copy, access)));
             if access.reads() {
-                self.ranges.push(self.view_ranges[v as usize]);
-                self.range_views.push(v);
+                self.a.ranges.push(self.a.view_ranges[v as usize]);
+                self.a.range_views.push(v);
             }
             let entry = (v, access, pos as u32);
             if n_bufs < LOCAL {
@@ -368,32 +342,32 @@ impl ComputeGraph {
         } else {
             &spilled[..]
         };
-        let n_reads = (self.ranges.len() - r0) as u32;
+        let n_reads = (self.a.ranges.len() - r0) as u32;
         for &(v, access, _) in bufs {
             if access.writes() {
-                let r = self.view_ranges[v as usize];
+                let r = self.a.view_ranges[v as usize];
                 let bit = r.alloc.0 as usize % WRITTEN_BITS;
                 self.written[bit / 64] |= 1 << (bit % 64);
-                self.ranges.push(r);
-                self.range_views.push(v);
+                self.a.ranges.push(r);
+                self.a.range_views.push(v);
             }
         }
-        let n_writes = (self.ranges.len() - r0) as u32 - n_reads;
+        let n_writes = (self.a.ranges.len() - r0) as u32 - n_reads;
         if n_writes > 0 && n_bufs > 1 {
             if let Err(e) = self.check_writes_alone(kernel, bufs) {
-                self.args.truncate(a0);
-                self.ranges.truncate(r0);
-                self.range_views.truncate(r0);
+                self.a.args.truncate(a0);
+                self.a.ranges.truncate(r0);
+                self.a.range_views.truncate(r0);
                 return Err(e);
             }
         }
-        self.order.push(self.headers.len() as u32);
-        self.headers.push(Header {
+        self.a.order.push(self.a.headers.len() as u32);
+        self.a.headers.push(Header {
             kernel,
             grid,
             op,
             args: a0 as u32,
-            n_args: (self.args.len() - a0) as u32,
+            n_args: (self.a.args.len() - a0) as u32,
             ranges: r0 as u32,
             n_reads,
             n_writes,
@@ -408,9 +382,9 @@ impl ComputeGraph {
             if !access.writes() {
                 continue;
             }
-            let mine = &self.view_ranges[vi as usize];
+            let mine = &self.a.view_ranges[vi as usize];
             for (j, &(vj, _, pj)) in bufs.iter().enumerate() {
-                if j != i && mine.overlaps(&self.view_ranges[vj as usize]) {
+                if j != i && mine.overlaps(&self.a.view_ranges[vj as usize]) {
                     return Err(Error::InvalidArgument(format!(
                         "kernel {}: written argument {pi} overlaps argument {pj}; \
                          use one read-write argument for in-place updates",
@@ -434,9 +408,9 @@ impl ComputeGraph {
 
     #[inline(never)]
     fn take_in_new(&mut self, b: &Buffer) -> u32 {
-        let v = self.views.len();
-        self.views.push(b.clone());
-        self.view_ranges.push(Range::of(b));
+        let v = self.a.views.len();
+        self.a.views.push(b.clone());
+        self.a.view_ranges.push(Range::of(b));
         if self.stamp != 0 && (v as u64) <= INDEX_MASK {
             // Only this graph writes words with its stamp, and it writes the right index.
             b.graph_stamp()
@@ -448,43 +422,44 @@ impl ComputeGraph {
     /// The dispatch of header `h`.
     #[inline]
     pub(crate) fn dispatch_at(&self, h: u32) -> DispatchRef<'_> {
-        let hd = &self.headers[h as usize];
-        let args = &self.args[hd.args as usize..(hd.args + hd.n_args) as usize];
+        let hd = &self.a.headers[h as usize];
+        let args = &self.a.args[hd.args as usize..(hd.args + hd.n_args) as usize];
         // SAFETY: `ManuallyDrop<Arg>` has the layout of `Arg` (it is `repr(transparent)`); the
         // slice is borrowed from the graph, which keeps every buffer it names alive.
         let args = unsafe { std::slice::from_raw_parts(args.as_ptr().cast::<Arg>(), args.len()) };
         let end = (hd.ranges + hd.n_reads + hd.n_writes) as usize;
-        DispatchRef::from_parts(
-            hd.kernel,
-            hd.grid,
-            hd.op,
+        DispatchRef {
+            kernel: hd.kernel,
+            grid: hd.grid,
+            op: hd.op,
             args,
-            &self.ranges[hd.ranges as usize..end],
-            hd.n_reads as usize,
-        )
+            ranges: &self.a.ranges[hd.ranges as usize..end],
+            n_reads: hd.n_reads as usize,
+        }
     }
 
     /// The read ranges and the write ranges of header `h`.
     #[inline]
     pub(crate) fn ranges_at(&self, h: u32) -> (&[Range], &[Range]) {
-        let hd = &self.headers[h as usize];
-        let all = &self.ranges[hd.ranges as usize..(hd.ranges + hd.n_reads + hd.n_writes) as usize];
+        let hd = &self.a.headers[h as usize];
+        let all =
+            &self.a.ranges[hd.ranges as usize..(hd.ranges + hd.n_reads + hd.n_writes) as usize];
         all.split_at(hd.n_reads as usize)
     }
 
     /// The op kind of header `h`.
     #[inline]
     pub(crate) fn op_at(&self, h: u32) -> OpKind {
-        self.headers[h as usize].op
+        self.a.headers[h as usize].op
     }
 
     /// The view indices of header `h`'s read ranges and of its write ranges.
     #[inline]
     pub(crate) fn range_views_at(&self, h: u32) -> (&[u32], &[u32]) {
-        let hd = &self.headers[h as usize];
+        let hd = &self.a.headers[h as usize];
         let (a, b) = (hd.ranges as usize, (hd.ranges + hd.n_reads) as usize);
         let c = b + hd.n_writes as usize;
-        (&self.range_views[a..b], &self.range_views[b..c])
+        (&self.a.range_views[a..b], &self.a.range_views[b..c])
     }
 
     /// Whether some dispatch ever recorded wrote allocation `alloc` (may say yes for one that
@@ -497,24 +472,24 @@ impl ComputeGraph {
 
     /// Number of recorded ranges (fused-away dispatches included): a bound for the passes.
     pub(crate) fn range_count(&self) -> usize {
-        self.range_views.len()
+        self.a.range_views.len()
     }
 
     /// The byte range of every view, by index.
     #[inline]
     pub(crate) fn view_ranges(&self) -> &[Range] {
-        &self.view_ranges
+        &self.a.view_ranges
     }
 
     /// The node order (header indices, barriers as `u32::MAX`), for the passes.
     pub(crate) fn order_mut(&mut self) -> &mut Vec<u32> {
-        &mut self.order
+        &mut self.a.order
     }
 
     /// The node order.
     #[inline]
     pub(crate) fn order(&self) -> &[u32] {
-        &self.order
+        &self.a.order
     }
 
     /// The order entry of a barrier.
@@ -522,7 +497,7 @@ impl ComputeGraph {
 
     /// Drops the barriers from the node order.
     pub(crate) fn drop_barriers(&mut self) {
-        self.order.retain(|&e| e != BARRIER);
+        self.a.order.retain(|&e| e != BARRIER);
     }
 
     /// The index of `b`'s view if the graph holds it.
@@ -570,28 +545,28 @@ impl ComputeGraph {
                 }
             }
         }
-        let before = self.order.len();
+        let before = self.a.order.len();
         self.record_args(r.kernel, r.slots[..r.len].iter().copied(), r.grid, r.op)?;
         // Recording placed it at the end of the order; take it out again.
-        self.order.truncate(before);
-        Ok((self.headers.len() - 1) as u32)
+        self.a.order.truncate(before);
+        Ok((self.a.headers.len() - 1) as u32)
     }
 
     /// Number of nodes (dispatches and barriers).
     pub fn len(&self) -> usize {
-        self.order.len()
+        self.a.order.len()
     }
 
     /// Whether the graph has no node.
     pub fn is_empty(&self) -> bool {
-        self.order.is_empty()
+        self.a.order.is_empty()
     }
 
     /// The nodes, in order.
     pub fn nodes(&self) -> Nodes<'_> {
         Nodes {
             graph: self,
-            order: self.order.iter(),
+            order: self.a.order.iter(),
         }
     }
 
@@ -599,13 +574,14 @@ impl ComputeGraph {
     pub fn nodes_in(&self, range: std::ops::Range<usize>) -> Nodes<'_> {
         Nodes {
             graph: self,
-            order: self.order[range].iter(),
+            order: self.a.order[range].iter(),
         }
     }
 
     /// The dispatches, in order, without barriers.
     pub fn dispatches(&self) -> impl DoubleEndedIterator<Item = DispatchRef<'_>> + Clone + '_ {
-        self.order
+        self.a
+            .order
             .iter()
             .filter(|&&e| e != BARRIER)
             .map(|&e| self.dispatch_at(e))
@@ -613,24 +589,24 @@ impl ComputeGraph {
 
     /// Number of dispatch nodes.
     pub fn dispatch_count(&self) -> usize {
-        self.order.len() - self.barrier_count()
+        self.a.order.len() - self.barrier_count()
     }
 
     /// Number of barrier nodes.
     pub fn barrier_count(&self) -> usize {
-        self.order.iter().filter(|&&e| e == BARRIER).count()
+        self.a.order.iter().filter(|&&e| e == BARRIER).count()
     }
 
     /// Number of distinct buffer views the graph keeps.
     pub fn view_count(&self) -> usize {
-        self.views.len()
+        self.a.views.len()
     }
 
     /// Sizes of the concurrent groups (dispatches between barriers), in order.
     pub fn group_sizes(&self) -> Vec<usize> {
         let mut sizes = Vec::new();
         let mut current = 0;
-        for &e in &self.order {
+        for &e in &self.a.order {
             if e == BARRIER {
                 if current > 0 {
                     sizes.push(current);

@@ -556,14 +556,14 @@ impl Dispatch {
     /// The dispatch as a borrowed view (what encoders and fusion rules take).
     #[inline]
     pub fn as_view(&self) -> DispatchRef<'_> {
-        DispatchRef::from_parts(
-            self.inner.kernel,
-            self.inner.grid,
-            self.inner.op,
-            self.inner.args.as_slice(),
-            self.inner.ranges.as_slice(),
-            self.inner.n_reads as usize,
-        )
+        DispatchRef {
+            kernel: self.inner.kernel,
+            grid: self.inner.grid,
+            op: self.inner.op,
+            args: self.inner.args.as_slice(),
+            ranges: self.inner.ranges.as_slice(),
+            n_reads: self.inner.n_reads as usize,
+        }
     }
 }
 
