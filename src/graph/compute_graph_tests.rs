@@ -1,5 +1,6 @@
 //! Tests of the flat graph: views kept alive by the graph, view indices shared across graphs,
-//! the recorded ranges against a [`Dispatch`]'s, and errors that record nothing.
+//! the recorded ranges against a [`Dispatch`]'s, errors that record nothing, and a fusion rule that
+//! names a buffer the graph lacks.
 
 use super::*;
 use crate::backend::{DType, Device};
@@ -161,4 +162,64 @@ fn given_a_graph_moved_to_another_thread_when_dropped_there_should_release_its_v
         held.upgrade().is_none(),
         "the graph was the last holder of a's allocation"
     );
+}
+
+/// The side buffer of [`side_rule`] (a rule is plain functions, so it names it through a static).
+static SIDE: std::sync::OnceLock<Buffer> = std::sync::OnceLock::new();
+
+/// A rule that fuses `copy_f32` then a `mul_f32` reading the copy into a kernel that also writes
+/// a side buffer no recorded dispatch names (the rule's own scratch).
+fn side_rule() -> passes::FusionRule {
+    passes::FusionRule {
+        name: "test_side",
+        first: OpKind::Copy,
+        second: OpKind::Mul,
+        intermediate: |a, b| {
+            let w = *a.writes().first()?;
+            b.reads().contains(&w).then_some(w)
+        },
+        build: |a, b| {
+            let missing = || Error::InvalidArgument("test_side: unexpected arguments".into());
+            let (src, _) = a.buffer_arg(0).ok_or_else(missing)?;
+            let (out, _) = b.buffer_arg(2).ok_or_else(missing)?;
+            let side = SIDE.get().ok_or_else(missing)?;
+            DispatchSpec::new(
+                KernelId("copy_mul_side"),
+                &[ArgRef::read(src), ArgRef::write(out), ArgRef::write(side)],
+                Grid::new(1, 1),
+                OpKind::Elementwise,
+            )
+        },
+    }
+}
+
+#[test]
+fn given_a_rule_naming_a_buffer_the_graph_lacks_when_fused_should_take_it_in() {
+    let dev = Device::cpu(1).expect("cpu");
+    let (x, w) = (upload(&dev, 40), upload(&dev, 41));
+    let (t, out) = (
+        dev.alloc(DType::F32, &[N]).expect("alloc"),
+        dev.alloc(DType::F32, &[N]).expect("alloc"),
+    );
+    let side = SIDE.get_or_init(|| dev.alloc(DType::F32, &[N]).expect("alloc"));
+    let mut g = ComputeGraph::new();
+    let copy = [ArgRef::read(&x), ArgRef::write(&t)];
+    g.record(KernelId("copy_f32"), &copy, Grid::new(1, 1), OpKind::Copy)
+        .expect("copy");
+    let mul = [ArgRef::read(&t), ArgRef::read(&w), ArgRef::write(&out)];
+    g.record(KernelId("mul_f32"), &mul, Grid::new(1, 1), OpKind::Mul)
+        .expect("mul");
+    // `t` is overwritten in full afterwards, so it is dead once fused.
+    let refill = [ArgRef::read(&x), ArgRef::write(&t)];
+    g.record(KernelId("copy_f32"), &refill, Grid::new(1, 1), OpKind::Copy)
+        .expect("copy");
+    assert_eq!(g.view_count(), 4);
+    assert_eq!(passes::fuse(&mut g, &[side_rule()]), 1);
+    assert_eq!(g.view_count(), 5, "the side buffer is taken in");
+    let fused = g.dispatches().next().expect("fused");
+    assert_eq!(fused.kernel(), KernelId("copy_mul_side"));
+    assert_eq!(fused.reads(), &[Range::of(&x)]);
+    assert_eq!(fused.writes(), &[Range::of(&out), Range::of(side)]);
+    let (b, access) = fused.buffer_arg(2).expect("side arg");
+    assert!(b.same_view(side) && access == Access::Write);
 }
