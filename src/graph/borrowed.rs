@@ -203,7 +203,7 @@ impl<'a> DispatchRef<'a> {
             self.kernel,
             self.grid,
             self.op,
-            self.args.to_vec(),
+            self.args,
             self.ranges,
             self.n_reads,
         )

@@ -286,6 +286,21 @@ impl From<Vec<Arg>> for ArgList {
     }
 }
 
+impl ArgList {
+    /// Clones of `args`, inline when they are few (no allocation).
+    fn cloned_from(args: &[Arg]) -> Self {
+        if args.len() > INLINE_ARGS {
+            return ArgList(ArgStore::Heap(args.to_vec()));
+        }
+        let mut items = [NO_ARG; INLINE_ARGS];
+        items[..args.len()].clone_from_slice(args);
+        ArgList(ArgStore::Inline {
+            len: args.len() as u8,
+            items,
+        })
+    }
+}
+
 impl<const N: usize> From<[Arg; N]> for ArgList {
     #[inline]
     fn from(args: [Arg; N]) -> Self {
@@ -593,13 +608,13 @@ fn check_writes_alone(kernel: KernelId, args: &[Arg]) -> Result<()> {
 }
 
 impl Dispatch {
-    /// A dispatch from parts another dispatch already checked (its ranges are derived from the
-    /// same arguments: the read ranges, `n_reads` of them, then the write ranges).
+    /// A dispatch over clones of `args`, from parts another dispatch already checked (`ranges`
+    /// are derived from the same arguments: the `n_reads` read ranges, then the write ranges).
     pub(super) fn from_checked_parts(
         kernel: KernelId,
         grid: Grid,
         op: OpKind,
-        args: Vec<Arg>,
+        args: &[Arg],
         ranges: &[Range],
         n_reads: usize,
     ) -> Dispatch {
@@ -619,7 +634,7 @@ impl Dispatch {
                 grid,
                 op,
                 n_reads: n_reads as u32,
-                args: ArgList::from(args),
+                args: ArgList::cloned_from(args),
                 ranges,
             })),
         }
