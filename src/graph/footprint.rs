@@ -114,98 +114,41 @@ impl Footprint {
     }
 }
 
-/// For each dispatch of one [`Footprint`], the earlier dispatches (at most `window` back) that
-/// must be placed before it, thinned for a walk that never places a dispatch before an earlier
-/// one it conflicts with (the reorder walk): among the writes of one range index only the last
-/// is listed, and among the reads only those after that last write. The ones left out conflict
-/// with a listed one that comes after them, so in such a walk they are placed whenever the
-/// listed one is: "some listed one is not placed yet" equals "some conflicting one is not".
-pub(crate) struct Blockers {
-    /// Per dispatch `p`: the first entry of its list of dispatches that list it (0: none).
-    head: Vec<u32>,
-    /// Entries, numbered from 1: (a dispatch that lists `p`, the next entry of `p`'s list). A
-    /// dispatch listing `p` twice (through two ranges) is entered twice and counted twice.
-    entries: Vec<(u32, u32)>,
-    /// Per dispatch: how many entries list it.
-    pub(crate) count: Vec<u32>,
-}
-
-impl Blockers {
-    /// The dispatches that list `p`, as often as they list it.
-    #[inline]
-    pub(crate) fn after(&self, p: usize) -> impl Iterator<Item = usize> + '_ {
-        let mut e = self.head[p];
-        std::iter::from_fn(move || {
-            let (s, next) = *self.entries.get(e.checked_sub(1)? as usize)?;
-            e = next;
-            Some(s as usize)
-        })
-    }
-}
-
 impl Footprint {
-    /// The [`Blockers`] of every dispatch within `window`.
+    /// For each dispatch, the latest earlier dispatch it conflicts with, plus one (0: none).
     ///
-    /// Per range index: its last write, and the chain of reads since (latest first). A read of
-    /// an index meets the last write of every overlapping index; a write meets that and the reads
-    /// since. A chain walk stops at the window's start.
-    pub(crate) fn blockers(&self, window: usize) -> Blockers {
+    /// Per range index: its last write and its last read. A read of an index meets the last
+    /// write of every overlapping index; a write meets that and the last read.
+    pub(crate) fn latest_conflicts(&self) -> Vec<u32> {
         let n = self.len();
         let k = self.distinct();
-        // Dispatch numbers plus one (0: none), so "listed and within the window" is one compare.
+        // Dispatch numbers plus one (0: none).
         let mut last_write = vec![0u32; k];
-        // Read-chain entries, numbered from 1: (dispatch plus one, previous entry).
-        let mut head_read = vec![0u32; k];
-        let mut reads_log: Vec<(u32, u32)> = Vec::with_capacity(self.ids.len());
-        let mut head = vec![0u32; n];
-        let mut entries: Vec<(u32, u32)> = Vec::with_capacity(2 * n);
-        let mut count = Vec::with_capacity(n);
+        let mut last_read = vec![0u32; k];
+        let mut latest = Vec::with_capacity(n);
         for s in 0..n {
-            // `p + 1 > low` for every dispatch `p` in the window.
-            let low = s.saturating_sub(window) as u32;
             let (reads, writes) = self.get(s);
-            let mut listed = 0;
-            let mut list = |p1: u32| {
-                if p1 > low {
-                    let p = p1 as usize - 1;
-                    entries.push((s as u32, head[p]));
-                    head[p] = entries.len() as u32;
-                    listed += 1;
-                }
-            };
+            let mut l = 0;
             for &x in reads {
                 for &y in self.overlapping_or_self(&x) {
-                    list(last_write[y as usize]);
+                    l = l.max(last_write[y as usize]);
                 }
             }
             for &x in writes {
                 for &y in self.overlapping_or_self(&x) {
-                    list(last_write[y as usize]);
-                    let mut e = head_read[y as usize];
-                    while let Some(&(p1, prev)) = reads_log.get((e as usize).wrapping_sub(1)) {
-                        if p1 <= low {
-                            break;
-                        }
-                        list(p1);
-                        e = prev;
-                    }
+                    l = l.max(last_write[y as usize]).max(last_read[y as usize]);
                 }
             }
-            count.push(listed);
+            latest.push(l);
+            let s1 = s as u32 + 1;
             for &x in reads {
-                reads_log.push((s as u32 + 1, head_read[x as usize]));
-                head_read[x as usize] = reads_log.len() as u32;
+                last_read[x as usize] = s1;
             }
             for &x in writes {
-                last_write[x as usize] = s as u32 + 1;
-                head_read[x as usize] = 0;
+                last_write[x as usize] = s1;
             }
         }
-        Blockers {
-            head,
-            entries,
-            count,
-        }
+        latest
     }
 }
 

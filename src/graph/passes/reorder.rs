@@ -10,7 +10,7 @@
 //! The walk's group is exactly the group barrier placement keeps over the new order, so the walk
 //! also yields the barrier positions: one before each dispatch that conflicted with the group.
 
-use crate::graph::footprint::{Blockers, Footprint, Marks};
+use crate::graph::footprint::{Footprint, Marks};
 use crate::graph::ComputeGraph;
 
 /// The seeds' lookahead window.
@@ -53,23 +53,30 @@ pub(super) fn apply_order(nodes: &mut [u32], order: &mut [u32]) -> usize {
 /// A candidate must conflict neither with the group nor with a dispatch the lookahead skipped.
 /// Everything not yet placed lies at or after the walk's position, and a candidate lies at most
 /// `lookahead` after it, so the skipped dispatches a candidate could conflict with are exactly
-/// its earlier conflicting dispatches (at most `lookahead` back) not placed yet: a count of its
-/// [`Blockers`](crate::graph::footprint::Blockers) not placed yet, lowered as dispatches are
-/// placed, answers that without looking at the ranges.
+/// its earlier conflicting dispatches (at most `lookahead` back) not placed yet. Each movable
+/// dispatch that has some watches one of them (at first its latest), and every such dispatch
+/// after the watched one is placed; when the watched one is placed, the watcher looks for the
+/// next one below it, or becomes ready. In a graph that is mostly a chain the watched one is
+/// placed in order, and the look is empty.
 pub(super) fn greedy(fp: &Footprint, lookahead: usize) -> Walk {
     let n = fp.len();
-    let mut blockers = fp.blockers(lookahead);
+    let latest = fp.latest_conflicts();
     let mut state = WalkState {
-        blocked: std::mem::take(&mut blockers.count),
         used: vec![false; n],
         ready: Bits::new(n),
         pinned: Bits::new(n),
         order: Vec::with_capacity(n),
+        watchers: vec![0; n],
+        next_watcher: vec![0; n],
+        probe: Marks::new(fp),
+        lookahead,
     };
-    for i in 0..n {
+    for (i, &p1) in latest.iter().enumerate() {
         if !fp.movable(i) {
             state.pinned.set(i);
-        } else if state.blocked[i] == 0 {
+        } else if p1 > 0 && i - (p1 as usize - 1) <= lookahead {
+            state.watch(p1 as usize - 1, i);
+        } else {
             state.ready.set(i);
         }
     }
@@ -89,7 +96,7 @@ pub(super) fn greedy(fp: &Footprint, lookahead: usize) -> Walk {
                 while let Some(i1) = state.ready.next(at, end) {
                     if !group.conflicts(fp, i1) {
                         group.add(fp, i1);
-                        state.place(i1, fp, &blockers);
+                        state.place(i1, i0, fp);
                     }
                     at = i1 + 1;
                 }
@@ -98,7 +105,7 @@ pub(super) fn greedy(fp: &Footprint, lookahead: usize) -> Walk {
             cuts.push(state.order.len() as u32);
         }
         group.add(fp, i0);
-        state.place(i0, fp, &blockers);
+        state.place(i0, i0, fp);
     }
     Walk {
         order: state.order,
@@ -108,30 +115,60 @@ pub(super) fn greedy(fp: &Footprint, lookahead: usize) -> Walk {
 
 /// What the walk knows about every dispatch.
 struct WalkState {
-    /// Blockers not placed yet.
-    blocked: Vec<u32>,
     /// Placed.
     used: Vec<bool>,
-    /// Movable, not placed, no blocker left.
+    /// Movable, not placed, no earlier conflicting dispatch (within the window) left.
     ready: Bits,
     /// Not movable, not placed.
     pinned: Bits,
     order: Vec<u32>,
+    /// Per dispatch: the first dispatch watching it, plus one (0: none).
+    watchers: Vec<u32>,
+    /// Per watching dispatch: the next one watching the same dispatch, plus one.
+    next_watcher: Vec<u32>,
+    /// A set holding one watcher, to test it against the dispatches below the placed one.
+    probe: Marks,
+    lookahead: usize,
 }
 
 impl WalkState {
+    /// Makes `d` wait for `p` (an earlier dispatch it conflicts with, not placed).
     #[inline]
-    fn place(&mut self, i: usize, fp: &Footprint, blockers: &Blockers) {
+    fn watch(&mut self, p: usize, d: usize) {
+        self.next_watcher[d] = self.watchers[p];
+        self.watchers[p] = d as u32 + 1;
+    }
+
+    /// Places `i`; every dispatch before `lowest` is placed already.
+    #[inline]
+    fn place(&mut self, i: usize, lowest: usize, fp: &Footprint) {
         self.order.push(i as u32);
         self.used[i] = true;
         self.ready.clear(i);
         self.pinned.clear(i);
-        for s in blockers.after(i) {
-            self.blocked[s] -= 1;
-            if self.blocked[s] == 0 && fp.movable(s) {
-                self.ready.set(s);
+        let mut w = std::mem::take(&mut self.watchers[i]);
+        while w != 0 {
+            let d = w as usize - 1;
+            w = self.next_watcher[d];
+            match self.next_blocker(i, lowest, d, fp) {
+                Some(q) => self.watch(q, d),
+                None => self.ready.set(d),
             }
         }
+    }
+
+    /// The latest dispatch before `i` (and at most the window before `d`) that is not placed
+    /// and conflicts with `d`.
+    fn next_blocker(&mut self, i: usize, lowest: usize, d: usize, fp: &Footprint) -> Option<usize> {
+        let low = lowest.max(d.saturating_sub(self.lookahead));
+        if low >= i {
+            return None;
+        }
+        self.probe.clear();
+        self.probe.add(fp, d);
+        (low..i)
+            .rev()
+            .find(|&q| !self.used[q] && self.probe.conflicts(fp, q))
     }
 }
 
