@@ -250,7 +250,8 @@ impl ComputeGraph {
         g.a.args.reserve(4 * with_fused);
         g.a.ranges.reserve(4 * with_fused);
         g.a.range_views.reserve(4 * with_fused);
-        g.a.order.reserve(dispatches + dispatches / 2);
+        // A barrier may follow every dispatch.
+        g.a.order.reserve(2 * dispatches);
         g
     }
 
@@ -453,13 +454,19 @@ impl ComputeGraph {
         self.a.headers[h as usize].op
     }
 
-    /// The view indices of header `h`'s read ranges and of its write ranges.
+    /// The op kind of header `h`, and where its read and write view indices lie in
+    /// [`all_range_views`](Self::all_range_views): first read, first write, end.
     #[inline]
-    pub(crate) fn range_views_at(&self, h: u32) -> (&[u32], &[u32]) {
+    pub(crate) fn span_at(&self, h: u32) -> (OpKind, [u32; 3]) {
         let hd = &self.a.headers[h as usize];
-        let (a, b) = (hd.ranges as usize, (hd.ranges + hd.n_reads) as usize);
-        let c = b + hd.n_writes as usize;
-        (&self.a.range_views[a..b], &self.a.range_views[b..c])
+        let mid = hd.ranges + hd.n_reads;
+        (hd.op, [hd.ranges, mid, mid + hd.n_writes])
+    }
+
+    /// The view index of every recorded range.
+    #[inline]
+    pub(crate) fn all_range_views(&self) -> &[u32] {
+        &self.a.range_views
     }
 
     /// Whether some dispatch ever recorded wrote allocation `alloc` (may say yes for one that
@@ -468,11 +475,6 @@ impl ComputeGraph {
     pub(crate) fn maybe_written(&self, alloc: crate::backend::AllocId) -> bool {
         let bit = alloc.0 as usize % WRITTEN_BITS;
         self.written[bit / 64] & (1 << (bit % 64)) != 0
-    }
-
-    /// Number of recorded ranges (fused-away dispatches included): a bound for the passes.
-    pub(crate) fn range_count(&self) -> usize {
-        self.a.range_views.len()
     }
 
     /// The byte range of every view, by index.
@@ -536,17 +538,22 @@ impl ComputeGraph {
 
     /// Records a resolved dispatch as a header outside the node order and returns its index;
     /// an error (a written argument overlapping another) records nothing.
-    pub(crate) fn add_detached(&mut self, mut r: Resolved) -> Result<u32> {
-        let mut foreign = r.foreign.iter();
-        for slot in &mut r.slots[..r.len] {
-            if let Slot::View(v @ NOT_TAKEN_IN, _) = slot {
-                if let Some(b) = foreign.next() {
-                    *v = self.take_in(b);
+    pub(crate) fn add_detached(&mut self, r: &Resolved) -> Result<u32> {
+        let before = self.a.order.len();
+        if r.foreign.is_empty() {
+            self.record_args(r.kernel, r.slots[..r.len].iter().copied(), r.grid, r.op)?;
+        } else {
+            let mut slots = r.slots;
+            let mut foreign = r.foreign.iter();
+            for slot in &mut slots[..r.len] {
+                if let Slot::View(v @ NOT_TAKEN_IN, _) = slot {
+                    if let Some(b) = foreign.next() {
+                        *v = self.take_in(b);
+                    }
                 }
             }
+            self.record_args(r.kernel, slots[..r.len].iter().copied(), r.grid, r.op)?;
         }
-        let before = self.a.order.len();
-        self.record_args(r.kernel, r.slots[..r.len].iter().copied(), r.grid, r.op)?;
         // Recording placed it at the end of the order; take it out again.
         self.a.order.truncate(before);
         Ok((self.a.headers.len() - 1) as u32)

@@ -4,65 +4,56 @@
 //! stamps per index, and asking whether a dispatch conflicts with the set is one load per range
 //! of the dispatch. The conflict rule is [`RangeSet`](super::RangeSet)'s, exactly.
 //!
-//! Reads of an allocation that no dispatch of the list writes can conflict with nothing, so they
-//! are left out (the weights of a forward pass, the step buffer). Empty ranges touch no byte and
-//! are left out too.
+//! The footprint borrows the graph's per-range view indices; it only adds, per dispatch in node
+//! order, where its indices lie. Empty views touch no byte: they overlap nothing, not even
+//! themselves. Overlaps are only looked for among views of allocations some dispatch writes
+//! (a view of any other allocation overlaps only itself, and is never written).
 
 use super::{ComputeGraph, Range};
 
 /// The conflict-relevant ranges of a graph's dispatches, as view indices.
-pub(crate) struct Footprint {
-    /// Per dispatch, packed: the indices of its kept reads, then of its writes.
-    ids: Vec<u32>,
+pub(crate) struct Footprint<'g> {
+    /// The graph's view index of every range (reads then writes of each dispatch).
+    ids: &'g [u32],
     /// Per dispatch: first read, first write, end (positions in `ids`).
     spans: Vec<[u32; 3]>,
     /// Per dispatch: whether the reorder pass may move it.
     movable: Vec<bool>,
-    /// The indices overlapping index `k` (itself included) are
+    /// The indices overlapping index `k` (itself included unless empty) are
     /// `overlaps[overlap_start[k]..overlap_start[k + 1]]`.
     overlap_start: Vec<u32>,
     overlaps: Vec<u32>,
-    /// Whether every range overlaps only itself (then a set marks just the ranges it holds).
+    /// Number of views.
+    views: usize,
+    /// Whether every view overlaps only itself and none is empty (then a set marks just the
+    /// indices it holds, and the overlap lists are left empty).
     disjoint: bool,
 }
 
-impl Footprint {
+impl<'g> Footprint<'g> {
     /// The footprint of the dispatches of `graph`, in node order (barriers are skipped).
-    pub(crate) fn new(graph: &ComputeGraph) -> Self {
+    pub(crate) fn new(graph: &'g ComputeGraph) -> Self {
         let view_ranges = graph.view_ranges();
         let order = graph.order();
-        // Per view: 1 if a read of it can conflict (a non-empty view of a written allocation),
-        // 2 if a write of it can (non-empty).
-        let keep: Vec<u8> = view_ranges
-            .iter()
-            .map(|r| {
-                let nonempty = r.start < r.end;
-                (nonempty && graph.maybe_written(r.alloc)) as u8 | (nonempty as u8) << 1
-            })
-            .collect();
-        let bound = graph.range_count();
-        let count = order.len();
-        let mut ids = Vec::with_capacity(bound);
-        let mut spans = Vec::with_capacity(count);
-        let mut movable = Vec::with_capacity(count);
+        let mut spans = Vec::with_capacity(order.len());
+        let mut movable = Vec::with_capacity(order.len());
         for &h in order {
             if h == ComputeGraph::BARRIER {
                 continue;
             }
-            movable.push(graph.op_at(h).is_reorderable());
-            let (reads, writes) = graph.range_views_at(h);
-            let start = ids.len() as u32;
-            ids.extend(reads.iter().filter(|&&v| keep[v as usize] & 1 != 0));
-            let mid = ids.len() as u32;
-            ids.extend(writes.iter().filter(|&&v| keep[v as usize] & 2 != 0));
-            spans.push([start, mid, ids.len() as u32]);
+            let (op, [a, b, c]) = graph.span_at(h);
+            movable.push(op.is_reorderable());
+            spans.push([a, b, c]);
         }
-        let (overlap_start, overlaps) = overlap_lists(view_ranges, &keep);
+        let lists = overlap_lists(view_ranges, |r| graph.maybe_written(r.alloc));
+        let disjoint = lists.is_none();
+        let (overlap_start, overlaps) = lists.unwrap_or_default();
         Footprint {
-            ids,
+            ids: graph.all_range_views(),
             spans,
             movable,
-            disjoint: overlaps.len() == view_ranges.len(),
+            views: view_ranges.len(),
+            disjoint,
             overlap_start,
             overlaps,
         }
@@ -79,12 +70,12 @@ impl Footprint {
         self.movable[i]
     }
 
-    /// Number of distinct ranges.
+    /// Number of views (range indices).
     pub(crate) fn distinct(&self) -> usize {
-        self.overlap_start.len() - 1
+        self.views
     }
 
-    /// The indices of dispatch `i`'s kept reads and of its writes.
+    /// The indices of dispatch `i`'s reads and of its writes.
     #[inline]
     pub(crate) fn get(&self, i: usize) -> (&[u32], &[u32]) {
         let [a, b, c] = self.spans[i];
@@ -94,9 +85,9 @@ impl Footprint {
         )
     }
 
-    /// [`overlapping`](Self::overlapping), without a lookup when every range overlaps only
+    /// [`overlapping`](Self::overlapping), or the index alone when every range overlaps only
     /// itself.
-    #[inline]
+    #[cfg(test)]
     fn overlapping_or_self<'a>(&'a self, k: &'a u32) -> &'a [u32] {
         if self.disjoint {
             std::slice::from_ref(k)
@@ -105,7 +96,8 @@ impl Footprint {
         }
     }
 
-    /// The indices whose ranges overlap range `k`, `k` included.
+    /// The indices whose ranges overlap range `k`, `k` included unless empty (only when the
+    /// views are not disjoint: the lists are left empty then).
     #[inline]
     fn overlapping(&self, k: u32) -> &[u32] {
         let a = self.overlap_start[k as usize] as usize;
@@ -114,58 +106,75 @@ impl Footprint {
     }
 }
 
-impl Footprint {
+impl Footprint<'_> {
     /// For each dispatch, the latest earlier dispatch it conflicts with, plus one (0: none).
     ///
     /// Per range index: its last write and its last read. A read of an index meets the last
     /// write of every overlapping index; a write meets that and the last read.
     pub(crate) fn latest_conflicts(&self) -> Vec<u32> {
+        if self.disjoint {
+            self.latest_conflicts_by(|x| std::slice::from_ref(x))
+        } else {
+            self.latest_conflicts_by(|x| self.overlapping(*x))
+        }
+    }
+
+    /// [`latest_conflicts`](Self::latest_conflicts) with `overlapping` listing the indices that
+    /// overlap one.
+    #[inline(always)]
+    fn latest_conflicts_by<'s>(&'s self, overlapping: impl Fn(&'s u32) -> &'s [u32]) -> Vec<u32> {
         let n = self.len();
         let k = self.distinct();
-        // Dispatch numbers plus one (0: none).
-        let mut last_write = vec![0u32; k];
-        let mut last_read = vec![0u32; k];
+        // Per index: the last dispatch writing it and the last reading it, plus one (0: none).
+        let mut last = vec![[0u32; 2]; k];
         let mut latest = Vec::with_capacity(n);
-        for s in 0..n {
-            let (reads, writes) = self.get(s);
+        for (s, &[a, b, c]) in self.spans.iter().enumerate() {
+            let reads = &self.ids[a as usize..b as usize];
+            let writes = &self.ids[b as usize..c as usize];
             let mut l = 0;
-            for &x in reads {
-                for &y in self.overlapping_or_self(&x) {
-                    l = l.max(last_write[y as usize]);
+            for x in reads {
+                for &y in overlapping(x) {
+                    l = l.max(last[y as usize][0]);
                 }
             }
-            for &x in writes {
-                for &y in self.overlapping_or_self(&x) {
-                    l = l.max(last_write[y as usize]).max(last_read[y as usize]);
+            for x in writes {
+                for &y in overlapping(x) {
+                    let [w, r] = last[y as usize];
+                    l = l.max(w).max(r);
                 }
             }
             latest.push(l);
             let s1 = s as u32 + 1;
             for &x in reads {
-                last_read[x as usize] = s1;
+                last[x as usize][1] = s1;
             }
             for &x in writes {
-                last_write[x as usize] = s1;
+                last[x as usize][0] = s1;
             }
         }
         latest
     }
 }
 
-/// For each view, the views it overlaps (itself included), as offsets and a packed list. Only
-/// non-empty views of written allocations (`keep & 1`; every kept write is one) are compared; sorted by allocation and start, each overlaps
-/// exactly the following ones of its allocation that start before it ends.
-fn overlap_lists(ranges: &[Range], keep: &[u8]) -> (Vec<u32>, Vec<u32>) {
+/// For each view, the views it overlaps (itself included unless empty), as offsets and a packed
+/// list. Only non-empty views of allocations `written` says yes to are compared with each other;
+/// sorted by allocation and start, each overlaps exactly the following ones of its allocation
+/// that start before it ends.
+fn overlap_lists(
+    ranges: &[Range],
+    written: impl Fn(&Range) -> bool,
+) -> Option<(Vec<u32>, Vec<u32>)> {
     let k = ranges.len();
     // Sorted by (allocation, start), the keys beside the indices.
-    let mut order: Vec<(u128, u32)> = (0..k as u32)
-        .filter(|&i| keep[i as usize] & 1 != 0)
-        .map(|i| {
-            let r = &ranges[i as usize];
-            ((r.alloc.0 as u128) << 64 | r.start as u128, i)
-        })
+    let mut order: Vec<(u128, u32)> = ranges
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.start < r.end && written(r))
+        .map(|(i, r)| ((r.alloc.0 as u128) << 64 | r.start as u128, i as u32))
         .collect();
-    order.sort_unstable_by_key(|&(key, _)| key);
+    if !order.is_sorted_by_key(|&(key, _)| key) {
+        order.sort_unstable_by_key(|&(key, _)| key);
+    }
     let mut pairs = Vec::new();
     for (a, &(_, i)) in order.iter().enumerate() {
         let ri = &ranges[i as usize];
@@ -177,8 +186,13 @@ fn overlap_lists(ranges: &[Range], keep: &[u8]) -> (Vec<u32>, Vec<u32>) {
             pairs.push((i, j));
         }
     }
-    let mut start = vec![1u32; k + 1];
-    start[0] = 0;
+    if pairs.is_empty() && ranges.iter().all(|r| r.start < r.end) {
+        return None;
+    }
+    let mut start = vec![0u32; k + 1];
+    for (x, r) in ranges.iter().enumerate() {
+        start[x + 1] = (r.start < r.end) as u32;
+    }
     for &(i, j) in &pairs {
         start[i as usize + 1] += 1;
         start[j as usize + 1] += 1;
@@ -192,14 +206,16 @@ fn overlap_lists(ranges: &[Range], keep: &[u8]) -> (Vec<u32>, Vec<u32>) {
         list[fill[at as usize] as usize] = v;
         fill[at as usize] += 1;
     };
-    for x in 0..k as u32 {
-        put(x, x);
+    for (x, r) in ranges.iter().enumerate() {
+        if r.start < r.end {
+            put(x as u32, x as u32);
+        }
     }
     for &(i, j) in &pairs {
         put(i, j);
         put(j, i);
     }
-    (start, list)
+    Some((start, list))
 }
 
 /// A set of dispatches of one [`Footprint`]: for every range index, whether some read of the set
@@ -213,7 +229,7 @@ pub(crate) struct Marks {
 
 impl Marks {
     /// An empty set over `fp`'s ranges.
-    pub(crate) fn new(fp: &Footprint) -> Self {
+    pub(crate) fn new(fp: &Footprint<'_>) -> Self {
         Marks {
             stamps: vec![[0; 2]; fp.distinct()],
             generation: 1,
@@ -223,7 +239,7 @@ impl Marks {
     /// Whether dispatch `i` of `fp` conflicts with the set: one of its reads overlaps a write of
     /// the set, or one of its writes overlaps a read or a write of the set.
     #[inline]
-    pub(crate) fn conflicts(&self, fp: &Footprint, i: usize) -> bool {
+    pub(crate) fn conflicts(&self, fp: &Footprint<'_>, i: usize) -> bool {
         let (reads, writes) = fp.get(i);
         let g = self.generation;
         reads.iter().any(|&x| self.stamps[x as usize][1] == g)
@@ -235,7 +251,7 @@ impl Marks {
 
     /// Adds dispatch `i` of `fp` to the set.
     #[inline]
-    pub(crate) fn add(&mut self, fp: &Footprint, i: usize) {
+    pub(crate) fn add(&mut self, fp: &Footprint<'_>, i: usize) {
         let (reads, writes) = fp.get(i);
         let g = self.generation;
         if fp.disjoint {
@@ -329,7 +345,8 @@ mod tests {
     fn given_random_sets_when_checked_should_agree_with_the_range_set() {
         for seed in 0..20 {
             let ds = random_dispatches(seed, 40);
-            let fp = Footprint::new(&graph_of(&ds));
+            let g = graph_of(&ds);
+            let fp = Footprint::new(&g);
             let mut marks = Marks::new(&fp);
             let mut set = RangeSet::new();
             let mut rng = crate::testutil::rng(seed + 100);
@@ -350,14 +367,30 @@ mod tests {
     }
 
     #[test]
-    fn given_reads_of_an_unwritten_allocation_when_interned_should_be_left_out() {
+    fn given_unwritten_and_empty_views_when_listed_should_overlap_only_themselves_or_nothing() {
         let ds = random_dispatches(7, 30);
-        let fp = Footprint::new(&graph_of(&ds));
-        let kept: usize = (0..ds.len()).map(|i| fp.get(i).0.len()).sum();
-        let all: usize = ds.iter().map(|d| d.reads().len()).sum();
+        let g = graph_of(&ds);
+        let fp = Footprint::new(&g);
+        let (mut empty, mut unwritten, mut overlapping) = (0, 0, 0);
+        for (k, r) in g.view_ranges().iter().enumerate() {
+            let k32 = k as u32;
+            let list = fp.overlapping_or_self(&k32);
+            if r.start == r.end {
+                assert!(list.is_empty(), "empty view {k} overlaps {list:?}");
+                empty += 1;
+            } else if !g.maybe_written(r.alloc) {
+                assert_eq!(list, &[k as u32], "view {k} of an unwritten allocation");
+                unwritten += 1;
+            } else {
+                for &j in list {
+                    assert!(r.overlaps(&g.view_ranges()[j as usize]), "{k} and {j}");
+                }
+                overlapping += (list.len() > 1) as usize;
+            }
+        }
         assert!(
-            kept < all,
-            "the never-written allocation's reads should be dropped"
+            empty > 0 && unwritten > 0 && overlapping > 0,
+            "the graph should have all three"
         );
     }
 }

@@ -57,42 +57,36 @@ pub(super) fn fuse_dispatches(graph: &mut ComputeGraph, rules: &[FusionRule]) ->
     let mut fusions = 0;
     for i in 0..order.len() {
         let cur = order[i];
-        let fused = match kept.checked_sub(1).map(|k| order[k]) {
-            Some(prev) if rules.iter().any(|r| pair_kinds(r, graph, prev, cur)) => {
-                let rest = order[i + 1..].iter().map(|&h| graph.ranges_at(h));
-                try_rules(rules, graph.dispatch_at(prev), graph.dispatch_at(cur), rest)
-                    .map(|spec| graph.resolve(&spec))
-            }
-            _ => None,
-        };
-        match fused.map(|r| graph.add_detached(r)) {
-            Some(Ok(h)) => {
-                order[kept - 1] = h;
-                fusions += 1;
-            }
-            _ => {
-                order[kept] = cur;
-                kept += 1;
+        if let Some(&prev) = kept.checked_sub(1).and_then(|k| order.get(k)) {
+            let kinds = (graph.op_at(prev), graph.op_at(cur));
+            if rules.iter().any(|r| (r.first, r.second) == kinds) {
+                let fused = try_rules(rules, graph, prev, cur, &order[i + 1..])
+                    .map(|spec| graph.resolve(&spec));
+                if let Some(Ok(h)) = fused.map(|r| graph.add_detached(&r)) {
+                    order[kept - 1] = h;
+                    fusions += 1;
+                    continue;
+                }
             }
         }
+        order[kept] = cur;
+        kept += 1;
     }
     order.truncate(kept);
     *graph.order_mut() = order;
     fusions
 }
 
-/// Whether headers `a` and `b` have the kinds of `rule`'s pair.
-#[inline]
-fn pair_kinds(rule: &FusionRule, graph: &ComputeGraph, a: u32, b: u32) -> bool {
-    rule.first == graph.op_at(a) && rule.second == graph.op_at(b)
-}
-
+/// The fused dispatch of headers `a` and `b` by the first rule that matches and whose dropped
+/// writes are dead before the dispatches (header indices) of `later` read them.
 fn try_rules<'a>(
     rules: &[FusionRule],
-    a: DispatchRef<'a>,
-    b: DispatchRef<'a>,
-    rest: impl Iterator<Item = (&'a [Range], &'a [Range])> + Clone,
+    graph: &'a ComputeGraph,
+    a: u32,
+    b: u32,
+    later: &[u32],
 ) -> Option<DispatchSpec<'a>> {
+    let (a, b) = (graph.dispatch_at(a), graph.dispatch_at(b));
     rules
         .iter()
         .filter(|r| r.first == a.op() && r.second == b.op())
@@ -110,7 +104,7 @@ fn try_rules<'a>(
             let others = a.writes().iter().filter(|w| **w != mid);
             for w in std::iter::once(&mid).chain(others) {
                 let still_written = fused.writes().any(|f| f.covers(w));
-                if !still_written && !is_dead_after(w, rest.clone()) {
+                if !still_written && !is_dead_after(w, graph, later) {
                     return None;
                 }
             }
@@ -118,13 +112,11 @@ fn try_rules<'a>(
         })
 }
 
-/// Whether `range` is overwritten in full before any of `later` (read and write ranges of each
-/// later dispatch) reads a byte of it.
-fn is_dead_after<'a>(
-    range: &Range,
-    later: impl Iterator<Item = (&'a [Range], &'a [Range])>,
-) -> bool {
-    for (reads, writes) in later {
+/// Whether `range` is overwritten in full before any of the dispatches (header indices) of
+/// `later` reads a byte of it.
+fn is_dead_after(range: &Range, graph: &ComputeGraph, later: &[u32]) -> bool {
+    for &h in later {
+        let (reads, writes) = graph.ranges_at(h);
         if reads.iter().any(|r| r.overlaps(range)) {
             return false;
         }

@@ -29,6 +29,7 @@ pub fn optimize(graph: &mut ComputeGraph, rules: &[FusionRule], lookahead: usize
     let fp = Footprint::new(graph);
     let (reordered, cuts) = if lookahead > 0 && fp.len() >= 2 {
         let mut walk = greedy(&fp, lookahead);
+        drop(fp);
         (apply_order(graph.order_mut(), &mut walk.order), walk.cuts)
     } else {
         (0, conflict_cuts(&fp))

@@ -515,7 +515,8 @@ fn given_random_graphs_when_walked_should_match_the_seeds_walk_exactly() {
     use crate::graph::footprint::Footprint;
     for seed in 0..60 {
         let ds = random_dispatches(seed, 10 + 4 * seed as usize);
-        let fp = Footprint::new(&graph(ds));
+        let g = graph(ds);
+        let fp = Footprint::new(&g);
         for lookahead in [1, 2, 3, 8, 64, usize::MAX] {
             let fast = reorder::greedy(&fp, lookahead);
             let seeds = reorder::greedy_reference(&fp, lookahead);
