@@ -258,6 +258,7 @@ impl ComputeGraph {
     /// Appends a dispatch of `kernel` over `args`, deriving its read and write ranges. A written
     /// argument may not overlap any other buffer argument of the same dispatch (an in-place
     /// update is one `ReadWrite` argument); if one does, nothing is appended.
+    #[inline]
     pub fn record(
         &mut self,
         kernel: KernelId,
