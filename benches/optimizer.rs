@@ -103,6 +103,20 @@ fn bench_headline<M: Measurement>(c: &mut Criterion<M>, label: &str, layers: usi
     let dg = DecodeGraph::new(&device, shape).expect("buffers");
     let rules = [norm_mul_rule()];
     let mut group = c.benchmark_group(label);
+    // A decode loop's case: the step recorded again into the graph of the previous one, which
+    // keeps its views (no reference counts taken or dropped).
+    let mut kept = dg.record().expect("record");
+    group.bench_function("rerecord+optimize", |b| {
+        b.iter(|| {
+            kept.clear();
+            dg.record_into(&mut kept).expect("record");
+            black_box(passes::optimize(
+                &mut kept,
+                &rules,
+                passes::DEFAULT_LOOKAHEAD,
+            ))
+        })
+    });
     group.bench_function("record+optimize+drop", |b| {
         b.iter(|| {
             let mut g = dg.record().expect("record");

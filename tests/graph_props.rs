@@ -182,8 +182,8 @@ fn chain_rule() -> FusionRule {
             .collect()
     }
     fn intermediate(a: DispatchRef<'_>, b: DispatchRef<'_>) -> Option<Range> {
-        let w = *a.writes().first()?;
-        (*b.reads().first()? == w).then_some(w)
+        let w = a.writes().first()?;
+        (b.reads().first()? == w).then_some(w)
     }
     fn build<'a>(a: DispatchRef<'a>, b: DispatchRef<'a>) -> onepass::Result<DispatchSpec<'a>> {
         let mid = intermediate(a, b);

@@ -146,11 +146,136 @@ pub struct DispatchRef<'a> {
     pub(super) grid: Grid,
     pub(super) op: OpKind,
     pub(super) args: &'a [Arg],
-    /// The read ranges, then the write ranges.
-    pub(super) ranges: &'a [Range],
-    /// How many of `ranges` are reads.
+    /// The read ranges, then the write ranges, as indices into `table`.
+    pub(super) ids: &'a [u32],
+    /// The byte ranges `ids` name.
+    pub(super) table: &'a [Range],
+    /// How many of `ids` are reads.
     pub(super) n_reads: usize,
 }
+
+/// Some byte ranges of a dispatch (its reads, or its writes), named by index into a table of
+/// ranges so that a graph stores each range once, however many dispatches touch it.
+#[derive(Clone, Copy)]
+pub struct Ranges<'a> {
+    ids: &'a [u32],
+    table: &'a [Range],
+}
+
+impl<'a> Ranges<'a> {
+    /// The ranges `table[ids[0]]`, `table[ids[1]]`, ... (every id must index `table`).
+    #[inline]
+    pub(crate) fn new(ids: &'a [u32], table: &'a [Range]) -> Self {
+        Ranges { ids, table }
+    }
+
+    /// Number of ranges.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Whether there is none.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// The range at `index`.
+    #[inline]
+    pub fn get(&self, index: usize) -> Option<Range> {
+        self.ids.get(index).map(|&k| self.table[k as usize])
+    }
+
+    /// The first range.
+    #[inline]
+    pub fn first(&self) -> Option<Range> {
+        self.get(0)
+    }
+
+    /// The ranges in order.
+    #[inline]
+    pub fn iter(&self) -> RangesIter<'a> {
+        RangesIter {
+            ids: self.ids.iter(),
+            table: self.table,
+        }
+    }
+
+    /// Whether `range` is one of them (equal, not merely overlapping).
+    pub fn contains(&self, range: &Range) -> bool {
+        self.iter().any(|r| r == *range)
+    }
+
+    /// The ranges, collected.
+    pub fn to_vec(&self) -> Vec<Range> {
+        self.iter().collect()
+    }
+}
+
+impl<'a> IntoIterator for Ranges<'a> {
+    type Item = Range;
+    type IntoIter = RangesIter<'a>;
+
+    #[inline]
+    fn into_iter(self) -> RangesIter<'a> {
+        self.iter()
+    }
+}
+
+impl PartialEq for Ranges<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl PartialEq<[Range]> for Ranges<'_> {
+    fn eq(&self, other: &[Range]) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter().copied())
+    }
+}
+
+impl<const N: usize> PartialEq<&[Range; N]> for Ranges<'_> {
+    fn eq(&self, other: &&[Range; N]) -> bool {
+        *self == other[..]
+    }
+}
+
+impl std::fmt::Debug for Ranges<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+/// The ranges of a [`Ranges`], in order.
+#[derive(Clone)]
+pub struct RangesIter<'a> {
+    ids: std::slice::Iter<'a, u32>,
+    table: &'a [Range],
+}
+
+impl Iterator for RangesIter<'_> {
+    type Item = Range;
+
+    #[inline]
+    fn next(&mut self) -> Option<Range> {
+        self.ids.next().map(|&k| self.table[k as usize])
+    }
+
+    #[inline]
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.ids.size_hint()
+    }
+}
+
+impl DoubleEndedIterator for RangesIter<'_> {
+    #[inline]
+    fn next_back(&mut self) -> Option<Range> {
+        self.ids.next_back().map(|&k| self.table[k as usize])
+    }
+}
+
+impl ExactSizeIterator for RangesIter<'_> {}
 
 impl<'a> DispatchRef<'a> {
     /// The kernel.
@@ -179,14 +304,14 @@ impl<'a> DispatchRef<'a> {
 
     /// Byte ranges the dispatch reads.
     #[inline]
-    pub fn reads(&self) -> &'a [Range] {
-        &self.ranges[..self.n_reads]
+    pub fn reads(&self) -> Ranges<'a> {
+        Ranges::new(&self.ids[..self.n_reads], self.table)
     }
 
     /// Byte ranges the dispatch writes.
     #[inline]
-    pub fn writes(&self) -> &'a [Range] {
-        &self.ranges[self.n_reads..]
+    pub fn writes(&self) -> Ranges<'a> {
+        Ranges::new(&self.ids[self.n_reads..], self.table)
     }
 
     /// The buffer argument at `index`, if it is one.
@@ -204,8 +329,8 @@ impl<'a> DispatchRef<'a> {
             self.grid,
             self.op,
             self.args,
-            self.ranges,
-            self.n_reads,
+            self.reads(),
+            self.writes(),
         )
     }
 }

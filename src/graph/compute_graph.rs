@@ -18,13 +18,75 @@ use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::borrowed::{ArgRef, DispatchRef, DispatchSpec, SPEC_ARGS};
-use super::dispatch::{Access, Arg, Dispatch, Grid, KernelId, OpKind, Range, Scalar};
+use super::dispatch::{
+    too_many_ranges, Access, Arg, Dispatch, Grid, KernelId, OpKind, Range, Scalar, MAX_RANGES,
+};
 use crate::backend::Buffer;
 use crate::error::{Error, Result};
 
 /// Bits of a view's stamp word that hold its index in the graph; the rest is the graph's stamp.
 const INDEX_BITS: u32 = 20;
 const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
+
+/// Fails when a written argument among `bufs` (view, access, position) overlaps another buffer
+/// argument.
+#[inline]
+fn check_writes_alone(
+    view_ranges: &[Range],
+    kernel: KernelId,
+    bufs: &[(u32, Access, u32)],
+) -> Result<()> {
+    for (i, &(vi, access, _)) in bufs.iter().enumerate() {
+        if !access.writes() {
+            continue;
+        }
+        let mine = &view_ranges[vi as usize];
+        for (j, &(vj, _, _)) in bufs.iter().enumerate() {
+            if j != i && mine.overlaps(&view_ranges[vj as usize]) {
+                return Err(overlapping_write(kernel, bufs[i].2, bufs[j].2));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cold]
+fn overlapping_write(kernel: KernelId, written: u32, other: u32) -> Error {
+    Error::InvalidArgument(format!(
+        "kernel {}: written argument {written} overlaps argument {other}; \
+         use one read-write argument for in-place updates",
+        kernel.0
+    ))
+}
+
+/// The index of `b`'s view in a graph with `stamp`, its views and their ranges, taking the view
+/// in (one reference) the first time.
+#[inline(always)]
+fn take_in(stamp: u64, views: &mut Vec<Buffer>, view_ranges: &mut Vec<Range>, b: &Buffer) -> u32 {
+    let word = b.graph_stamp().load(Ordering::Relaxed);
+    if stamp != 0 && word >> INDEX_BITS == stamp {
+        return (word & INDEX_MASK) as u32;
+    }
+    take_in_new(stamp, views, view_ranges, b)
+}
+
+#[inline(never)]
+fn take_in_new(
+    stamp: u64,
+    views: &mut Vec<Buffer>,
+    view_ranges: &mut Vec<Range>,
+    b: &Buffer,
+) -> u32 {
+    let v = views.len();
+    views.push(b.clone());
+    view_ranges.push(Range::of(b));
+    if stamp != 0 && (v as u64) <= INDEX_MASK {
+        // Only this graph writes words with its stamp, and it writes the right index.
+        b.graph_stamp()
+            .store(stamp << INDEX_BITS | v as u64, Ordering::Relaxed);
+    }
+    v as u32
+}
 
 /// The node-order entry of a barrier.
 const BARRIER: u32 = u32::MAX;
@@ -128,8 +190,7 @@ struct Arrays {
     /// Arguments of every header. Buffers here are copies of references in `views` and own
     /// nothing (never dropped, never handed out by value).
     args: Vec<ManuallyDrop<Arg>>,
-    ranges: Vec<Range>,
-    /// Per range: its view's index.
+    /// The reads, then the writes, of every header, as view indices.
     range_views: Vec<u32>,
     /// The nodes in order: header indices and [`BARRIER`]s.
     order: Vec<u32>,
@@ -164,7 +225,6 @@ impl Clone for ComputeGraph {
                 view_ranges: self.a.view_ranges.clone(),
                 headers: self.a.headers.clone(),
                 args,
-                ranges: self.a.ranges.clone(),
                 range_views: self.a.range_views.clone(),
                 order: self.a.order.clone(),
             },
@@ -210,7 +270,6 @@ mod spare {
         arrays.views.clear();
         arrays.view_ranges.clear();
         arrays.headers.clear();
-        arrays.ranges.clear();
         arrays.range_views.clear();
         arrays.order.clear();
         // A thread being torn down, or a slot already filled, frees the arrays instead.
@@ -248,7 +307,6 @@ impl ComputeGraph {
         let with_fused = dispatches + dispatches / 10;
         g.a.headers.reserve(with_fused);
         g.a.args.reserve(4 * with_fused);
-        g.a.ranges.reserve(4 * with_fused);
         g.a.range_views.reserve(4 * with_fused);
         // A barrier may follow every dispatch.
         g.a.order.reserve(2 * dispatches);
@@ -300,33 +358,46 @@ impl ComputeGraph {
         let mut local = [(0u32, Access::Read, 0u32); LOCAL];
         let mut spilled: Vec<(u32, Access, u32)> = Vec::new();
         let mut n_bufs = 0;
-        let a0 = self.a.args.len();
-        let r0 = self.a.ranges.len();
+        let n = args.len();
+        let Arrays {
+            views,
+            view_ranges,
+            args: all_args,
+            range_views,
+            ..
+        } = &mut self.a;
+        let a0 = all_args.len();
+        let r0 = range_views.len();
+        // Room for every argument and for every range (a read-write argument has two), written
+        // in place below and committed with `set_len` once the dispatch is known to be valid.
+        all_args.reserve(n);
+        range_views.reserve(2 * n);
+        let args_out = &mut all_args.spare_capacity_mut()[..n];
+        let ids_out = &mut range_views.spare_capacity_mut()[..2 * n];
+        let mut n_reads = 0;
+        let mut count = 0;
         for (pos, arg) in args.enumerate() {
+            count = pos + 1;
             let (v, access, copy) = match arg {
                 Slot::Buffer(b, access) => {
-                    let v = self.take_in(b);
+                    let v = take_in(self.stamp, views, view_ranges, b);
                     // SAFETY: a copy that owns nothing: `views[v]` holds a reference to the same
                     // view for the graph's life, and the copy is never dropped.
                     (v, access, unsafe { std::ptr::read(b) })
                 }
                 Slot::View(v, access) => {
                     // SAFETY: as above, a copy of the graph's own reference.
-                    (v, access, unsafe {
-                        std::ptr::read(&self.a.views[v as usize])
-                    })
+                    (v, access, unsafe { std::ptr::read(&views[v as usize]) })
                 }
                 Slot::Scalar(s) => {
-                    self.a.args.push(ManuallyDrop::new(Arg::Scalar(s)));
+                    args_out[pos].write(ManuallyDrop::new(Arg::Scalar(s)));
                     continue;
                 }
             };
-            self.a
-                .args
-                .push(ManuallyDrop::new(Arg::Buffer(copy, access)));
+            args_out[pos].write(ManuallyDrop::new(Arg::Buffer(copy, access)));
             if access.reads() {
-                self.a.ranges.push(self.a.view_ranges[v as usize]);
-                self.a.range_views.push(v);
+                ids_out[n_reads].write(v);
+                n_reads += 1;
             }
             let entry = (v, access, pos as u32);
             if n_bufs < LOCAL {
@@ -344,24 +415,33 @@ impl ComputeGraph {
         } else {
             &spilled[..]
         };
-        let n_reads = (self.a.ranges.len() - r0) as u32;
+        let mut n_ranges = n_reads;
         for &(v, access, _) in bufs {
             if access.writes() {
-                let r = self.a.view_ranges[v as usize];
-                let bit = r.alloc.0 as usize % WRITTEN_BITS;
-                self.written[bit / 64] |= 1 << (bit % 64);
-                self.a.ranges.push(r);
-                self.a.range_views.push(v);
+                ids_out[n_ranges].write(v);
+                n_ranges += 1;
             }
         }
-        let n_writes = (self.a.ranges.len() - r0) as u32 - n_reads;
-        if n_writes > 0 && n_bufs > 1 {
-            if let Err(e) = self.check_writes_alone(kernel, bufs) {
-                self.a.args.truncate(a0);
-                self.a.ranges.truncate(r0);
-                self.a.range_views.truncate(r0);
-                return Err(e);
+        let n_writes = n_ranges - n_reads;
+        if n_ranges > MAX_RANGES {
+            return Err(too_many_ranges(kernel, n_ranges));
+        }
+        if n_writes > 0 {
+            if n_bufs > 1 {
+                check_writes_alone(view_ranges, kernel, bufs)?;
             }
+            for &(v, access, _) in bufs {
+                if access.writes() {
+                    let bit = view_ranges[v as usize].alloc.0 as usize % WRITTEN_BITS;
+                    self.written[bit / 64] |= 1 << (bit % 64);
+                }
+            }
+        }
+        // SAFETY: the first `count` argument slots and `n_ranges` range slots past the lengths
+        // were written above (every argument position once; reads, then writes, without gaps).
+        unsafe {
+            all_args.set_len(a0 + count);
+            range_views.set_len(r0 + n_ranges);
         }
         self.a.order.push(self.a.headers.len() as u32);
         self.a.headers.push(Header {
@@ -369,58 +449,16 @@ impl ComputeGraph {
             grid,
             op,
             args: a0 as u32,
-            n_args: (self.a.args.len() - a0) as u32,
+            n_args: count as u32,
             ranges: r0 as u32,
-            n_reads,
-            n_writes,
+            n_reads: n_reads as u32,
+            n_writes: n_writes as u32,
         });
         Ok(())
     }
 
     /// Fails when a written argument among `bufs` (view, access, position) overlaps another
     /// buffer argument.
-    fn check_writes_alone(&self, kernel: KernelId, bufs: &[(u32, Access, u32)]) -> Result<()> {
-        for (i, &(vi, access, pi)) in bufs.iter().enumerate() {
-            if !access.writes() {
-                continue;
-            }
-            let mine = &self.a.view_ranges[vi as usize];
-            for (j, &(vj, _, pj)) in bufs.iter().enumerate() {
-                if j != i && mine.overlaps(&self.a.view_ranges[vj as usize]) {
-                    return Err(Error::InvalidArgument(format!(
-                        "kernel {}: written argument {pi} overlaps argument {pj}; \
-                         use one read-write argument for in-place updates",
-                        kernel.0
-                    )));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The index of `b`'s view, taking the view in (one reference) the first time.
-    #[inline(always)]
-    fn take_in(&mut self, b: &Buffer) -> u32 {
-        let word = b.graph_stamp().load(Ordering::Relaxed);
-        if self.stamp != 0 && word >> INDEX_BITS == self.stamp {
-            return (word & INDEX_MASK) as u32;
-        }
-        self.take_in_new(b)
-    }
-
-    #[inline(never)]
-    fn take_in_new(&mut self, b: &Buffer) -> u32 {
-        let v = self.a.views.len();
-        self.a.views.push(b.clone());
-        self.a.view_ranges.push(Range::of(b));
-        if self.stamp != 0 && (v as u64) <= INDEX_MASK {
-            // Only this graph writes words with its stamp, and it writes the right index.
-            b.graph_stamp()
-                .store(self.stamp << INDEX_BITS | v as u64, Ordering::Relaxed);
-        }
-        v as u32
-    }
-
     /// The dispatch of header `h`.
     #[inline]
     pub(crate) fn dispatch_at(&self, h: u32) -> DispatchRef<'_> {
@@ -435,17 +473,18 @@ impl ComputeGraph {
             grid: hd.grid,
             op: hd.op,
             args,
-            ranges: &self.a.ranges[hd.ranges as usize..end],
+            ids: &self.a.range_views[hd.ranges as usize..end],
+            table: &self.a.view_ranges,
             n_reads: hd.n_reads as usize,
         }
     }
 
-    /// The read ranges and the write ranges of header `h`.
+    /// The view indices of header `h`'s reads and of its writes.
     #[inline]
-    pub(crate) fn ranges_at(&self, h: u32) -> (&[Range], &[Range]) {
+    pub(crate) fn ids_at(&self, h: u32) -> (&[u32], &[u32]) {
         let hd = &self.a.headers[h as usize];
-        let all =
-            &self.a.ranges[hd.ranges as usize..(hd.ranges + hd.n_reads + hd.n_writes) as usize];
+        let all = &self.a.range_views
+            [hd.ranges as usize..(hd.ranges + hd.n_reads + hd.n_writes) as usize];
         all.split_at(hd.n_reads as usize)
     }
 
@@ -549,7 +588,7 @@ impl ComputeGraph {
             for slot in &mut slots[..r.len] {
                 if let Slot::View(v @ NOT_TAKEN_IN, _) = slot {
                     if let Some(b) = foreign.next() {
-                        *v = self.take_in(b);
+                        *v = take_in(self.stamp, &mut self.a.views, &mut self.a.view_ranges, b);
                     }
                 }
             }
@@ -558,6 +597,27 @@ impl ComputeGraph {
         // Recording placed it at the end of the order; take it out again.
         self.a.order.truncate(before);
         Ok((self.a.headers.len() - 1) as u32)
+    }
+
+    /// Empties the graph for recording again, keeping the buffer views it holds (and their
+    /// indices), so that a step recorded again over the same buffers takes no reference count.
+    ///
+    /// The kept views stay alive until the graph is dropped. So that a caller recording new
+    /// views at every step does not pile them up, the graph lets go of all of them instead when
+    /// it holds more than twice as many as its last recording named ranges (plus 64).
+    pub fn clear(&mut self) {
+        let named = self.a.range_views.len();
+        self.a.args.clear();
+        self.a.headers.clear();
+        self.a.range_views.clear();
+        self.a.order.clear();
+        self.written = [0; WRITTEN_BITS / 64];
+        if self.a.views.len() > 2 * named + 64 {
+            self.a.views.clear();
+            self.a.view_ranges.clear();
+            // The views that carry the old stamp must not be taken for the new ones.
+            self.stamp = fresh_stamp();
+        }
     }
 
     /// Number of nodes (dispatches and barriers).

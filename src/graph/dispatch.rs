@@ -3,7 +3,7 @@
 
 use std::mem::ManuallyDrop;
 
-use super::borrowed::DispatchRef;
+use super::borrowed::{DispatchRef, Ranges};
 use crate::backend::{AllocId, Buffer};
 use crate::error::{Error, Result};
 
@@ -316,6 +316,21 @@ impl<const N: usize> From<[Arg; N]> for ArgList {
     }
 }
 
+/// Most read and write ranges one dispatch may have (buffer arguments, read-write ones counted
+/// twice).
+pub const MAX_RANGES: usize = 256;
+
+/// `IDENTITY[k] == k`: the range indices of a [`Dispatch`]'s view, whose table is its own list.
+static IDENTITY: [u32; MAX_RANGES] = {
+    let mut ids = [0u32; MAX_RANGES];
+    let mut k = 0;
+    while k < MAX_RANGES {
+        ids[k] = k as u32;
+        k += 1;
+    }
+    ids
+};
+
 /// Ranges a dispatch keeps inline; more buffer arguments spill to the heap.
 const INLINE_RANGES: usize = 4;
 
@@ -498,6 +513,9 @@ impl Dispatch {
             n_reads += access.reads() as usize;
             n_writes += access.writes() as usize;
         }
+        if n_reads + n_writes > MAX_RANGES {
+            return Err(too_many_ranges(kernel, n_reads + n_writes));
+        }
         if n_writes > 0 {
             check_writes_alone(kernel, list)?;
         }
@@ -571,15 +589,26 @@ impl Dispatch {
     /// The dispatch as a borrowed view (what encoders and fusion rules take).
     #[inline]
     pub fn as_view(&self) -> DispatchRef<'_> {
+        let table = self.inner.ranges.as_slice();
         DispatchRef {
             kernel: self.inner.kernel,
             grid: self.inner.grid,
             op: self.inner.op,
             args: self.inner.args.as_slice(),
-            ranges: self.inner.ranges.as_slice(),
+            // `build` keeps the ranges within `MAX_RANGES`.
+            ids: &IDENTITY[..table.len()],
+            table,
             n_reads: self.inner.n_reads as usize,
         }
     }
+}
+
+/// The error for a dispatch with more than [`MAX_RANGES`] ranges.
+pub(crate) fn too_many_ranges(kernel: KernelId, n: usize) -> Error {
+    Error::InvalidArgument(format!(
+        "kernel {}: {n} read and write ranges, a dispatch may have at most {MAX_RANGES}",
+        kernel.0
+    ))
 }
 
 /// Fails when a written buffer argument overlaps any other buffer argument.
@@ -608,25 +637,30 @@ fn check_writes_alone(kernel: KernelId, args: &[Arg]) -> Result<()> {
 }
 
 impl Dispatch {
-    /// A dispatch over clones of `args`, from parts another dispatch already checked (`ranges`
-    /// are derived from the same arguments: the `n_reads` read ranges, then the write ranges).
+    /// A dispatch over clones of `args`, from parts another dispatch already checked (`reads`
+    /// and `writes` are derived from the same arguments).
     pub(super) fn from_checked_parts(
         kernel: KernelId,
         grid: Grid,
         op: OpKind,
         args: &[Arg],
-        ranges: &[Range],
-        n_reads: usize,
+        reads: Ranges<'_>,
+        writes: Ranges<'_>,
     ) -> Dispatch {
-        let ranges = if ranges.len() <= INLINE_RANGES {
+        let n_reads = reads.len();
+        let all = reads.iter().chain(writes.iter());
+        let n = n_reads + writes.len();
+        let ranges = if n <= INLINE_RANGES {
             let mut items = [NO_RANGE; INLINE_RANGES];
-            items[..ranges.len()].copy_from_slice(ranges);
+            for (slot, r) in items.iter_mut().zip(all) {
+                *slot = r;
+            }
             RangeList::Inline {
-                len: ranges.len() as u8,
+                len: n as u8,
                 items,
             }
         } else {
-            RangeList::Heap(ranges.into())
+            RangeList::Heap(all.collect())
         };
         Dispatch {
             inner: ManuallyDrop::new(spare::boxed(DispatchInner {

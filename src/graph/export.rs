@@ -44,7 +44,7 @@ fn raw_edges(items: &[Item<'_>]) -> Vec<(usize, usize)> {
         for r in items[j].dispatch.reads() {
             let writer = (0..j).rev().find(|&i| {
                 let writes = items[i].dispatch.writes();
-                writes.iter().any(|w| w.overlaps(r))
+                writes.iter().any(|w| w.overlaps(&r))
             });
             if let Some(i) = writer {
                 if edges.last() != Some(&(i, j)) && !edges.contains(&(i, j)) {

@@ -10,6 +10,8 @@
 //! range's bit, so the many weight reads of a decode step are never compared with anything unless
 //! something writes the weight allocation. Checks never allocate; `clear` keeps the storage.
 
+use std::borrow::Borrow;
+
 use super::Range;
 
 /// The reads and writes of a set of dispatches (a concurrent group, or the nodes a lookahead
@@ -45,9 +47,14 @@ impl RangeSet {
     /// a new read with a recorded write (read-after-write), a new write with a recorded read
     /// (write-after-read) or a recorded write (write-after-write).
     #[inline]
-    pub fn conflicts(&self, reads: &[Range], writes: &[Range]) -> bool {
+    pub fn conflicts<R: Borrow<Range>, W: Borrow<Range>>(
+        &self,
+        reads: impl IntoIterator<Item = R>,
+        writes: impl IntoIterator<Item = W>,
+    ) -> bool {
         if self.write_allocs != 0 {
             for r in reads {
+                let r = r.borrow();
                 if self.write_allocs & alloc_bit(r) != 0 && any_overlap(&self.writes, r) {
                     return true;
                 }
@@ -56,6 +63,7 @@ impl RangeSet {
         let touched = self.read_allocs | self.write_allocs;
         if touched != 0 {
             for w in writes {
+                let w = w.borrow();
                 let bit = alloc_bit(w);
                 if (self.write_allocs & bit != 0 && any_overlap(&self.writes, w))
                     || (self.read_allocs & bit != 0 && any_overlap(&self.reads, w))
@@ -74,14 +82,24 @@ impl RangeSet {
 
     /// Adds a dispatch's reads and writes. Empty ranges touch nothing and are not kept.
     #[inline]
-    pub fn add(&mut self, reads: &[Range], writes: &[Range]) {
-        for r in reads.iter().filter(|r| r.start < r.end) {
-            self.read_allocs |= alloc_bit(r);
-            self.reads.push(*r);
+    pub fn add<R: Borrow<Range>, W: Borrow<Range>>(
+        &mut self,
+        reads: impl IntoIterator<Item = R>,
+        writes: impl IntoIterator<Item = W>,
+    ) {
+        for r in reads {
+            let r = *r.borrow();
+            if r.start < r.end {
+                self.read_allocs |= alloc_bit(&r);
+                self.reads.push(r);
+            }
         }
-        for w in writes.iter().filter(|w| w.start < w.end) {
-            self.write_allocs |= alloc_bit(w);
-            self.writes.push(*w);
+        for w in writes {
+            let w = *w.borrow();
+            if w.start < w.end {
+                self.write_allocs |= alloc_bit(&w);
+                self.writes.push(w);
+            }
         }
     }
 
@@ -115,6 +133,9 @@ mod tests {
     use super::*;
     use crate::backend::AllocId;
 
+    /// No ranges.
+    const NONE: [Range; 0] = [];
+
     fn r(alloc: u64, start: usize, end: usize) -> Range {
         Range {
             alloc: AllocId(alloc),
@@ -123,7 +144,7 @@ mod tests {
         }
     }
 
-    fn set(reads: &[Range], writes: &[Range]) -> RangeSet {
+    fn set<const R: usize, const W: usize>(reads: [Range; R], writes: [Range; W]) -> RangeSet {
         let mut s = RangeSet::new();
         s.add(reads, writes);
         s
@@ -131,79 +152,79 @@ mod tests {
 
     #[test]
     fn given_a_write_when_a_read_overlaps_it_should_conflict_read_after_write() {
-        let s = set(&[], &[r(1, 0, 100)]);
-        assert!(s.conflicts(&[r(1, 99, 200)], &[]));
-        assert!(s.conflicts(&[r(1, 10, 20)], &[]));
+        let s = set(NONE, [r(1, 0, 100)]);
+        assert!(s.conflicts([r(1, 99, 200)], NONE));
+        assert!(s.conflicts([r(1, 10, 20)], NONE));
     }
 
     #[test]
     fn given_a_read_when_a_write_overlaps_it_should_conflict_write_after_read() {
-        let s = set(&[r(1, 0, 100)], &[]);
-        assert!(s.conflicts(&[], &[r(1, 50, 60)]));
+        let s = set([r(1, 0, 100)], NONE);
+        assert!(s.conflicts(NONE, [r(1, 50, 60)]));
     }
 
     #[test]
     fn given_a_write_when_a_write_overlaps_it_should_conflict_write_after_write() {
-        let s = set(&[], &[r(1, 0, 100)]);
-        assert!(s.conflicts(&[], &[r(1, 0, 1)]));
+        let s = set(NONE, [r(1, 0, 100)]);
+        assert!(s.conflicts(NONE, [r(1, 0, 1)]));
     }
 
     #[test]
     fn given_a_read_when_another_read_overlaps_it_should_not_conflict() {
-        let s = set(&[r(1, 0, 100)], &[]);
-        assert!(!s.conflicts(&[r(1, 0, 100)], &[]));
+        let s = set([r(1, 0, 100)], NONE);
+        assert!(!s.conflicts([r(1, 0, 100)], NONE));
     }
 
     #[test]
     fn given_touching_ranges_when_checked_should_not_conflict() {
-        let s = set(&[r(1, 0, 100)], &[r(1, 100, 200)]);
-        assert!(!s.conflicts(&[r(1, 200, 300)], &[r(1, 200, 300)]));
-        assert!(!s.conflicts(&[], &[r(1, 200, 201)]));
+        let s = set([r(1, 0, 100)], [r(1, 100, 200)]);
+        assert!(!s.conflicts([r(1, 200, 300)], [r(1, 200, 300)]));
+        assert!(!s.conflicts(NONE, [r(1, 200, 201)]));
         // The write [100, 200) against a read ending exactly at 100.
-        assert!(!s.conflicts(&[r(1, 50, 100)], &[]));
+        assert!(!s.conflicts([r(1, 50, 100)], NONE));
         // One byte of overlap is a conflict.
-        assert!(s.conflicts(&[r(1, 199, 300)], &[]));
-        assert!(s.conflicts(&[], &[r(1, 99, 100)]));
+        assert!(s.conflicts([r(1, 199, 300)], NONE));
+        assert!(s.conflicts(NONE, [r(1, 99, 100)]));
     }
 
     #[test]
     fn given_zero_length_ranges_when_checked_should_never_conflict() {
-        let s = set(&[r(1, 0, 100)], &[r(1, 100, 200)]);
-        assert!(!s.conflicts(&[r(1, 150, 150)], &[r(1, 50, 50)]));
+        let s = set([r(1, 0, 100)], [r(1, 100, 200)]);
+        assert!(!s.conflicts([r(1, 150, 150)], [r(1, 50, 50)]));
         // Added empty ranges are dropped: the set stays empty.
-        let e = set(&[r(1, 10, 10)], &[r(1, 20, 20)]);
+        let e = set([r(1, 10, 10)], [r(1, 20, 20)]);
         assert!(e.is_empty());
-        assert!(!e.conflicts(&[r(1, 0, 100)], &[r(1, 0, 100)]));
+        assert!(!e.conflicts([r(1, 0, 100)], [r(1, 0, 100)]));
     }
 
     #[test]
     fn given_other_allocation_when_bytes_coincide_should_not_conflict() {
-        let s = set(&[r(1, 0, 100)], &[r(2, 0, 100)]);
-        assert!(!s.conflicts(&[r(3, 0, 100)], &[r(3, 0, 100)]));
+        let s = set([r(1, 0, 100)], [r(2, 0, 100)]);
+        assert!(!s.conflicts([r(3, 0, 100)], [r(3, 0, 100)]));
         // Allocation 65 shares allocation 1's summary bit; the exact compare still tells them apart.
-        assert!(!s.conflicts(&[r(66, 0, 100)], &[r(65, 0, 100)]));
-        assert!(s.conflicts(&[], &[r(1, 0, 100)]));
-        assert!(s.conflicts(&[r(2, 0, 100)], &[]));
+        assert!(!s.conflicts([r(66, 0, 100)], [r(65, 0, 100)]));
+        assert!(s.conflicts(NONE, [r(1, 0, 100)]));
+        assert!(s.conflicts([r(2, 0, 100)], NONE));
     }
 
     #[test]
     fn given_a_cleared_set_when_checked_should_be_empty_and_conflict_free() {
-        let mut s = set(&[r(1, 0, 100)], &[r(1, 100, 200)]);
+        let mut s = set([r(1, 0, 100)], [r(1, 100, 200)]);
         assert!(!s.is_empty());
         s.clear();
         assert!(s.is_empty());
-        assert!(!s.conflicts(&[r(1, 0, 300)], &[r(1, 0, 300)]));
-        s.add(&[], &[r(4, 0, 8)]);
-        assert!(s.conflicts(&[r(4, 4, 5)], &[]));
+        assert!(!s.conflicts([r(1, 0, 300)], [r(1, 0, 300)]));
+        s.add(NONE, [r(4, 0, 8)]);
+        assert!(s.conflicts([r(4, 4, 5)], NONE));
     }
 
     #[test]
     fn given_two_sets_when_one_writes_what_the_other_reads_should_conflict_both_ways() {
-        let a = set(&[r(1, 0, 10)], &[]);
-        let b = set(&[], &[r(1, 5, 6)]);
+        let a = set([r(1, 0, 10)], NONE);
+        let b = set(NONE, [r(1, 5, 6)]);
         assert!(a.conflicts_with_set(&b));
         assert!(b.conflicts_with_set(&a));
-        let c = set(&[r(1, 5, 6)], &[]);
+        let c = set([r(1, 5, 6)], NONE);
         assert!(!a.conflicts_with_set(&c));
     }
 }

@@ -211,6 +211,13 @@ impl DecodeGraph {
     /// Records one decode step: builds every dispatch (ranges derived from the arguments).
     pub fn record(&self) -> Result<ComputeGraph> {
         let mut g = ComputeGraph::with_capacity(self.shape.dispatches());
+        self.record_into(&mut g)?;
+        Ok(g)
+    }
+
+    /// Records one decode step at the end of `g` (after [`ComputeGraph::clear`], a graph that
+    /// recorded a step before records it again without taking its views in anew).
+    pub fn record_into(&self, g: &mut ComputeGraph) -> Result<()> {
         let s = &self.s;
         let (hidden, ffn) = (self.shape.hidden, self.shape.ffn);
         let rows = |n: usize| Grid::cover(n, 256);
@@ -332,7 +339,7 @@ impl DecodeGraph {
             ],
             rows(self.shape.vocab),
         )?;
-        Ok(g)
+        Ok(())
     }
 
     fn norm_mul(

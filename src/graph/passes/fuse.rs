@@ -101,10 +101,10 @@ fn try_rules<'a>(
             let fused = (rule.build)(a, b).ok()?;
             // The intermediate, then `a`'s other writes (the intermediate is usually one of
             // them: checked once).
-            let others = a.writes().iter().filter(|w| **w != mid);
-            for w in std::iter::once(&mid).chain(others) {
-                let still_written = fused.writes().any(|f| f.covers(w));
-                if !still_written && !is_dead_after(w, graph, later) {
+            let others = a.writes().iter().filter(|w| *w != mid);
+            for w in std::iter::once(mid).chain(others) {
+                let still_written = fused.writes().any(|f| f.covers(&w));
+                if !still_written && !is_dead_after(&w, graph, later) {
                     return None;
                 }
             }
@@ -115,12 +115,13 @@ fn try_rules<'a>(
 /// Whether `range` is overwritten in full before any of the dispatches (header indices) of
 /// `later` reads a byte of it.
 fn is_dead_after(range: &Range, graph: &ComputeGraph, later: &[u32]) -> bool {
+    let table = graph.view_ranges();
     for &h in later {
-        let (reads, writes) = graph.ranges_at(h);
-        if reads.iter().any(|r| r.overlaps(range)) {
+        let (reads, writes) = graph.ids_at(h);
+        if reads.iter().any(|&k| table[k as usize].overlaps(range)) {
             return false;
         }
-        if writes.iter().any(|w| w.covers(range)) {
+        if writes.iter().any(|&k| table[k as usize].covers(range)) {
             return true;
         }
     }

@@ -308,12 +308,15 @@ fn given_graph_sizes_when_splitting_should_cut_after_max_64_or_a_tenth() {
 /// A test rule: a norm followed by a multiply that reads the norm's output becomes one dispatch
 /// reading the norm's inputs and the multiply's other inputs, writing the multiply's output.
 fn norm_mul_intermediate(a: DispatchRef<'_>, b: DispatchRef<'_>) -> Option<Range> {
-    let out = *a.writes().first()?;
+    let out = a.writes().first()?;
     b.reads().contains(&out).then_some(out)
 }
 
 fn norm_mul_build<'a>(a: DispatchRef<'a>, b: DispatchRef<'a>) -> Result<DispatchSpec<'a>> {
-    let out = a.writes()[0];
+    let out = a
+        .writes()
+        .first()
+        .ok_or(crate::Error::InvalidArgument("no write".into()))?;
     let mut args: Vec<ArgRef<'a>> = Vec::new();
     for arg in a.args().iter().chain(b.args()) {
         if let Arg::Buffer(buf, _) = arg {
