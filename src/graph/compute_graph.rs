@@ -21,6 +21,7 @@ use super::borrowed::{ArgRef, DispatchRef, DispatchSpec, SPEC_ARGS};
 use super::dispatch::{
     too_many_ranges, Access, Arg, Dispatch, Grid, KernelId, OpKind, Range, Scalar, MAX_RANGES,
 };
+use super::footprint::Overlaps;
 use crate::backend::Buffer;
 use crate::error::{Error, Result};
 
@@ -28,33 +29,92 @@ use crate::error::{Error, Result};
 const INDEX_BITS: u32 = 20;
 const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
 
-/// Fails when a written argument among `bufs` (view, access, position) overlaps another buffer
-/// argument.
-#[inline]
-fn check_writes_alone(
-    view_ranges: &[Range],
-    kernel: KernelId,
-    bufs: &[(u32, Access, u32)],
-) -> Result<()> {
-    for (i, &(vi, access, _)) in bufs.iter().enumerate() {
-        if !access.writes() {
-            continue;
-        }
-        let mine = &view_ranges[vi as usize];
-        for (j, &(vj, _, _)) in bufs.iter().enumerate() {
-            if j != i && mine.overlaps(&view_ranges[vj as usize]) {
-                return Err(overlapping_write(kernel, bufs[i].2, bufs[j].2));
-            }
-        }
-    }
-    Ok(())
+/// The written views of one dispatch being recorded, each with the position of the same
+/// argument's read among the dispatch's reads (`u32::MAX`: write only); a few on the stack.
+struct Writes {
+    len: usize,
+    local: [(u32, u32); Writes::LOCAL],
+    spilled: Vec<(u32, u32)>,
 }
 
+impl Writes {
+    const LOCAL: usize = 4;
+
+    #[inline(always)]
+    fn new() -> Self {
+        Writes {
+            len: 0,
+            local: [(0, 0); Writes::LOCAL],
+            spilled: Vec::new(),
+        }
+    }
+
+    #[inline(always)]
+    fn push(&mut self, view: u32, read_at: u32) {
+        if self.len < Writes::LOCAL {
+            self.local[self.len] = (view, read_at);
+        } else {
+            if self.len == Writes::LOCAL {
+                self.spilled.extend_from_slice(&self.local);
+            }
+            self.spilled.push((view, read_at));
+        }
+        self.len += 1;
+    }
+
+    #[inline(always)]
+    fn as_slice(&self) -> &[(u32, u32)] {
+        if self.len <= Writes::LOCAL {
+            &self.local[..self.len]
+        } else {
+            &self.spilled
+        }
+    }
+}
+
+/// The first written view (as an index into `writes`) that overlaps another buffer argument of
+/// the same dispatch: a read of another argument, or another write.
+#[inline]
+fn written_overlap(view_ranges: &[Range], reads: &[u32], writes: &[(u32, u32)]) -> Option<usize> {
+    for (i, &(w, own_read)) in writes.iter().enumerate() {
+        let mine = &view_ranges[w as usize];
+        let hit_read = reads
+            .iter()
+            .enumerate()
+            .any(|(j, &r)| j as u32 != own_read && mine.overlaps(&view_ranges[r as usize]));
+        let hit_write = writes
+            .iter()
+            .enumerate()
+            .any(|(j, &(x, _))| j != i && mine.overlaps(&view_ranges[x as usize]));
+        if hit_read || hit_write {
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// The error for the `nth` written buffer argument of `args` overlapping another one.
 #[cold]
-fn overlapping_write(kernel: KernelId, written: u32, other: u32) -> Error {
+fn overlapping_write(kernel: KernelId, args: &[Arg], nth: usize) -> Error {
+    let bufs: Vec<(usize, Range, Access)> = args
+        .iter()
+        .enumerate()
+        .filter_map(|(p, a)| match a {
+            Arg::Buffer(b, access) => Some((p, Range::of(b), *access)),
+            Arg::Scalar(_) => None,
+        })
+        .collect();
+    let mine = bufs.iter().filter(|(_, _, a)| a.writes()).nth(nth);
+    let other = mine.and_then(|&(p, mine, _)| {
+        let hit = bufs.iter().find(|(q, r, _)| *q != p && mine.overlaps(r))?;
+        Some((p, hit.0))
+    });
+    let which = match other {
+        Some((p, q)) => format!("written argument {p} overlaps argument {q}"),
+        None => "a written argument overlaps another".to_string(),
+    };
     Error::InvalidArgument(format!(
-        "kernel {}: written argument {written} overlaps argument {other}; \
-         use one read-write argument for in-place updates",
+        "kernel {}: {which}; use one read-write argument for in-place updates",
         kernel.0
     ))
 }
@@ -125,6 +185,23 @@ impl<'b> From<ArgRef<'b>> for Slot<'b> {
 /// A placeholder view index in a [`Resolved`] slot: the next of its foreign buffers.
 const NOT_TAKEN_IN: u32 = u32::MAX;
 
+/// An argument of a [`Resolved`] dispatch: a view by index, or a scalar.
+#[derive(Clone, Copy)]
+enum Fixed {
+    View(u32, Access),
+    Scalar(Scalar),
+}
+
+impl From<Fixed> for Slot<'_> {
+    #[inline(always)]
+    fn from(f: Fixed) -> Self {
+        match f {
+            Fixed::View(v, access) => Slot::View(v, access),
+            Fixed::Scalar(s) => Slot::Scalar(s),
+        }
+    }
+}
+
 /// A [`DispatchSpec`] whose buffers the graph holds are named by view index (others are cloned
 /// into `foreign`), so it no longer borrows the graph.
 pub(crate) struct Resolved {
@@ -132,7 +209,7 @@ pub(crate) struct Resolved {
     grid: Grid,
     op: OpKind,
     len: usize,
-    slots: [Slot<'static>; SPEC_ARGS],
+    slots: [Fixed; SPEC_ARGS],
     foreign: Vec<Buffer>,
 }
 
@@ -174,9 +251,24 @@ impl<'g> Node<'g> {
 pub struct ComputeGraph {
     stamp: u64,
     a: Arrays,
+    /// The overlaps of the views, as last computed, and what they were computed for.
+    overlaps: Option<KeptOverlaps>,
     /// Allocations some dispatch ever wrote, by id modulo [`WRITTEN_BITS`] (a superset once
-    /// fusion drops writes: it only keeps reads the passes could have left out).
+    /// fusion drops writes or the graph is cleared: it only keeps reads the passes could have
+    /// left out).
     written: [u64; WRITTEN_BITS / 64],
+    /// Bumped whenever `written` gains a bit.
+    written_version: u64,
+}
+
+/// [`Overlaps`] of a graph's views, valid while the graph has the same stamp, the same number
+/// of views (views are only ever appended, until a reset takes a new stamp) and the same
+/// written-allocation filter (which only ever gains bits, until that reset).
+struct KeptOverlaps {
+    stamp: u64,
+    views: usize,
+    written_version: u64,
+    overlaps: Overlaps,
 }
 
 /// A graph's storage.
@@ -229,6 +321,9 @@ impl Clone for ComputeGraph {
                 order: self.a.order.clone(),
             },
             written: self.written,
+            written_version: 0,
+            // The copy has a stamp of its own; it computes its overlaps when asked.
+            overlaps: None,
         }
     }
 }
@@ -302,6 +397,8 @@ impl ComputeGraph {
             stamp: fresh_stamp(),
             a: spare::take(),
             written: [0; WRITTEN_BITS / 64],
+            written_version: 0,
+            overlaps: None,
         };
         // Room for a tenth more: fused dispatches are appended after the recorded ones.
         let with_fused = dispatches + dispatches / 10;
@@ -353,11 +450,6 @@ impl ComputeGraph {
         grid: Grid,
         op: OpKind,
     ) -> Result<()> {
-        // The buffer arguments as (view, access, argument position); a few live on the stack.
-        const LOCAL: usize = 8;
-        let mut local = [(0u32, Access::Read, 0u32); LOCAL];
-        let mut spilled: Vec<(u32, Access, u32)> = Vec::new();
-        let mut n_bufs = 0;
         let n = args.len();
         let Arrays {
             views,
@@ -374,6 +466,9 @@ impl ComputeGraph {
         range_views.reserve(2 * n);
         let args_out = &mut all_args.spare_capacity_mut()[..n];
         let ids_out = &mut range_views.spare_capacity_mut()[..2 * n];
+        // The reads go to the front of `ids_out` as they come; the writes (view, and the
+        // position of the same argument's read, or `u32::MAX`) wait here, a few on the stack.
+        let mut writes = Writes::new();
         let mut n_reads = 0;
         let mut count = 0;
         for (pos, arg) in args.enumerate() {
@@ -395,45 +490,36 @@ impl ComputeGraph {
                 }
             };
             args_out[pos].write(ManuallyDrop::new(Arg::Buffer(copy, access)));
+            let mut read_at = u32::MAX;
             if access.reads() {
                 ids_out[n_reads].write(v);
+                read_at = n_reads as u32;
                 n_reads += 1;
             }
-            let entry = (v, access, pos as u32);
-            if n_bufs < LOCAL {
-                local[n_bufs] = entry;
-            } else {
-                if n_bufs == LOCAL {
-                    spilled.extend_from_slice(&local);
-                }
-                spilled.push(entry);
-            }
-            n_bufs += 1;
-        }
-        let bufs = if n_bufs <= LOCAL {
-            &local[..n_bufs]
-        } else {
-            &spilled[..]
-        };
-        let mut n_ranges = n_reads;
-        for &(v, access, _) in bufs {
             if access.writes() {
-                ids_out[n_ranges].write(v);
-                n_ranges += 1;
+                writes.push(v, read_at);
             }
         }
-        let n_writes = n_ranges - n_reads;
+        let writes = writes.as_slice();
+        let n_ranges = n_reads + writes.len();
         if n_ranges > MAX_RANGES {
             return Err(too_many_ranges(kernel, n_ranges));
         }
-        if n_writes > 0 {
-            if n_bufs > 1 {
-                check_writes_alone(view_ranges, kernel, bufs)?;
+        if !writes.is_empty() {
+            // SAFETY: the first `n_reads` slots were written above.
+            let reads = unsafe { &*(&ids_out[..n_reads] as *const _ as *const [u32]) };
+            if let Some(hit) = written_overlap(view_ranges, reads, writes) {
+                // SAFETY: the first `count` argument slots were written above.
+                let args = unsafe { &*(&args_out[..count] as *const _ as *const [Arg]) };
+                return Err(overlapping_write(kernel, args, hit));
             }
-            for &(v, access, _) in bufs {
-                if access.writes() {
-                    let bit = view_ranges[v as usize].alloc.0 as usize % WRITTEN_BITS;
-                    self.written[bit / 64] |= 1 << (bit % 64);
+            for (k, &(v, _)) in writes.iter().enumerate() {
+                ids_out[n_reads + k].write(v);
+                let bit = view_ranges[v as usize].alloc.0 as usize % WRITTEN_BITS;
+                let (word, mask) = (&mut self.written[bit / 64], 1 << (bit % 64));
+                if *word & mask == 0 {
+                    *word |= mask;
+                    self.written_version += 1;
                 }
             }
         }
@@ -452,13 +538,11 @@ impl ComputeGraph {
             n_args: count as u32,
             ranges: r0 as u32,
             n_reads: n_reads as u32,
-            n_writes: n_writes as u32,
+            n_writes: writes.len() as u32,
         });
         Ok(())
     }
 
-    /// Fails when a written argument among `bufs` (view, access, position) overlaps another
-    /// buffer argument.
     /// The dispatch of header `h`.
     #[inline]
     pub(crate) fn dispatch_at(&self, h: u32) -> DispatchRef<'_> {
@@ -517,6 +601,31 @@ impl ComputeGraph {
         self.written[bit / 64] & (1 << (bit % 64)) != 0
     }
 
+    /// Computes the overlaps of the views unless the graph kept them for its current views (a
+    /// step recorded again after [`clear`](Self::clear) over the same views keeps them).
+    pub(crate) fn refresh_overlaps(&mut self) {
+        if self.kept_overlaps().is_some() {
+            return;
+        }
+        let overlaps = Overlaps::of(&self.a.view_ranges, |r| self.maybe_written(r.alloc));
+        self.overlaps = Some(KeptOverlaps {
+            stamp: self.stamp,
+            views: self.a.views.len(),
+            written_version: self.written_version,
+            overlaps,
+        });
+    }
+
+    /// The overlaps of the views, if the graph has them for its current views.
+    #[inline]
+    pub(crate) fn kept_overlaps(&self) -> Option<&Overlaps> {
+        let k = self.overlaps.as_ref()?;
+        let same = k.stamp == self.stamp
+            && k.views == self.a.views.len()
+            && k.written_version == self.written_version;
+        same.then_some(&k.overlaps)
+    }
+
     /// The byte range of every view, by index.
     #[inline]
     pub(crate) fn view_ranges(&self) -> &[Range] {
@@ -557,20 +666,20 @@ impl ComputeGraph {
             grid: spec.grid(),
             op: spec.op(),
             len: spec.args().len(),
-            slots: [Slot::Scalar(Scalar::U32(0)); SPEC_ARGS],
+            slots: [Fixed::Scalar(Scalar::U32(0)); SPEC_ARGS],
             foreign: Vec::new(),
         };
         for (slot, arg) in r.slots.iter_mut().zip(spec.args()) {
             *slot = match *arg {
                 ArgRef::Buffer(b, access) => match self.view_of(b) {
-                    Some(v) => Slot::View(v, access),
+                    Some(v) => Fixed::View(v, access),
                     None => {
                         // Rare: a rule names a buffer no recorded dispatch uses.
                         r.foreign.push(b.clone());
-                        Slot::View(NOT_TAKEN_IN, access)
+                        Fixed::View(NOT_TAKEN_IN, access)
                     }
                 },
-                ArgRef::Scalar(s) => Slot::Scalar(s),
+                ArgRef::Scalar(s) => Fixed::Scalar(s),
             };
         }
         r
@@ -581,18 +690,20 @@ impl ComputeGraph {
     pub(crate) fn add_detached(&mut self, r: &Resolved) -> Result<u32> {
         let before = self.a.order.len();
         if r.foreign.is_empty() {
-            self.record_args(r.kernel, r.slots[..r.len].iter().copied(), r.grid, r.op)?;
+            let slots = r.slots[..r.len].iter().map(|&f| Slot::from(f));
+            self.record_args(r.kernel, slots, r.grid, r.op)?;
         } else {
             let mut slots = r.slots;
             let mut foreign = r.foreign.iter();
             for slot in &mut slots[..r.len] {
-                if let Slot::View(v @ NOT_TAKEN_IN, _) = slot {
+                if let Fixed::View(v @ NOT_TAKEN_IN, _) = slot {
                     if let Some(b) = foreign.next() {
                         *v = take_in(self.stamp, &mut self.a.views, &mut self.a.view_ranges, b);
                     }
                 }
             }
-            self.record_args(r.kernel, slots[..r.len].iter().copied(), r.grid, r.op)?;
+            let slots = slots[..r.len].iter().map(|&f| Slot::from(f));
+            self.record_args(r.kernel, slots, r.grid, r.op)?;
         }
         // Recording placed it at the end of the order; take it out again.
         self.a.order.truncate(before);
@@ -611,10 +722,10 @@ impl ComputeGraph {
         self.a.headers.clear();
         self.a.range_views.clear();
         self.a.order.clear();
-        self.written = [0; WRITTEN_BITS / 64];
         if self.a.views.len() > 2 * named + 64 {
             self.a.views.clear();
             self.a.view_ranges.clear();
+            self.written = [0; WRITTEN_BITS / 64];
             // The views that carry the old stamp must not be taken for the new ones.
             self.stamp = fresh_stamp();
         }

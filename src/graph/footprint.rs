@@ -9,6 +9,8 @@
 //! themselves. Overlaps are only looked for among views of allocations some dispatch writes
 //! (a view of any other allocation overlaps only itself, and is never written).
 
+use std::borrow::Cow;
+
 use super::{ComputeGraph, Range};
 
 /// The conflict-relevant ranges of a graph's dispatches, as view indices.
@@ -19,15 +21,53 @@ pub(crate) struct Footprint<'g> {
     spans: Vec<[u32; 3]>,
     /// Per dispatch: whether the reorder pass may move it.
     movable: Vec<bool>,
-    /// The indices overlapping index `k` (itself included unless empty) are
-    /// `overlaps[overlap_start[k]..overlap_start[k + 1]]`.
-    overlap_start: Vec<u32>,
-    overlaps: Vec<u32>,
+    /// Which views overlap which (the graph's, when it has them for its current views).
+    overlaps: Cow<'g, Overlaps>,
     /// Number of views.
     views: usize,
     /// Whether every view overlaps only itself and none is empty (then a set marks just the
     /// indices it holds, and the overlap lists are left empty).
     disjoint: bool,
+}
+
+/// Which of a graph's views overlap which: for each view, the views it overlaps (itself
+/// included unless empty). Only non-empty views of allocations some dispatch writes are compared
+/// with each other (a view of any other allocation is never written, so its overlaps never
+/// decide a conflict).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Overlaps {
+    /// Every view overlaps only itself and none is empty; the lists are then left empty.
+    disjoint: bool,
+    /// The views overlapping view `k` are `list[start[k]..start[k + 1]]`.
+    start: Vec<u32>,
+    list: Vec<u32>,
+}
+
+impl Overlaps {
+    /// The overlaps of `ranges` (by view index), comparing only views `written` says yes to.
+    pub(crate) fn of(ranges: &[Range], written: impl Fn(&Range) -> bool) -> Overlaps {
+        match overlap_lists(ranges, written) {
+            None => Overlaps {
+                disjoint: true,
+                start: Vec::new(),
+                list: Vec::new(),
+            },
+            Some((start, list)) => Overlaps {
+                disjoint: false,
+                start,
+                list,
+            },
+        }
+    }
+
+    /// Whether view `k` is non-empty and overlaps no view but itself.
+    #[inline]
+    pub(crate) fn alone(&self, k: u32) -> bool {
+        self.disjoint || {
+            let (a, b) = (self.start[k as usize], self.start[k as usize + 1]);
+            b == a + 1 && self.list[a as usize] == k
+        }
+    }
 }
 
 impl<'g> Footprint<'g> {
@@ -45,16 +85,16 @@ impl<'g> Footprint<'g> {
             movable.push(op.is_reorderable());
             spans.push([a, b, c]);
         }
-        let lists = overlap_lists(view_ranges, |r| graph.maybe_written(r.alloc));
-        let disjoint = lists.is_none();
-        let (overlap_start, overlaps) = lists.unwrap_or_default();
+        let overlaps = match graph.kept_overlaps() {
+            Some(o) => Cow::Borrowed(o),
+            None => Cow::Owned(Overlaps::of(view_ranges, |r| graph.maybe_written(r.alloc))),
+        };
         Footprint {
             ids: graph.all_range_views(),
             spans,
             movable,
             views: view_ranges.len(),
-            disjoint,
-            overlap_start,
+            disjoint: overlaps.disjoint,
             overlaps,
         }
     }
@@ -100,9 +140,10 @@ impl<'g> Footprint<'g> {
     /// views are not disjoint: the lists are left empty then).
     #[inline]
     fn overlapping(&self, k: u32) -> &[u32] {
-        let a = self.overlap_start[k as usize] as usize;
-        let b = self.overlap_start[k as usize + 1] as usize;
-        &self.overlaps[a..b]
+        let o = &*self.overlaps;
+        let a = o.start[k as usize] as usize;
+        let b = o.start[k as usize + 1] as usize;
+        &o.list[a..b]
     }
 }
 

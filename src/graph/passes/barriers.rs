@@ -7,6 +7,7 @@ use crate::graph::ComputeGraph;
 /// current concurrent group. Returns the number of barriers placed.
 pub fn place_barriers(graph: &mut ComputeGraph) -> usize {
     graph.drop_barriers();
+    graph.refresh_overlaps();
     let fp = Footprint::new(graph);
     let cuts = conflict_cuts(&fp);
     insert_barriers(graph.order_mut(), &cuts);

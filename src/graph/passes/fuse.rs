@@ -10,6 +10,7 @@
 //! A fused dispatch may fuse again with the dispatch after it (chains like add, norm, mul).
 
 use crate::error::Result;
+use crate::graph::compute_graph::Resolved;
 use crate::graph::{ComputeGraph, DispatchRef, DispatchSpec, OpKind, Range};
 
 /// One fusion rule. The rule functions live next to the kernels they fuse (in `ops/`).
@@ -51,6 +52,7 @@ pub(super) fn fuse_dispatches(graph: &mut ComputeGraph, rules: &[FusionRule]) ->
     if rules.is_empty() {
         return 0;
     }
+    graph.refresh_overlaps();
     let mut order = std::mem::take(graph.order_mut());
     // order[..kept] is the output; a fused pair replaces order[kept - 1].
     let mut kept: usize = 0;
@@ -60,8 +62,7 @@ pub(super) fn fuse_dispatches(graph: &mut ComputeGraph, rules: &[FusionRule]) ->
         if let Some(&prev) = kept.checked_sub(1).and_then(|k| order.get(k)) {
             let kinds = (graph.op_at(prev), graph.op_at(cur));
             if rules.iter().any(|r| (r.first, r.second) == kinds) {
-                let fused = try_rules(rules, graph, prev, cur, &order[i + 1..])
-                    .map(|spec| graph.resolve(&spec));
+                let fused = try_rules(rules, graph, prev, cur, &order[i + 1..]);
                 if let Some(Ok(h)) = fused.map(|r| graph.add_detached(&r)) {
                     order[kept - 1] = h;
                     fusions += 1;
@@ -78,43 +79,80 @@ pub(super) fn fuse_dispatches(graph: &mut ComputeGraph, rules: &[FusionRule]) ->
 }
 
 /// The fused dispatch of headers `a` and `b` by the first rule that matches and whose dropped
-/// writes are dead before the dispatches (header indices) of `later` read them.
-fn try_rules<'a>(
+/// writes are dead before the dispatches (header indices) of `later` read them, resolved against
+/// the graph (so the fused dispatch is built in place and copied once, into the graph).
+fn try_rules(
     rules: &[FusionRule],
-    graph: &'a ComputeGraph,
-    a: u32,
-    b: u32,
+    graph: &ComputeGraph,
+    a_h: u32,
+    b_h: u32,
     later: &[u32],
-) -> Option<DispatchSpec<'a>> {
-    let (a, b) = (graph.dispatch_at(a), graph.dispatch_at(b));
-    rules
+) -> Option<Resolved> {
+    let (a, b) = (graph.dispatch_at(a_h), graph.dispatch_at(b_h));
+    for rule in rules {
+        if rule.first != a.op() || rule.second != b.op() {
+            continue;
+        }
+        let Some(mid) = (rule.intermediate)(a, b) else {
+            continue;
+        };
+        // The rule's claim must hold: `a` writes the intermediate and `b` reads it.
+        if !a.writes().iter().any(|w| w.overlaps(&mid))
+            || !b.reads().iter().any(|r| r.overlaps(&mid))
+        {
+            continue;
+        }
+        let Ok(fused) = (rule.build)(a, b) else {
+            continue;
+        };
+        if dropped_writes_dead(graph, a_h, mid, &fused, later) {
+            return Some(graph.resolve(&fused));
+        }
+    }
+    None
+}
+
+/// Whether every write of header `a_h` that `fused` no longer makes (the intermediate `mid`
+/// first) is dead before `later` reads it.
+fn dropped_writes_dead(
+    graph: &ComputeGraph,
+    a_h: u32,
+    mid: Range,
+    fused: &DispatchSpec<'_>,
+    later: &[u32],
+) -> bool {
+    // The intermediate, then `a`'s other writes (the intermediate is usually one of them:
+    // checked once), each with its view index when it is exactly a view.
+    let (_, a_writes) = graph.ids_at(a_h);
+    let table = graph.view_ranges();
+    let mid_view = a_writes.iter().copied().find(|&k| table[k as usize] == mid);
+    let others = a_writes
         .iter()
-        .filter(|r| r.first == a.op() && r.second == b.op())
-        .find_map(|rule| {
-            let mid = (rule.intermediate)(a, b)?;
-            // The rule's claim must hold: `a` writes the intermediate and `b` reads it.
-            if !a.writes().iter().any(|w| w.overlaps(&mid))
-                || !b.reads().iter().any(|r| r.overlaps(&mid))
-            {
-                return None;
-            }
-            let fused = (rule.build)(a, b).ok()?;
-            // The intermediate, then `a`'s other writes (the intermediate is usually one of
-            // them: checked once).
-            let others = a.writes().iter().filter(|w| *w != mid);
-            for w in std::iter::once(mid).chain(others) {
-                let still_written = fused.writes().any(|f| f.covers(&w));
-                if !still_written && !is_dead_after(&w, graph, later) {
-                    return None;
-                }
-            }
-            Some(fused)
+        .map(|&k| (table[k as usize], Some(k)))
+        .filter(|(w, _)| *w != mid);
+    std::iter::once((mid, mid_view))
+        .chain(others)
+        .all(|(w, view)| {
+            fused.writes().any(|f| f.covers(&w)) || is_dead_after(&w, view, graph, later)
         })
 }
 
 /// Whether `range` is overwritten in full before any of the dispatches (header indices) of
-/// `later` reads a byte of it.
-fn is_dead_after(range: &Range, graph: &ComputeGraph, later: &[u32]) -> bool {
+/// `later` reads a byte of it. `view` is the view whose range it is, if it is one.
+fn is_dead_after(range: &Range, view: Option<u32>, graph: &ComputeGraph, later: &[u32]) -> bool {
+    // A view that overlaps no other view is read or overwritten only through itself.
+    if let Some(k) = view.filter(|&k| graph.kept_overlaps().is_some_and(|o| o.alone(k))) {
+        for &h in later {
+            let (reads, writes) = graph.ids_at(h);
+            if reads.contains(&k) {
+                return false;
+            }
+            if writes.contains(&k) {
+                return true;
+            }
+        }
+        return false;
+    }
     let table = graph.view_ranges();
     for &h in later {
         let (reads, writes) = graph.ids_at(h);

@@ -26,6 +26,7 @@ pub struct Optimized {
 pub fn optimize(graph: &mut ComputeGraph, rules: &[FusionRule], lookahead: usize) -> Optimized {
     graph.drop_barriers();
     let fusions = fuse_dispatches(graph, rules);
+    graph.refresh_overlaps();
     let fp = Footprint::new(graph);
     let (reordered, cuts) = if lookahead > 0 && fp.len() >= 2 {
         let mut walk = greedy(&fp, lookahead);

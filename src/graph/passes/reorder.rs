@@ -23,6 +23,7 @@ pub fn reorder(graph: &mut ComputeGraph, lookahead: usize) -> usize {
     if graph.len() < 2 || lookahead == 0 {
         return 0;
     }
+    graph.refresh_overlaps();
     let fp = Footprint::new(graph);
     let mut walk = greedy(&fp, lookahead);
     apply_order(graph.order_mut(), &mut walk.order)

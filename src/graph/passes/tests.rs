@@ -544,3 +544,129 @@ fn given_random_graphs_when_reordered_should_place_the_same_barriers_as_a_fresh_
         assert_eq!(layout(&fresh), layout(&walked), "seed {seed}");
     }
 }
+
+/// One random step over a pool of views (reused across steps, as a model's buffers are), with
+/// a few fresh views when `fresh` is set; norms followed by multiplies so that fusion has pairs
+/// to try. Allocation 2 is written only when `write_all` is set.
+fn random_step(
+    seed: u64,
+    pool: &[(usize, Buffer)],
+    allocs: &[Buffer],
+    fresh: bool,
+    write_all: bool,
+) -> Vec<Dispatch> {
+    use rand::RngExt;
+    let mut rng = crate::testutil::rng(seed);
+    let mut out = Vec::new();
+    while out.len() < 60 {
+        if rng.random_range(0..5) == 0 {
+            // A norm and a multiply reading its output (views of allocation 0, 1 apart).
+            let v = |k: usize| &pool[(3 * k) % pool.len().min(12)].1;
+            let k = rng.random_range(0..4usize);
+            let (x, t, w, y) = (v(k), v(k + 1), v(k + 2), v(k + 3));
+            let tag = out.len() as u32;
+            out.push(d(tag, OpKind::RmsNorm, &[x], &[t]));
+            out.push(d(tag + 1, OpKind::Mul, &[t, w], &[y]));
+            continue;
+        }
+        let mut args = Vec::new();
+        for _ in 0..rng.random_range(1..4) {
+            let (a, view) = if fresh && rng.random_range(0..8) == 0 {
+                let a = rng.random_range(0..3usize);
+                let start = rng.random_range(0..224usize);
+                (a, allocs[a].view(start, DType::U8, &[32]).expect("view"))
+            } else {
+                pool[rng.random_range(0..pool.len())].clone()
+            };
+            let access = if a == 2 && !write_all {
+                0
+            } else {
+                rng.random_range(0..3)
+            };
+            args.push(match access {
+                0 => Arg::read(&view),
+                1 => Arg::write(&view),
+                _ => Arg::read_write(&view),
+            });
+        }
+        let op = [EW, EW, ATT, OpKind::RmsNorm, OpKind::Mul][rng.random_range(0..5usize)];
+        args.push(Arg::u32(out.len() as u32));
+        if let Ok(d) = Dispatch::new(KernelId("t"), args, Grid::new(1, 1), op) {
+            out.push(d);
+        }
+    }
+    out
+}
+
+/// `d` over new views of the same bytes of `allocs`.
+fn twin(d: &Dispatch, allocs: &[Buffer]) -> Dispatch {
+    let args: Vec<Arg> = d
+        .args()
+        .iter()
+        .map(|a| match a {
+            Arg::Buffer(b, access) => {
+                let whole = allocs
+                    .iter()
+                    .find(|w| w.alloc_id() == b.alloc_id())
+                    .expect("one of the allocations");
+                let r = b.byte_range();
+                let view = whole.view(r.start, DType::U8, &[r.len()]).expect("view");
+                Arg::Buffer(view, *access)
+            }
+            Arg::Scalar(s) => Arg::Scalar(*s),
+        })
+        .collect();
+    Dispatch::new(d.kernel(), args, d.grid(), d.op()).expect("the same checks pass")
+}
+
+#[test]
+fn given_a_graph_recorded_again_over_kept_views_when_optimized_should_match_a_fresh_graph() {
+    use rand::RngExt;
+    let dev = device();
+    let allocs: Vec<_> = (0..3)
+        .map(|_| dev.alloc(DType::U8, &[256]).expect("alloc"))
+        .collect();
+    let mut rng = crate::testutil::rng(77);
+    // Disjoint views at first, with fresh views in the first steps; aliased views of allocation
+    // 2 join the pool at step 20, and allocation 2 is written from step 30 (so the overlaps the
+    // graph kept must be computed again then).
+    let mut pool: Vec<(usize, Buffer)> = (0..12)
+        .map(|k| {
+            (
+                k % 3,
+                allocs[k % 3]
+                    .view(k / 3 * 32, DType::U8, &[32])
+                    .expect("view"),
+            )
+        })
+        .collect();
+    let mut kept = ComputeGraph::new();
+    let (mut fusions, mut kept_views) = (0, 0);
+    for step in 0..40u64 {
+        if step == 20 {
+            for _ in 0..4 {
+                let start = rng.random_range(0..200usize);
+                pool.push((2, allocs[2].view(start, DType::U8, &[40]).expect("view")));
+            }
+        }
+        let seed = step % 7 + 100 * (step / 10);
+        let ds = random_step(seed, &pool, &allocs, step < 15, step >= 30);
+        // The reference runs over twins of the views (new view objects of the same bytes), so
+        // that only `kept` ever takes the pool's views in.
+        let twins: Vec<Dispatch> = ds.iter().map(|x| twin(x, &allocs)).collect();
+        kept.clear();
+        for x in &ds {
+            kept.push_ref(x.as_view());
+        }
+        let mut fresh = graph(twins);
+        let a = optimize(&mut kept, &rules(), DEFAULT_LOOKAHEAD);
+        let b = optimize(&mut fresh, &rules(), DEFAULT_LOOKAHEAD);
+        assert_eq!(a, b, "step {step}");
+        assert_eq!(layout(&kept), layout(&fresh), "step {step}");
+        fusions += a.fusions;
+        kept_views = kept_views.max(kept.view_count());
+    }
+    assert!(fusions > 0, "the steps should give fusion something to do");
+    // The pool's views were taken in once and kept (fresh ones come and go).
+    assert!(kept_views < 12 + 4 + 2 * 60 * 4 + 64, "{kept_views}");
+}
