@@ -1,6 +1,6 @@
 //! Barrier placement from read/write ranges, and the split point of a split submission.
 
-use crate::graph::footprint::{Footprint, Marks};
+use crate::graph::footprint::Footprint;
 use crate::graph::ComputeGraph;
 
 /// Drops every barrier and inserts one exactly before each dispatch that conflicts with the
@@ -15,15 +15,17 @@ pub fn place_barriers(graph: &mut ComputeGraph) -> usize {
 }
 
 /// The indices of the dispatches of `fp` that conflict with the concurrent group before them.
+///
+/// The group is every dispatch since the last cut, so a dispatch conflicts with it exactly when
+/// its latest earlier conflicting dispatch lies at or after that cut.
 pub(super) fn conflict_cuts(fp: &Footprint) -> Vec<u32> {
     let mut cuts = Vec::new();
-    let mut group = Marks::new(fp);
-    for i in 0..fp.len() {
-        if group.conflicts(fp, i) {
+    let mut first = 0;
+    for (i, &latest1) in fp.latest_conflicts().iter().enumerate() {
+        if latest1 as usize > first {
             cuts.push(i as u32);
-            group.clear();
+            first = i;
         }
-        group.add(fp, i);
     }
     cuts
 }

@@ -63,7 +63,10 @@ pub(super) fn greedy(fp: &Footprint, lookahead: usize) -> Walk {
     let n = fp.len();
     let latest = fp.latest_conflicts();
     let mut state = WalkState {
-        used: vec![false; n],
+        group_of: vec![UNPLACED; n],
+        group: 0,
+        first: 0,
+        members: Vec::new(),
         ready: Bits::new(n),
         pinned: Bits::new(n),
         order: Vec::with_capacity(n),
@@ -82,12 +85,11 @@ pub(super) fn greedy(fp: &Footprint, lookahead: usize) -> Walk {
         }
     }
     let mut cuts = Vec::new();
-    let mut group = Marks::new(fp);
     for i0 in 0..n {
-        if state.used[i0] {
+        if state.group_of[i0] != UNPLACED {
             continue;
         }
-        if group.conflicts(fp, i0) {
+        if state.conflicts_with_group(i0, latest[i0], fp) {
             if fp.movable(i0) {
                 // The window ends at the first pinned dispatch not placed yet. Only ready
                 // dispatches can join; placing one may make a later one ready.
@@ -95,17 +97,17 @@ pub(super) fn greedy(fp: &Footprint, lookahead: usize) -> Walk {
                 let end = state.pinned.next(i0 + 1, end).unwrap_or(end);
                 let mut at = i0 + 1;
                 while let Some(i1) = state.ready.next(at, end) {
-                    if !group.conflicts(fp, i1) {
-                        group.add(fp, i1);
+                    if !state.conflicts_with_group(i1, latest[i1], fp) {
                         state.place(i1, i0, fp);
                     }
                     at = i1 + 1;
                 }
             }
-            group.clear();
+            state.group += 1;
+            state.first = i0;
+            state.members.clear();
             cuts.push(state.order.len() as u32);
         }
-        group.add(fp, i0);
         state.place(i0, i0, fp);
     }
     Walk {
@@ -114,10 +116,20 @@ pub(super) fn greedy(fp: &Footprint, lookahead: usize) -> Walk {
     }
 }
 
+/// `group_of` of a dispatch not placed yet.
+const UNPLACED: u32 = u32::MAX;
+
 /// What the walk knows about every dispatch.
 struct WalkState {
-    /// Placed.
-    used: Vec<bool>,
+    /// Per dispatch: the group it was placed in, or [`UNPLACED`].
+    group_of: Vec<u32>,
+    /// The current group's number.
+    group: u32,
+    /// The dispatch that opened the current group: every member is at or after it (members
+    /// join in order, or from the window after the walk's position).
+    first: usize,
+    /// The current group's dispatches.
+    members: Vec<u32>,
     /// Movable, not placed, no earlier conflicting dispatch (within the window) left.
     ready: Bits,
     /// Not movable, not placed.
@@ -127,12 +139,32 @@ struct WalkState {
     watchers: Vec<u32>,
     /// Per watching dispatch: the next one watching the same dispatch, plus one.
     next_watcher: Vec<u32>,
-    /// A set holding one watcher, to test it against the dispatches below the placed one.
+    /// A set holding one dispatch, to test it against others.
     probe: Marks,
     lookahead: usize,
 }
 
 impl WalkState {
+    /// Whether dispatch `i` (not placed; every member of the group is before it) conflicts
+    /// with a member of the current group; `latest1` is its latest earlier conflicting dispatch,
+    /// plus one. When that one is a member, or before the group's first, the answer is known;
+    /// otherwise (it was placed in an earlier group) the members are tested one by one.
+    #[inline]
+    fn conflicts_with_group(&mut self, i: usize, latest1: u32, fp: &Footprint) -> bool {
+        if latest1 == 0 || (latest1 as usize - 1) < self.first {
+            return false;
+        }
+        if self.group_of[latest1 as usize - 1] == self.group {
+            return true;
+        }
+        self.probe.clear();
+        self.probe.add(fp, i);
+        let probe = &self.probe;
+        self.members
+            .iter()
+            .any(|&m| probe.conflicts(fp, m as usize))
+    }
+
     /// Makes `d` wait for `p` (an earlier dispatch it conflicts with, not placed).
     #[inline]
     fn watch(&mut self, p: usize, d: usize) {
@@ -140,11 +172,12 @@ impl WalkState {
         self.watchers[p] = d as u32 + 1;
     }
 
-    /// Places `i`; every dispatch before `lowest` is placed already.
+    /// Places `i` in the current group; every dispatch before `lowest` is placed already.
     #[inline]
     fn place(&mut self, i: usize, lowest: usize, fp: &Footprint) {
         self.order.push(i as u32);
-        self.used[i] = true;
+        self.members.push(i as u32);
+        self.group_of[i] = self.group;
         self.ready.clear(i);
         self.pinned.clear(i);
         let mut w = std::mem::take(&mut self.watchers[i]);
@@ -169,7 +202,7 @@ impl WalkState {
         self.probe.add(fp, d);
         (low..i)
             .rev()
-            .find(|&q| !self.used[q] && self.probe.conflicts(fp, q))
+            .find(|&q| self.group_of[q] == UNPLACED && self.probe.conflicts(fp, q))
     }
 }
 
