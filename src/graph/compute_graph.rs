@@ -25,12 +25,18 @@ use super::footprint::Overlaps;
 use crate::backend::Buffer;
 use crate::error::{Error, Result};
 
-/// Bits of a view's stamp word that hold its index in the graph; the rest is the graph's stamp.
+/// Bits of a view's stamp word that hold what the graph knows of the view; the rest is the
+/// graph's stamp. They are [`MARKED`] and the view's index in the graph.
 const INDEX_BITS: u32 = 20;
-const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
+/// Set in a view's stamp word once the graph has counted the view's allocation as written (in
+/// its written-allocation filter), so later writes of the view skip that work.
+const MARKED: u32 = 1 << (INDEX_BITS - 1);
+/// The index bits of a view's stamp word.
+const INDEX_MASK: u64 = MARKED as u64 - 1;
 
-/// The written views of one dispatch being recorded, each with the position of the same
-/// argument's read among the dispatch's reads (`u32::MAX`: write only); a few on the stack.
+/// The written views of one dispatch being recorded (index and [`MARKED`] bit), each with the
+/// position of the same argument's read among the dispatch's reads (`u32::MAX`: write only); a
+/// few on the stack.
 struct Writes {
     len: usize,
     local: [(u32, u32); Writes::LOCAL],
@@ -72,20 +78,20 @@ impl Writes {
     }
 }
 
-/// The first written view (as an index into `writes`) that overlaps another buffer argument of
-/// the same dispatch: a read of another argument, or another write.
+/// The first written view (as an index into `writes`, whose views carry their [`MARKED`] bit)
+/// that overlaps another buffer argument of the same dispatch: a read of another argument, or
+/// another write.
 #[inline]
 fn written_overlap(view_ranges: &[Range], reads: &[u32], writes: &[(u32, u32)]) -> Option<usize> {
     for (i, &(w, own_read)) in writes.iter().enumerate() {
-        let mine = &view_ranges[w as usize];
+        let mine = &view_ranges[(w & INDEX_MASK as u32) as usize];
         let hit_read = reads
             .iter()
             .enumerate()
             .any(|(j, &r)| j as u32 != own_read && mine.overlaps(&view_ranges[r as usize]));
-        let hit_write = writes
-            .iter()
-            .enumerate()
-            .any(|(j, &(x, _))| j != i && mine.overlaps(&view_ranges[x as usize]));
+        let hit_write = writes.iter().enumerate().any(|(j, &(x, _))| {
+            j != i && mine.overlaps(&view_ranges[(x & INDEX_MASK as u32) as usize])
+        });
         if hit_read || hit_write {
             return Some(i);
         }
@@ -120,12 +126,13 @@ fn overlapping_write(kernel: KernelId, args: &[Arg], nth: usize) -> Error {
 }
 
 /// The index of `b`'s view in a graph with `stamp`, its views and their ranges, taking the view
-/// in (one reference) the first time.
+/// in (one reference) the first time; [`MARKED`] is set in the result when the graph has counted
+/// the view as written.
 #[inline(always)]
 fn take_in(stamp: u64, views: &mut Vec<Buffer>, view_ranges: &mut Vec<Range>, b: &Buffer) -> u32 {
     let word = b.graph_stamp().load(Ordering::Relaxed);
     if stamp != 0 && word >> INDEX_BITS == stamp {
-        return (word & INDEX_MASK) as u32;
+        return (word & (INDEX_MASK | MARKED as u64)) as u32;
     }
     take_in_new(stamp, views, view_ranges, b)
 }
@@ -475,6 +482,7 @@ impl ComputeGraph {
             count = pos + 1;
             let (v, access, copy) = match arg {
                 Slot::Buffer(b, access) => {
+                    // The index, with the view's mark (kept with its write, below).
                     let v = take_in(self.stamp, views, view_ranges, b);
                     // SAFETY: a copy that owns nothing: `views[v]` holds a reference to the same
                     // view for the graph's life, and the copy is never dropped.
@@ -492,7 +500,7 @@ impl ComputeGraph {
             args_out[pos].write(ManuallyDrop::new(Arg::Buffer(copy, access)));
             let mut read_at = u32::MAX;
             if access.reads() {
-                ids_out[n_reads].write(v);
+                ids_out[n_reads].write(v & INDEX_MASK as u32);
                 read_at = n_reads as u32;
                 n_reads += 1;
             }
@@ -513,13 +521,25 @@ impl ComputeGraph {
                 let args = unsafe { &*(&args_out[..count] as *const _ as *const [Arg]) };
                 return Err(overlapping_write(kernel, args, hit));
             }
-            for (k, &(v, _)) in writes.iter().enumerate() {
+            for (k, &(marked, _)) in writes.iter().enumerate() {
+                let v = marked & INDEX_MASK as u32;
                 ids_out[n_reads + k].write(v);
+                if marked & MARKED != 0 {
+                    continue;
+                }
                 let bit = view_ranges[v as usize].alloc.0 as usize % WRITTEN_BITS;
                 let (word, mask) = (&mut self.written[bit / 64], 1 << (bit % 64));
                 if *word & mask == 0 {
                     *word |= mask;
                     self.written_version += 1;
+                }
+                if self.stamp != 0 {
+                    // The filter has the allocation now (and keeps it until a reset, which
+                    // takes a new stamp): the view's next writes need not look.
+                    let word = self.stamp << INDEX_BITS | (MARKED | v) as u64;
+                    views[v as usize]
+                        .graph_stamp()
+                        .store(word, Ordering::Relaxed);
                 }
             }
         }
