@@ -141,14 +141,14 @@ fn dropped_writes_dead(
 /// `later` reads a byte of it. `view` is the view whose range it is, if it is one.
 fn is_dead_after(range: &Range, view: Option<u32>, graph: &ComputeGraph, later: &[u32]) -> bool {
     // A view that overlaps no other view is read or overwritten only through itself.
+    // Each dispatch's view indices are its reads, then its writes: the first that names the view
+    // says which comes first.
     if let Some(k) = view.filter(|&k| graph.kept_overlaps().is_some_and(|o| o.alone(k))) {
+        let ids = graph.all_range_views();
         for &h in later {
-            let (reads, writes) = graph.ids_at(h);
-            if reads.contains(&k) {
-                return false;
-            }
-            if writes.contains(&k) {
-                return true;
+            let (_, [a, mid, end]) = graph.span_at(h);
+            if let Some(p) = ids[a as usize..end as usize].iter().position(|&x| x == k) {
+                return a as usize + p >= mid as usize;
             }
         }
         return false;
