@@ -15,160 +15,24 @@
 //! before is one load.
 
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use super::borrowed::{ArgRef, DispatchRef, DispatchSpec, SPEC_ARGS};
 use super::dispatch::{
     too_many_ranges, Access, Arg, Dispatch, Grid, KernelId, OpKind, Range, Scalar, MAX_RANGES,
 };
+mod recording;
+
 use super::footprint::Overlaps;
 use crate::backend::Buffer;
-use crate::error::{Error, Result};
-
-/// Bits of a view's stamp word that hold what the graph knows of the view; the rest is the
-/// graph's stamp. They are [`MARKED`] and the view's index in the graph.
-const INDEX_BITS: u32 = 20;
-/// Set in a view's stamp word once the graph has counted the view's allocation as written (in
-/// its written-allocation filter), so later writes of the view skip that work.
-const MARKED: u32 = 1 << (INDEX_BITS - 1);
-/// The index bits of a view's stamp word.
-const INDEX_MASK: u64 = MARKED as u64 - 1;
-
-/// The written views of one dispatch being recorded (index and [`MARKED`] bit), each with the
-/// position of the same argument's read among the dispatch's reads (`u32::MAX`: write only); a
-/// few on the stack.
-struct Writes {
-    len: usize,
-    local: [(u32, u32); Writes::LOCAL],
-    spilled: Vec<(u32, u32)>,
-}
-
-impl Writes {
-    const LOCAL: usize = 4;
-
-    #[inline(always)]
-    fn new() -> Self {
-        Writes {
-            len: 0,
-            local: [(0, 0); Writes::LOCAL],
-            spilled: Vec::new(),
-        }
-    }
-
-    #[inline(always)]
-    fn push(&mut self, view: u32, read_at: u32) {
-        if self.len < Writes::LOCAL {
-            self.local[self.len] = (view, read_at);
-        } else {
-            if self.len == Writes::LOCAL {
-                self.spilled.extend_from_slice(&self.local);
-            }
-            self.spilled.push((view, read_at));
-        }
-        self.len += 1;
-    }
-
-    #[inline(always)]
-    fn as_slice(&self) -> &[(u32, u32)] {
-        if self.len <= Writes::LOCAL {
-            &self.local[..self.len]
-        } else {
-            &self.spilled
-        }
-    }
-}
-
-/// The first written view (as an index into `writes`, whose views carry their [`MARKED`] bit)
-/// that overlaps another buffer argument of the same dispatch: a read of another argument, or
-/// another write.
-#[inline]
-fn written_overlap(view_ranges: &[Range], reads: &[u32], writes: &[(u32, u32)]) -> Option<usize> {
-    for (i, &(w, own_read)) in writes.iter().enumerate() {
-        let mine = &view_ranges[(w & INDEX_MASK as u32) as usize];
-        let hit_read = reads
-            .iter()
-            .enumerate()
-            .any(|(j, &r)| j as u32 != own_read && mine.overlaps(&view_ranges[r as usize]));
-        let hit_write = writes.iter().enumerate().any(|(j, &(x, _))| {
-            j != i && mine.overlaps(&view_ranges[(x & INDEX_MASK as u32) as usize])
-        });
-        if hit_read || hit_write {
-            return Some(i);
-        }
-    }
-    None
-}
-
-/// The error for the `nth` written buffer argument of `args` overlapping another one.
-#[cold]
-fn overlapping_write(kernel: KernelId, args: &[Arg], nth: usize) -> Error {
-    let bufs: Vec<(usize, Range, Access)> = args
-        .iter()
-        .enumerate()
-        .filter_map(|(p, a)| match a {
-            Arg::Buffer(b, access) => Some((p, Range::of(b), *access)),
-            Arg::Scalar(_) => None,
-        })
-        .collect();
-    let mine = bufs.iter().filter(|(_, _, a)| a.writes()).nth(nth);
-    let other = mine.and_then(|&(p, mine, _)| {
-        let hit = bufs.iter().find(|(q, r, _)| *q != p && mine.overlaps(r))?;
-        Some((p, hit.0))
-    });
-    let which = match other {
-        Some((p, q)) => format!("written argument {p} overlaps argument {q}"),
-        None => "a written argument overlaps another".to_string(),
-    };
-    Error::InvalidArgument(format!(
-        "kernel {}: {which}; use one read-write argument for in-place updates",
-        kernel.0
-    ))
-}
-
-/// The index of `b`'s view in a graph with `stamp`, its views and their ranges, taking the view
-/// in (one reference) the first time; [`MARKED`] is set in the result when the graph has counted
-/// the view as written.
-#[inline(always)]
-fn take_in(stamp: u64, views: &mut Vec<Buffer>, view_ranges: &mut Vec<Range>, b: &Buffer) -> u32 {
-    let word = b.graph_stamp().load(Ordering::Relaxed);
-    if stamp != 0 && word >> INDEX_BITS == stamp {
-        return (word & (INDEX_MASK | MARKED as u64)) as u32;
-    }
-    take_in_new(stamp, views, view_ranges, b)
-}
-
-#[inline(never)]
-fn take_in_new(
-    stamp: u64,
-    views: &mut Vec<Buffer>,
-    view_ranges: &mut Vec<Range>,
-    b: &Buffer,
-) -> u32 {
-    let v = views.len();
-    views.push(b.clone());
-    view_ranges.push(Range::of(b));
-    if stamp != 0 && (v as u64) <= INDEX_MASK {
-        // Only this graph writes words with its stamp, and it writes the right index.
-        b.graph_stamp()
-            .store(stamp << INDEX_BITS | v as u64, Ordering::Relaxed);
-    }
-    v as u32
-}
+use crate::error::Result;
+use recording::{
+    fresh_stamp, overlapping_write, same_view_twice, take_in, written_overlap, Writes, INDEX_BITS,
+    INDEX_MASK, MARKED,
+};
 
 /// The node-order entry of a barrier.
 const BARRIER: u32 = u32::MAX;
-
-/// A stamp no other graph of this process has (0 once they run out: such a graph then takes in
-/// a view at every use, which is correct and only slower).
-fn fresh_stamp() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    let s = NEXT.fetch_add(1, Ordering::Relaxed);
-    if s < 1 << (64 - INDEX_BITS) {
-        s
-    } else {
-        0
-    }
-}
 
 /// One argument as [`ComputeGraph::record_args`] takes it: a buffer, a view the graph holds
 /// already (by index), or a scalar.
@@ -220,18 +84,25 @@ pub(crate) struct Resolved {
     foreign: Vec<Buffer>,
 }
 
-/// One dispatch of the graph: where its arguments and ranges lie in the shared arrays.
+/// What the encoders need of one dispatch beyond its ranges: kernel, grid and where its
+/// arguments lie in the shared argument array.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Header {
-    pub(crate) kernel: KernelId,
-    pub(crate) grid: Grid,
-    pub(crate) op: OpKind,
+struct Header {
+    kernel: KernelId,
+    grid: Grid,
     args: u32,
     n_args: u32,
-    /// First range; the reads come first.
-    ranges: u32,
-    n_reads: u32,
-    n_writes: u32,
+}
+
+/// What the passes read of one dispatch, kept apart from its [`Header`] so that their scans
+/// over many dispatches touch 16 bytes each: its op kind and where its view indices lie in the
+/// shared range array (reads in `start..mid`, writes in `mid..end`).
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    start: u32,
+    mid: u32,
+    end: u32,
+    op: OpKind,
 }
 
 /// One node of a recorded graph, as the graph hands it out.
@@ -286,6 +157,8 @@ struct Arrays {
     /// The byte range of each view.
     view_ranges: Vec<Range>,
     headers: Vec<Header>,
+    /// The [`Span`] of every header, by the same index.
+    spans: Vec<Span>,
     /// Arguments of every header. Buffers here are copies of references in `views` and own
     /// nothing (never dropped, never handed out by value).
     args: Vec<ManuallyDrop<Arg>>,
@@ -323,6 +196,7 @@ impl Clone for ComputeGraph {
                 views: self.a.views.clone(),
                 view_ranges: self.a.view_ranges.clone(),
                 headers: self.a.headers.clone(),
+                spans: self.a.spans.clone(),
                 args,
                 range_views: self.a.range_views.clone(),
                 order: self.a.order.clone(),
@@ -372,6 +246,7 @@ mod spare {
         arrays.views.clear();
         arrays.view_ranges.clear();
         arrays.headers.clear();
+        arrays.spans.clear();
         arrays.range_views.clear();
         arrays.order.clear();
         // A thread being torn down, or a slot already filled, frees the arrays instead.
@@ -410,6 +285,7 @@ impl ComputeGraph {
         // Room for a tenth more: fused dispatches are appended after the recorded ones.
         let with_fused = dispatches + dispatches / 10;
         g.a.headers.reserve(with_fused);
+        g.a.spans.reserve(with_fused);
         g.a.args.reserve(4 * with_fused);
         g.a.range_views.reserve(4 * with_fused);
         // A barrier may follow every dispatch.
@@ -516,7 +392,24 @@ impl ComputeGraph {
         if !writes.is_empty() {
             // SAFETY: the first `n_reads` slots were written above.
             let reads = unsafe { &*(&ids_out[..n_reads] as *const _ as *const [u32]) };
-            if let Some(hit) = written_overlap(view_ranges, reads, writes) {
+            // With the overlaps kept from an earlier recording over these same views (none
+            // taken in since), a written view that overlaps no other view can only meet itself.
+            let lone = self.overlaps.as_ref().filter(|k| {
+                k.stamp == self.stamp
+                    && k.views == views.len()
+                    && k.written_version == self.written_version
+            });
+            let hit = match lone {
+                Some(k)
+                    if writes
+                        .iter()
+                        .all(|&(w, _)| k.overlaps.alone(w & INDEX_MASK as u32)) =>
+                {
+                    same_view_twice(reads, writes)
+                }
+                _ => written_overlap(view_ranges, reads, writes),
+            };
+            if let Some(hit) = hit {
                 // SAFETY: the first `count` argument slots were written above.
                 let args = unsafe { &*(&args_out[..count] as *const _ as *const [Arg]) };
                 return Err(overlapping_write(kernel, args, hit));
@@ -553,12 +446,14 @@ impl ComputeGraph {
         self.a.headers.push(Header {
             kernel,
             grid,
-            op,
             args: a0 as u32,
             n_args: count as u32,
-            ranges: r0 as u32,
-            n_reads: n_reads as u32,
-            n_writes: writes.len() as u32,
+        });
+        self.a.spans.push(Span {
+            start: r0 as u32,
+            mid: (r0 + n_reads) as u32,
+            end: (r0 + n_ranges) as u32,
+            op,
         });
         Ok(())
     }
@@ -567,44 +462,42 @@ impl ComputeGraph {
     #[inline]
     pub(crate) fn dispatch_at(&self, h: u32) -> DispatchRef<'_> {
         let hd = &self.a.headers[h as usize];
+        let sp = &self.a.spans[h as usize];
         let args = &self.a.args[hd.args as usize..(hd.args + hd.n_args) as usize];
         // SAFETY: `ManuallyDrop<Arg>` has the layout of `Arg` (it is `repr(transparent)`); the
         // slice is borrowed from the graph, which keeps every buffer it names alive.
         let args = unsafe { std::slice::from_raw_parts(args.as_ptr().cast::<Arg>(), args.len()) };
-        let end = (hd.ranges + hd.n_reads + hd.n_writes) as usize;
         DispatchRef {
             kernel: hd.kernel,
             grid: hd.grid,
-            op: hd.op,
+            op: sp.op,
             args,
-            ids: &self.a.range_views[hd.ranges as usize..end],
+            ids: &self.a.range_views[sp.start as usize..sp.end as usize],
             table: &self.a.view_ranges,
-            n_reads: hd.n_reads as usize,
+            n_reads: (sp.mid - sp.start) as usize,
         }
     }
 
     /// The view indices of header `h`'s reads and of its writes.
     #[inline]
     pub(crate) fn ids_at(&self, h: u32) -> (&[u32], &[u32]) {
-        let hd = &self.a.headers[h as usize];
-        let all = &self.a.range_views
-            [hd.ranges as usize..(hd.ranges + hd.n_reads + hd.n_writes) as usize];
-        all.split_at(hd.n_reads as usize)
+        let sp = &self.a.spans[h as usize];
+        let all = &self.a.range_views[sp.start as usize..sp.end as usize];
+        all.split_at((sp.mid - sp.start) as usize)
     }
 
     /// The op kind of header `h`.
     #[inline]
     pub(crate) fn op_at(&self, h: u32) -> OpKind {
-        self.a.headers[h as usize].op
+        self.a.spans[h as usize].op
     }
 
     /// The op kind of header `h`, and where its read and write view indices lie in
     /// [`all_range_views`](Self::all_range_views): first read, first write, end.
     #[inline]
     pub(crate) fn span_at(&self, h: u32) -> (OpKind, [u32; 3]) {
-        let hd = &self.a.headers[h as usize];
-        let mid = hd.ranges + hd.n_reads;
-        (hd.op, [hd.ranges, mid, mid + hd.n_writes])
+        let sp = &self.a.spans[h as usize];
+        (sp.op, [sp.start, sp.mid, sp.end])
     }
 
     /// The view index of every recorded range.
@@ -740,6 +633,7 @@ impl ComputeGraph {
         let named = self.a.range_views.len();
         self.a.args.clear();
         self.a.headers.clear();
+        self.a.spans.clear();
         self.a.range_views.clear();
         self.a.order.clear();
         if self.a.views.len() > 2 * named + 64 {

@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::backend::{DType, Device};
+use crate::error::Error;
 use crate::graph::passes;
 use crate::ops::elementwise;
 use crate::testutil::random_f32;
@@ -151,6 +152,53 @@ fn given_a_written_argument_overlapping_another_when_recorded_should_fail_and_re
     assert_eq!(g.dispatch_count(), 2);
     let d = g.dispatches().next().expect("dispatch");
     assert_eq!(d.args().len(), 4, "a, b, out and the length");
+}
+
+#[test]
+fn given_kept_overlaps_when_a_recorded_again_write_meets_a_view_should_still_fail() {
+    // Recorded again over kept views, the write check takes the kept overlaps: a lone view
+    // written and read by one dispatch, and a written view overlapped by another, both fail.
+    let dev = Device::cpu(1).expect("cpu");
+    let (a, b) = (upload(&dev, 22), upload(&dev, 23));
+    let t = dev.alloc(DType::F32, &[N]).expect("alloc");
+    let half = t.view(0, DType::F32, &[N / 2]).expect("view");
+    let mut g = ComputeGraph::new();
+    let record_step = |g: &mut ComputeGraph| {
+        record_add_mul(g, &a, &b, &b, &t);
+        g.record(
+            KernelId("copy_f32"),
+            &[ArgRef::read(&a), ArgRef::write(&half)],
+            Grid::new(1, 1),
+            OpKind::Copy,
+        )
+        .expect("copy");
+    };
+    record_step(&mut g);
+    passes::optimize(&mut g, &[], 64);
+    g.clear();
+    record_step(&mut g);
+    assert!(g.kept_overlaps().is_some(), "the overlaps should be kept");
+    for (args, what) in [
+        (
+            [ArgRef::read(&a), ArgRef::write(&a)],
+            "written argument 1 overlaps argument 0",
+        ),
+        (
+            [ArgRef::write(&b), ArgRef::read(&b)],
+            "written argument 0 overlaps argument 1",
+        ),
+        (
+            [ArgRef::read(&half), ArgRef::write(&t)],
+            "written argument 1 overlaps argument 0",
+        ),
+    ] {
+        let before = g.len();
+        let err = g
+            .record(KernelId("copy_f32"), &args, Grid::new(1, 1), OpKind::Copy)
+            .expect_err("overlap");
+        assert!(err.to_string().contains(what), "{err}");
+        assert_eq!(g.len(), before);
+    }
 }
 
 #[test]
