@@ -84,6 +84,20 @@ pub(crate) struct Resolved {
     foreign: Vec<Buffer>,
 }
 
+impl Resolved {
+    /// An empty one, for [`ComputeGraph::resolve_into`] to fill.
+    pub(crate) fn new() -> Self {
+        Resolved {
+            kernel: KernelId(""),
+            grid: Grid::new(1, 1),
+            op: OpKind::Copy,
+            len: 0,
+            slots: [Fixed::Scalar(Scalar::U32(0)); SPEC_ARGS],
+            foreign: Vec::new(),
+        }
+    }
+}
+
 /// What the encoders need of one dispatch beyond its ranges: kernel, grid and where its
 /// arguments lie in the shared argument array.
 #[derive(Debug, Clone, Copy)]
@@ -571,17 +585,15 @@ impl ComputeGraph {
         (self.stamp != 0 && word >> INDEX_BITS == self.stamp).then_some((word & INDEX_MASK) as u32)
     }
 
-    /// `spec` with its buffers named by view index where the graph holds them, so that it can
-    /// be recorded ([`add_detached`](Self::add_detached)) once the borrows of the graph end.
-    pub(crate) fn resolve(&self, spec: &DispatchSpec<'_>) -> Resolved {
-        let mut r = Resolved {
-            kernel: spec.kernel(),
-            grid: spec.grid(),
-            op: spec.op(),
-            len: spec.args().len(),
-            slots: [Fixed::Scalar(Scalar::U32(0)); SPEC_ARGS],
-            foreign: Vec::new(),
-        };
+    /// Fills `r` with `spec`, its buffers named by view index where the graph holds them, so
+    /// that it can be recorded ([`add_detached`](Self::add_detached)) once the borrows of the
+    /// graph end. One `r` serves a whole pass.
+    pub(crate) fn resolve_into(&self, spec: &DispatchSpec<'_>, r: &mut Resolved) {
+        r.kernel = spec.kernel();
+        r.grid = spec.grid();
+        r.op = spec.op();
+        r.len = spec.args().len();
+        r.foreign.clear();
         for (slot, arg) in r.slots.iter_mut().zip(spec.args()) {
             *slot = match *arg {
                 ArgRef::Buffer(b, access) => match self.view_of(b) {
@@ -595,7 +607,6 @@ impl ComputeGraph {
                 ArgRef::Scalar(s) => Fixed::Scalar(s),
             };
         }
-        r
     }
 
     /// Records a resolved dispatch as a header outside the node order and returns its index;

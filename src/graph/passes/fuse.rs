@@ -57,14 +57,19 @@ pub(super) fn fuse_dispatches(graph: &mut ComputeGraph, rules: &[FusionRule]) ->
     // order[..kept] is the output; a fused pair replaces order[kept - 1].
     let mut kept: usize = 0;
     let mut fusions = 0;
+    let mut fused = Resolved::new();
+    // The op kind of order[kept - 1], once there is one.
+    let mut prev_op = None;
     for i in 0..order.len() {
         let cur = order[i];
-        if let Some(&prev) = kept.checked_sub(1).and_then(|k| order.get(k)) {
-            let kinds = (graph.op_at(prev), graph.op_at(cur));
-            if rules.iter().any(|r| (r.first, r.second) == kinds) {
-                let fused = try_rules(rules, graph, prev, cur, &order[i + 1..]);
-                if let Some(Ok(h)) = fused.map(|r| graph.add_detached(&r)) {
+        let op = graph.op_at(cur);
+        if let Some(p) = prev_op {
+            if rules.iter().any(|r| r.first == p && r.second == op) {
+                let prev = order[kept - 1];
+                let found = try_rules(rules, graph, prev, cur, &order[i + 1..], &mut fused);
+                if let Some(Ok(h)) = found.then(|| graph.add_detached(&fused)) {
                     order[kept - 1] = h;
+                    prev_op = Some(graph.op_at(h));
                     fusions += 1;
                     continue;
                 }
@@ -72,22 +77,24 @@ pub(super) fn fuse_dispatches(graph: &mut ComputeGraph, rules: &[FusionRule]) ->
         }
         order[kept] = cur;
         kept += 1;
+        prev_op = Some(op);
     }
     order.truncate(kept);
     *graph.order_mut() = order;
     fusions
 }
 
-/// The fused dispatch of headers `a` and `b` by the first rule that matches and whose dropped
-/// writes are dead before the dispatches (header indices) of `later` read them, resolved against
-/// the graph (so the fused dispatch is built in place and copied once, into the graph).
+/// Whether a rule fuses headers `a` and `b`: the first rule that matches and whose dropped
+/// writes are dead before the dispatches (header indices) of `later` read them. Its fused
+/// dispatch is left in `out`, resolved against the graph (so it is copied once, into the graph).
 fn try_rules(
     rules: &[FusionRule],
     graph: &ComputeGraph,
     a_h: u32,
     b_h: u32,
     later: &[u32],
-) -> Option<Resolved> {
+    out: &mut Resolved,
+) -> bool {
     let (a, b) = (graph.dispatch_at(a_h), graph.dispatch_at(b_h));
     for rule in rules {
         if rule.first != a.op() || rule.second != b.op() {
@@ -102,14 +109,17 @@ fn try_rules(
         {
             continue;
         }
-        let Ok(fused) = (rule.build)(a, b) else {
+        // Borrowed where the rule built it (a spec is a few hundred bytes).
+        let built = (rule.build)(a, b);
+        let Ok(fused) = &built else {
             continue;
         };
-        if dropped_writes_dead(graph, a_h, mid, &fused, later) {
-            return Some(graph.resolve(&fused));
+        if dropped_writes_dead(graph, a_h, mid, fused, later) {
+            graph.resolve_into(fused, out);
+            return true;
         }
     }
-    None
+    false
 }
 
 /// Whether every write of header `a_h` that `fused` no longer makes (the intermediate `mid`
@@ -125,15 +135,14 @@ fn dropped_writes_dead(
     // checked once), each with its view index when it is exactly a view.
     let (_, a_writes) = graph.ids_at(a_h);
     let table = graph.view_ranges();
+    let dead = |w: &Range, view: Option<u32>| {
+        fused.writes().any(|f| f.covers(w)) || is_dead_after(w, view, graph, later)
+    };
     let mid_view = a_writes.iter().copied().find(|&k| table[k as usize] == mid);
-    let others = a_writes
-        .iter()
-        .map(|&k| (table[k as usize], Some(k)))
-        .filter(|(w, _)| *w != mid);
-    std::iter::once((mid, mid_view))
-        .chain(others)
-        .all(|(w, view)| {
-            fused.writes().any(|f| f.covers(&w)) || is_dead_after(&w, view, graph, later)
+    dead(&mid, mid_view)
+        && a_writes.iter().all(|&k| {
+            let w = &table[k as usize];
+            *w == mid || dead(w, Some(k))
         })
 }
 
