@@ -117,6 +117,8 @@ struct Span {
     mid: u32,
     end: u32,
     op: OpKind,
+    /// `op.is_reorderable()`, kept so the passes need not look it up.
+    movable: bool,
 }
 
 /// One node of a recorded graph, as the graph hands it out.
@@ -468,6 +470,7 @@ impl ComputeGraph {
             mid: (r0 + n_reads) as u32,
             end: (r0 + n_ranges) as u32,
             op,
+            movable: op.is_reorderable(),
         });
         Ok(())
     }
@@ -506,12 +509,12 @@ impl ComputeGraph {
         self.a.spans[h as usize].op
     }
 
-    /// The op kind of header `h`, and where its read and write view indices lie in
-    /// [`all_range_views`](Self::all_range_views): first read, first write, end.
+    /// Whether the reorder pass may move header `h`, and where its read and write view indices
+    /// lie in [`all_range_views`](Self::all_range_views): first read, first write, end.
     #[inline]
-    pub(crate) fn span_at(&self, h: u32) -> (OpKind, [u32; 3]) {
+    pub(crate) fn span_at(&self, h: u32) -> (bool, [u32; 3]) {
         let sp = &self.a.spans[h as usize];
-        (sp.op, [sp.start, sp.mid, sp.end])
+        (sp.movable, [sp.start, sp.mid, sp.end])
     }
 
     /// The view index of every recorded range.

@@ -81,9 +81,9 @@ impl<'g> Footprint<'g> {
             if h == ComputeGraph::BARRIER {
                 continue;
             }
-            let (op, [a, b, c]) = graph.span_at(h);
-            movable.push(op.is_reorderable());
-            spans.push([a, b, c]);
+            let (m, span) = graph.span_at(h);
+            movable.push(m);
+            spans.push(span);
         }
         let overlaps = match graph.kept_overlaps() {
             Some(o) => Cow::Borrowed(o),
