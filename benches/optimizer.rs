@@ -2,11 +2,16 @@
 //! derived from its arguments, into a `ComputeGraph`) + fuse + reorder + barrier placement, for
 //! a 30-layer Llama decode step (574 dispatches) and a 300-layer one (5704 dispatches).
 //!
-//! Run: `taskset -c 0 cargo bench --bench optimizer`. Goal: under 50 us for the 574-node step
-//! (`record+optimize+drop`: recording, the three passes and dropping the graph, all timed).
+//! Run: `taskset -c 0 cargo bench --bench optimizer`. Goal: under 50 us for the 574-node step,
+//! both as a decode loop records it (`rerecord+optimize`: the step recorded again into the graph
+//! of the previous one) and into a new graph (`record+optimize+drop`: recording, the three
+//! passes and dropping the graph, all timed).
 //!
 //! On a shared machine wall-clock time also counts the slices other processes take on the core;
-//! the `cpu_time/` group (Linux) measures the same work in CPU time of the benchmark thread.
+//! the `cpu_time/` group (Linux) measures the same work in CPU time of the benchmark thread. CPU
+//! time still grows when a neighbour shares the core's execution units (on this project's VMs
+//! every figure nearly doubles at such times); `examples/optimizer_phases.rs` reports
+//! percentiles per phase, whose low end is the cost on a quiet core.
 
 use std::hint::black_box;
 
