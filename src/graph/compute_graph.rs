@@ -165,6 +165,20 @@ struct KeptOverlaps {
     overlaps: Overlaps,
 }
 
+/// The kept overlaps in `kept` if they were computed for a graph with this `stamp`, number of
+/// `views` and `written_version`.
+#[inline]
+fn valid_overlaps(
+    kept: &Option<KeptOverlaps>,
+    stamp: u64,
+    views: usize,
+    written_version: u64,
+) -> Option<&Overlaps> {
+    let k = kept.as_ref()?;
+    let same = k.stamp == stamp && k.views == views && k.written_version == written_version;
+    same.then_some(&k.overlaps)
+}
+
 /// A graph's storage.
 #[derive(Default)]
 struct Arrays {
@@ -410,17 +424,14 @@ impl ComputeGraph {
             let reads = unsafe { &*(&ids_out[..n_reads] as *const _ as *const [u32]) };
             // With the overlaps kept from an earlier recording over these same views (none
             // taken in since), a written view that overlaps no other view can only meet itself.
-            let lone = self.overlaps.as_ref().filter(|k| {
-                k.stamp == self.stamp
-                    && k.views == views.len()
-                    && k.written_version == self.written_version
-            });
-            let hit = match lone {
-                Some(k)
-                    if writes
-                        .iter()
-                        .all(|&(w, _)| k.overlaps.alone(w & INDEX_MASK as u32)) =>
-                {
+            let kept = valid_overlaps(
+                &self.overlaps,
+                self.stamp,
+                views.len(),
+                self.written_version,
+            );
+            let hit = match kept {
+                Some(o) if writes.iter().all(|&(w, _)| o.alone(w & INDEX_MASK as u32)) => {
                     same_view_twice(reads, writes)
                 }
                 _ => written_overlap(view_ranges, reads, writes),
@@ -549,11 +560,12 @@ impl ComputeGraph {
     /// The overlaps of the views, if the graph has them for its current views.
     #[inline]
     pub(crate) fn kept_overlaps(&self) -> Option<&Overlaps> {
-        let k = self.overlaps.as_ref()?;
-        let same = k.stamp == self.stamp
-            && k.views == self.a.views.len()
-            && k.written_version == self.written_version;
-        same.then_some(&k.overlaps)
+        valid_overlaps(
+            &self.overlaps,
+            self.stamp,
+            self.a.views.len(),
+            self.written_version,
+        )
     }
 
     /// The byte range of every view, by index.
