@@ -113,7 +113,7 @@ impl Executor {
 
     /// Optimizes a recorded graph as `plan` says (fuse, reorder, place barriers) and reports.
     pub fn optimize(graph: &mut ComputeGraph, plan: &Plan) -> FinishReport {
-        let barriers_sequential = sequential_barriers(graph);
+        let barriers_sequential = passes::program_order_barriers(graph);
         let rules = if plan.fuse {
             crate::ops::fusion_rules()
         } else {
@@ -422,20 +422,6 @@ impl Session {
             }
         }
     }
-}
-
-/// Barriers a graph needs in program order (its dispatches, barriers placed from ranges).
-fn sequential_barriers(graph: &ComputeGraph) -> usize {
-    let mut group = RangeSet::new();
-    let mut barriers = 0;
-    for d in graph.dispatches() {
-        if group.conflicts(d.reads(), d.writes()) {
-            barriers += 1;
-            group.clear();
-        }
-        group.add(d.reads(), d.writes());
-    }
-    barriers
 }
 
 fn histogram(sizes: &[usize]) -> BTreeMap<usize, usize> {

@@ -14,6 +14,14 @@ pub fn place_barriers(graph: &mut ComputeGraph) -> usize {
     cuts.len()
 }
 
+/// How many barriers the dispatches of `graph` need in their recorded order, with no pass
+/// applied (barriers already in the graph are ignored and left in place). The graph keeps the
+/// view overlaps this computes, so passes run afterwards do not compute them again.
+pub fn program_order_barriers(graph: &mut ComputeGraph) -> usize {
+    graph.refresh_overlaps();
+    conflict_cuts(&Footprint::new(graph)).len()
+}
+
 /// The indices of the dispatches of `fp` that conflict with the concurrent group before them.
 ///
 /// The group is every dispatch since the last cut, so a dispatch conflicts with it exactly when

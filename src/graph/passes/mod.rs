@@ -7,7 +7,7 @@ mod fuse;
 mod optimize;
 mod reorder;
 
-pub use barriers::{place_barriers, split_index};
+pub use barriers::{place_barriers, program_order_barriers, split_index};
 pub use fuse::{fuse, FusionRule};
 pub use optimize::{optimize, Optimized};
 pub use reorder::{reorder, DEFAULT_LOOKAHEAD};

@@ -545,6 +545,31 @@ fn given_random_graphs_when_reordered_should_place_the_same_barriers_as_a_fresh_
     }
 }
 
+#[test]
+fn given_random_graphs_when_counting_barriers_in_order_should_match_a_range_set() {
+    use crate::graph::RangeSet;
+    for seed in 0..40 {
+        let ds = random_dispatches(seed + 2000, 60);
+        let mut set = RangeSet::new();
+        let mut expected = 0;
+        for d in &ds {
+            if set.conflicts(d.reads(), d.writes()) {
+                expected += 1;
+                set.clear();
+            }
+            set.add(d.reads(), d.writes());
+        }
+        let mut g = graph(ds);
+        let before = layout(&g);
+        assert_eq!(program_order_barriers(&mut g), expected, "seed {seed}");
+        assert_eq!(
+            layout(&g),
+            before,
+            "seed {seed}: the graph should be left as it was"
+        );
+    }
+}
+
 /// One random step over a pool of views (reused across steps, as a model's buffers are), with
 /// a few fresh views when `fresh` is set; norms followed by multiplies so that fusion has pairs
 /// to try. Allocation 2 is written only when `write_all` is set.
