@@ -22,13 +22,14 @@ use super::dispatch::{
     too_many_ranges, Access, Arg, Dispatch, Grid, KernelId, OpKind, Range, Scalar, MAX_RANGES,
 };
 mod recording;
+mod small;
 
 use super::footprint::Overlaps;
 use crate::backend::Buffer;
 use crate::error::Result;
 use recording::{
-    fresh_stamp, overlapping_write, same_view_twice, take_in, written_overlap, Writes, INDEX_BITS,
-    INDEX_MASK, MARKED,
+    fresh_stamp, mark_written, overlapping_write, same_view_twice, take_in, written_overlap,
+    Writes, WrittenFilter, INDEX_BITS, INDEX_MASK, MARKED,
 };
 
 /// The node-order entry of a barrier.
@@ -334,6 +335,9 @@ impl ComputeGraph {
         grid: Grid,
         op: OpKind,
     ) -> Result<()> {
+        if self.record_small(kernel, args, grid, op) {
+            return Ok(());
+        }
         self.record_args(kernel, args.iter().map(|&a| Slot::from(a)), grid, op)
     }
 
@@ -389,7 +393,7 @@ impl ComputeGraph {
             let (v, access, copy) = match arg {
                 Slot::Buffer(b, access) => {
                     // The index, with the view's mark (kept with its write, below).
-                    let v = take_in(self.stamp, views, view_ranges, b);
+                    let v = take_in(self.stamp, views, view_ranges, b)?;
                     // SAFETY: a copy that owns nothing: `views[v]` holds a reference to the same
                     // view for the graph's life, and the copy is never dropped.
                     (v, access, unsafe { std::ptr::read(b) })
@@ -447,20 +451,11 @@ impl ComputeGraph {
                 if marked & MARKED != 0 {
                     continue;
                 }
-                let bit = view_ranges[v as usize].alloc.0 as usize % WRITTEN_BITS;
-                let (word, mask) = (&mut self.written[bit / 64], 1 << (bit % 64));
-                if *word & mask == 0 {
-                    *word |= mask;
-                    self.written_version += 1;
-                }
-                if self.stamp != 0 {
-                    // The filter has the allocation now (and keeps it until a reset, which
-                    // takes a new stamp): the view's next writes need not look.
-                    let word = self.stamp << INDEX_BITS | (MARKED | v) as u64;
-                    views[v as usize]
-                        .graph_stamp()
-                        .store(word, Ordering::Relaxed);
-                }
+                let filter = WrittenFilter {
+                    bits: &mut self.written,
+                    version: &mut self.written_version,
+                };
+                mark_written(filter, self.stamp, views, view_ranges, v);
             }
         }
         // SAFETY: the first `count` argument slots and `n_ranges` range slots past the lengths
@@ -637,7 +632,7 @@ impl ComputeGraph {
             for slot in &mut slots[..r.len] {
                 if let Fixed::View(v @ NOT_TAKEN_IN, _) = slot {
                     if let Some(b) = foreign.next() {
-                        *v = take_in(self.stamp, &mut self.a.views, &mut self.a.view_ranges, b);
+                        *v = take_in(self.stamp, &mut self.a.views, &mut self.a.view_ranges, b)?;
                     }
                 }
             }

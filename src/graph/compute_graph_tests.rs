@@ -355,3 +355,110 @@ fn given_more_ranges_than_a_dispatch_may_have_when_recorded_should_fail() {
     let owned: Vec<Arg> = bufs.iter().map(Arg::read).collect();
     assert!(Dispatch::new(KernelId("wide"), owned, Grid::new(1, 1), OpKind::Copy).is_err());
 }
+
+/// Random argument lists over aliased views of a few allocations (views repeated, read-write
+/// arguments, scalars; up to 12 arguments, so both the small path and the general one), recorded
+/// into a new graph and then again over its kept views and overlaps: each list is accepted
+/// exactly when [`Dispatch::new`] accepts it, with the same read and write ranges, and a rejected
+/// one records nothing.
+#[test]
+fn given_random_aliased_arguments_when_recorded_should_pass_the_checks_of_a_dispatch() {
+    use rand::RngExt;
+    let dev = Device::cpu(1).expect("cpu");
+    let allocs: Vec<Buffer> = (0..3)
+        .map(|_| dev.alloc(DType::U8, &[256]).expect("alloc"))
+        .collect();
+    let mut rng = crate::testutil::rng(41);
+    let pool: Vec<Buffer> = (0..10)
+        .map(|_| {
+            let a = rng.random_range(0..3usize);
+            let start = rng.random_range(0..256usize);
+            let len = rng.random_range(0..=(256 - start).min(64));
+            allocs[a].view(start, DType::U8, &[len]).expect("view")
+        })
+        .collect();
+    // Per argument: a pool view and its access (0 read, 1 write, 2 read-write), or a scalar.
+    let lists: Vec<Vec<Option<(usize, u8)>>> = (0..300)
+        .map(|_| {
+            let n = rng.random_range(1..=12usize);
+            (0..n)
+                .map(|_| {
+                    (rng.random_range(0..6) != 0)
+                        .then(|| (rng.random_range(0..pool.len()), rng.random_range(0..3u8)))
+                })
+                .collect()
+        })
+        .collect();
+    let access = [Access::Read, Access::Write, Access::ReadWrite];
+    let mut g = ComputeGraph::new();
+    let (mut accepted, mut rejected) = (0, 0);
+    for round in 0..2 {
+        g.clear();
+        if round == 1 {
+            assert!(g.kept_overlaps().is_some(), "the overlaps should be kept");
+        }
+        for (i, list) in lists.iter().enumerate() {
+            let args: Vec<ArgRef<'_>> = list
+                .iter()
+                .map(|a| match *a {
+                    Some((v, acc)) => ArgRef::Buffer(&pool[v], access[acc as usize]),
+                    None => ArgRef::u32(i as u32),
+                })
+                .collect();
+            let owned: Vec<Arg> = args
+                .iter()
+                .map(|a| match *a {
+                    ArgRef::Buffer(b, acc) => Arg::Buffer(b.clone(), acc),
+                    ArgRef::Scalar(s) => Arg::Scalar(s),
+                })
+                .collect();
+            let want = Dispatch::new(KernelId("t"), owned, Grid::new(1, 1), OpKind::Copy);
+            let before = g.len();
+            let got = g.record(KernelId("t"), &args, Grid::new(1, 1), OpKind::Copy);
+            let what = format!("round {round}, list {i}: {list:?}");
+            assert_eq!(got.is_ok(), want.is_ok(), "{what}: {got:?}");
+            match want {
+                Ok(d) => {
+                    accepted += 1;
+                    assert_eq!(g.len(), before + 1, "{what}");
+                    let r = g.dispatches().next_back().expect("recorded");
+                    assert_eq!(r.reads().to_vec(), d.reads(), "{what}");
+                    assert_eq!(r.writes().to_vec(), d.writes(), "{what}");
+                    assert_eq!(r.args().len(), args.len(), "{what}");
+                }
+                Err(_) => {
+                    rejected += 1;
+                    assert_eq!(g.len(), before, "{what}");
+                }
+            }
+        }
+        // Computes the overlaps the second round records over.
+        passes::optimize(&mut g, &[], 64);
+    }
+    assert!(accepted > 100 && rejected > 100, "{accepted} / {rejected}");
+}
+
+/// A graph holds as many distinct views as the index bits of a view's stamp word can name; the
+/// next one is a clear error that records nothing.
+#[test]
+fn given_more_views_than_a_graph_holds_when_recorded_should_fail() {
+    let dev = Device::cpu(1).expect("cpu");
+    let a = dev.alloc(DType::U8, &[16]).expect("alloc");
+    let mut g = ComputeGraph::new();
+    let record = |g: &mut ComputeGraph, i: usize| {
+        let v = a.view(i % 16, DType::U8, &[1]).expect("view");
+        g.record(
+            KernelId("t"),
+            &[ArgRef::read(&v)],
+            Grid::new(1, 1),
+            OpKind::Copy,
+        )
+    };
+    for i in 0..recording::MAX_VIEWS {
+        record(&mut g, i).expect("record");
+    }
+    assert_eq!(g.view_count(), recording::MAX_VIEWS);
+    let err = record(&mut g, 0).expect_err("one view too many");
+    assert!(err.to_string().contains("distinct buffer views"), "{err}");
+    assert_eq!(g.dispatch_count(), recording::MAX_VIEWS);
+}

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::backend::Buffer;
-use crate::error::Error;
+use crate::error::{Error, Result};
 use crate::graph::dispatch::{Access, Arg, KernelId, Range};
 
 /// Bits of a view's stamp word that hold what the graph knows of the view; the rest is the
@@ -131,20 +131,24 @@ pub(super) fn overlapping_write(kernel: KernelId, args: &[Arg], nth: usize) -> E
 
 /// The index of `b`'s view in a graph with `stamp`, its views and their ranges, taking the view
 /// in (one reference) the first time; [`MARKED`] is set in the result when the graph has counted
-/// the view as written.
+/// the view as written. A graph holds at most [`MAX_VIEWS`] views.
 #[inline(always)]
 pub(super) fn take_in(
     stamp: u64,
     views: &mut Vec<Buffer>,
     view_ranges: &mut Vec<Range>,
     b: &Buffer,
-) -> u32 {
+) -> Result<u32> {
     let word = b.graph_stamp().load(Ordering::Relaxed);
     if stamp != 0 && word >> INDEX_BITS == stamp {
-        return (word & (INDEX_MASK | MARKED as u64)) as u32;
+        return Ok((word & (INDEX_MASK | MARKED as u64)) as u32);
     }
     take_in_new(stamp, views, view_ranges, b)
 }
+
+/// The most distinct buffer views one graph holds: their indices must fit the index bits of a
+/// view's stamp word.
+pub(crate) const MAX_VIEWS: usize = INDEX_MASK as usize + 1;
 
 #[inline(never)]
 fn take_in_new(
@@ -152,16 +156,22 @@ fn take_in_new(
     views: &mut Vec<Buffer>,
     view_ranges: &mut Vec<Range>,
     b: &Buffer,
-) -> u32 {
+) -> Result<u32> {
     let v = views.len();
+    if v >= MAX_VIEWS {
+        return Err(Error::InvalidArgument(format!(
+            "a graph holds at most {MAX_VIEWS} distinct buffer views; record fewer, or record \
+             into a new or cleared graph"
+        )));
+    }
     views.push(b.clone());
     view_ranges.push(Range::of(b));
-    if stamp != 0 && (v as u64) <= INDEX_MASK {
+    if stamp != 0 {
         // Only this graph writes words with its stamp, and it writes the right index.
         b.graph_stamp()
             .store(stamp << INDEX_BITS | v as u64, Ordering::Relaxed);
     }
-    v as u32
+    Ok(v as u32)
 }
 
 /// A stamp no other graph of this process has (0 once they run out: such a graph then takes in
@@ -173,5 +183,38 @@ pub(super) fn fresh_stamp() -> u64 {
         s
     } else {
         0
+    }
+}
+
+/// What the graph keeps about which allocations were ever written: a filter of
+/// [`WRITTEN_BITS`](super::WRITTEN_BITS) bits and a version bumped whenever it gains one.
+pub(super) struct WrittenFilter<'a> {
+    pub(super) bits: &'a mut [u64; super::WRITTEN_BITS / 64],
+    pub(super) version: &'a mut u64,
+}
+
+/// Counts the allocation of view `v` (of a graph with `stamp`, its views and their ranges) as
+/// written in `filter`, and marks the view so that its later writes skip this.
+#[inline(never)]
+pub(super) fn mark_written(
+    filter: WrittenFilter<'_>,
+    stamp: u64,
+    views: &[Buffer],
+    view_ranges: &[Range],
+    v: u32,
+) {
+    let bit = view_ranges[v as usize].alloc.0 as usize % super::WRITTEN_BITS;
+    let (word, mask) = (&mut filter.bits[bit / 64], 1 << (bit % 64));
+    if *word & mask == 0 {
+        *word |= mask;
+        *filter.version += 1;
+    }
+    if stamp != 0 {
+        // The filter has the allocation now (and keeps it until a reset, which takes a new
+        // stamp): the view's next writes need not look.
+        let word = stamp << INDEX_BITS | (MARKED | v) as u64;
+        views[v as usize]
+            .graph_stamp()
+            .store(word, Ordering::Relaxed);
     }
 }
