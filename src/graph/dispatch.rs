@@ -181,6 +181,33 @@ impl OpKind {
         }
     }
 
+    /// Number of distinct values ([`code`](Self::code) is below it).
+    pub(crate) const CODES: usize = 16;
+
+    /// A distinct small number per value, below [`CODES`](Self::CODES), for tables keyed by op
+    /// kind.
+    #[inline]
+    pub(crate) fn code(self) -> usize {
+        match self {
+            OpKind::MatMul => 0,
+            OpKind::MatMulId => 1,
+            OpKind::RmsNorm => 2,
+            OpKind::RmsNormMul => 3,
+            OpKind::Rope => 4,
+            OpKind::Add => 5,
+            OpKind::Mul => 6,
+            OpKind::Elementwise => 7,
+            OpKind::Copy => 8,
+            OpKind::KvWrite => 9,
+            OpKind::Gather => 10,
+            OpKind::Softmax => 11,
+            OpKind::Attention => 12,
+            OpKind::Argmax => 13,
+            OpKind::Custom { reorderable: false } => 14,
+            OpKind::Custom { reorderable: true } => 15,
+        }
+    }
+
     /// A short lowercase name for reports and traces.
     pub fn name(self) -> &'static str {
         match self {
@@ -672,5 +699,41 @@ impl Dispatch {
                 ranges,
             })),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OpKind;
+
+    /// Every op kind has its own code, below `CODES` (the fusion pass keys a table by it).
+    #[test]
+    fn given_every_op_kind_when_coded_should_give_distinct_codes_below_the_bound() {
+        let all = [
+            OpKind::MatMul,
+            OpKind::MatMulId,
+            OpKind::RmsNorm,
+            OpKind::RmsNormMul,
+            OpKind::Rope,
+            OpKind::Add,
+            OpKind::Mul,
+            OpKind::Elementwise,
+            OpKind::Copy,
+            OpKind::KvWrite,
+            OpKind::Gather,
+            OpKind::Softmax,
+            OpKind::Attention,
+            OpKind::Argmax,
+            OpKind::Custom { reorderable: false },
+            OpKind::Custom { reorderable: true },
+        ];
+        let mut seen = [false; OpKind::CODES];
+        for op in all {
+            let c = op.code();
+            assert!(c < OpKind::CODES, "{op:?}: {c}");
+            assert!(!seen[c], "{op:?}: code {c} taken twice");
+            seen[c] = true;
+        }
+        assert!(seen.iter().all(|&s| s), "a code no op kind has");
     }
 }

@@ -151,7 +151,7 @@ pub(super) fn take_in(
 pub(crate) const MAX_VIEWS: usize = INDEX_MASK as usize + 1;
 
 #[inline(never)]
-fn take_in_new(
+pub(super) fn take_in_new(
     stamp: u64,
     views: &mut Vec<Buffer>,
     view_ranges: &mut Vec<Range>,

@@ -6,7 +6,7 @@
 use std::mem::ManuallyDrop;
 use std::sync::atomic::Ordering;
 
-use super::recording::{mark_written, take_in, WrittenFilter, INDEX_BITS, INDEX_MASK, MARKED};
+use super::recording::{mark_written, take_in_new, WrittenFilter, INDEX_BITS, INDEX_MASK, MARKED};
 use super::{valid_overlaps, ComputeGraph, Header, Span};
 use crate::graph::borrowed::ArgRef;
 use crate::graph::dispatch::{Access, Arg, Grid, KernelId, OpKind, Range};
@@ -139,7 +139,7 @@ fn take_in_cold(
     view_ranges: &mut Vec<Range>,
     b: &crate::backend::Buffer,
 ) -> Option<u64> {
-    let v = take_in(stamp, views, view_ranges, b).ok()?;
+    let v = take_in_new(stamp, views, view_ranges, b).ok()?;
     Some(stamp << INDEX_BITS | u64::from(v))
 }
 

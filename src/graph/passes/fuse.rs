@@ -53,31 +53,34 @@ pub(super) fn fuse_dispatches(graph: &mut ComputeGraph, rules: &[FusionRule]) ->
         return 0;
     }
     graph.refresh_overlaps();
+    // Per first op kind (by code): the second kinds some rule pairs it with, one bit each.
+    let mut pairs = [0u32; OpKind::CODES];
+    for r in rules {
+        pairs[r.first.code()] |= 1 << r.second.code();
+    }
     let mut order = std::mem::take(graph.order_mut());
     // order[..kept] is the output; a fused pair replaces order[kept - 1].
     let mut kept: usize = 0;
     let mut fusions = 0;
     let mut fused = Resolved::new();
-    // The op kind of order[kept - 1], once there is one.
-    let mut prev_op = None;
+    // What a rule may pair with order[kept - 1], as `pairs` holds it (none before the first).
+    let mut follows = 0u32;
     for i in 0..order.len() {
         let cur = order[i];
-        let op = graph.op_at(cur);
-        if let Some(p) = prev_op {
-            if rules.iter().any(|r| r.first == p && r.second == op) {
-                let prev = order[kept - 1];
-                let found = try_rules(rules, graph, prev, cur, &order[i + 1..], &mut fused);
-                if let Some(Ok(h)) = found.then(|| graph.add_detached(&fused)) {
-                    order[kept - 1] = h;
-                    prev_op = Some(graph.op_at(h));
-                    fusions += 1;
-                    continue;
-                }
+        let op = graph.op_at(cur).code();
+        if follows & (1 << op) != 0 {
+            let prev = order[kept - 1];
+            let found = try_rules(rules, graph, prev, cur, &order[i + 1..], &mut fused);
+            if let Some(Ok(h)) = found.then(|| graph.add_detached(&fused)) {
+                order[kept - 1] = h;
+                follows = pairs[graph.op_at(h).code()];
+                fusions += 1;
+                continue;
             }
         }
         order[kept] = cur;
         kept += 1;
-        prev_op = Some(op);
+        follows = pairs[op];
     }
     order.truncate(kept);
     *graph.order_mut() = order;
