@@ -216,13 +216,16 @@ fn overlap_lists(
     written: impl Fn(&Range) -> bool,
 ) -> Option<(Vec<u32>, Vec<u32>)> {
     let k = ranges.len();
-    // Sorted by (allocation, start), the keys beside the indices.
-    let mut order: Vec<(u128, u32)> = ranges
-        .iter()
-        .enumerate()
-        .filter(|(_, r)| r.start < r.end && written(r))
-        .map(|(i, r)| ((r.alloc.0 as u128) << 64 | r.start as u128, i as u32))
-        .collect();
+    // Sorted by (allocation, start), the keys beside the indices; room for all, allocated once.
+    let mut order: Vec<(u128, u32)> = Vec::with_capacity(k);
+    let mut any_empty = false;
+    for (i, r) in ranges.iter().enumerate() {
+        if r.start >= r.end {
+            any_empty = true;
+        } else if written(r) {
+            order.push(((r.alloc.0 as u128) << 64 | r.start as u128, i as u32));
+        }
+    }
     if !order.is_sorted_by_key(|&(key, _)| key) {
         order.sort_unstable_by_key(|&(key, _)| key);
     }
@@ -237,7 +240,7 @@ fn overlap_lists(
             pairs.push((i, j));
         }
     }
-    if pairs.is_empty() && ranges.iter().all(|r| r.start < r.end) {
+    if pairs.is_empty() && !any_empty {
         return None;
     }
     let mut start = vec![0u32; k + 1];

@@ -151,7 +151,19 @@ pub(super) fn take_in(
 pub(crate) const MAX_VIEWS: usize = INDEX_MASK as usize + 1;
 
 #[inline(never)]
-pub(super) fn take_in_new(
+fn take_in_new(
+    stamp: u64,
+    views: &mut Vec<Buffer>,
+    view_ranges: &mut Vec<Range>,
+    b: &Buffer,
+) -> Result<u32> {
+    take_in_unseen(stamp, views, view_ranges, b)
+}
+
+/// Takes in `b`'s view, which the graph (with `stamp`, its views and their ranges) does not
+/// hold, and returns its index.
+#[inline(always)]
+pub(super) fn take_in_unseen(
     stamp: u64,
     views: &mut Vec<Buffer>,
     view_ranges: &mut Vec<Range>,

@@ -6,7 +6,7 @@
 use std::mem::ManuallyDrop;
 use std::sync::atomic::Ordering;
 
-use super::recording::{mark_written, take_in_new, WrittenFilter, INDEX_BITS, INDEX_MASK, MARKED};
+use super::recording::{mark_written, take_in_unseen, WrittenFilter, INDEX_BITS, INDEX_MASK, MARKED};
 use super::{valid_overlaps, ComputeGraph, Header, Span};
 use crate::graph::borrowed::ArgRef;
 use crate::graph::dispatch::{Access, Arg, Grid, KernelId, OpKind, Range};
@@ -139,7 +139,7 @@ fn take_in_cold(
     view_ranges: &mut Vec<Range>,
     b: &crate::backend::Buffer,
 ) -> Option<u64> {
-    let v = take_in_new(stamp, views, view_ranges, b).ok()?;
+    let v = take_in_unseen(stamp, views, view_ranges, b).ok()?;
     Some(stamp << INDEX_BITS | u64::from(v))
 }
 
@@ -162,6 +162,12 @@ fn self_clear(
                 !more_than(read_too[i], reads, |r| r == w)
                     && !writes.iter().enumerate().any(|(j, &x)| j != i && x == w)
             })
+        }
+        // One write (the common case): its range against each read.
+        _ if writes.len() == 1 => {
+            let mine = &ranges[writes[0] as usize];
+            // An empty view overlaps nothing, its own read included.
+            !more_than(read_too[0], reads, |r| mine.overlaps(&ranges[r as usize]))
         }
         _ => writes.iter().enumerate().all(|(i, &w)| {
             let mine = &ranges[w as usize];
