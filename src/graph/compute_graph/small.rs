@@ -6,7 +6,9 @@
 use std::mem::ManuallyDrop;
 use std::sync::atomic::Ordering;
 
-use super::recording::{mark_written, take_in_unseen, WrittenFilter, INDEX_BITS, INDEX_MASK, MARKED};
+use super::recording::{
+    mark_written, take_in_unseen, WrittenFilter, INDEX_BITS, INDEX_MASK, MARKED,
+};
 use super::{valid_overlaps, ComputeGraph, Header, Span};
 use crate::graph::borrowed::ArgRef;
 use crate::graph::dispatch::{Access, Arg, Grid, KernelId, OpKind, Range};
