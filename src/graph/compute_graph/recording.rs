@@ -150,6 +150,7 @@ pub(super) fn take_in(
 /// view's stamp word.
 pub(crate) const MAX_VIEWS: usize = INDEX_MASK as usize + 1;
 
+/// [`take_in_unseen`] out of line, for [`take_in`]'s rare path.
 #[inline(never)]
 fn take_in_new(
     stamp: u64,
