@@ -149,6 +149,11 @@ fn take_in_cold(
 /// kept overlaps (valid for the graph's `(stamp, views, written_version)`) say each written view
 /// overlaps no other view, else by byte range. `read_too[i]`: the `i`th write's argument also
 /// reads it (its own read is among `reads`).
+///
+/// The general path's check (`written_overlap`, `same_view_twice`) asks the same question of
+/// writes kept with their read's position; one generic check for both paths measured about 1 us
+/// slower per decode step. The random-argument test of `compute_graph_tests.rs` holds both
+/// against [`Dispatch::new`](crate::graph::Dispatch::new).
 #[inline(always)]
 fn self_clear(
     kept: &Option<super::KeptOverlaps>,
