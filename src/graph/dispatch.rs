@@ -393,8 +393,8 @@ impl RangeList {
 /// from the arguments.
 ///
 /// The fields live behind one pointer, so a graph node is one word and the passes move nodes for
-/// free. The blocks behind the pointers are recycled per thread (see [`spare`]): recording a step
-/// after dropping the previous one allocates nothing.
+/// free. The blocks behind the pointers are recycled per thread (a small free list kept by this
+/// module): recording a step after dropping the previous one allocates nothing.
 pub struct Dispatch {
     /// Always set; taken only in `drop`.
     inner: ManuallyDrop<Box<DispatchInner>>,
