@@ -338,7 +338,7 @@ impl Executable {
         let d = &self.dispatches[i];
         KernelTiming {
             index: i,
-            kernel: d.kernel().0,
+            kernel: d.kernel().name(),
             op: d.op().name(),
             level: self.level[i],
             track,
@@ -361,7 +361,7 @@ fn run_one(
     let result = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| kernel(&args))) {
         Ok(r) => r,
         Err(_) => Err(Error::Kernel {
-            kernel: d.kernel().0,
+            kernel: d.kernel().name(),
             msg: "the kernel panicked (a bug in onepass: please report it)".into(),
         }),
     };
@@ -417,16 +417,17 @@ fn check_stable(
             let id = buf.alloc_id();
             if !device.owns(buf) {
                 return Err(Error::WrongDevice {
-                    op: d.kernel().0,
+                    op: d.kernel().name(),
                     arg: "buffer",
                     got: buf.allocation().location(),
                     expected: device.name(),
                 });
             }
             if !stable.contains(id) {
-                bad.entry(id)
-                    .or_default()
-                    .push(format!("argument {a} of dispatch {i} `{}`", d.kernel().0));
+                bad.entry(id).or_default().push(format!(
+                    "argument {a} of dispatch {i} `{}`",
+                    d.kernel().name()
+                ));
             } else if seen.insert(id) {
                 allocations.push(buf.allocation().clone());
             }
@@ -460,13 +461,14 @@ fn check_stable(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::graph::{Grid, KernelId, OpKind};
+    use crate::graph::synthetic::untyped_kernel;
+    use crate::graph::{Grid, OpKind};
 
     fn d(device: &Device, reads: &[&Buffer], writes: &[&Buffer]) -> Dispatch {
         let mut args: Vec<Arg> = reads.iter().map(|b| Arg::read(b)).collect();
         args.extend(writes.iter().map(|b| Arg::write(b)));
         let _ = device;
-        Dispatch::new(KernelId("test"), args, Grid::cover(1, 1), OpKind::Add).expect("dispatch")
+        Dispatch::new(untyped_kernel(OpKind::Add), args, Grid::cover(1, 1)).expect("dispatch")
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod config;
 pub mod error;
 pub mod executable;
 pub mod graph;
+pub mod kernels;
 pub mod model;
 pub mod ops;
 pub mod quant;

@@ -585,7 +585,7 @@ fn first_divergent(reference: &Trace, other: &Trace) -> Option<DivergentDispatch
             Some(h) if h != hash => {
                 return Some(DivergentDispatch {
                     index,
-                    kernel: key.0 .0.to_string(),
+                    kernel: key.0.name().to_string(),
                     op: op.clone(),
                 })
             }
@@ -665,6 +665,7 @@ fn format_element(dtype: DType, bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::graph::synthetic::untyped_kernel;
 
     use super::byte_set::tests::intervals;
 
@@ -676,7 +677,7 @@ mod tests {
         let b = dev.alloc(DType::F32, &[4]).expect("b");
         let out = dev.alloc(DType::F32, &[4]).expect("out");
         let d = |args: Vec<Arg>| {
-            Dispatch::new(KernelId("test"), args, Grid::new(1, 1), OpKind::Copy).expect("dispatch")
+            Dispatch::new(untyped_kernel(OpKind::Copy), args, Grid::new(1, 1)).expect("dispatch")
         };
         let a_front = a.view(0, DType::F32, &[2]).expect("front");
         let units = vec![

@@ -289,7 +289,7 @@ impl Session {
     pub fn push(&mut self, dispatch: Dispatch) -> Result<()> {
         for arg in dispatch.args() {
             if let Arg::Buffer(buf, _) = arg {
-                self.check_device(dispatch.kernel().0, buf)?;
+                self.check_device(dispatch.kernel().name(), buf)?;
             }
         }
         self.dispatches += 1;

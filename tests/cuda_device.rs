@@ -6,7 +6,9 @@ mod cuda_open;
 
 use cuda_open::cuda_device;
 use onepass::backend::cuda;
+use onepass::graph::synthetic::untyped_kernel;
 use onepass::graph::{Arg, Dispatch, Grid, KernelId, OpKind};
+use onepass::kernels::misc::CUDA_SELFTEST;
 use onepass::{DType, Device, Executor, Mode, Plan};
 
 fn seeded(n: usize, seed: u32) -> Vec<f32> {
@@ -83,10 +85,9 @@ fn unknown_kernel_is_an_error() {
     let Some(dev) = cuda_device() else { return };
     let x = dev.alloc(DType::F32, &[4]).unwrap();
     let d = Dispatch::new(
-        KernelId("no_such_kernel"),
+        untyped_kernel(OpKind::Copy),
         vec![Arg::write(&x)],
         Grid::new(1, 32),
-        OpKind::Copy,
     )
     .unwrap();
     let mut s = Executor::new(dev).begin(Mode::Direct);
@@ -125,7 +126,7 @@ fn direct_recorded_and_synchronized_modes_agree() {
         let mut s = exec.begin(mode);
         for a in scales {
             let d = Dispatch::new(
-                KernelId("selftest_axpy_f32"),
+                KernelId::of(&CUDA_SELFTEST[0]),
                 vec![
                     Arg::read(&xb),
                     Arg::read_write(&yb),
@@ -133,7 +134,6 @@ fn direct_recorded_and_synchronized_modes_agree() {
                     Arg::f32(a),
                 ],
                 Grid::cover(n, 256),
-                OpKind::Elementwise,
             )
             .unwrap();
             s.push(d).unwrap();

@@ -10,12 +10,13 @@
 
 mod cuda_open;
 
+use onepass::kernels::misc::CUDA_SELFTEST;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use onepass::backend::cuda::{size_class, CudaDevice, CudaGraph};
-use onepass::graph::{Arg, Dispatch, Grid, KernelId, OpKind};
+use onepass::graph::{Arg, Dispatch, Grid, KernelId};
 use onepass::{DType, Device, Executor, Mode, Plan};
 
 /// The environment variable that tells `fault_child` which path to fault through.
@@ -160,10 +161,9 @@ fn model_whose_kv_cache_cannot_fit_is_an_error() {
 /// The faulting dispatch: one store through a non-canonical address.
 fn faulting_dispatch(y: &onepass::Buffer) -> Dispatch {
     Dispatch::new(
-        KernelId("selftest_fault_f32"),
+        KernelId::of(&CUDA_SELFTEST[1]),
         vec![Arg::write(y), Arg::u32(BAD_HIGH)],
         Grid::cover(1, 32),
-        OpKind::Elementwise,
     )
     .expect("dispatch")
 }
@@ -279,7 +279,7 @@ fn fault_child() {
             {
                 let mut s = Executor::new(dev.clone()).begin(Mode::Direct);
                 let d = Dispatch::new(
-                    KernelId("selftest_axpy_f32"),
+                    KernelId::of(&CUDA_SELFTEST[0]),
                     vec![
                         Arg::read(&scratch),
                         Arg::read_write(&y),
@@ -287,7 +287,6 @@ fn fault_child() {
                         Arg::f32(2.0),
                     ],
                     Grid::cover(64, 64),
-                    OpKind::Elementwise,
                 )
                 .expect("dispatch");
                 match s.push(d) {

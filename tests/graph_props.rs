@@ -8,10 +8,12 @@
 
 use onepass::backend::cpu::KernelArgs;
 use onepass::graph::passes::{self, FusionRule};
+use onepass::graph::synthetic::untyped_kernel;
 use onepass::graph::{
-    Access, Arg, ArgRef, ComputeGraph, Dispatch, DispatchRef, DispatchSpec, Grid, KernelId, Node,
+    Access, Arg, ArgRef, ComputeGraph, Dispatch, DispatchRef, DispatchSpec, Grid, KernelSig, Node,
     OpKind, Range, RangeSet, Scalar,
 };
+use onepass::kernels::{DTypes, Param};
 use onepass::ops::custom::CustomKernel;
 use onepass::{Buffer, DType, Device, Executor, Mode};
 use proptest::prelude::*;
@@ -97,7 +99,7 @@ fn build(mem: &Mem, specs: &[Spec]) -> ComputeGraph {
         let mut args: Vec<Arg> = reads.iter().map(|v| Arg::read(&mem.view(*v))).collect();
         args.extend(writes.iter().map(|v| Arg::write(&mem.view(*v))));
         args.push(Arg::u32(g.dispatch_count() as u32));
-        if let Ok(d) = Dispatch::new(KernelId("prop"), args, Grid::new(1, 1), op) {
+        if let Ok(d) = Dispatch::new(untyped_kernel(op), args, Grid::new(1, 1)) {
             g.push(d);
         }
     }
@@ -195,12 +197,7 @@ fn chain_rule() -> FusionRule {
             .collect();
         args.extend(buffers(b, Access::writes).into_iter().map(ArgRef::write));
         args.push(ArgRef::u32(tag(a) as u32));
-        DispatchSpec::new(
-            KernelId("chain"),
-            &args,
-            Grid::new(1, 1),
-            OpKind::Elementwise,
-        )
+        DispatchSpec::new(untyped_kernel(OpKind::Elementwise), &args, Grid::new(1, 1))
     }
     FusionRule {
         name: "props_chain",
@@ -319,36 +316,58 @@ fn k_add_scale(args: &KernelArgs<'_>) -> onepass::Result<()> {
     Ok(())
 }
 
+const F32: DTypes = DTypes::one(DType::F32);
+const MOVABLE: OpKind = OpKind::Custom { reorderable: true };
+
+static ADD_SIG: KernelSig = KernelSig::new(
+    "props_add",
+    MOVABLE,
+    &[
+        Param::read("a", F32),
+        Param::read("b", F32),
+        Param::write("out", F32),
+    ],
+);
+static SCALE_SIG: KernelSig = KernelSig::new(
+    "props_scale",
+    MOVABLE,
+    &[
+        Param::read("x", F32),
+        Param::write("out", F32),
+        Param::f32("s"),
+    ],
+);
+static ADD_SCALE_SIG: KernelSig = KernelSig::new(
+    "props_add_scale",
+    MOVABLE,
+    &[
+        Param::read("a", F32),
+        Param::read("b", F32),
+        Param::write("out", F32),
+        Param::f32("s"),
+    ],
+);
+
 const ADD: CustomKernel = CustomKernel {
-    name: "props_add",
+    sig: &ADD_SIG,
     cpu: k_add,
-    cuda: None,
-    reorderable: true,
 };
 const SCALE: CustomKernel = CustomKernel {
-    name: "props_scale",
+    sig: &SCALE_SIG,
     cpu: k_scale,
-    cuda: None,
-    reorderable: true,
 };
 const ADD_SCALE: CustomKernel = CustomKernel {
-    name: "props_add_scale",
+    sig: &ADD_SCALE_SIG,
     cpu: k_add_scale,
-    cuda: None,
-    reorderable: true,
 };
-
-fn buffer(d: DispatchRef<'_>, i: usize) -> Option<&Buffer> {
-    d.buffer_arg(i).map(|(b, _)| b)
-}
 
 /// An add whose output the next scale reads in full.
 fn add_scale_intermediate(a: DispatchRef<'_>, b: DispatchRef<'_>) -> Option<Range> {
-    if a.kernel().0 != ADD.name || b.kernel().0 != SCALE.name {
+    if a.kernel() != ADD.id() || b.kernel() != SCALE.id() {
         return None;
     }
-    let out = buffer(a, 2)?;
-    let input = buffer(b, 0)?;
+    let out = a.buffer("out")?;
+    let input = b.buffer("x")?;
     (Range::of(out) == Range::of(input)).then(|| Range::of(out))
 }
 
@@ -357,14 +376,13 @@ fn add_scale_build<'a>(
     b: DispatchRef<'a>,
 ) -> onepass::Result<DispatchSpec<'a>> {
     let missing = || onepass::Error::InvalidArgument("add_scale: unexpected arguments".into());
-    let s = match b.args().get(2) {
-        Some(Arg::Scalar(Scalar::F32(s))) => *s,
-        _ => return Err(missing()),
+    let Some(Scalar::F32(s)) = b.scalar("s") else {
+        return Err(missing());
     };
     let (x, y, out) = (
-        buffer(a, 0).ok_or_else(missing)?,
-        buffer(a, 1).ok_or_else(missing)?,
-        buffer(b, 1).ok_or_else(missing)?,
+        a.buffer("a").ok_or_else(missing)?,
+        a.buffer("b").ok_or_else(missing)?,
+        b.buffer("out").ok_or_else(missing)?,
     );
     onepass::ops::custom::custom_spec(
         &ADD_SCALE,

@@ -9,7 +9,9 @@
 
 use onepass::backend::cpu::KernelArgs;
 use onepass::graph::passes::{self, FusionRule};
+use onepass::graph::KernelSig;
 use onepass::graph::{Arg, ArgRef, DispatchRef, DispatchSpec, Grid, OpKind, Range, Scalar};
+use onepass::kernels::{DTypes, Param};
 use onepass::ops::custom::{self, CustomKernel};
 use onepass::{Buffer, DType, Device, Executor, Mode, Plan, RuntimeConfig};
 use rand::{RngExt, SeedableRng};
@@ -86,27 +88,90 @@ fn k_add_scale(args: &KernelArgs<'_>) -> onepass::Result<()> {
     Ok(())
 }
 
-const fn kernel(name: &'static str, cpu: onepass::backend::cpu::CpuKernelFn) -> CustomKernel {
-    CustomKernel {
-        name,
-        cpu,
-        cuda: None,
-        reorderable: true,
-    }
+const F32: DTypes = DTypes::one(DType::F32);
+const MOVABLE: OpKind = OpKind::Custom { reorderable: true };
+
+/// Declares a test kernel and pairs it with its CPU function.
+macro_rules! kernel {
+    ($sig:ident, $kernel:ident, $name:literal, $op:expr, $cpu:ident, [$($param:expr),* $(,)?]) => {
+        static $sig: KernelSig = KernelSig::new($name, $op, &[$($param),*]);
+        const $kernel: CustomKernel = CustomKernel { sig: &$sig, cpu: $cpu };
+    };
 }
 
-const ADD: CustomKernel = kernel("modes_add", k_add);
-const MUL: CustomKernel = kernel("modes_mul", k_mul);
-const SCALE: CustomKernel = kernel("modes_scale", k_scale);
-const COPY: CustomKernel = kernel("modes_copy", k_copy);
-const ACCUMULATE: CustomKernel = kernel("modes_accumulate", k_accumulate);
-const SUM: CustomKernel = CustomKernel {
-    name: "modes_sum",
-    cpu: k_sum,
-    cuda: None,
-    reorderable: false,
-};
-const ADD_SCALE: CustomKernel = kernel("modes_add_scale", k_add_scale);
+kernel!(
+    ADD_SIG,
+    ADD,
+    "modes_add",
+    MOVABLE,
+    k_add,
+    [
+        Param::read("a", F32),
+        Param::read("b", F32),
+        Param::write("out", F32)
+    ]
+);
+kernel!(
+    MUL_SIG,
+    MUL,
+    "modes_mul",
+    MOVABLE,
+    k_mul,
+    [
+        Param::read("a", F32),
+        Param::read("b", F32),
+        Param::write("out", F32)
+    ]
+);
+kernel!(
+    SCALE_SIG,
+    SCALE,
+    "modes_scale",
+    MOVABLE,
+    k_scale,
+    [
+        Param::read("x", F32),
+        Param::write("out", F32),
+        Param::f32("s")
+    ]
+);
+kernel!(
+    COPY_SIG,
+    COPY,
+    "modes_copy",
+    MOVABLE,
+    k_copy,
+    [Param::read("x", F32), Param::write("out", F32)]
+);
+kernel!(
+    ACCUMULATE_SIG,
+    ACCUMULATE,
+    "modes_accumulate",
+    MOVABLE,
+    k_accumulate,
+    [Param::read("x", F32), Param::read_write("acc", F32)]
+);
+kernel!(
+    SUM_SIG,
+    SUM,
+    "modes_sum",
+    OpKind::Custom { reorderable: false },
+    k_sum,
+    [Param::read("x", F32), Param::write("out", F32)]
+);
+kernel!(
+    ADD_SCALE_SIG,
+    ADD_SCALE,
+    "modes_add_scale",
+    MOVABLE,
+    k_add_scale,
+    [
+        Param::read("a", F32),
+        Param::read("b", F32),
+        Param::write("out", F32),
+        Param::f32("s")
+    ]
+);
 
 // ---------------------------------------------------------------- random programs
 
@@ -287,15 +352,11 @@ impl Memory {
 
 // ---------------------------------------------------------------- the fusion test rule
 
-fn buffer(d: DispatchRef<'_>, i: usize) -> Option<&Buffer> {
-    d.buffer_arg(i).map(|(b, _)| b)
-}
-
 fn add_scale_intermediate(a: DispatchRef<'_>, b: DispatchRef<'_>) -> Option<Range> {
-    if a.kernel().0 != ADD.name || b.kernel().0 != SCALE.name {
+    if a.kernel() != ADD.id() || b.kernel() != SCALE.id() {
         return None;
     }
-    let (out, input) = (Range::of(buffer(a, 2)?), Range::of(buffer(b, 0)?));
+    let (out, input) = (Range::of(a.buffer("out")?), Range::of(b.buffer("x")?));
     (out == input).then_some(out)
 }
 
@@ -304,19 +365,19 @@ fn add_scale_build<'a>(
     b: DispatchRef<'a>,
 ) -> onepass::Result<DispatchSpec<'a>> {
     let bad = || onepass::Error::InvalidArgument("add_scale: unexpected arguments".into());
-    let Some(Arg::Scalar(Scalar::F32(s))) = b.args().get(2) else {
+    let Some(Scalar::F32(s)) = b.scalar("s") else {
         return Err(bad());
     };
-    let x = buffer(a, 0).ok_or_else(bad)?;
-    let y = buffer(a, 1).ok_or_else(bad)?;
-    let out = buffer(b, 1).ok_or_else(bad)?;
+    let x = a.buffer("a").ok_or_else(bad)?;
+    let y = a.buffer("b").ok_or_else(bad)?;
+    let out = b.buffer("out").ok_or_else(bad)?;
     custom::custom_spec(
         &ADD_SCALE,
         &[
             ArgRef::read(x),
             ArgRef::read(y),
             ArgRef::write(out),
-            ArgRef::f32(*s),
+            ArgRef::f32(s),
         ],
         b.grid(),
     )

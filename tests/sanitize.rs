@@ -2,6 +2,8 @@
 //! only written, and a kernel pair whose hidden write the reorder pass moves a reader across, are
 //! both caught; the SmolLM2 decode graph passes on the CPU (the CI check of issue 7, item 3).
 
+use onepass::graph::{KernelSig, OpKind};
+use onepass::kernels::{DTypes, Param};
 use std::sync::{Arc, Mutex};
 
 use onepass::backend::cpu::KernelArgs;
@@ -127,11 +129,17 @@ fn accumulate_into_write(args: &KernelArgs<'_>) -> onepass::Result<()> {
     Ok(())
 }
 
+const F32: DTypes = DTypes::one(DType::F32);
+const MOVABLE: OpKind = OpKind::Custom { reorderable: true };
+
+static ACCUMULATE_SIG: KernelSig = KernelSig::new(
+    "test_sanitize_accumulate_f32",
+    MOVABLE,
+    &[Param::read("x", F32), Param::write("acc", F32)],
+);
 const ACCUMULATE: CustomKernel = CustomKernel {
-    name: "test_sanitize_accumulate_f32",
+    sig: &ACCUMULATE_SIG,
     cpu: accumulate_into_write,
-    cuda: None,
-    reorderable: true,
 };
 
 #[test]
@@ -181,7 +189,10 @@ fn given_a_kernel_that_reads_its_declared_output_when_sanitized_should_report_a_
         "the zero-poisoned run reads zeros: {m:?}"
     );
     let node = m.first_divergent.as_ref().expect("divergent dispatch");
-    assert_eq!((node.index, node.kernel.as_str()), (1, ACCUMULATE.name));
+    assert_eq!(
+        (node.index, node.kernel.as_str()),
+        (1, ACCUMULATE.sig.name())
+    );
     assert!(
         report.verdict().contains("MISMATCH"),
         "{}",
@@ -215,17 +226,20 @@ fn stash_take(args: &KernelArgs<'_>) -> onepass::Result<()> {
     Ok(())
 }
 
+static PUT_SIG: KernelSig =
+    KernelSig::new("test_sanitize_stash_put", MOVABLE, &[Param::read("x", F32)]);
+static TAKE_SIG: KernelSig = KernelSig::new(
+    "test_sanitize_stash_take",
+    MOVABLE,
+    &[Param::write("out", F32)],
+);
 const PUT: CustomKernel = CustomKernel {
-    name: "test_sanitize_stash_put",
+    sig: &PUT_SIG,
     cpu: stash_put,
-    cuda: None,
-    reorderable: true,
 };
 const TAKE: CustomKernel = CustomKernel {
-    name: "test_sanitize_stash_take",
+    sig: &TAKE_SIG,
     cpu: stash_take,
-    cuda: None,
-    reorderable: true,
 };
 
 #[test]
@@ -269,7 +283,7 @@ fn given_a_missing_write_declaration_when_the_reorder_moves_a_reader_should_repo
     assert!(m.expected.starts_with(&format!("{want:?}")), "{m:?}");
     assert!(m.got.starts_with("0.0"), "{m:?}");
     let node = m.first_divergent.as_ref().expect("divergent dispatch");
-    assert_eq!((node.index, node.kernel.as_str()), (2, TAKE.name));
+    assert_eq!((node.index, node.kernel.as_str()), (2, TAKE.sig.name()));
 }
 
 #[test]

@@ -2,9 +2,10 @@
 //! (a view of a recorded or owned dispatch, what encoders and fusion rules read) and
 //! [`DispatchSpec`] (a dispatch described over borrowed buffers, what a fusion rule builds).
 
-use super::dispatch::{Access, Arg, Dispatch, Grid, KernelId, OpKind, Range, Scalar};
+use super::dispatch::{Access, Arg, Dispatch, Grid, OpKind, Range, Scalar};
 use crate::backend::Buffer;
 use crate::error::{Error, Result};
+use crate::kernels::{ArgShape, KernelId, ScalarKind};
 
 /// One kernel argument as a recorder takes it: buffers are borrowed, so recording into a
 /// [`ComputeGraph`](super::ComputeGraph) takes no reference count per argument (the graph keeps
@@ -47,6 +48,15 @@ impl<'a> ArgRef<'a> {
     pub fn f32(v: f32) -> Self {
         ArgRef::Scalar(Scalar::F32(v))
     }
+
+    /// What a kernel signature checks of the argument.
+    #[inline]
+    pub fn shape(&self) -> ArgShape {
+        match *self {
+            ArgRef::Buffer(b, access) => ArgShape::Buffer(access, b.dtype()),
+            ArgRef::Scalar(s) => ArgShape::Scalar(ScalarKind::of(s)),
+        }
+    }
 }
 
 impl<'a> From<&'a Arg> for ArgRef<'a> {
@@ -74,13 +84,16 @@ pub struct DispatchSpec<'a> {
 }
 
 impl<'a> DispatchSpec<'a> {
-    /// A dispatch of `kernel` over `args` (at most [`SPEC_ARGS`]). Its ranges are checked when
-    /// it is recorded or made a [`Dispatch`].
-    pub fn new(kernel: KernelId, args: &[ArgRef<'a>], grid: Grid, op: OpKind) -> Result<Self> {
+    /// A dispatch of `kernel` over `args` (at most [`SPEC_ARGS`]), which must fit the kernel's
+    /// declared parameters; its op kind is the kernel's. Its ranges are checked when it is
+    /// recorded or made a [`Dispatch`].
+    pub fn new(kernel: KernelId, args: &[ArgRef<'a>], grid: Grid) -> Result<Self> {
+        kernel.sig().check(args.iter().map(ArgRef::shape))?;
+        let op = kernel.op();
         if args.len() > SPEC_ARGS {
             return Err(Error::InvalidArgument(format!(
                 "kernel {}: {} arguments, a dispatch spec holds at most {SPEC_ARGS}",
-                kernel.0,
+                kernel.name(),
                 args.len()
             )));
         }
@@ -134,7 +147,7 @@ impl<'a> DispatchSpec<'a> {
                 ArgRef::Scalar(s) => Arg::Scalar(*s),
             })
             .collect();
-        Dispatch::new(self.kernel, args, self.grid, self.op)
+        Dispatch::new(self.kernel, args, self.grid)
     }
 }
 
@@ -318,6 +331,22 @@ impl<'a> DispatchRef<'a> {
     pub fn buffer_arg(&self, index: usize) -> Option<(&'a Buffer, Access)> {
         match self.args.get(index) {
             Some(Arg::Buffer(b, a)) => Some((b, *a)),
+            _ => None,
+        }
+    }
+
+    /// The buffer argument the kernel's declaration calls `name` (none for an untyped kernel).
+    #[inline]
+    pub fn buffer(&self, name: &str) -> Option<&'a Buffer> {
+        self.buffer_arg(self.kernel.sig().index_of(name)?)
+            .map(|(b, _)| b)
+    }
+
+    /// The scalar argument the kernel's declaration calls `name`.
+    #[inline]
+    pub fn scalar(&self, name: &str) -> Option<Scalar> {
+        match self.args.get(self.kernel.sig().index_of(name)?) {
+            Some(Arg::Scalar(s)) => Some(*s),
             _ => None,
         }
     }

@@ -14,12 +14,13 @@
 //! there (one atomic word in the view, see [`Buffer::graph_stamp`]), so taking in a view seen
 //! before is one load.
 
+use crate::kernels::{KernelId, KernelSig};
 use std::mem::ManuallyDrop;
 use std::sync::atomic::Ordering;
 
 use super::borrowed::{ArgRef, DispatchRef, DispatchSpec, SPEC_ARGS};
 use super::dispatch::{
-    too_many_ranges, Access, Arg, Dispatch, Grid, KernelId, OpKind, Range, Scalar, MAX_RANGES,
+    too_many_ranges, Access, Arg, Dispatch, Grid, OpKind, Range, Scalar, MAX_RANGES,
 };
 mod recording;
 mod small;
@@ -74,6 +75,9 @@ impl From<Fixed> for Slot<'_> {
     }
 }
 
+/// The kernel of an empty [`Resolved`].
+static NO_KERNEL: KernelSig = KernelSig::untyped("", OpKind::Copy);
+
 /// A [`DispatchSpec`] whose buffers the graph holds are named by view index (others are cloned
 /// into `foreign`), so it no longer borrows the graph.
 pub(crate) struct Resolved {
@@ -89,7 +93,7 @@ impl Resolved {
     /// An empty one, for [`ComputeGraph::resolve_into`] to fill.
     pub(crate) fn new() -> Self {
         Resolved {
-            kernel: KernelId(""),
+            kernel: KernelId::of(&NO_KERNEL),
             grid: Grid::new(1, 1),
             op: OpKind::Copy,
             len: 0,
@@ -324,17 +328,14 @@ impl ComputeGraph {
         g
     }
 
-    /// Appends a dispatch of `kernel` over `args`, deriving its read and write ranges. A written
-    /// argument may not overlap any other buffer argument of the same dispatch (an in-place
-    /// update is one `ReadWrite` argument); if one does, nothing is appended.
+    /// Appends a dispatch of `kernel` over `args`, deriving its read and write ranges. The
+    /// arguments must fit the kernel's declared parameters, and a written argument may not
+    /// overlap any other buffer argument of the same dispatch (an in-place update is one
+    /// `ReadWrite` argument); otherwise nothing is appended and the error says why.
     #[inline]
-    pub fn record(
-        &mut self,
-        kernel: KernelId,
-        args: &[ArgRef<'_>],
-        grid: Grid,
-        op: OpKind,
-    ) -> Result<()> {
+    pub fn record(&mut self, kernel: KernelId, args: &[ArgRef<'_>], grid: Grid) -> Result<()> {
+        kernel.sig().check(args.iter().map(ArgRef::shape))?;
+        let op = kernel.op();
         if self.record_small(kernel, args, grid, op) {
             return Ok(());
         }

@@ -6,6 +6,7 @@ use super::*;
 use crate::backend::{DType, Device};
 use crate::error::Error;
 use crate::graph::passes;
+use crate::graph::synthetic::untyped_kernel;
 use crate::ops::elementwise;
 use crate::testutil::random_f32;
 use crate::Executor;
@@ -24,8 +25,7 @@ fn record_add_mul(g: &mut ComputeGraph, a: &Buffer, b: &Buffer, c: &Buffer, t: &
         elementwise::mul(out, c, out).expect("mul"),
     ] {
         let args: Vec<ArgRef<'_>> = d.args().iter().map(ArgRef::from).collect();
-        g.record(d.kernel(), &args, d.grid(), d.op())
-            .expect("record");
+        g.record(d.kernel(), &args, d.grid()).expect("record");
     }
 }
 
@@ -133,10 +133,9 @@ fn given_a_written_argument_overlapping_another_when_recorded_should_fail_and_re
     let mut g = ComputeGraph::new();
     let err = g
         .record(
-            KernelId("copy_f32"),
+            untyped_kernel(OpKind::Copy),
             &[ArgRef::read(&a), ArgRef::write(&half)],
             Grid::new(1, 1),
-            OpKind::Copy,
         )
         .expect_err("overlap");
     assert!(
@@ -166,10 +165,9 @@ fn given_kept_overlaps_when_a_recorded_again_write_meets_a_view_should_still_fai
     let record_step = |g: &mut ComputeGraph| {
         record_add_mul(g, &a, &b, &b, &t);
         g.record(
-            KernelId("copy_f32"),
+            untyped_kernel(OpKind::Copy),
             &[ArgRef::read(&a), ArgRef::write(&half)],
             Grid::new(1, 1),
-            OpKind::Copy,
         )
         .expect("copy");
     };
@@ -194,7 +192,7 @@ fn given_kept_overlaps_when_a_recorded_again_write_meets_a_view_should_still_fai
     ] {
         let before = g.len();
         let err = g
-            .record(KernelId("copy_f32"), &args, Grid::new(1, 1), OpKind::Copy)
+            .record(untyped_kernel(OpKind::Copy), &args, Grid::new(1, 1))
             .expect_err("overlap");
         assert!(err.to_string().contains(what), "{err}");
         assert_eq!(g.len(), before);
@@ -237,14 +235,16 @@ fn side_rule() -> passes::FusionRule {
             let (out, _) = b.buffer_arg(2).ok_or_else(missing)?;
             let side = SIDE.get().ok_or_else(missing)?;
             DispatchSpec::new(
-                KernelId("copy_mul_side"),
+                KernelId::of(&COPY_MUL_SIDE),
                 &[ArgRef::read(src), ArgRef::write(out), ArgRef::write(side)],
                 Grid::new(1, 1),
-                OpKind::Elementwise,
             )
         },
     }
 }
+
+/// The side rule's fused kernel.
+static COPY_MUL_SIDE: KernelSig = KernelSig::untyped("copy_mul_side", OpKind::Elementwise);
 
 #[test]
 fn given_a_rule_naming_a_buffer_the_graph_lacks_when_fused_should_take_it_in() {
@@ -257,20 +257,20 @@ fn given_a_rule_naming_a_buffer_the_graph_lacks_when_fused_should_take_it_in() {
     let side = SIDE.get_or_init(|| dev.alloc(DType::F32, &[N]).expect("alloc"));
     let mut g = ComputeGraph::new();
     let copy = [ArgRef::read(&x), ArgRef::write(&t)];
-    g.record(KernelId("copy_f32"), &copy, Grid::new(1, 1), OpKind::Copy)
+    g.record(untyped_kernel(OpKind::Copy), &copy, Grid::new(1, 1))
         .expect("copy");
     let mul = [ArgRef::read(&t), ArgRef::read(&w), ArgRef::write(&out)];
-    g.record(KernelId("mul_f32"), &mul, Grid::new(1, 1), OpKind::Mul)
+    g.record(untyped_kernel(OpKind::Mul), &mul, Grid::new(1, 1))
         .expect("mul");
     // `t` is overwritten in full afterwards, so it is dead once fused.
     let refill = [ArgRef::read(&x), ArgRef::write(&t)];
-    g.record(KernelId("copy_f32"), &refill, Grid::new(1, 1), OpKind::Copy)
+    g.record(untyped_kernel(OpKind::Copy), &refill, Grid::new(1, 1))
         .expect("copy");
     assert_eq!(g.view_count(), 4);
     assert_eq!(passes::fuse(&mut g, &[side_rule()]), 1);
     assert_eq!(g.view_count(), 5, "the side buffer is taken in");
     let fused = g.dispatches().next().expect("fused");
-    assert_eq!(fused.kernel(), KernelId("copy_mul_side"));
+    assert_eq!(fused.kernel(), KernelId::of(&COPY_MUL_SIDE));
     assert_eq!(fused.reads(), &[Range::of(&x)]);
     assert_eq!(fused.writes(), &[Range::of(&out), Range::of(side)]);
     let (b, access) = fused.buffer_arg(2).expect("side arg");
@@ -324,10 +324,9 @@ fn given_new_views_at_every_step_when_cleared_should_let_go_of_the_old_ones() {
             .view(8192 + step * 4 % 8192, DType::F32, &[4])
             .expect("view");
         g.record(
-            KernelId("copy"),
+            untyped_kernel(OpKind::Copy),
             &[ArgRef::read(&a), ArgRef::write(&b)],
             Grid::new(1, 1),
-            OpKind::Copy,
         )
         .expect("record");
         most = most.max(g.view_count());
@@ -348,12 +347,12 @@ fn given_more_ranges_than_a_dispatch_may_have_when_recorded_should_fail() {
     let args: Vec<ArgRef<'_>> = bufs.iter().map(ArgRef::read).collect();
     let mut g = ComputeGraph::new();
     let err = g
-        .record(KernelId("wide"), &args, Grid::new(1, 1), OpKind::Copy)
+        .record(untyped_kernel(OpKind::Copy), &args, Grid::new(1, 1))
         .expect_err("too many ranges");
     assert!(err.to_string().contains("at most 256"), "{err}");
     assert!(g.is_empty());
     let owned: Vec<Arg> = bufs.iter().map(Arg::read).collect();
-    assert!(Dispatch::new(KernelId("wide"), owned, Grid::new(1, 1), OpKind::Copy).is_err());
+    assert!(Dispatch::new(untyped_kernel(OpKind::Copy), owned, Grid::new(1, 1)).is_err());
 }
 
 /// Random argument lists over aliased views of a few allocations (views repeated, read-write
@@ -412,9 +411,9 @@ fn given_random_aliased_arguments_when_recorded_should_pass_the_checks_of_a_disp
                     ArgRef::Scalar(s) => Arg::Scalar(s),
                 })
                 .collect();
-            let want = Dispatch::new(KernelId("t"), owned, Grid::new(1, 1), OpKind::Copy);
+            let want = Dispatch::new(untyped_kernel(OpKind::Copy), owned, Grid::new(1, 1));
             let before = g.len();
-            let got = g.record(KernelId("t"), &args, Grid::new(1, 1), OpKind::Copy);
+            let got = g.record(untyped_kernel(OpKind::Copy), &args, Grid::new(1, 1));
             let what = format!("round {round}, list {i}: {list:?}");
             assert_eq!(got.is_ok(), want.is_ok(), "{what}: {got:?}");
             match want {
@@ -448,10 +447,9 @@ fn given_more_views_than_a_graph_holds_when_recorded_should_fail() {
     let record = |g: &mut ComputeGraph, i: usize| {
         let v = a.view(i % 16, DType::U8, &[1]).expect("view");
         g.record(
-            KernelId("t"),
+            untyped_kernel(OpKind::Copy),
             &[ArgRef::read(&v)],
             Grid::new(1, 1),
-            OpKind::Copy,
         )
     };
     for i in 0..recording::MAX_VIEWS {

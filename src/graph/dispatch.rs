@@ -6,6 +6,7 @@ use std::mem::ManuallyDrop;
 use super::borrowed::{DispatchRef, Ranges};
 use crate::backend::{AllocId, Buffer};
 use crate::error::{Error, Result};
+use crate::kernels::{ArgShape, KernelId, ScalarKind};
 
 /// How a dispatch uses a buffer argument.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -80,15 +81,14 @@ impl Arg {
     pub fn f32(v: f32) -> Arg {
         Arg::Scalar(Scalar::F32(v))
     }
-}
 
-/// Names one kernel in a backend's registry (CPU: a Rust function; CUDA: a compiled function).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct KernelId(pub &'static str);
-
-impl std::fmt::Display for KernelId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.0)
+    /// What a kernel signature checks of the argument.
+    #[inline]
+    pub fn shape(&self) -> ArgShape {
+        match self {
+            Arg::Buffer(b, access) => ArgShape::Buffer(*access, b.dtype()),
+            Arg::Scalar(s) => ArgShape::Scalar(ScalarKind::of(*s)),
+        }
     }
 }
 
@@ -518,23 +518,23 @@ fn buffers(args: &[Arg]) -> impl Iterator<Item = (&Buffer, Access)> + Clone {
 }
 
 impl Dispatch {
-    /// Builds a dispatch and derives its ranges. A written argument may not overlap any other
-    /// buffer argument of the same dispatch (an in-place update is one `ReadWrite` argument).
+    /// Builds a dispatch of `kernel` and derives its ranges; its op kind is the kernel's. The
+    /// arguments must fit the kernel's declared parameters (count, buffer or scalar, access,
+    /// dtype), and a written argument may not overlap any other buffer argument of the same
+    /// dispatch (an in-place update is one `ReadWrite` argument); otherwise the error names the
+    /// kernel and the argument.
     ///
     /// `args` is a `Vec<Arg>` or an array of [`Arg`]s (an array of up to six avoids a second
     /// allocation).
     #[inline]
-    pub fn new(
-        kernel: KernelId,
-        args: impl Into<ArgList>,
-        grid: Grid,
-        op: OpKind,
-    ) -> Result<Dispatch> {
-        Self::build(kernel, args.into(), grid, op)
+    pub fn new(kernel: KernelId, args: impl Into<ArgList>, grid: Grid) -> Result<Dispatch> {
+        Self::build(kernel, args.into(), grid)
     }
 
-    fn build(kernel: KernelId, args: ArgList, grid: Grid, op: OpKind) -> Result<Dispatch> {
+    fn build(kernel: KernelId, args: ArgList, grid: Grid) -> Result<Dispatch> {
         let list = args.as_slice();
+        kernel.sig().check(list.iter().map(Arg::shape))?;
+        let op = kernel.op();
         let (mut n_reads, mut n_writes) = (0usize, 0usize);
         for (_, access) in buffers(list) {
             n_reads += access.reads() as usize;
@@ -634,7 +634,7 @@ impl Dispatch {
 pub(crate) fn too_many_ranges(kernel: KernelId, n: usize) -> Error {
     Error::InvalidArgument(format!(
         "kernel {}: {n} read and write ranges, a dispatch may have at most {MAX_RANGES}",
-        kernel.0
+        kernel.name()
     ))
 }
 
@@ -656,7 +656,7 @@ fn check_writes_alone(kernel: KernelId, args: &[Arg]) -> Result<()> {
             return Err(Error::InvalidArgument(format!(
                 "kernel {}: written argument {i} overlaps argument {j}; \
                  use one read-write argument for in-place updates",
-                kernel.0
+                kernel.name()
             )));
         }
     }

@@ -140,7 +140,7 @@ pub fn to_dot(graph: &ComputeGraph) -> String {
                 "    n{} [label=\"{}\\n{}\", fillcolor=\"{}\"];",
                 start + k,
                 d.op().name(),
-                escape(d.kernel().0),
+                escape(d.kernel().name()),
                 colour(d.op())
             );
         }
@@ -289,7 +289,7 @@ pub fn to_svg(graph: &ComputeGraph) -> String {
              stroke-width=\"{}\"/><text x=\"{}\" y=\"{}\" font-size=\"8\" \
              text-anchor=\"middle\">{}</text></g>",
             d.op().name(),
-            escape(d.kernel().0),
+            escape(d.kernel().name()),
             item.group,
             colour(d.op()),
             if pinned.is_empty() { "#555" } else { "#000" },

@@ -344,7 +344,8 @@ impl Marks {
 mod tests {
     use super::*;
     use crate::backend::{DType, Device};
-    use crate::graph::{Arg, Dispatch, Grid, KernelId, OpKind, RangeSet};
+    use crate::graph::synthetic::untyped_kernel;
+    use crate::graph::{Arg, Dispatch, Grid, OpKind, RangeSet};
     use rand::RngExt;
 
     /// Random dispatches over aliased views of three allocations, one never written: views
@@ -380,7 +381,7 @@ mod tests {
                 });
             }
             let op = OpKind::Copy;
-            if let Ok(d) = Dispatch::new(KernelId("t"), args, Grid::new(1, 1), op) {
+            if let Ok(d) = Dispatch::new(untyped_kernel(op), args, Grid::new(1, 1)) {
                 out.push(d);
             }
         }

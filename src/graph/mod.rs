@@ -11,9 +11,8 @@ pub mod passes;
 mod ranges;
 pub mod synthetic;
 
+pub use crate::kernels::{KernelId, KernelSig};
 pub use borrowed::{ArgRef, DispatchRef, DispatchSpec, Ranges, RangesIter, SPEC_ARGS};
 pub use compute_graph::{ComputeGraph, Node, Nodes};
-pub use dispatch::{
-    Access, Arg, ArgList, Dispatch, Grid, KernelId, OpKind, Range, Scalar, MAX_RANGES,
-};
+pub use dispatch::{Access, Arg, ArgList, Dispatch, Grid, OpKind, Range, Scalar, MAX_RANGES};
 pub use ranges::RangeSet;

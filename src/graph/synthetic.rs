@@ -8,8 +8,21 @@ use crate::backend::{Buffer, DType, Device};
 use crate::error::{Error, Result};
 use crate::graph::passes::FusionRule;
 use crate::graph::{
-    ArgRef, ComputeGraph, DispatchRef, DispatchSpec, Grid, KernelId, OpKind, Range,
+    ArgRef, ComputeGraph, DispatchRef, DispatchSpec, Grid, KernelId, KernelSig, OpKind, Range,
 };
+
+/// The step's kernels, untyped: the graph is studied by the optimizer, never run.
+static EMBEDDING_Q4_1: KernelSig = KernelSig::untyped("embedding_q4_1", OpKind::Gather);
+static MATMUL_Q4_1: KernelSig = KernelSig::untyped("matmul_q4_1", OpKind::MatMul);
+static ROPE_F32: KernelSig = KernelSig::untyped("rope_f32", OpKind::Rope);
+static KV_WRITE_F32: KernelSig = KernelSig::untyped("kv_write_f32", OpKind::KvWrite);
+static ATTENTION_DECODE_F32: KernelSig =
+    KernelSig::untyped("attention_decode_f32", OpKind::Attention);
+static ADD_F32: KernelSig = KernelSig::untyped("add_f32", OpKind::Add);
+static SWIGLU_F32: KernelSig = KernelSig::untyped("swiglu_f32", OpKind::Elementwise);
+static RMS_NORM_F32: KernelSig = KernelSig::untyped("rms_norm_f32", OpKind::RmsNorm);
+static MUL_F32: KernelSig = KernelSig::untyped("mul_f32", OpKind::Mul);
+static RMS_NORM_MUL_F32: KernelSig = KernelSig::untyped("rms_norm_mul_f32", OpKind::RmsNormMul);
 
 /// Model dimensions of the synthetic decode step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -221,12 +234,11 @@ impl DecodeGraph {
         let s = &self.s;
         let (hidden, ffn) = (self.shape.hidden, self.shape.ffn);
         let rows = |n: usize| Grid::cover(n, 256);
-        let mut push = |name: &'static str, op: OpKind, args: &[ArgRef<'_>], grid: Grid| {
-            g.record(KernelId(name), args, grid, op)
+        let mut push = |kernel: &'static KernelSig, args: &[ArgRef<'_>], grid: Grid| {
+            g.record(KernelId::of(kernel), args, grid)
         };
         push(
-            "embedding_q4_1",
-            OpKind::Gather,
+            &EMBEDDING_Q4_1,
             &[
                 ArgRef::read(&self.token),
                 ArgRef::read(&self.embedding),
@@ -238,24 +250,21 @@ impl DecodeGraph {
             self.norm_mul(&mut push, &l.attn_norm)?;
             for (w, out) in [(&l.wq, &s.q), (&l.wk, &s.k), (&l.wv, &s.v)] {
                 push(
-                    "matmul_q4_1",
-                    OpKind::MatMul,
+                    &MATMUL_Q4_1,
                     &[ArgRef::read(&s.scaled), ArgRef::read(w), ArgRef::write(out)],
                     rows(out.elems()),
                 )?;
             }
             for t in [&s.q, &s.k] {
                 push(
-                    "rope_f32",
-                    OpKind::Rope,
+                    &ROPE_F32,
                     &[ArgRef::read_write(t), ArgRef::read(&self.positions)],
                     rows(t.elems()),
                 )?;
             }
             for (src, cache) in [(&s.k, &l.k_cache), (&s.v, &l.v_cache)] {
                 push(
-                    "kv_write_f32",
-                    OpKind::KvWrite,
+                    &KV_WRITE_F32,
                     &[
                         ArgRef::read(src),
                         ArgRef::read(&self.step),
@@ -265,8 +274,7 @@ impl DecodeGraph {
                 )?;
             }
             push(
-                "attention_decode_f32",
-                OpKind::Attention,
+                &ATTENTION_DECODE_F32,
                 &[
                     ArgRef::read(&s.q),
                     ArgRef::read(&l.k_cache),
@@ -277,8 +285,7 @@ impl DecodeGraph {
                 Grid::new(self.shape.heads as u32, 128),
             )?;
             push(
-                "matmul_q4_1",
-                OpKind::MatMul,
+                &MATMUL_Q4_1,
                 &[
                     ArgRef::read(&s.attn),
                     ArgRef::read(&l.wo),
@@ -287,23 +294,20 @@ impl DecodeGraph {
                 rows(hidden),
             )?;
             push(
-                "add_f32",
-                OpKind::Add,
+                &ADD_F32,
                 &[ArgRef::read_write(&s.x), ArgRef::read(&s.proj)],
                 rows(hidden),
             )?;
             self.norm_mul(&mut push, &l.ffn_norm)?;
             for (w, out) in [(&l.gate, &s.gate), (&l.up, &s.up)] {
                 push(
-                    "matmul_q4_1",
-                    OpKind::MatMul,
+                    &MATMUL_Q4_1,
                     &[ArgRef::read(&s.scaled), ArgRef::read(w), ArgRef::write(out)],
                     rows(ffn),
                 )?;
             }
             push(
-                "swiglu_f32",
-                OpKind::Elementwise,
+                &SWIGLU_F32,
                 &[
                     ArgRef::read(&s.gate),
                     ArgRef::read(&s.up),
@@ -312,8 +316,7 @@ impl DecodeGraph {
                 rows(ffn),
             )?;
             push(
-                "matmul_q4_1",
-                OpKind::MatMul,
+                &MATMUL_Q4_1,
                 &[
                     ArgRef::read(&s.act),
                     ArgRef::read(&l.down),
@@ -322,16 +325,14 @@ impl DecodeGraph {
                 rows(hidden),
             )?;
             push(
-                "add_f32",
-                OpKind::Add,
+                &ADD_F32,
                 &[ArgRef::read_write(&s.x), ArgRef::read(&s.proj)],
                 rows(hidden),
             )?;
         }
         self.norm_mul(&mut push, &self.out_norm)?;
         push(
-            "matmul_q4_1",
-            OpKind::MatMul,
+            &MATMUL_Q4_1,
             &[
                 ArgRef::read(&s.scaled),
                 ArgRef::read(&self.embedding),
@@ -344,13 +345,12 @@ impl DecodeGraph {
 
     fn norm_mul(
         &self,
-        push: &mut impl FnMut(&'static str, OpKind, &[ArgRef<'_>], Grid) -> Result<()>,
+        push: &mut impl FnMut(&'static KernelSig, &[ArgRef<'_>], Grid) -> Result<()>,
         weight: &Buffer,
     ) -> Result<()> {
         let s = &self.s;
         push(
-            "rms_norm_f32",
-            OpKind::RmsNorm,
+            &RMS_NORM_F32,
             &[
                 ArgRef::read(&s.x),
                 ArgRef::write(&s.normed),
@@ -359,8 +359,7 @@ impl DecodeGraph {
             Grid::new(1, 256),
         )?;
         push(
-            "mul_f32",
-            OpKind::Mul,
+            &MUL_F32,
             &[
                 ArgRef::read(&s.normed),
                 ArgRef::read(weight),
@@ -397,7 +396,7 @@ fn norm_mul_build<'a>(a: DispatchRef<'a>, b: DispatchRef<'a>) -> Result<Dispatch
     let (out, _) = b.buffer_arg(2).ok_or_else(bad)?;
     let eps = a.args().get(2).ok_or_else(bad)?;
     DispatchSpec::new(
-        KernelId("rms_norm_mul_f32"),
+        KernelId::of(&RMS_NORM_MUL_F32),
         &[
             ArgRef::read(x),
             ArgRef::read(w),
@@ -405,7 +404,6 @@ fn norm_mul_build<'a>(a: DispatchRef<'a>, b: DispatchRef<'a>) -> Result<Dispatch
             ArgRef::from(eps),
         ],
         a.grid(),
-        OpKind::RmsNormMul,
     )
 }
 
@@ -436,5 +434,55 @@ mod tests {
             barriers < sequential,
             "reorder should save barriers: {barriers} vs {sequential}"
         );
+    }
+}
+
+/// An untyped kernel of kind `op`, named `synthetic_<kind>`: for graphs the optimizer studies
+/// and no backend runs (pass tests, property tests, benchmarks). Every call with the same kind
+/// gives the same kernel.
+pub fn untyped_kernel(op: OpKind) -> KernelId {
+    macro_rules! untyped {
+        ($($name:literal => $op:expr),* $(,)?) => {
+            [$(KernelSig::untyped($name, $op)),*]
+        };
+    }
+    static KERNELS: [KernelSig; OpKind::CODES] = untyped![
+        "synthetic_matmul" => OpKind::MatMul,
+        "synthetic_matmul_id" => OpKind::MatMulId,
+        "synthetic_rms_norm" => OpKind::RmsNorm,
+        "synthetic_rms_norm_mul" => OpKind::RmsNormMul,
+        "synthetic_rope" => OpKind::Rope,
+        "synthetic_add" => OpKind::Add,
+        "synthetic_mul" => OpKind::Mul,
+        "synthetic_elementwise" => OpKind::Elementwise,
+        "synthetic_copy" => OpKind::Copy,
+        "synthetic_kv_write" => OpKind::KvWrite,
+        "synthetic_gather" => OpKind::Gather,
+        "synthetic_softmax" => OpKind::Softmax,
+        "synthetic_attention" => OpKind::Attention,
+        "synthetic_argmax" => OpKind::Argmax,
+        "synthetic_custom_pinned" => OpKind::Custom { reorderable: false },
+        "synthetic_custom" => OpKind::Custom { reorderable: true },
+    ];
+    KernelId::of(&KERNELS[op.code()])
+}
+
+#[cfg(test)]
+mod untyped_tests {
+    use super::untyped_kernel;
+    use crate::graph::OpKind;
+
+    /// The untyped kernel of each op kind has that kind.
+    #[test]
+    fn given_each_op_kind_when_asked_for_an_untyped_kernel_should_carry_that_kind() {
+        for op in [
+            OpKind::MatMul,
+            OpKind::Rope,
+            OpKind::Softmax,
+            OpKind::Custom { reorderable: false },
+            OpKind::Custom { reorderable: true },
+        ] {
+            assert_eq!(untyped_kernel(op).op(), op);
+        }
     }
 }

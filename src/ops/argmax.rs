@@ -5,7 +5,8 @@
 
 use crate::backend::{Buffer, DType};
 use crate::error::Result;
-use crate::graph::{Arg, Dispatch, Grid, KernelId, OpKind};
+use crate::graph::{Arg, Dispatch, Grid, KernelId};
+use crate::kernels::misc::ARGMAX;
 use crate::ops::elementwise::{check_disjoint, u32_size};
 use crate::ops::Check;
 use crate::Session;
@@ -31,7 +32,7 @@ pub fn argmax(x: &Buffer, out: &Buffer) -> Result<Dispatch> {
         Arg::u32(u32_size(&check, "x", n)?),
     ];
     let grid = Grid::new(rows.min(u32::MAX as usize) as u32, 1024);
-    Dispatch::new(KernelId("argmax_f32"), args, grid, OpKind::Argmax)
+    Dispatch::new(KernelId::of(&ARGMAX), args, grid)
 }
 
 impl Session {

@@ -20,7 +20,8 @@
 
 use crate::backend::{Buffer, DType, Memory};
 use crate::error::{Error, Result};
-use crate::graph::{Arg, Dispatch, Grid, KernelId, OpKind};
+use crate::graph::{Arg, Dispatch, Grid, KernelId};
+use crate::kernels::attention as ka;
 use crate::ops::Check;
 use crate::session::Session;
 
@@ -240,8 +241,8 @@ pub fn attention(
     let checked = check_common(&c, q, k_cache, v_cache, step, out, &params)?;
     c.dims("out", out, q.dims())?;
     let kernel = match checked.cache {
-        DType::F16 => KernelId("attention_f16"),
-        _ => KernelId("attention_f32"),
+        DType::F16 => KernelId::of(&ka::ATTENTION[1]),
+        _ => KernelId::of(&ka::ATTENTION[0]),
     };
     let items = to_u32("attention", "q", checked.rows.saturating_mul(params.n_head))?;
     let mut args = vec![
@@ -252,7 +253,7 @@ pub fn attention(
         Arg::write(out),
     ];
     args.extend(score_args(&params));
-    Dispatch::new(kernel, args, Grid::new(items, 128), OpKind::Attention)
+    Dispatch::new(kernel, args, Grid::new(items, 128))
 }
 
 /// Decode attention for one query row, split along the KV length: a partial pass computes, for
@@ -313,28 +314,20 @@ pub fn attention_decode(
     // groups of four dimensions for the V sum (see the CUDA kernel).
     let grid = Grid::new(blocks, 256);
     if matches!(q.allocation().memory, Memory::Cuda(_)) {
-        let kernel = KernelId(if f16 {
-            "attention_decode_f16"
-        } else {
-            "attention_decode_f32"
-        });
+        let kernel = KernelId::of(&ka::DECODE[usize::from(f16)]);
         let mut args = inputs.to_vec();
         args.extend([Arg::read_write(partials), Arg::write(out)]);
         args.extend(scalars);
-        return Ok(vec![Dispatch::new(kernel, args, grid, OpKind::Attention)?]);
+        return Ok(vec![Dispatch::new(kernel, args, grid)?]);
     }
     let records = attention_decode_records(partials, params)?;
-    let partial_kernel = KernelId(if f16 {
-        "attention_decode_partial_f16"
-    } else {
-        "attention_decode_partial_f32"
-    });
+    let partial_kernel = KernelId::of(&ka::DECODE_PARTIAL[usize::from(f16)]);
     let mut args = inputs.to_vec();
     args.push(Arg::write(&records));
     args.extend(scalars);
-    let partial = Dispatch::new(partial_kernel, args, grid, OpKind::Attention)?;
+    let partial = Dispatch::new(partial_kernel, args, grid)?;
     let combine = Dispatch::new(
-        KernelId("attention_decode_combine"),
+        KernelId::of(&ka::DECODE_COMBINE),
         vec![
             Arg::read(&records),
             Arg::read(step),
@@ -345,7 +338,6 @@ pub fn attention_decode(
             Arg::u32(chunks_u32),
         ],
         Grid::new(params.n_head as u32, 128),
-        OpKind::Attention,
     )?;
     Ok(vec![partial, combine])
 }

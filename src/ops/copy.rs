@@ -6,26 +6,16 @@
 
 use crate::backend::{Buffer, DType};
 use crate::error::Result;
-use crate::graph::{Arg, Dispatch, Grid, KernelId, OpKind};
+use crate::graph::{Arg, Dispatch, Grid, KernelId};
+use crate::kernels::{misc::COPY, FLOATS};
 use crate::ops::elementwise::{check_disjoint, FLOAT_DTYPES};
 use crate::ops::Check;
 use crate::Session;
 
 fn copy_kernel(src: DType, dst: DType) -> Option<KernelId> {
-    use DType::{BF16, F16, F32};
-    let name = match (src, dst) {
-        (F32, F32) => "copy_f32_f32",
-        (F32, F16) => "copy_f32_f16",
-        (F32, BF16) => "copy_f32_bf16",
-        (F16, F32) => "copy_f16_f32",
-        (F16, F16) => "copy_f16_f16",
-        (F16, BF16) => "copy_f16_bf16",
-        (BF16, F32) => "copy_bf16_f32",
-        (BF16, F16) => "copy_bf16_f16",
-        (BF16, BF16) => "copy_bf16_bf16",
-        _ => return None,
-    };
-    Some(KernelId(name))
+    let from = FLOATS.iter().position(|&d| d == src)?;
+    let to = FLOATS.iter().position(|&d| d == dst)?;
+    Some(KernelId::of(&COPY[3 * from + to]))
 }
 
 /// `dst = src`, element by element, converting the dtype (f32, f16, bf16 in any pair).
@@ -40,7 +30,7 @@ pub fn copy(src: &Buffer, dst: &Buffer) -> Result<Dispatch> {
         crate::error::Error::Unsupported(format!("copy {} -> {}", src.dtype(), dst.dtype()))
     })?;
     let args = vec![Arg::read(src), Arg::write(dst)];
-    Dispatch::new(kernel, args, Grid::cover(src.elems(), 256), OpKind::Copy)
+    Dispatch::new(kernel, args, Grid::cover(src.elems(), 256))
 }
 
 impl Session {

@@ -1,17 +1,19 @@
-//! User kernels: dispatch your own kernel, declaring each argument's access.
+//! User kernels: dispatch your own kernel, declared like the built-in ones.
 //!
-//! A [`CustomKernel`] names a kernel and gives its CPU implementation (and, for the CUDA
-//! backend, its CUDA C source). Each call of [`Session::custom`] passes the arguments as
-//! [`Arg::read`], [`Arg::write`] or [`Arg::read_write`]: those declarations are all the optimizer
-//! knows about the kernel, so they must be complete (every byte the kernel reads or writes lies in
-//! an argument declared with that access). A kernel declared `reorderable: false` keeps its place
-//! relative to every other dispatch.
+//! A [`CustomKernel`] pairs a [`KernelSig`] (its name, `OpKind::Custom { reorderable }` and its
+//! parameters, each buffer's access and dtypes) with its CPU implementation. Each call of
+//! [`Session::custom`] must pass arguments that fit the declaration: those accesses are all the
+//! optimizer knows about the kernel, so they must be complete (every byte the kernel reads or
+//! writes lies in an argument declared with that access). A kernel declared
+//! `reorderable: false` keeps its place relative to every other dispatch. Custom kernels run on
+//! the CPU backend; the CUDA backend refuses them with a clear error.
 //!
 //! ```
 //! use onepass::backend::cpu::KernelArgs;
-//! use onepass::graph::{Arg, Grid};
+//! use onepass::graph::{Arg, Grid, KernelSig, OpKind};
+//! use onepass::kernels::{DTypes, Param};
 //! use onepass::ops::custom::CustomKernel;
-//! use onepass::{Device, Executor, Mode, Plan};
+//! use onepass::{DType, Device, Executor, Mode, Plan};
 //!
 //! /// `out[i] = 2 * x[i]`.
 //! fn double(args: &KernelArgs<'_>) -> onepass::Result<()> {
@@ -23,8 +25,12 @@
 //!     Ok(())
 //! }
 //!
-//! const DOUBLE: CustomKernel =
-//!     CustomKernel { name: "example_double_f32", cpu: double, cuda: None, reorderable: true };
+//! static DOUBLE_SIG: KernelSig = KernelSig::new(
+//!     "example_double_f32",
+//!     OpKind::Custom { reorderable: true },
+//!     &[Param::read("x", DTypes::one(DType::F32)), Param::write("out", DTypes::one(DType::F32))],
+//! );
+//! const DOUBLE: CustomKernel = CustomKernel { sig: &DOUBLE_SIG, cpu: double };
 //!
 //! # fn main() -> onepass::Result<()> {
 //! let device = Device::cpu(1)?;
@@ -38,68 +44,52 @@
 //! # }
 //! ```
 
-use std::collections::HashSet;
-use std::sync::OnceLock;
-
-use crate::backend::cpu::{CpuKernelFn, CpuRegistry};
+use crate::backend::cpu::CpuKernelFn;
 use crate::backend::Device;
 use crate::error::{Error, Result};
-use crate::graph::{Arg, ArgRef, Dispatch, DispatchSpec, Grid, KernelId, OpKind};
+use crate::graph::{Arg, ArgRef, Dispatch, DispatchSpec, Grid, KernelId, KernelSig, OpKind};
 use crate::session::Session;
 
-/// A user kernel: its name, its CPU implementation and whether the optimizer may move it.
+/// A user kernel: its declaration and its CPU implementation.
 #[derive(Clone, Copy)]
 pub struct CustomKernel {
-    /// The kernel's name in every backend's registry. It may not be a built-in kernel's name.
-    pub name: &'static str,
+    /// The declaration: a name no built-in kernel has, `OpKind::Custom { reorderable }`
+    /// (whether the reorder pass may move it), and the parameters every call's arguments must
+    /// fit.
+    pub sig: &'static KernelSig,
     /// The CPU implementation.
     pub cpu: CpuKernelFn,
-    /// CUDA C source defining a `extern "C" __global__` function called `name`, compiled by the
-    /// CUDA backend on first use. `None`: the kernel runs on the CPU backend only.
-    pub cuda: Option<&'static str>,
-    /// Whether the reorder pass may move dispatches of this kernel (its declared ranges are all
-    /// it touches). `false` pins it in program order.
-    pub reorderable: bool,
+}
+
+impl CustomKernel {
+    /// The kernel's id.
+    pub fn id(&self) -> KernelId {
+        KernelId::of(self.sig)
+    }
 }
 
 impl std::fmt::Debug for CustomKernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CustomKernel")
-            .field("name", &self.name)
-            .field("cuda", &self.cuda.is_some())
-            .field("reorderable", &self.reorderable)
+            .field("sig", self.sig)
             .finish()
     }
 }
 
-/// Names of the built-in CPU kernels, computed once.
-fn builtin_names() -> &'static HashSet<&'static str> {
-    static NAMES: OnceLock<HashSet<&'static str>> = OnceLock::new();
-    NAMES.get_or_init(|| {
-        let mut registry = CpuRegistry::default();
-        crate::backend::cpu::kernels::register_all(&mut registry);
-        registry.names().into_iter().collect()
-    })
-}
-
 /// Whether `name` is a built-in kernel's name.
 pub fn is_builtin_kernel(name: &str) -> bool {
-    builtin_names().contains(name)
+    crate::kernels::all().iter().any(|k| k.name() == name)
+        || crate::kernels::misc::CUDA_SELFTEST
+            .iter()
+            .any(|k| k.name() == name)
 }
 
-/// Builds the dispatch of a custom kernel: checks the name and derives the ranges from the
-/// declared accesses (a written argument may not overlap any other argument).
+/// Builds the dispatch of a custom kernel: checks the declaration and the arguments against it,
+/// and derives the ranges (a written argument may not overlap any other argument).
 pub fn custom(kernel: &CustomKernel, args: Vec<Arg>, grid: Grid) -> Result<Dispatch> {
-    check_name(kernel.name)?;
-    Dispatch::new(
-        KernelId(kernel.name),
-        args,
-        grid,
-        OpKind::Custom {
-            reorderable: kernel.reorderable,
-        },
-    )
-    .map_err(|e| Error::InvalidArgument(format!("custom kernel `{}`: {e}", kernel.name)))
+    check_sig(kernel.sig)?;
+    Dispatch::new(kernel.id(), args, grid)
+        .map_err(|e| Error::InvalidArgument(format!("custom kernel `{}`: {e}", kernel.sig.name())))
 }
 
 /// The dispatch of a custom kernel as a spec borrowing its buffers: what a
@@ -110,44 +100,48 @@ pub fn custom_spec<'a>(
     args: &[ArgRef<'a>],
     grid: Grid,
 ) -> Result<DispatchSpec<'a>> {
-    check_name(kernel.name)?;
-    let op = OpKind::Custom {
-        reorderable: kernel.reorderable,
-    };
-    DispatchSpec::new(KernelId(kernel.name), args, grid, op)
+    check_sig(kernel.sig)?;
+    DispatchSpec::new(kernel.id(), args, grid)
 }
 
-fn check_name(name: &'static str) -> Result<()> {
+fn check_sig(sig: &KernelSig) -> Result<()> {
+    let name = sig.name();
+    let refuse = |why: &str| {
+        Err(Error::InvalidArgument(format!(
+            "custom kernel `{name}`: {why}"
+        )))
+    };
     if name.is_empty() {
         return Err(Error::InvalidArgument(
             "custom kernel: the name is empty".into(),
         ));
     }
     if is_builtin_kernel(name) {
-        return Err(Error::InvalidArgument(format!(
-            "custom kernel `{name}`: the name is taken by a built-in kernel; choose another name"
-        )));
+        return refuse("the name is taken by a built-in kernel; choose another name");
+    }
+    if !matches!(sig.op(), OpKind::Custom { .. }) {
+        return refuse("its op kind must be OpKind::Custom { reorderable }");
+    }
+    if sig.params().is_none() {
+        return refuse("it declares no parameters; declare them with KernelSig::new");
     }
     Ok(())
 }
 
 /// Registers the kernel's CPU function with `device`, once. A second kernel of the same name
-/// with another function is an error.
+/// with another declaration or function is an error.
 pub fn register(device: &Device, kernel: &CustomKernel) -> Result<()> {
-    check_name(kernel.name)?;
+    check_sig(kernel.sig)?;
+    let name = kernel.sig.name();
     match device {
-        Device::Cpu(cpu) => match cpu.kernel(KernelId(kernel.name)) {
-            Ok(existing) if existing as usize == kernel.cpu as usize => Ok(()),
-            Ok(_) => Err(Error::InvalidArgument(format!(
-                "custom kernel `{}`: another kernel of that name is already registered on {}",
-                kernel.name,
+        Device::Cpu(cpu) => cpu.register_custom(kernel.id(), kernel.cpu).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "custom kernel `{name}`: another kernel of that name is already registered on {}",
                 device.name()
-            ))),
-            Err(_) => cpu.register_kernel(kernel.name, kernel.cpu),
-        },
+            ))
+        }),
         Device::Cuda(_) => Err(Error::Unsupported(format!(
-            "custom kernel `{}`: custom kernels have no CUDA implementation yet",
-            kernel.name
+            "custom kernel `{name}`: custom kernels run on the CPU backend only"
         ))),
     }
 }
@@ -168,6 +162,7 @@ mod tests {
     use super::*;
     use crate::backend::cpu::KernelArgs;
     use crate::backend::DType;
+    use crate::kernels::{DTypes, Param};
     use crate::session::{Executor, Mode, Plan};
     use crate::testutil::{assert_close, random_f32};
 
@@ -185,11 +180,21 @@ mod tests {
         Ok(())
     }
 
+    const F32: DTypes = DTypes::one(DType::F32);
+
+    static AXPY_SIG: KernelSig = KernelSig::new(
+        "test_custom_axpy_f32",
+        OpKind::Custom { reorderable: false },
+        &[
+            Param::read("x", F32),
+            Param::read_write("y", F32),
+            Param::f32("a"),
+        ],
+    );
+
     const AXPY: CustomKernel = CustomKernel {
-        name: "test_custom_axpy_f32",
+        sig: &AXPY_SIG,
         cpu: axpy,
-        cuda: None,
-        reorderable: false,
     };
 
     #[test]
@@ -241,11 +246,14 @@ mod tests {
     fn given_a_builtin_name_when_declared_should_be_rejected_with_a_clear_error() {
         assert!(is_builtin_kernel("copy_f32_f32"));
         assert!(!is_builtin_kernel("test_custom_axpy_f32"));
+        static COPY_SIG: KernelSig = KernelSig::new(
+            "copy_f32_f32",
+            OpKind::Custom { reorderable: true },
+            &[Param::write("x", F32)],
+        );
         let k = CustomKernel {
-            name: "copy_f32_f32",
+            sig: &COPY_SIG,
             cpu: other,
-            cuda: None,
-            reorderable: true,
         };
         let dev = Device::cpu(1).expect("cpu");
         let x = dev.alloc(DType::F32, &[8]).expect("alloc");
@@ -258,11 +266,18 @@ mod tests {
     #[test]
     fn given_two_kernels_with_one_name_when_registered_should_reject_the_second() {
         let dev = Device::cpu(1).expect("cpu");
+        static DUP_SIG: KernelSig = KernelSig::new(
+            "test_custom_dup",
+            OpKind::Custom { reorderable: true },
+            &[
+                Param::read("x", F32),
+                Param::read_write("y", F32),
+                Param::f32("a"),
+            ],
+        );
         let first = CustomKernel {
-            name: "test_custom_dup",
+            sig: &DUP_SIG,
             cpu: axpy,
-            cuda: None,
-            reorderable: true,
         };
         let second = CustomKernel {
             cpu: other,
@@ -285,5 +300,31 @@ mod tests {
         )
         .expect_err("must reject");
         assert!(err.to_string().contains("test_custom_axpy_f32"), "{err}");
+    }
+
+    #[test]
+    fn given_arguments_that_do_not_fit_the_declaration_when_built_should_name_the_argument() {
+        let dev = Device::cpu(1).expect("cpu");
+        let x = dev.alloc(DType::F32, &[8]).expect("alloc");
+        let y = dev.alloc(DType::F32, &[8]).expect("alloc");
+        let ints = dev.alloc(DType::I32, &[8]).expect("alloc");
+        let short = custom(
+            &AXPY,
+            vec![Arg::read(&x), Arg::read_write(&y)],
+            Grid::new(1, 8),
+        );
+        let err = short.expect_err("too few arguments").to_string();
+        assert!(
+            err.contains("2 arguments") && err.contains("x, y, a"),
+            "{err}"
+        );
+        let wrong = vec![Arg::read(&ints), Arg::read_write(&y), Arg::f32(1.0)];
+        let err = custom(&AXPY, wrong, Grid::new(1, 8))
+            .expect_err("i32 x")
+            .to_string();
+        assert!(
+            err.contains("argument 0 `x`") && err.contains("i32"),
+            "{err}"
+        );
     }
 }

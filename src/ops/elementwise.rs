@@ -11,8 +11,9 @@
 //! Any other overlap between `out` and an input is an error.
 
 use crate::backend::{Buffer, DType};
-use crate::error::{Error, Result};
-use crate::graph::{Arg, Dispatch, DispatchRef, Grid, KernelId, OpKind};
+use crate::error::Result;
+use crate::graph::{Arg, Dispatch, DispatchRef, Grid, KernelId, KernelSig};
+use crate::kernels::{self, elementwise as ew};
 use crate::ops::Check;
 use crate::Session;
 
@@ -23,16 +24,9 @@ pub(crate) const FLOAT_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16
 pub(crate) fn float_kernel(
     op: &'static str,
     dtype: DType,
-    names: [&'static str; 3],
+    family: &'static [KernelSig; 3],
 ) -> Result<KernelId> {
-    match dtype {
-        DType::F32 => Ok(KernelId(names[0])),
-        DType::F16 => Ok(KernelId(names[1])),
-        DType::BF16 => Ok(KernelId(names[2])),
-        other => Err(Error::Unsupported(format!(
-            "{op} has no kernel for dtype {other}"
-        ))),
-    }
+    kernels::pick(op, family, &kernels::FLOATS, dtype)
 }
 
 /// Whether two buffers are the very same view (bytes, dtype and shape).
@@ -68,23 +62,30 @@ pub(crate) fn u32_size(check: &Check, arg: &'static str, value: usize) -> Result
     Ok(value as u32)
 }
 
-/// The pieces of an add, mul or swiglu dispatch: `(a, b, out)`, where `out` is `None` for the
-/// in-place form (whose `a` is also its output).
+/// The pieces of an add or mul dispatch: `(a, b, out)`, where `out` is `None` for the in-place
+/// form (whose `a` is also its output).
 pub(crate) fn binary_operands(d: DispatchRef<'_>) -> Option<(&Buffer, &Buffer, Option<&Buffer>)> {
-    use crate::graph::Access;
-    let (a, access) = d.buffer_arg(0)?;
-    let (b, _) = d.buffer_arg(1)?;
-    match access {
-        Access::Read => Some((a, b, Some(d.buffer_arg(2)?.0))),
-        Access::ReadWrite => Some((a, b, None)),
-        Access::Write => None,
+    let k = d.kernel();
+    let in_place = k.is_in(&ew::ADD_INPLACE) || k.is_in(&ew::MUL_INPLACE);
+    if !in_place && !k.is_in(&ew::ADD) && !k.is_in(&ew::MUL) {
+        return None;
     }
+    let (a, b) = (d.buffer("a")?, d.buffer("b")?);
+    Some((
+        a,
+        b,
+        if in_place {
+            None
+        } else {
+            Some(d.buffer("out")?)
+        },
+    ))
 }
 
 /// The kernels of one elementwise op: out of place and in place, each `[f32, f16, bf16]`.
 struct Kernels {
-    out_of_place: [&'static str; 3],
-    in_place: [&'static str; 3],
+    out_of_place: &'static [KernelSig; 3],
+    in_place: &'static [KernelSig; 3],
 }
 
 /// How a binary op treats `b`.
@@ -100,7 +101,6 @@ enum BinaryKind {
 struct BinarySpec {
     op: &'static str,
     kernels: Kernels,
-    kind: OpKind,
     binary_kind: BinaryKind,
     a_name: &'static str,
     b_name: &'static str,
@@ -110,7 +110,6 @@ fn binary(spec: &BinarySpec, a: &Buffer, b: &Buffer, out: &Buffer) -> Result<Dis
     let BinarySpec {
         op,
         ref kernels,
-        kind,
         binary_kind,
         a_name,
         b_name,
@@ -153,7 +152,7 @@ fn binary(spec: &BinarySpec, a: &Buffer, b: &Buffer, out: &Buffer) -> Result<Dis
             Arg::read(second),
             Arg::u32(row_len_arg),
         ];
-        return Dispatch::new(kernel, args, grid, kind);
+        return Dispatch::new(kernel, args, grid);
     }
     check_disjoint(&check, "out", out, &[(a_name, a), (b_name, b)])?;
     let kernel = float_kernel(op, a.dtype(), kernels.out_of_place)?;
@@ -163,7 +162,7 @@ fn binary(spec: &BinarySpec, a: &Buffer, b: &Buffer, out: &Buffer) -> Result<Dis
         Arg::write(out),
         Arg::u32(row_len_arg),
     ];
-    Dispatch::new(kernel, args, grid, kind)
+    Dispatch::new(kernel, args, grid)
 }
 
 fn unary(
@@ -194,56 +193,43 @@ fn unary(
     if let Some(p) = param {
         args.push(Arg::f32(p));
     }
-    Dispatch::new(kernel, args, grid, OpKind::Elementwise)
+    Dispatch::new(kernel, args, grid)
 }
 
-/// Declares the kernel names of one op for the three float dtypes, both forms.
-macro_rules! kernels {
-    ($name:literal) => {
-        Kernels {
-            out_of_place: [
-                concat!($name, "_f32"),
-                concat!($name, "_f16"),
-                concat!($name, "_bf16"),
-            ],
-            in_place: [
-                concat!($name, "_f32_inplace"),
-                concat!($name, "_f16_inplace"),
-                concat!($name, "_bf16_inplace"),
-            ],
-        }
-    };
+/// The out-of-place and in-place kernels of one op.
+const fn both(out_of_place: &'static [KernelSig; 3], in_place: &'static [KernelSig; 3]) -> Kernels {
+    Kernels {
+        out_of_place,
+        in_place,
+    }
 }
 
 const ADD: BinarySpec = BinarySpec {
     op: "add",
-    kernels: kernels!("add"),
-    kind: OpKind::Add,
+    kernels: both(&ew::ADD, &ew::ADD_INPLACE),
     binary_kind: BinaryKind::Commutative,
     a_name: "a",
     b_name: "b",
 };
 const MUL: BinarySpec = BinarySpec {
     op: "mul",
-    kernels: kernels!("mul"),
-    kind: OpKind::Mul,
+    kernels: both(&ew::MUL, &ew::MUL_INPLACE),
     binary_kind: BinaryKind::Commutative,
     a_name: "a",
     b_name: "b",
 };
 const SWIGLU: BinarySpec = BinarySpec {
     op: "swiglu",
-    kernels: kernels!("swiglu"),
-    kind: OpKind::Elementwise,
+    kernels: both(&ew::SWIGLU, &ew::SWIGLU_INPLACE),
     binary_kind: BinaryKind::Ordered,
     a_name: "gate",
     b_name: "up",
 };
-const SCALE: Kernels = kernels!("scale");
-const GELU_TANH: Kernels = kernels!("gelu_tanh");
-const GELU_ERF: Kernels = kernels!("gelu_erf");
-const SILU: Kernels = kernels!("silu");
-const SOFTCAP: Kernels = kernels!("softcap");
+const SCALE: Kernels = both(&ew::SCALE, &ew::SCALE_INPLACE);
+const GELU_TANH: Kernels = both(&ew::GELU_TANH, &ew::GELU_TANH_INPLACE);
+const GELU_ERF: Kernels = both(&ew::GELU_ERF, &ew::GELU_ERF_INPLACE);
+const SILU: Kernels = both(&ew::SILU, &ew::SILU_INPLACE);
+const SOFTCAP: Kernels = both(&ew::SOFTCAP, &ew::SOFTCAP_INPLACE);
 
 /// `out = a + b`; `b` has `a`'s shape or is one row broadcast over the rows of `a`.
 /// `out` may be `a` itself (in place).

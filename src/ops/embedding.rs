@@ -7,7 +7,9 @@
 
 use crate::backend::{Buffer, DType};
 use crate::error::Result;
-use crate::graph::{Arg, Dispatch, Grid, KernelId, OpKind};
+use crate::graph::{Arg, Dispatch, Grid};
+use crate::kernels::misc::EMBEDDING;
+use crate::ops::matmul::for_weight;
 use crate::ops::Check;
 use crate::session::Session;
 
@@ -22,19 +24,6 @@ pub const TABLE_DTYPES: [DType; 8] = [
     DType::Q4K,
     DType::Q6K,
 ];
-
-fn kernel_name(dtype: DType) -> &'static str {
-    match dtype {
-        DType::F16 => "embedding_f16",
-        DType::BF16 => "embedding_bf16",
-        DType::Q8_0 => "embedding_q8_0",
-        DType::Q4_0 => "embedding_q4_0",
-        DType::Q4_1 => "embedding_q4_1",
-        DType::Q4K => "embedding_q4_k",
-        DType::Q6K => "embedding_q6_k",
-        _ => "embedding_f32",
-    }
-}
 
 /// Gathers `table[ids[r], :]` into `out[r, :]` as f32. `ids` is i32 with `rows` elements (any
 /// shape), `out` is f32 `[rows, dim]` (any shape with `rows * dim` elements and last dimension
@@ -69,12 +58,7 @@ pub fn embedding(table: &Buffer, ids: &Buffer, out: &Buffer) -> Result<Dispatch>
     ];
     // The kernel strides over the output elements along x (capped: it strides over the rest).
     let grid = Grid::cover(rows.saturating_mul(dim).min(1 << 28), 256);
-    Dispatch::new(
-        KernelId(kernel_name(table.dtype())),
-        args,
-        grid,
-        OpKind::Gather,
-    )
+    Dispatch::new(for_weight("embedding", &EMBEDDING, table)?, args, grid)
 }
 
 impl Session {

@@ -18,7 +18,9 @@
 
 use crate::backend::{Buffer, DType, Memory};
 use crate::error::{Error, Result};
-use crate::graph::{Arg, Dispatch, KernelId, OpKind};
+use crate::graph::{Arg, Dispatch};
+use crate::kernels::matmul as mm;
+use crate::ops::matmul::for_weight;
 use crate::ops::matmul::WEIGHT_DTYPES;
 use crate::ops::rope::{RopeMode, MAX_ROTARY_DIM};
 use crate::ops::Check;
@@ -26,28 +28,6 @@ use crate::session::Session;
 
 const OP_QKV: &str = "norm_qkv_rope";
 const OP_GATE_UP: &str = "norm_gate_up";
-
-/// Kernel names by weight format, in the order of [`WEIGHT_DTYPES`].
-const QKV_ROPE: [&str; 8] = [
-    "norm_qkv_rope_q4_0",
-    "norm_qkv_rope_q4_1",
-    "norm_qkv_rope_q8_0",
-    "norm_qkv_rope_q4_k",
-    "norm_qkv_rope_q6_k",
-    "norm_qkv_rope_f32",
-    "norm_qkv_rope_f16",
-    "norm_qkv_rope_bf16",
-];
-const GATE_UP: [&str; 8] = [
-    "norm_gate_up_q4_0",
-    "norm_gate_up_q4_1",
-    "norm_gate_up_q8_0",
-    "norm_gate_up_q4_k",
-    "norm_gate_up_q6_k",
-    "norm_gate_up_f32",
-    "norm_gate_up_f16",
-    "norm_gate_up_bf16",
-];
 
 /// The arguments of [`norm_qkv_rope`].
 #[derive(Debug, Clone, Copy)]
@@ -114,21 +94,10 @@ fn require_one_device(check: &Check, x: &Buffer, bufs: &[(&'static str, &Buffer)
     Ok(())
 }
 
-/// Checks a `[n, dim]` weight of a supported dtype and returns its format index.
-fn weight_format(
-    check: &Check,
-    name: &'static str,
-    w: &Buffer,
-    n: usize,
-    dim: usize,
-) -> Result<usize> {
+/// Checks a `[n, dim]` weight of a supported dtype.
+fn check_weight(check: &Check, name: &'static str, w: &Buffer, n: usize, dim: usize) -> Result<()> {
     check.dtype(name, w, &WEIGHT_DTYPES)?;
-    check.dims(name, w, &[n, dim])?;
-    // The dtype check above guarantees a position.
-    Ok(WEIGHT_DTYPES
-        .iter()
-        .position(|&d| d == w.dtype())
-        .unwrap_or(0))
+    check.dims(name, w, &[n, dim])
 }
 
 /// Checks the residual `x` and the norm weight, returning `(rows, dim)`.
@@ -174,7 +143,7 @@ pub fn norm_qkv_rope(p: &QkvRope<'_>) -> Result<Dispatch> {
     check.require("n_head", n_kv >= 1 && n_head >= 1, || {
         format!("{n_head} query and {n_kv} key/value heads")
     })?;
-    let format = weight_format(&check, "wq", p.wq, n_head * hd, dim)?;
+    check_weight(&check, "wq", p.wq, n_head * hd, dim)?;
     for (name, w) in [("wk", p.wk), ("wv", p.wv)] {
         check.dtype(name, w, &[p.wq.dtype()])?;
         check.dims(name, w, &[n_kv * hd, dim])?;
@@ -225,7 +194,7 @@ pub fn norm_qkv_rope(p: &QkvRope<'_>) -> Result<Dispatch> {
         }),
     ];
     let grid = super::matmul::warp_per_output(pairs, rows);
-    Dispatch::new(KernelId(QKV_ROPE[format]), args, grid, OpKind::MatMul)
+    Dispatch::new(for_weight(OP_QKV, &mm::NORM_QKV_ROPE, p.wq)?, args, grid)
 }
 
 /// The MLP input of a block in one dispatch: `hidden = silu(norm(x) Wg) * (norm(x) Wu)` (see the
@@ -255,7 +224,7 @@ pub fn norm_gate_up(
         format!("has shape {:?}, expected [ffn, dim]", w_gate.dims())
     })?;
     let ffn = w_gate.dims()[0];
-    let format = weight_format(&check, "w_gate", w_gate, ffn, dim)?;
+    check_weight(&check, "w_gate", w_gate, ffn, dim)?;
     check.dtype("w_up", w_up, &[w_gate.dtype()])?;
     check.dims("w_up", w_up, w_gate.dims())?;
     check.dtype("hidden", hidden, &[DType::F32])?;
@@ -271,7 +240,11 @@ pub fn norm_gate_up(
         Arg::u32(to_u32(OP_GATE_UP, "w_gate", ffn)?),
     ];
     let grid = super::matmul::warp_per_output(ffn, rows);
-    Dispatch::new(KernelId(GATE_UP[format]), args, grid, OpKind::MatMul)
+    Dispatch::new(
+        for_weight(OP_GATE_UP, &mm::NORM_GATE_UP, w_gate)?,
+        args,
+        grid,
+    )
 }
 
 impl Session {
@@ -307,7 +280,7 @@ mod tests {
         let w = dev.alloc(DType::F16, &[128, 64]).unwrap();
         let hidden = dev.alloc(DType::F32, &[1, 128]).unwrap();
         let d = norm_gate_up(&x, &norm, 1e-5, &w, &w, &hidden).unwrap();
-        assert_eq!(d.kernel().0, "norm_gate_up_f16");
+        assert_eq!(d.kernel().name(), "norm_gate_up_f16");
     }
 
     #[test]
@@ -359,14 +332,5 @@ mod tests {
             err.contains("norm_qkv_rope") && err.contains("head_dim"),
             "{err}"
         );
-    }
-
-    #[test]
-    fn kernel_tables_follow_the_weight_dtypes() {
-        for (i, d) in WEIGHT_DTYPES.iter().enumerate() {
-            let suffix = crate::ops::matmul::kernel_name(*d).trim_start_matches("matmul");
-            assert!(QKV_ROPE[i].ends_with(&suffix), "{} vs {d}", QKV_ROPE[i]);
-            assert!(GATE_UP[i].ends_with(&suffix), "{} vs {d}", GATE_UP[i]);
-        }
     }
 }

@@ -7,7 +7,9 @@
 
 use crate::backend::{Buffer, DType};
 use crate::error::Result;
-use crate::graph::{Arg, Dispatch, Grid, KernelId, OpKind};
+use crate::graph::{Arg, Dispatch, Grid};
+use crate::kernels::misc::KV_WRITE;
+use crate::ops::elementwise::float_kernel;
 use crate::ops::elementwise::{check_disjoint, u32_size};
 use crate::ops::Check;
 use crate::Session;
@@ -52,11 +54,7 @@ pub fn kv_write(new: &Buffer, cache: &Buffer, step: &Buffer) -> Result<Dispatch>
         format!("has {rows} rows, the cache holds {max_ctx}")
     })?;
     check_disjoint(&check, "cache", cache, &[("new", new), ("step", step)])?;
-    let kernel = KernelId(match cache.dtype() {
-        DType::F16 => "kv_write_f32_f16",
-        DType::BF16 => "kv_write_f32_bf16",
-        _ => "kv_write_f32_f32",
-    });
+    let kernel = float_kernel("kv_write", cache.dtype(), &KV_WRITE)?;
     let args = vec![
         Arg::read(new),
         Arg::read(step),
@@ -67,7 +65,7 @@ pub fn kv_write(new: &Buffer, cache: &Buffer, step: &Buffer) -> Result<Dispatch>
     // The kernel strides over the new elements along x (capped: it strides over the rest).
     let elems = rows.saturating_mul(n_kv_head).saturating_mul(head_dim);
     let grid = Grid::cover(elems.min(1 << 28), 256);
-    Dispatch::new(kernel, args, grid, OpKind::KvWrite)
+    Dispatch::new(kernel, args, grid)
 }
 
 impl Session {

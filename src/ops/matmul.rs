@@ -7,7 +7,8 @@
 
 use crate::backend::{Buffer, DType};
 use crate::error::Result;
-use crate::graph::{Arg, Dispatch, Grid, KernelId, OpKind};
+use crate::graph::{Arg, Dispatch, Grid, KernelId, KernelSig};
+use crate::kernels::{self, matmul as mm};
 use crate::ops::Check;
 use crate::quant::AffineParams;
 use crate::session::Session;
@@ -25,30 +26,13 @@ pub const WEIGHT_DTYPES: [DType; 8] = [
 ];
 
 /// The plain matmul kernel of a weight dtype.
-pub(crate) fn kernel_name(dtype: DType) -> &'static str {
-    match dtype {
-        DType::F16 => "matmul_f16",
-        DType::BF16 => "matmul_bf16",
-        DType::Q4_0 => "matmul_q4_0",
-        DType::Q4_1 => "matmul_q4_1",
-        DType::Q8_0 => "matmul_q8_0",
-        DType::Q4K => "matmul_q4_k",
-        DType::Q6K => "matmul_q6_k",
-        _ => "matmul_f32",
-    }
-}
-
-fn id_kernel_name(dtype: DType) -> &'static str {
-    match dtype {
-        DType::F16 => "matmul_id_f16",
-        DType::BF16 => "matmul_id_bf16",
-        DType::Q4_0 => "matmul_id_q4_0",
-        DType::Q4_1 => "matmul_id_q4_1",
-        DType::Q8_0 => "matmul_id_q8_0",
-        DType::Q4K => "matmul_id_q4_k",
-        DType::Q6K => "matmul_id_q6_k",
-        _ => "matmul_id_f32",
-    }
+/// The kernel of `family` (one per weight format) for `w`'s dtype.
+pub(crate) fn for_weight(
+    op: &'static str,
+    family: &'static [KernelSig; 8],
+    w: &Buffer,
+) -> Result<KernelId> {
+    kernels::pick(op, family, &kernels::WEIGHT_FORMATS, w.dtype())
 }
 
 fn to_u32(c: &Check, arg: &'static str, v: usize) -> Result<u32> {
@@ -139,7 +123,7 @@ pub fn matmul(x: &Buffer, w: &Buffer, out: &Buffer) -> Result<Dispatch> {
         Arg::u32(to_u32(&c, "w", n)?),
     ];
     let grid = matmul_grid(n, rows);
-    Dispatch::new(KernelId(kernel_name(w.dtype())), args, grid, OpKind::MatMul)
+    Dispatch::new(for_weight("matmul", &mm::MATMUL, w)?, args, grid)
 }
 
 /// The MLX affine product: `w` is u32 `[n, k * bits / 32]` of packed quants, `scales` and
@@ -195,12 +179,8 @@ pub fn matmul_affine(
     ];
     let grid = warp_per_output_and_row(n, rows);
     // The scale dtype is in the name: a CUDA kernel sees element counts, not dtypes.
-    let name = if scales.dtype() == DType::F16 {
-        "matmul_affine_f16"
-    } else {
-        "matmul_affine_f32"
-    };
-    Dispatch::new(KernelId(name), args, grid, OpKind::MatMul)
+    let kernel = KernelId::of(&mm::MATMUL_AFFINE[usize::from(scales.dtype() == DType::F16)]);
+    Dispatch::new(kernel, args, grid)
 }
 
 /// The expert-routed product: `out[r, s, :] = W[ids[r, s]] · x[r, :]` with `x` f32 `[rows, k]`,
@@ -244,12 +224,7 @@ pub fn matmul_id(x: &Buffer, w: &Buffer, ids: &Buffer, out: &Buffer) -> Result<D
         Arg::u32(to_u32(&c, "w", experts)?),
     ];
     let grid = warp_per_output_and_row(n, rows * slots);
-    Dispatch::new(
-        KernelId(id_kernel_name(w.dtype())),
-        args,
-        grid,
-        OpKind::MatMulId,
-    )
+    Dispatch::new(for_weight("matmul_id", &mm::MATMUL_ID, w)?, args, grid)
 }
 
 impl Session {

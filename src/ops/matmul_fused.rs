@@ -15,67 +15,33 @@ use super::fused_block::one_device;
 use crate::backend::Buffer;
 use crate::error::{Error, Result};
 use crate::graph::passes::FusionRule;
-use crate::graph::{
-    Access, Arg, ArgRef, DispatchRef, DispatchSpec, KernelId, OpKind, Range, SPEC_ARGS,
-};
-
-// Kernel names by weight format: f32, f16, bf16, q4_0, q4_1, q8_0, q4_k, q6_k.
-const PLAIN: [&str; 8] = [
-    "matmul_f32",
-    "matmul_f16",
-    "matmul_bf16",
-    "matmul_q4_0",
-    "matmul_q4_1",
-    "matmul_q8_0",
-    "matmul_q4_k",
-    "matmul_q6_k",
-];
-const ADD: [&str; 8] = [
-    "matmul_add_f32",
-    "matmul_add_f16",
-    "matmul_add_bf16",
-    "matmul_add_q4_0",
-    "matmul_add_q4_1",
-    "matmul_add_q8_0",
-    "matmul_add_q4_k",
-    "matmul_add_q6_k",
-];
-
-/// The format index of a kernel name in a table.
-fn table_index(table: &[&str; 8], name: &str) -> Option<usize> {
-    table.iter().position(|&k| k == name)
-}
+use crate::graph::{ArgRef, DispatchRef, DispatchSpec, KernelId, OpKind, Range, Scalar};
+use crate::kernels::{elementwise as ew, matmul as mm};
 
 /// The read operand of an in-place f32 add, and its accumulator.
 fn residual_add(add: DispatchRef<'_>) -> Option<(&Buffer, &Buffer)> {
-    if add.kernel().0 != "add_f32_inplace" {
+    if add.kernel() != KernelId::of(&ew::ADD_INPLACE[0]) {
         return None;
     }
-    let (acc, access) = add.buffer_arg(0)?;
-    let (b, _) = add.buffer_arg(1)?;
-    (access == Access::ReadWrite).then_some((acc, b))
+    Some((add.buffer("a")?, add.buffer("b")?))
 }
 
-/// A plain matmul: its activations, weight, output, scalar args and format index.
+/// A plain matmul: its activations, weight, output, sizes and format index.
 struct Product<'a> {
     x: &'a Buffer,
     w: &'a Buffer,
     out: &'a Buffer,
-    scalars: &'a [Arg],
+    sizes: [Scalar; 3],
     format: usize,
 }
 
 fn product(d: DispatchRef<'_>) -> Option<Product<'_>> {
-    let format = table_index(&PLAIN, d.kernel().0)?;
-    let (x, _) = d.buffer_arg(0)?;
-    let (w, _) = d.buffer_arg(1)?;
-    let (out, _) = d.buffer_arg(2)?;
-    let scalars = d.args().get(3..)?;
+    let format = d.kernel().index_in(&mm::MATMUL)?;
     Some(Product {
-        x,
-        w,
-        out,
-        scalars,
+        x: d.buffer("x")?,
+        w: d.buffer("w")?,
+        out: d.buffer("out")?,
+        sizes: [d.scalar("rows")?, d.scalar("k")?, d.scalar("n")?],
         format,
     })
 }
@@ -103,24 +69,18 @@ fn unmatched(rule: &str) -> Error {
 
 fn build_matmul_add<'a>(mm: DispatchRef<'a>, add: DispatchRef<'a>) -> Result<DispatchSpec<'a>> {
     let (p, acc) = matmul_add_match(mm, add).ok_or_else(|| unmatched("matmul + add"))?;
-    if 3 + p.scalars.len() > SPEC_ARGS {
-        return Err(unmatched("matmul + add (too many scalars)"));
-    }
-    let mut args = [ArgRef::u32(0); SPEC_ARGS];
-    args[..3].copy_from_slice(&[
-        ArgRef::read(p.x),
-        ArgRef::read(p.w),
-        ArgRef::read_write(acc),
-    ]);
-    for (slot, a) in args[3..].iter_mut().zip(p.scalars) {
-        *slot = ArgRef::from(a);
-    }
-    let n = 3 + p.scalars.len();
+    let [rows, k, n] = p.sizes.map(ArgRef::Scalar);
     DispatchSpec::new(
-        KernelId(ADD[p.format]),
-        &args[..n],
+        KernelId::of(&mm::MATMUL_ADD[p.format]),
+        &[
+            ArgRef::read(p.x),
+            ArgRef::read(p.w),
+            ArgRef::read_write(acc),
+            rows,
+            k,
+            n,
+        ],
         mm.grid(),
-        OpKind::MatMul,
     )
 }
 

@@ -14,6 +14,7 @@ use crate::backend::Buffer;
 use crate::error::{Error, Result};
 use crate::graph::passes::FusionRule;
 use crate::graph::{Arg, ArgRef, Dispatch, DispatchRef, DispatchSpec, Grid, OpKind, Range, Scalar};
+use crate::kernels::norm as kn;
 use crate::ops::elementwise::{
     binary_operands, check_disjoint, float_kernel, u32_size, FLOAT_DTYPES,
 };
@@ -56,11 +57,7 @@ pub fn rms_norm(x: &Buffer, weight: &Buffer, out: &Buffer, eps: f32) -> Result<D
     let dim = check_x_out(&check, x, out, eps)?;
     check_row(&check, "weight", weight, x)?;
     check_disjoint(&check, "out", out, &[("x", x), ("weight", weight)])?;
-    let kernel = float_kernel(
-        "rms_norm",
-        x.dtype(),
-        ["rms_norm_f32", "rms_norm_f16", "rms_norm_bf16"],
-    )?;
+    let kernel = float_kernel("rms_norm", x.dtype(), &kn::RMS_NORM)?;
     let args = vec![
         Arg::read(x),
         Arg::read(weight),
@@ -68,7 +65,7 @@ pub fn rms_norm(x: &Buffer, weight: &Buffer, out: &Buffer, eps: f32) -> Result<D
         Arg::f32(eps),
         Arg::u32(dim),
     ];
-    Dispatch::new(kernel, args, grid_rows(x.shape().rows()), OpKind::RmsNorm)
+    Dispatch::new(kernel, args, grid_rows(x.shape().rows()))
 }
 
 /// `out = x / sqrt(mean(x^2) + eps)`, per row of `x`, without a weight.
@@ -76,17 +73,9 @@ pub fn rms_norm_no_scale(x: &Buffer, out: &Buffer, eps: f32) -> Result<Dispatch>
     let check = Check::op("rms_norm_no_scale");
     let dim = check_x_out(&check, x, out, eps)?;
     check_disjoint(&check, "out", out, &[("x", x)])?;
-    let kernel = float_kernel(
-        "rms_norm_no_scale",
-        x.dtype(),
-        [
-            "rms_norm_no_scale_f32",
-            "rms_norm_no_scale_f16",
-            "rms_norm_no_scale_bf16",
-        ],
-    )?;
+    let kernel = float_kernel("rms_norm_no_scale", x.dtype(), &kn::RMS_NORM_NO_SCALE)?;
     let args = vec![Arg::read(x), Arg::write(out), Arg::f32(eps), Arg::u32(dim)];
-    Dispatch::new(kernel, args, grid_rows(x.shape().rows()), OpKind::RmsNorm)
+    Dispatch::new(kernel, args, grid_rows(x.shape().rows()))
 }
 
 /// `out = rms_norm(x[, weight]) * m`, in one pass; `m` is one row `[dim]` broadcast over the rows,
@@ -121,11 +110,7 @@ fn rms_norm_mul_spec<'a>(
         Some(w) => {
             check_row(&check, "weight", w, x)?;
             check_disjoint(&check, "out", out, &[("x", x), ("weight", w), ("m", m)])?;
-            let kernel = float_kernel(
-                "rms_norm_mul",
-                x.dtype(),
-                ["rms_norm_mul_f32", "rms_norm_mul_f16", "rms_norm_mul_bf16"],
-            )?;
+            let kernel = float_kernel("rms_norm_mul", x.dtype(), &kn::RMS_NORM_MUL)?;
             let args = [
                 ArgRef::read(x),
                 ArgRef::read(w),
@@ -134,19 +119,11 @@ fn rms_norm_mul_spec<'a>(
                 eps,
                 dim,
             ];
-            DispatchSpec::new(kernel, &args, grid, OpKind::RmsNormMul)
+            DispatchSpec::new(kernel, &args, grid)
         }
         None => {
             check_disjoint(&check, "out", out, &[("x", x), ("m", m)])?;
-            let kernel = float_kernel(
-                "rms_norm_mul",
-                x.dtype(),
-                [
-                    "rms_norm_no_scale_mul_f32",
-                    "rms_norm_no_scale_mul_f16",
-                    "rms_norm_no_scale_mul_bf16",
-                ],
-            )?;
+            let kernel = float_kernel("rms_norm_mul", x.dtype(), &kn::RMS_NORM_NO_SCALE_MUL)?;
             let args = [
                 ArgRef::read(x),
                 ArgRef::read(m),
@@ -154,7 +131,7 @@ fn rms_norm_mul_spec<'a>(
                 eps,
                 dim,
             ];
-            DispatchSpec::new(kernel, &args, grid, OpKind::RmsNormMul)
+            DispatchSpec::new(kernel, &args, grid)
         }
     }
 }
@@ -185,25 +162,18 @@ impl Session {
 
 /// The parts of an `rms_norm` or `rms_norm_no_scale` dispatch: `(x, weight, out, eps)`.
 fn norm_operands(d: DispatchRef<'_>) -> Option<(&Buffer, Option<&Buffer>, &Buffer, f32)> {
-    if d.op() != OpKind::RmsNorm {
+    let k = d.kernel();
+    let weight = if k.is_in(&kn::RMS_NORM) {
+        Some(d.buffer("weight")?)
+    } else if k.is_in(&kn::RMS_NORM_NO_SCALE) {
+        None
+    } else {
         return None;
-    }
-    let eps_at = |i: usize| match d.args().get(i) {
-        Some(Arg::Scalar(Scalar::F32(eps))) => Some(*eps),
-        _ => None,
     };
-    match d.args().len() {
-        // x, weight, out, eps, dim
-        5 => Some((
-            d.buffer_arg(0)?.0,
-            Some(d.buffer_arg(1)?.0),
-            d.buffer_arg(2)?.0,
-            eps_at(3)?,
-        )),
-        // x, out, eps, dim
-        4 => Some((d.buffer_arg(0)?.0, None, d.buffer_arg(1)?.0, eps_at(2)?)),
-        _ => None,
-    }
+    let Some(Scalar::F32(eps)) = d.scalar("eps") else {
+        return None;
+    };
+    Some((d.buffer("x")?, weight, d.buffer("out")?, eps))
 }
 
 /// A norm + mul pair that matches the rule.
@@ -225,9 +195,6 @@ struct NormMul<'a> {
 /// other operand does not touch that output.
 fn norm_mul_match<'a>(norm: DispatchRef<'a>, mul: DispatchRef<'a>) -> Option<NormMul<'a>> {
     let (x, weight, norm_out, eps) = norm_operands(norm)?;
-    if mul.op() != OpKind::Mul {
-        return None;
-    }
     let (a, b, out) = binary_operands(mul)?;
     // The in-place form writes its result over `a`.
     let out = out.unwrap_or(a);

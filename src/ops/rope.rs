@@ -11,7 +11,8 @@
 
 use crate::backend::{Buffer, DType};
 use crate::error::Result;
-use crate::graph::{Arg, Dispatch, Grid, OpKind};
+use crate::graph::{Arg, Dispatch, Grid};
+use crate::kernels::misc as km;
 use crate::ops::elementwise::{check_disjoint, float_kernel, same_view, u32_size, FLOAT_DTYPES};
 use crate::ops::Check;
 use crate::Session;
@@ -132,19 +133,15 @@ pub fn rope(
     }
     check_disjoint(&check, if in_place { "x" } else { "out" }, out, &inputs)?;
     args.extend(scalars);
-    let names = match (freq_factors.is_some(), in_place) {
-        (false, false) => ["rope_f32", "rope_f16", "rope_bf16"],
-        (true, false) => ["rope_ff_f32", "rope_ff_f16", "rope_ff_bf16"],
-        (false, true) => ["rope_f32_inplace", "rope_f16_inplace", "rope_bf16_inplace"],
-        (true, true) => [
-            "rope_ff_f32_inplace",
-            "rope_ff_f16_inplace",
-            "rope_ff_bf16_inplace",
-        ],
+    let family = match (freq_factors.is_some(), in_place) {
+        (false, false) => &km::ROPE,
+        (true, false) => &km::ROPE_FF,
+        (false, true) => &km::ROPE_INPLACE,
+        (true, true) => &km::ROPE_FF_INPLACE,
     };
-    let kernel = float_kernel("rope", x.dtype(), names)?;
+    let kernel = float_kernel("rope", x.dtype(), family)?;
     let grid = Grid::new(rows.min(u32::MAX as usize) as u32, 128);
-    Dispatch::new(kernel, args, grid, OpKind::Rope)
+    Dispatch::new(kernel, args, grid)
 }
 
 impl Session {

@@ -9,7 +9,8 @@
 
 use crate::backend::{Buffer, DType};
 use crate::error::Result;
-use crate::graph::{Arg, Dispatch, Grid, KernelId, OpKind};
+use crate::graph::{Arg, Dispatch, Grid, KernelId};
+use crate::kernels::misc::SOFTMAX;
 use crate::ops::elementwise::{check_disjoint, same_view, u32_size};
 use crate::ops::Check;
 use crate::Session;
@@ -54,14 +55,9 @@ pub fn softmax(x: &Buffer, out: &Buffer, scale: f32, mask: Option<&Buffer>) -> R
     check_disjoint(&check, if in_place { "x" } else { "out" }, out, &inputs)?;
     args.push(Arg::f32(scale));
     args.push(Arg::u32(u32_size(&check, "x", n)?));
-    let name = match (mask.is_some(), in_place) {
-        (false, false) => "softmax_f32",
-        (true, false) => "softmax_mask_f32",
-        (false, true) => "softmax_f32_inplace",
-        (true, true) => "softmax_mask_f32_inplace",
-    };
+    let kernel = KernelId::of(&SOFTMAX[2 * usize::from(mask.is_some()) + usize::from(in_place)]);
     let grid = Grid::new(rows.min(u32::MAX as usize) as u32, 256);
-    Dispatch::new(KernelId(name), args, grid, OpKind::Softmax)
+    Dispatch::new(kernel, args, grid)
 }
 
 impl Session {

@@ -46,7 +46,7 @@ impl<'a> KernelArgs<'a> {
 
     fn err(&self, msg: String) -> Error {
         Error::Kernel {
-            kernel: self.kernel.0,
+            kernel: self.kernel.name(),
             msg,
         }
     }

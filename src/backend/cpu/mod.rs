@@ -17,32 +17,60 @@ use std::sync::{Arc, RwLock};
 
 use super::{Allocation, Buffer, HostMemory, Memory};
 use crate::error::{Error, Result};
-use crate::graph::KernelId;
+use crate::kernels::{KernelId, KernelSig};
 
 /// A CPU kernel: reads and writes its dispatch's arguments.
 pub type CpuKernelFn = fn(&KernelArgs<'_>) -> Result<()>;
 
-/// The table of CPU kernels, by name.
+/// The table of CPU kernels: each function registered against its kernel's declaration, found
+/// by name and handed out only for that very declaration.
 #[derive(Default)]
 pub struct CpuRegistry {
-    kernels: HashMap<&'static str, CpuKernelFn>,
+    kernels: HashMap<&'static str, (KernelId, CpuKernelFn)>,
 }
 
 impl CpuRegistry {
-    /// Adds (or replaces) a kernel.
-    pub fn register(&mut self, name: &'static str, kernel: CpuKernelFn) {
-        self.kernels.insert(name, kernel);
+    /// Adds (or replaces) the function of a declared kernel.
+    pub(crate) fn add(&mut self, sig: &'static KernelSig, kernel: CpuKernelFn) {
+        self.kernels.insert(sig.name(), (KernelId::of(sig), kernel));
     }
 
-    /// Looks a kernel up.
+    /// Adds the functions of a family of declared kernels, in the family's order.
+    pub(crate) fn family<const N: usize>(
+        &mut self,
+        sigs: &'static [KernelSig; N],
+        kernels: [CpuKernelFn; N],
+    ) {
+        for (sig, kernel) in sigs.iter().zip(kernels) {
+            self.add(sig, kernel);
+        }
+    }
+
+    /// Adds a user kernel's function; an error when another declaration or function holds the
+    /// name (the same pair again is fine).
+    pub(crate) fn add_custom(&mut self, id: KernelId, kernel: CpuKernelFn) -> Result<()> {
+        match self.kernels.get(id.name()) {
+            Some(&(held, f)) if held == id && f as usize == kernel as usize => Ok(()),
+            Some(_) => Err(Error::InvalidArgument(format!(
+                "kernel {id}: another kernel of that name is already registered"
+            ))),
+            None => {
+                self.kernels.insert(id.name(), (id, kernel));
+                Ok(())
+            }
+        }
+    }
+
+    /// The function of `id`: an error when no function is registered for that declaration (an
+    /// untyped kernel, or another declaration of the same name, has none).
     pub fn get(&self, id: KernelId) -> Result<CpuKernelFn> {
-        self.kernels
-            .get(id.0)
-            .copied()
-            .ok_or_else(|| Error::UnknownKernel {
-                name: id.0.to_string(),
+        match self.kernels.get(id.name()) {
+            Some(&(held, f)) if held == id => Ok(f),
+            _ => Err(Error::UnknownKernel {
+                name: id.name().to_string(),
                 backend: "cpu",
-            })
+            }),
+        }
     }
 
     /// Number of kernels.
@@ -99,13 +127,12 @@ impl CpuDevice {
         self.pool.install(f)
     }
 
-    /// Adds a user kernel to the registry.
-    pub fn register_kernel(&self, name: &'static str, kernel: CpuKernelFn) -> Result<()> {
+    /// Adds a user kernel to the registry; an error when another kernel holds its name.
+    pub fn register_custom(&self, id: KernelId, kernel: CpuKernelFn) -> Result<()> {
         self.registry
             .write()
             .map_err(|_| Error::Backend("kernel registry lock poisoned".into()))?
-            .register(name, kernel);
-        Ok(())
+            .add_custom(id, kernel)
     }
 
     /// Looks a kernel up.

@@ -86,7 +86,7 @@ fn run_one(e: &Encoded) -> Result<()> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (e.kernel)(&args))) {
         Ok(r) => r,
         Err(_) => Err(Error::Kernel {
-            kernel: e.dispatch.kernel().0,
+            kernel: e.dispatch.kernel().name(),
             msg: "the kernel panicked (a bug in onepass: please report it)".into(),
         }),
     }

@@ -16,40 +16,19 @@
 //! - Launches go into the device's one stream, so they are ordered with every copy and direct
 //!   launch on that stream.
 
-use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::driver::sys;
 
-use super::encoder::device_address;
+use super::launch::LaunchParams;
 use super::{CudaDevice, Kernel};
 use crate::error::{Error, Result};
-use crate::graph::{Arg, Dispatch, Scalar};
+use crate::graph::Dispatch;
 
 /// A raw driver status as a result, through the device (so a fault that breaks the context is
 /// remembered and named in the error).
 fn check(device: &CudaDevice, what: &'static str, r: sys::CUresult) -> Result<()> {
     device.driver(what, r.result())
-}
-
-/// The 8-byte parameter slots of one dispatch, as the encoder lays them out.
-fn param_slots(device: &CudaDevice, dispatch: &Dispatch) -> Result<Vec<u64>> {
-    let name = dispatch.kernel().0;
-    let mut slots = Vec::with_capacity(dispatch.args().len() * 2);
-    for (i, arg) in dispatch.args().iter().enumerate() {
-        slots.push(match arg {
-            Arg::Buffer(buf, _) => device_address(device, name, i, buf)?,
-            Arg::Scalar(Scalar::U32(v)) => *v as u64,
-            Arg::Scalar(Scalar::I32(v)) => *v as u32 as u64,
-            Arg::Scalar(Scalar::F32(v)) => v.to_bits() as u64,
-        });
-    }
-    for arg in dispatch.args() {
-        if let Arg::Buffer(buf, _) = arg {
-            slots.push(buf.elems() as u64);
-        }
-    }
-    Ok(slots)
 }
 
 /// An instantiated CUDA graph of kernel nodes with explicit dependency edges.
@@ -102,23 +81,11 @@ impl CudaGraph {
         };
         let mut handles: Vec<sys::CUgraphNode> = Vec::with_capacity(dispatches.len());
         let mut deps: Vec<sys::CUgraphNode> = Vec::new();
+        let mut params = LaunchParams::default();
         for (d, p) in dispatches.iter().zip(preds) {
-            let name = d.kernel().0;
-            let kernel = device.registry().get(d.kernel())?;
+            let name = d.kernel().name();
+            let kernel = params.prepare(device, d.as_view())?;
             let grid = d.grid();
-            if grid.blocks.contains(&0) || grid.threads.contains(&0) {
-                return Err(Error::Kernel {
-                    kernel: name,
-                    msg: format!("empty launch geometry {grid:?}"),
-                });
-            }
-            kernel.ensure_dynamic_shared(grid.shared_bytes)?;
-            let mut slots = param_slots(device, d)?;
-            let base = slots.as_mut_ptr();
-            // SAFETY: every index is in bounds of `slots`, which is not resized below.
-            let mut params: Vec<*mut c_void> = (0..slots.len())
-                .map(|i| unsafe { base.add(i) } as *mut c_void)
-                .collect();
             // SAFETY: the all-zero bit pattern is valid for this plain C struct (null pointers, zero sizes).
             let mut np: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
             np.func = kernel.cu_function();
@@ -129,14 +96,14 @@ impl CudaGraph {
             np.blockDimY = grid.threads[1];
             np.blockDimZ = grid.threads[2];
             np.sharedMemBytes = grid.shared_bytes;
-            np.kernelParams = params.as_mut_ptr();
+            np.kernelParams = params.pointers().as_mut_ptr();
             deps.clear();
             deps.extend(p.iter().map(|&j| handles[j]));
             let mut node: sys::CUgraphNode = std::ptr::null_mut();
             // SAFETY: `this.graph` is a live graph; `deps` holds nodes of that graph; `np` points to
-            // a valid function handle (kept alive in `_kernels`) and to `params`, whose entries
-            // point to live slots holding values of the types the kernel declares (the encoder's
-            // layout); the driver copies the parameter values during this call.
+            // a valid function handle (kept alive in `_kernels`) and to parameters laid out by
+            // `prepare` under the contract of `launch`; the driver copies the parameter values
+            // during this call.
             check(device, "cuGraphAddKernelNode", unsafe {
                 sys::cuGraphAddKernelNode_v2(&mut node, this.graph, deps.as_ptr(), deps.len(), &np)
             })

@@ -19,6 +19,7 @@ mod cache;
 mod encoder;
 pub mod fault;
 mod graph;
+mod launch;
 mod memory;
 pub mod nvrtc;
 mod registry;

@@ -240,7 +240,7 @@ pub struct KernelRegistry {
     compiler: KernelCompiler,
     family_of: HashMap<&'static str, usize>,
     modules: Mutex<HashMap<usize, Arc<CudaModule>>>,
-    kernels: RwLock<HashMap<&'static str, Kernel>>,
+    kernels: RwLock<HashMap<&'static str, (KernelId, Kernel)>>,
     error_record: Option<u64>,
 }
 
@@ -276,28 +276,35 @@ impl KernelRegistry {
         &self.compiler
     }
 
-    /// Whether the registry has a kernel of this name.
+    /// Whether the registry has this kernel: a declared built-in kernel whose name a source
+    /// defines.
     pub fn contains(&self, id: KernelId) -> bool {
-        self.family_of.contains_key(id.0)
+        crate::kernels::builtin(id.name()) == Some(id) && self.family_of.contains_key(id.name())
     }
 
-    /// The kernel named `id`, compiling and loading its family's module on first use.
+    /// The kernel `id`, compiling and loading its family's module on first use. Only a declared
+    /// built-in kernel is found: an untyped kernel, a user kernel or another declaration of a
+    /// built-in name is an unknown kernel, never a launch with a parameter list the function
+    /// does not take.
     pub fn get(&self, id: KernelId) -> Result<Kernel> {
-        if let Some(k) = self.kernels.read().map_err(|_| lock_err())?.get(id.0) {
-            return Ok(k.clone());
+        if let Some((held, k)) = self.kernels.read().map_err(|_| lock_err())?.get(id.name()) {
+            if *held == id {
+                return Ok(k.clone());
+            }
         }
-        let family = *self
-            .family_of
-            .get(id.0)
-            .ok_or_else(|| Error::UnknownKernel {
-                name: id.0.to_string(),
-                backend: "cuda",
-            })?;
+        let unknown = || Error::UnknownKernel {
+            name: id.name().to_string(),
+            backend: "cuda",
+        };
+        if crate::kernels::builtin(id.name()) != Some(id) {
+            return Err(unknown());
+        }
+        let family = *self.family_of.get(id.name()).ok_or_else(unknown)?;
         let module = self.module(family)?;
-        let function = module.load_function(id.0).map_err(|e| {
+        let function = module.load_function(id.name()).map_err(|e| {
             Error::Cuda(format!(
-                "loading kernel {} from {}.cu: {e}",
-                id.0, SOURCES[family].family
+                "loading kernel {id} from {}.cu: {e}",
+                SOURCES[family].family
             ))
         })?;
         let kernel = Kernel {
@@ -307,7 +314,7 @@ impl KernelRegistry {
         self.kernels
             .write()
             .map_err(|_| lock_err())?
-            .insert(id.0, kernel.clone());
+            .insert(id.name(), (id, kernel.clone()));
         Ok(kernel)
     }
 

@@ -2,11 +2,12 @@
 //! by the stamp word it carries, collecting the written views of one dispatch, and checking that
 //! no written argument overlaps another argument of the same dispatch.
 
+use crate::kernels::KernelId;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::backend::Buffer;
 use crate::error::{Error, Result};
-use crate::graph::dispatch::{Access, Arg, KernelId, Range};
+use crate::graph::dispatch::{Access, Arg, Range};
 
 /// Bits of a view's stamp word that hold what the graph knows of the view; the rest is the
 /// graph's stamp. They are [`MARKED`] and the view's index in the graph.
@@ -125,7 +126,7 @@ pub(super) fn overlapping_write(kernel: KernelId, args: &[Arg], nth: usize) -> E
     };
     Error::InvalidArgument(format!(
         "kernel {}: {which}; use one read-write argument for in-place updates",
-        kernel.0
+        kernel.name()
     ))
 }
 

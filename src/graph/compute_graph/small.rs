@@ -3,6 +3,7 @@
 //! arrays' lengths, and committed only when the dispatch is known to be valid. A dispatch that
 //! fails the check (or has many arguments) is left to the general path, which builds the error.
 
+use crate::kernels::KernelId;
 use std::mem::ManuallyDrop;
 use std::sync::atomic::Ordering;
 
@@ -11,7 +12,7 @@ use super::recording::{
 };
 use super::{valid_overlaps, ComputeGraph, Header, Span};
 use crate::graph::borrowed::ArgRef;
-use crate::graph::dispatch::{Access, Arg, Grid, KernelId, OpKind, Range};
+use crate::graph::dispatch::{Access, Arg, Grid, OpKind, Range};
 
 /// The most arguments the small path takes.
 const SMALL_ARGS: usize = 8;

@@ -4,9 +4,10 @@
 use super::*;
 use crate::backend::{Buffer, DType, Device};
 use crate::error::Result;
+use crate::graph::synthetic::untyped_kernel;
 use crate::graph::{
-    Arg, ArgRef, ComputeGraph, Dispatch, DispatchRef, DispatchSpec, Grid, KernelId, Node, OpKind,
-    Range, Scalar,
+    Arg, ArgRef, ComputeGraph, Dispatch, DispatchRef, DispatchSpec, Grid, Node, OpKind, Range,
+    Scalar,
 };
 
 /// One allocation of 4096 f32 values; views by element range.
@@ -36,7 +37,7 @@ fn d(tag: u32, op: OpKind, reads: &[&Buffer], writes: &[&Buffer]) -> Dispatch {
     let mut args: Vec<Arg> = reads.iter().map(|b| Arg::read(b)).collect();
     args.extend(writes.iter().map(|b| Arg::write(b)));
     args.push(Arg::u32(tag));
-    Dispatch::new(KernelId("synthetic"), args, Grid::new(1, 1), op).expect("dispatch")
+    Dispatch::new(untyped_kernel(op), args, Grid::new(1, 1)).expect("dispatch")
 }
 
 fn tag(d: DispatchRef<'_>) -> u32 {
@@ -326,12 +327,7 @@ fn norm_mul_build<'a>(a: DispatchRef<'a>, b: DispatchRef<'a>) -> Result<Dispatch
         }
     }
     args.push(ArgRef::u32(tag(a) * 100 + tag(b)));
-    DispatchSpec::new(
-        KernelId("fused"),
-        &args,
-        Grid::new(1, 1),
-        OpKind::RmsNormMul,
-    )
+    DispatchSpec::new(untyped_kernel(OpKind::RmsNormMul), &args, Grid::new(1, 1))
 }
 
 fn rules() -> Vec<FusionRule> {
@@ -506,7 +502,7 @@ fn random_dispatches(seed: u64, n: usize) -> Vec<Dispatch> {
         }
         let op = if rng.random_range(0..4) == 0 { ATT } else { EW };
         args.push(Arg::u32(out.len() as u32));
-        if let Ok(d) = Dispatch::new(KernelId("t"), args, Grid::new(1, 1), op) {
+        if let Ok(d) = Dispatch::new(untyped_kernel(op), args, Grid::new(1, 1)) {
             out.push(d);
         }
     }
@@ -616,7 +612,7 @@ fn random_step(
         }
         let op = [EW, EW, ATT, OpKind::RmsNorm, OpKind::Mul][rng.random_range(0..5usize)];
         args.push(Arg::u32(out.len() as u32));
-        if let Ok(d) = Dispatch::new(KernelId("t"), args, Grid::new(1, 1), op) {
+        if let Ok(d) = Dispatch::new(untyped_kernel(op), args, Grid::new(1, 1)) {
             out.push(d);
         }
     }
@@ -641,7 +637,7 @@ fn twin(d: &Dispatch, allocs: &[Buffer]) -> Dispatch {
             Arg::Scalar(s) => Arg::Scalar(*s),
         })
         .collect();
-    Dispatch::new(d.kernel(), args, d.grid(), d.op()).expect("the same checks pass")
+    Dispatch::new(d.kernel(), args, d.grid()).expect("the same checks pass")
 }
 
 #[test]

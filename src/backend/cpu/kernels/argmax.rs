@@ -8,6 +8,7 @@ use rayon::prelude::*;
 
 use crate::backend::cpu::{CpuRegistry, KernelArgs};
 use crate::error::{Error, Result};
+use crate::kernels::misc::ARGMAX;
 
 /// Rows longer than this are scanned in parallel chunks.
 const PARALLEL_ROW: usize = 1 << 15;
@@ -48,7 +49,7 @@ fn argmax_f32(args: &KernelArgs<'_>) -> Result<()> {
     let n = args.usize(2)?;
     if n == 0 || n > i32::MAX as usize || x.len() != out.len() * n {
         return Err(Error::Kernel {
-            kernel: args.kernel().0,
+            kernel: args.kernel().name(),
             msg: format!("x has {} values, out {} rows of {n}", x.len(), out.len()),
         });
     }
@@ -67,7 +68,7 @@ fn argmax_f32(args: &KernelArgs<'_>) -> Result<()> {
     Ok(())
 }
 
-/// Registers this family's kernels.
+/// Registers this family's kernels against their declarations.
 pub(super) fn register(registry: &mut CpuRegistry) {
-    registry.register("argmax_f32", argmax_f32);
+    registry.add(&ARGMAX, argmax_f32);
 }

@@ -26,20 +26,23 @@ use rayon::prelude::*;
 
 use crate::backend::cpu::{CpuRegistry, KernelArgs};
 use crate::error::{Error, Result};
+use crate::kernels::attention as ka;
 
-/// Registers this family's kernels.
+/// Registers this family's kernels against their declarations.
 pub(super) fn register(registry: &mut CpuRegistry) {
-    registry.register("attention_f32", attention_prefill::<f32>);
-    registry.register("attention_f16", attention_prefill::<f16>);
-    registry.register(
-        "attention_decode_partial_f32",
-        attention_decode_partial::<f32>,
+    use ka::{ATTENTION, DECODE_COMBINE, DECODE_PARTIAL};
+    registry.family(
+        &ATTENTION,
+        [attention_prefill::<f32>, attention_prefill::<f16>],
     );
-    registry.register(
-        "attention_decode_partial_f16",
-        attention_decode_partial::<f16>,
+    registry.family(
+        &DECODE_PARTIAL,
+        [
+            attention_decode_partial::<f32>,
+            attention_decode_partial::<f16>,
+        ],
     );
-    registry.register("attention_decode_combine", attention_decode_combine);
+    registry.add(&DECODE_COMBINE, attention_decode_combine);
 }
 
 /// Keys scored together before one rescale of the running state.
@@ -78,7 +81,7 @@ impl CacheElem for f16 {
 
 fn kernel_err(args: &KernelArgs<'_>, msg: String) -> Error {
     Error::Kernel {
-        kernel: args.kernel().0,
+        kernel: args.kernel().name(),
         msg,
     }
 }

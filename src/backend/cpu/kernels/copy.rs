@@ -8,6 +8,7 @@ use rayon::prelude::*;
 
 use crate::backend::cpu::{CpuRegistry, KernelArgs};
 use crate::error::Result;
+use crate::kernels::misc::COPY;
 
 /// A float element that kernels load as f32 and store from f32.
 pub(crate) trait Float: bytemuck::Pod + Send + Sync {
@@ -60,7 +61,7 @@ fn copy_convert<S: Float, D: Float>(args: &KernelArgs<'_>) -> Result<()> {
     let dst = args.output::<D>(1)?;
     if src.len() != dst.len() {
         return Err(crate::error::Error::Kernel {
-            kernel: args.kernel().0,
+            kernel: args.kernel().name(),
             msg: format!("src has {} elements, dst {}", src.len(), dst.len()),
         });
     }
@@ -74,15 +75,20 @@ fn copy_convert<S: Float, D: Float>(args: &KernelArgs<'_>) -> Result<()> {
     Ok(())
 }
 
-/// Registers this family's kernels.
+/// Registers this family's kernels against their declarations.
 pub(super) fn register(registry: &mut CpuRegistry) {
-    registry.register("copy_f32_f32", copy_convert::<f32, f32>);
-    registry.register("copy_f32_f16", copy_convert::<f32, f16>);
-    registry.register("copy_f32_bf16", copy_convert::<f32, bf16>);
-    registry.register("copy_f16_f32", copy_convert::<f16, f32>);
-    registry.register("copy_f16_f16", copy_convert::<f16, f16>);
-    registry.register("copy_f16_bf16", copy_convert::<f16, bf16>);
-    registry.register("copy_bf16_f32", copy_convert::<bf16, f32>);
-    registry.register("copy_bf16_f16", copy_convert::<bf16, f16>);
-    registry.register("copy_bf16_bf16", copy_convert::<bf16, bf16>);
+    registry.family(
+        &COPY,
+        [
+            copy_convert::<f32, f32>,
+            copy_convert::<f32, f16>,
+            copy_convert::<f32, bf16>,
+            copy_convert::<f16, f32>,
+            copy_convert::<f16, f16>,
+            copy_convert::<f16, bf16>,
+            copy_convert::<bf16, f32>,
+            copy_convert::<bf16, f16>,
+            copy_convert::<bf16, bf16>,
+        ],
+    );
 }

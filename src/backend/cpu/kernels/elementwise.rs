@@ -14,6 +14,7 @@ use rayon::prelude::*;
 use super::copy::{Float, FLAT_CHUNK};
 use crate::backend::cpu::{CpuRegistry, KernelArgs};
 use crate::error::{Error, Result};
+use crate::kernels::elementwise as ew;
 
 /// A binary operation on f32 values.
 trait BinaryOp {
@@ -138,7 +139,7 @@ fn gelu_erf(x: f32) -> f32 {
 
 fn kernel_err(args: &KernelArgs<'_>, msg: String) -> Error {
     Error::Kernel {
-        kernel: args.kernel().0,
+        kernel: args.kernel().name(),
         msg,
     }
 }
@@ -245,24 +246,35 @@ fn unary<T: Float, O: UnaryOp, const INPLACE: bool>(args: &KernelArgs<'_>) -> Re
 
 /// Registers one op for every float dtype, out of place and in place.
 macro_rules! register_float_op {
-    ($registry:expr, $name:literal, $kernel:ident, $op:ty) => {
-        $registry.register(concat!($name, "_f32"), $kernel::<f32, $op, false>);
-        $registry.register(concat!($name, "_f16"), $kernel::<f16, $op, false>);
-        $registry.register(concat!($name, "_bf16"), $kernel::<bf16, $op, false>);
-        $registry.register(concat!($name, "_f32_inplace"), $kernel::<f32, $op, true>);
-        $registry.register(concat!($name, "_f16_inplace"), $kernel::<f16, $op, true>);
-        $registry.register(concat!($name, "_bf16_inplace"), $kernel::<bf16, $op, true>);
+    ($registry:expr, $out:ident, $inplace:ident, $kernel:ident, $op:ty) => {
+        $registry.family(
+            &$out,
+            [
+                $kernel::<f32, $op, false>,
+                $kernel::<f16, $op, false>,
+                $kernel::<bf16, $op, false>,
+            ],
+        );
+        $registry.family(
+            &$inplace,
+            [
+                $kernel::<f32, $op, true>,
+                $kernel::<f16, $op, true>,
+                $kernel::<bf16, $op, true>,
+            ],
+        );
     };
 }
 
-/// Registers this family's kernels.
+/// Registers this family's kernels against their declarations.
 pub(super) fn register(registry: &mut CpuRegistry) {
-    register_float_op!(registry, "add", binary, Add);
-    register_float_op!(registry, "mul", binary, Mul);
-    register_float_op!(registry, "swiglu", binary, Swiglu);
-    register_float_op!(registry, "scale", unary, Scale);
-    register_float_op!(registry, "gelu_tanh", unary, GeluTanh);
-    register_float_op!(registry, "gelu_erf", unary, GeluErf);
-    register_float_op!(registry, "silu", unary, Silu);
-    register_float_op!(registry, "softcap", unary, Softcap);
+    use ew::*;
+    register_float_op!(registry, ADD, ADD_INPLACE, binary, Add);
+    register_float_op!(registry, MUL, MUL_INPLACE, binary, Mul);
+    register_float_op!(registry, SWIGLU, SWIGLU_INPLACE, binary, Swiglu);
+    register_float_op!(registry, SCALE, SCALE_INPLACE, unary, Scale);
+    register_float_op!(registry, GELU_TANH, GELU_TANH_INPLACE, unary, GeluTanh);
+    register_float_op!(registry, GELU_ERF, GELU_ERF_INPLACE, unary, GeluErf);
+    register_float_op!(registry, SILU, SILU_INPLACE, unary, Silu);
+    register_float_op!(registry, SOFTCAP, SOFTCAP_INPLACE, unary, Softcap);
 }

@@ -9,26 +9,16 @@ use rayon::prelude::*;
 
 use crate::backend::cpu::{CpuRegistry, KernelArgs};
 use crate::error::{Error, Result};
+use crate::kernels::misc::EMBEDDING;
 
-/// Registers this family's kernels.
+/// Registers this family's kernels against their declarations.
 pub(super) fn register(registry: &mut CpuRegistry) {
-    for name in [
-        "embedding_f32",
-        "embedding_f16",
-        "embedding_bf16",
-        "embedding_q4_0",
-        "embedding_q4_1",
-        "embedding_q8_0",
-        "embedding_q4_k",
-        "embedding_q6_k",
-    ] {
-        registry.register(name, embedding_kernel);
-    }
+    registry.family(&EMBEDDING, [embedding_kernel; 8]);
 }
 
 fn embedding_kernel(args: &KernelArgs<'_>) -> Result<()> {
     let err = |msg: String| Error::Kernel {
-        kernel: args.kernel().0,
+        kernel: args.kernel().name(),
         msg,
     };
     let (tbuf, _) = args.buffer(0)?;

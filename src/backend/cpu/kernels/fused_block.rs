@@ -33,28 +33,14 @@ use super::norm::sum_squares;
 use crate::backend::cpu::{CpuRegistry, KernelArgs};
 use crate::backend::DType;
 use crate::error::Result;
+use crate::kernels::matmul as mm;
 use crate::quant::QK_K;
 
-/// Kernel names by weight format: the fused attention input, the fused MLP input and the matmul
-/// with the residual add.
-const KERNELS: [(&str, &str, &str); 8] = [
-    ("norm_qkv_rope_q4_0", "norm_gate_up_q4_0", "matmul_add_q4_0"),
-    ("norm_qkv_rope_q4_1", "norm_gate_up_q4_1", "matmul_add_q4_1"),
-    ("norm_qkv_rope_q8_0", "norm_gate_up_q8_0", "matmul_add_q8_0"),
-    ("norm_qkv_rope_q4_k", "norm_gate_up_q4_k", "matmul_add_q4_k"),
-    ("norm_qkv_rope_q6_k", "norm_gate_up_q6_k", "matmul_add_q6_k"),
-    ("norm_qkv_rope_f32", "norm_gate_up_f32", "matmul_add_f32"),
-    ("norm_qkv_rope_f16", "norm_gate_up_f16", "matmul_add_f16"),
-    ("norm_qkv_rope_bf16", "norm_gate_up_bf16", "matmul_add_bf16"),
-];
-
-/// Registers this family's kernels.
+/// Registers this family's kernels against their declarations.
 pub(super) fn register(registry: &mut CpuRegistry) {
-    for (qkv, gate_up, add) in KERNELS {
-        registry.register(qkv, norm_qkv_rope_kernel);
-        registry.register(gate_up, norm_gate_up_kernel);
-        registry.register(add, matmul_add_kernel);
-    }
+    registry.family(&mm::NORM_QKV_ROPE, [norm_qkv_rope_kernel; 8]);
+    registry.family(&mm::NORM_GATE_UP, [norm_gate_up_kernel; 8]);
+    registry.family(&mm::MATMUL_ADD, [matmul_add_kernel; 8]);
 }
 
 /// Weights per task of a one-row product below which it runs on the calling thread alone (the

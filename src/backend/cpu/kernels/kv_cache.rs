@@ -15,10 +15,11 @@ use rayon::prelude::*;
 use super::copy::Float;
 use crate::backend::cpu::{CpuRegistry, KernelArgs};
 use crate::error::{Error, Result};
+use crate::kernels::misc::KV_WRITE;
 
 fn kv_write<C: Float>(args: &KernelArgs<'_>) -> Result<()> {
     let bad = |msg: String| Error::Kernel {
-        kernel: args.kernel().0,
+        kernel: args.kernel().name(),
         msg,
     };
     let new = args.input::<f32>(0)?;
@@ -62,9 +63,10 @@ fn kv_write<C: Float>(args: &KernelArgs<'_>) -> Result<()> {
     Ok(())
 }
 
-/// Registers this family's kernels.
+/// Registers this family's kernels against their declarations.
 pub(super) fn register(registry: &mut CpuRegistry) {
-    registry.register("kv_write_f32_f32", kv_write::<f32>);
-    registry.register("kv_write_f32_f16", kv_write::<f16>);
-    registry.register("kv_write_f32_bf16", kv_write::<bf16>);
+    registry.family(
+        &KV_WRITE,
+        [kv_write::<f32>, kv_write::<f16>, kv_write::<bf16>],
+    );
 }

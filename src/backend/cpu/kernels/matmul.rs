@@ -23,25 +23,14 @@ use super::matvec_vnni::{self, Layout, QuantRow};
 use crate::backend::cpu::{CpuRegistry, KernelArgs};
 use crate::backend::DType;
 use crate::error::{Error, Result};
+use crate::kernels::matmul as mm;
 use crate::quant::{AffineParams, QK_K};
 
-/// Registers this family's kernels.
+/// Registers this family's kernels against their declarations.
 pub(super) fn register(registry: &mut CpuRegistry) {
-    for (name, id_name) in [
-        ("matmul_f32", "matmul_id_f32"),
-        ("matmul_f16", "matmul_id_f16"),
-        ("matmul_bf16", "matmul_id_bf16"),
-        ("matmul_q4_0", "matmul_id_q4_0"),
-        ("matmul_q4_1", "matmul_id_q4_1"),
-        ("matmul_q8_0", "matmul_id_q8_0"),
-        ("matmul_q4_k", "matmul_id_q4_k"),
-        ("matmul_q6_k", "matmul_id_q6_k"),
-    ] {
-        registry.register(name, matmul_kernel);
-        registry.register(id_name, matmul_id_kernel);
-    }
-    registry.register("matmul_affine_f32", matmul_affine_kernel);
-    registry.register("matmul_affine_f16", matmul_affine_kernel);
+    registry.family(&mm::MATMUL, [matmul_kernel; 8]);
+    registry.family(&mm::MATMUL_ID, [matmul_id_kernel; 8]);
+    registry.family(&mm::MATMUL_AFFINE, [matmul_affine_kernel; 2]);
 }
 
 /// Where the rows of a weight matrix come from.
@@ -315,7 +304,7 @@ fn matvec_integer(w: &WeightRows<'_>, x: &[f32], k: usize, n: usize, out: &mut [
 /// A kernel error naming the running kernel.
 pub(super) fn kernel_err(args: &KernelArgs<'_>, msg: String) -> Error {
     Error::Kernel {
-        kernel: args.kernel().0,
+        kernel: args.kernel().name(),
         msg,
     }
 }

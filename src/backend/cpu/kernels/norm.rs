@@ -20,6 +20,7 @@ use rayon::prelude::*;
 use super::copy::Float;
 use crate::backend::cpu::{CpuRegistry, KernelArgs};
 use crate::error::{Error, Result};
+use crate::kernels::norm as kn;
 
 /// Rows per parallel task: enough rows that a task holds at least this many elements.
 const MIN_TASK_ELEMS: usize = 1 << 13;
@@ -70,7 +71,7 @@ fn run_norm<T: Float>(args: &KernelArgs<'_>, op: NormOperands<'_, T>) -> Result<
         eps,
     } = op;
     let bad = |msg: String| Error::Kernel {
-        kernel: args.kernel().0,
+        kernel: args.kernel().name(),
         msg,
     };
     if dim == 0 || x.len() % dim != 0 || out.len() != x.len() {
@@ -183,18 +184,34 @@ fn rms_norm_no_scale_mul<T: Float>(args: &KernelArgs<'_>) -> Result<()> {
     run_norm(args, op)
 }
 
-/// Registers this family's kernels.
+/// Registers this family's kernels against their declarations.
 pub(super) fn register(registry: &mut CpuRegistry) {
-    registry.register("rms_norm_f32", rms_norm::<f32>);
-    registry.register("rms_norm_f16", rms_norm::<f16>);
-    registry.register("rms_norm_bf16", rms_norm::<bf16>);
-    registry.register("rms_norm_no_scale_f32", rms_norm_no_scale::<f32>);
-    registry.register("rms_norm_no_scale_f16", rms_norm_no_scale::<f16>);
-    registry.register("rms_norm_no_scale_bf16", rms_norm_no_scale::<bf16>);
-    registry.register("rms_norm_mul_f32", rms_norm_mul::<f32>);
-    registry.register("rms_norm_mul_f16", rms_norm_mul::<f16>);
-    registry.register("rms_norm_mul_bf16", rms_norm_mul::<bf16>);
-    registry.register("rms_norm_no_scale_mul_f32", rms_norm_no_scale_mul::<f32>);
-    registry.register("rms_norm_no_scale_mul_f16", rms_norm_no_scale_mul::<f16>);
-    registry.register("rms_norm_no_scale_mul_bf16", rms_norm_no_scale_mul::<bf16>);
+    registry.family(
+        &kn::RMS_NORM,
+        [rms_norm::<f32>, rms_norm::<f16>, rms_norm::<bf16>],
+    );
+    registry.family(
+        &kn::RMS_NORM_NO_SCALE,
+        [
+            rms_norm_no_scale::<f32>,
+            rms_norm_no_scale::<f16>,
+            rms_norm_no_scale::<bf16>,
+        ],
+    );
+    registry.family(
+        &kn::RMS_NORM_MUL,
+        [
+            rms_norm_mul::<f32>,
+            rms_norm_mul::<f16>,
+            rms_norm_mul::<bf16>,
+        ],
+    );
+    registry.family(
+        &kn::RMS_NORM_NO_SCALE_MUL,
+        [
+            rms_norm_no_scale_mul::<f32>,
+            rms_norm_no_scale_mul::<f16>,
+            rms_norm_no_scale_mul::<bf16>,
+        ],
+    );
 }

@@ -20,6 +20,7 @@ use rayon::prelude::*;
 use super::copy::Float;
 use crate::backend::cpu::{CpuRegistry, KernelArgs};
 use crate::error::{Error, Result};
+use crate::kernels::misc as km;
 
 /// The most rotated pairs per head the kernel supports (its per-row table lives on the stack);
 /// half of `ops::rope::MAX_ROTARY_DIM`.
@@ -32,7 +33,7 @@ fn rope<T: Float, const FREQ_FACTORS: bool, const INPLACE: bool>(
     args: &KernelArgs<'_>,
 ) -> Result<()> {
     let bad = |msg: String| Error::Kernel {
-        kernel: args.kernel().0,
+        kernel: args.kernel().name(),
         msg,
     };
     let x = if INPLACE {
@@ -117,18 +118,38 @@ fn rope<T: Float, const FREQ_FACTORS: bool, const INPLACE: bool>(
     Ok(())
 }
 
-/// Registers this family's kernels.
+/// Registers this family's kernels against their declarations.
 pub(super) fn register(registry: &mut CpuRegistry) {
-    registry.register("rope_f32", rope::<f32, false, false>);
-    registry.register("rope_f16", rope::<f16, false, false>);
-    registry.register("rope_bf16", rope::<bf16, false, false>);
-    registry.register("rope_ff_f32", rope::<f32, true, false>);
-    registry.register("rope_ff_f16", rope::<f16, true, false>);
-    registry.register("rope_ff_bf16", rope::<bf16, true, false>);
-    registry.register("rope_f32_inplace", rope::<f32, false, true>);
-    registry.register("rope_f16_inplace", rope::<f16, false, true>);
-    registry.register("rope_bf16_inplace", rope::<bf16, false, true>);
-    registry.register("rope_ff_f32_inplace", rope::<f32, true, true>);
-    registry.register("rope_ff_f16_inplace", rope::<f16, true, true>);
-    registry.register("rope_ff_bf16_inplace", rope::<bf16, true, true>);
+    registry.family(
+        &km::ROPE,
+        [
+            rope::<f32, false, false>,
+            rope::<f16, false, false>,
+            rope::<bf16, false, false>,
+        ],
+    );
+    registry.family(
+        &km::ROPE_FF,
+        [
+            rope::<f32, true, false>,
+            rope::<f16, true, false>,
+            rope::<bf16, true, false>,
+        ],
+    );
+    registry.family(
+        &km::ROPE_INPLACE,
+        [
+            rope::<f32, false, true>,
+            rope::<f16, false, true>,
+            rope::<bf16, false, true>,
+        ],
+    );
+    registry.family(
+        &km::ROPE_FF_INPLACE,
+        [
+            rope::<f32, true, true>,
+            rope::<f16, true, true>,
+            rope::<bf16, true, true>,
+        ],
+    );
 }

@@ -13,6 +13,7 @@ use rayon::prelude::*;
 
 use crate::backend::cpu::{CpuRegistry, KernelArgs};
 use crate::error::{Error, Result};
+use crate::kernels::misc::SOFTMAX;
 
 /// Rows per parallel task, at least.
 const MIN_TASK_ELEMS: usize = 1 << 13;
@@ -47,7 +48,7 @@ fn softmax_row(x: Option<&[f32]>, mask: Option<&[f32]>, out: &mut [f32], scale: 
 
 fn softmax<const MASK: bool, const INPLACE: bool>(args: &KernelArgs<'_>) -> Result<()> {
     let bad = |msg: String| Error::Kernel {
-        kernel: args.kernel().0,
+        kernel: args.kernel().name(),
         msg,
     };
     let x = if INPLACE {
@@ -98,10 +99,16 @@ fn softmax<const MASK: bool, const INPLACE: bool>(args: &KernelArgs<'_>) -> Resu
     Ok(())
 }
 
-/// Registers this family's kernels.
+/// Registers this family's kernels against their declarations.
 pub(super) fn register(registry: &mut CpuRegistry) {
-    registry.register("softmax_f32", softmax::<false, false>);
-    registry.register("softmax_mask_f32", softmax::<true, false>);
-    registry.register("softmax_f32_inplace", softmax::<false, true>);
-    registry.register("softmax_mask_f32_inplace", softmax::<true, true>);
+    // Indexed `2 * masked + in_place`.
+    registry.family(
+        &SOFTMAX,
+        [
+            softmax::<false, false>,
+            softmax::<false, true>,
+            softmax::<true, false>,
+            softmax::<true, true>,
+        ],
+    );
 }

@@ -1,0 +1,106 @@
+//! How a dispatch becomes the parameters of a kernel launch: the one layout that stream
+//! launches ([`CudaEncoder`](super::CudaEncoder)) and graph nodes ([`CudaGraph`](super::CudaGraph))
+//! share, and the safety contract both rely on.
+//!
+//! A dispatch's arguments become kernel parameters in order: a buffer becomes the device address
+//! of its first byte (allocation base + view offset), a scalar its 32-bit value. After them come
+//! the element counts of the buffer arguments, in order, as `uint64_t` (a CUDA kernel sees only
+//! pointers; the counts let it check bounds and tell a broadcast operand from a full one, as the
+//! CPU kernel does with slice lengths). So the declaration `(x, out, eps: f32, dim: u32)` is the
+//! CUDA function `(const T* x, T* out, float eps, uint32_t dim, uint64_t n_x, uint64_t n_out)`.
+//!
+//! The contract: the registry hands out only declared built-in kernels
+//! ([`crate::kernels::builtin`]), whose names are functions of the sources taking the declared
+//! parameters in this layout; a dispatch's arguments were checked against that declaration when
+//! it was built (count, buffer or scalar, scalar type, dtype); every buffer address is checked to
+//! lie on this device. So each parameter slot holds a value of the type the function takes at that
+//! position.
+
+use std::ffi::c_void;
+
+use super::{CudaDevice, Kernel};
+use crate::backend::{Buffer, Memory};
+use crate::error::{Error, Result};
+use crate::graph::{Arg, DispatchRef, Scalar};
+
+/// The device address of a buffer view on `device`, or an error naming the kernel and argument.
+pub(crate) fn device_address(
+    device: &CudaDevice,
+    kernel: &'static str,
+    index: usize,
+    buf: &Buffer,
+) -> Result<u64> {
+    match &buf.allocation().memory {
+        Memory::Cuda(mem) if mem.ordinal() == device.ordinal() => {
+            Ok(mem.device_ptr() + buf.offset() as u64)
+        }
+        other => Err(Error::Kernel {
+            kernel,
+            msg: format!(
+                "argument {index} lives on {}, not cuda:{}",
+                other.location(),
+                device.ordinal()
+            ),
+        }),
+    }
+}
+
+/// The parameters of one launch: 8-byte slots and the pointers to them the driver reads.
+/// Reused from launch to launch (no allocation once it has grown).
+#[derive(Default)]
+pub(crate) struct LaunchParams {
+    slots: Vec<u64>,
+    pointers: Vec<*mut c_void>,
+}
+
+// SAFETY: `pointers` only ever points into `slots` of the same value and is rebuilt by `prepare`
+// before each use; nothing in it outlives the launch it was prepared for.
+unsafe impl Send for LaunchParams {}
+
+impl LaunchParams {
+    /// Looks the dispatch's kernel up, checks its launch geometry and shared memory, and lays out
+    /// its parameters. The pointers stay valid until the next `prepare`.
+    pub(crate) fn prepare(
+        &mut self,
+        device: &CudaDevice,
+        dispatch: DispatchRef<'_>,
+    ) -> Result<Kernel> {
+        let name = dispatch.kernel().name();
+        let kernel = device.registry().get(dispatch.kernel())?;
+        let grid = dispatch.grid();
+        if grid.blocks.contains(&0) || grid.threads.contains(&0) {
+            return Err(Error::Kernel {
+                kernel: name,
+                msg: format!("empty launch geometry {grid:?}"),
+            });
+        }
+        kernel.ensure_dynamic_shared(grid.shared_bytes)?;
+        self.slots.clear();
+        for (i, arg) in dispatch.args().iter().enumerate() {
+            self.slots.push(match arg {
+                Arg::Buffer(buf, _) => device_address(device, name, i, buf)?,
+                Arg::Scalar(Scalar::U32(v)) => *v as u64,
+                Arg::Scalar(Scalar::I32(v)) => *v as u32 as u64,
+                Arg::Scalar(Scalar::F32(v)) => v.to_bits() as u64,
+            });
+        }
+        for arg in dispatch.args() {
+            if let Arg::Buffer(buf, _) = arg {
+                self.slots.push(buf.elems() as u64);
+            }
+        }
+        // A 32-bit scalar is read from the low 4 bytes of its 8-byte slot (little-endian host).
+        self.pointers.clear();
+        let base = self.slots.as_mut_ptr();
+        for i in 0..self.slots.len() {
+            // SAFETY: `i` is in bounds of `slots`, which is not resized until the next `prepare`.
+            self.pointers.push(unsafe { base.add(i) } as *mut c_void);
+        }
+        Ok(kernel)
+    }
+
+    /// The parameter pointers, as the driver's launch calls take them.
+    pub(crate) fn pointers(&mut self) -> &mut Vec<*mut c_void> {
+        &mut self.pointers
+    }
+}

@@ -1,0 +1,98 @@
+//! The `attention` family's kernels, one per KV-cache dtype (f32, f16, in that order). Queries,
+//! outputs and partial results are f32; `step` holds the pass's first position (read at run
+//! time, so one recorded pass serves every step).
+
+use super::{one, DTypes, KernelSig, Param};
+use crate::backend::DType;
+use crate::graph::OpKind;
+
+const F32: DTypes = one(DType::F32);
+const I32: DTypes = one(DType::I32);
+
+/// The parameters every attention kernel starts with (`$cache` the KV-cache dtype), then `$out`,
+/// then the scoring scalars and `$tail`.
+macro_rules! attention_params {
+    ($cache:expr; $($out:expr),*; $($tail:expr),*) => {
+        [
+            Param::read("q", F32),
+            Param::read("k_cache", $cache),
+            Param::read("v_cache", $cache),
+            Param::read("step", I32),
+            $($out,)*
+            Param::u32("n_head"),
+            Param::u32("n_kv_head"),
+            Param::u32("head_dim"),
+            Param::f32("scale"),
+            Param::f32("softcap"),
+            $($tail),*
+        ]
+    };
+}
+
+/// Prefill attention with a causal mask: q, k_cache, v_cache, step, out, n_head, n_kv_head,
+/// head_dim, scale, softcap.
+pub static ATTENTION: [KernelSig; 2] = [
+    KernelSig::new(
+        "attention_f32",
+        OpKind::Attention,
+        &attention_params!(F32; Param::write("out", F32);),
+    ),
+    KernelSig::new(
+        "attention_f16",
+        OpKind::Attention,
+        &attention_params!(one(DType::F16); Param::write("out", F32);),
+    ),
+];
+
+/// Decode attention in one launch (the CUDA backend's): the block that finishes a head's last
+/// chunk merges the head. q, k_cache, v_cache, step, partials, out, the scoring scalars,
+/// chunk_len, chunks.
+pub static DECODE: [KernelSig; 2] = [
+    KernelSig::new(
+        "attention_decode_f32",
+        OpKind::Attention,
+        &attention_params!(F32;
+            Param::read_write("partials", F32), Param::write("out", F32);
+            Param::u32("chunk_len"), Param::u32("chunks")),
+    ),
+    KernelSig::new(
+        "attention_decode_f16",
+        OpKind::Attention,
+        &attention_params!(one(DType::F16);
+            Param::read_write("partials", F32), Param::write("out", F32);
+            Param::u32("chunk_len"), Param::u32("chunks")),
+    ),
+];
+
+/// The first half of split decode attention: one partial result per head and KV chunk.
+/// q, k_cache, v_cache, step, records, the scoring scalars, chunk_len, chunks.
+pub static DECODE_PARTIAL: [KernelSig; 2] = [
+    KernelSig::new(
+        "attention_decode_partial_f32",
+        OpKind::Attention,
+        &attention_params!(F32; Param::write("records", F32);
+            Param::u32("chunk_len"), Param::u32("chunks")),
+    ),
+    KernelSig::new(
+        "attention_decode_partial_f16",
+        OpKind::Attention,
+        &attention_params!(one(DType::F16); Param::write("records", F32);
+            Param::u32("chunk_len"), Param::u32("chunks")),
+    ),
+];
+
+/// The second half of split decode attention, merging the chunks of each head: records, step,
+/// out, n_head, head_dim, chunk_len, chunks.
+pub static DECODE_COMBINE: KernelSig = KernelSig::new(
+    "attention_decode_combine",
+    OpKind::Attention,
+    &[
+        Param::read("records", F32),
+        Param::read("step", I32),
+        Param::write("out", F32),
+        Param::u32("n_head"),
+        Param::u32("head_dim"),
+        Param::u32("chunk_len"),
+        Param::u32("chunks"),
+    ],
+);

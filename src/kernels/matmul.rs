@@ -1,0 +1,112 @@
+//! The matrix families' kernels: products with a weight matrix in one of the
+//! [`WEIGHT_FORMATS`](super::WEIGHT_FORMATS) (one kernel per format, in that order), expert
+//! products, MLX affine products, and the fused block kernels of a decode step.
+//!
+//! Activations, outputs and accumulators are f32; `rows`, `k` (inputs) and `n` (outputs) are
+//! sizes.
+
+use super::{one, per_format, DTypes, KernelSig, Param};
+use crate::backend::DType;
+use crate::graph::OpKind;
+
+const F32: DTypes = one(DType::F32);
+const I32: DTypes = one(DType::I32);
+
+/// `out[r, o] = x[r] . w[o]`: x, w, out, rows, k, n.
+pub static MATMUL: [KernelSig; 8] = per_format!(OpKind::MatMul; "matmul"; |W| [
+    Param::read("x", F32),
+    Param::read("w", W),
+    Param::write("out", F32),
+    Param::u32("rows"),
+    Param::u32("k"),
+    Param::u32("n"),
+]);
+
+/// `acc[r, o] += x[r] . w[o]`: x, w, acc, rows, k, n (a product and its residual add, fused).
+pub static MATMUL_ADD: [KernelSig; 8] = per_format!(OpKind::MatMul; "matmul_add"; |W| [
+    Param::read("x", F32),
+    Param::read("w", W),
+    Param::read_write("acc", F32),
+    Param::u32("rows"),
+    Param::u32("k"),
+    Param::u32("n"),
+]);
+
+/// Expert products, `out[r, s] = x[r] . w[ids[r, s]]`: x, w, ids, out, rows, k, n, slots,
+/// experts.
+pub static MATMUL_ID: [KernelSig; 8] = per_format!(OpKind::MatMulId; "matmul_id"; |W| [
+    Param::read("x", F32),
+    Param::read("w", W),
+    Param::read("ids", I32),
+    Param::write("out", F32),
+    Param::u32("rows"),
+    Param::u32("k"),
+    Param::u32("n"),
+    Param::u32("slots"),
+    Param::u32("experts"),
+]);
+
+/// The declaration of one MLX affine product kernel with scales and biases of `$s`.
+macro_rules! affine {
+    ($name:literal, $s:expr) => {
+        KernelSig::new(
+            $name,
+            OpKind::MatMul,
+            &[
+                Param::read("x", F32),
+                Param::read("w", one(DType::U32)),
+                Param::read("scales", $s),
+                Param::read("biases", $s),
+                Param::write("out", F32),
+                Param::u32("rows"),
+                Param::u32("k"),
+                Param::u32("n"),
+                Param::u32("bits"),
+                Param::u32("group_size"),
+            ],
+        )
+    };
+}
+
+/// MLX affine products (packed u32 weights, per-group scales and biases of f32 or f16, in that
+/// order): x, w, scales, biases, out, rows, k, n, bits, group_size.
+pub static MATMUL_AFFINE: [KernelSig; 2] = [
+    affine!("matmul_affine_f32", one(DType::F32)),
+    affine!("matmul_affine_f16", one(DType::F16)),
+];
+
+/// The attention input of a block: norm, q/k/v products, RoPE, and the K and V rows written
+/// into the caches: x, norm, wq, wk, wv, positions, step, q, k_cache, v_cache, eps, dim,
+/// n_head, n_kv_head, head_dim, base, mode.
+pub static NORM_QKV_ROPE: [KernelSig; 8] = per_format!(OpKind::MatMul; "norm_qkv_rope"; |W| [
+    Param::read("x", F32),
+    Param::read("norm", F32),
+    Param::read("wq", W),
+    Param::read("wk", W),
+    Param::read("wv", W),
+    Param::read("positions", I32),
+    Param::read("step", I32),
+    Param::write("q", F32),
+    Param::read_write("k_cache", F32),
+    Param::read_write("v_cache", F32),
+    Param::f32("eps"),
+    Param::u32("dim"),
+    Param::u32("n_head"),
+    Param::u32("n_kv_head"),
+    Param::u32("head_dim"),
+    Param::f32("base"),
+    Param::u32("mode"),
+]);
+
+/// The MLP input of a block, `hidden = silu(norm(x) w_gate) * (norm(x) w_up)`: x, norm, w_gate,
+/// w_up, hidden, eps, dim, ffn.
+pub static NORM_GATE_UP: [KernelSig; 8] = per_format!(OpKind::MatMul; "norm_gate_up"; |W| [
+    Param::read("x", F32),
+    Param::read("norm", F32),
+    Param::read("w_gate", W),
+    Param::read("w_up", W),
+    Param::write("hidden", F32),
+    Param::f32("eps"),
+    Param::u32("dim"),
+    Param::u32("ffn"),
+]);

@@ -1,0 +1,191 @@
+//! The small families' kernels: argmax, copy, embedding, KV-cache writes, RoPE, softmax, and
+//! the CUDA backend's self-test kernels.
+
+use super::{one, per_float, per_format, DTypes, KernelSig, Param};
+use crate::backend::DType;
+use crate::graph::OpKind;
+
+const F32: DTypes = one(DType::F32);
+const I32: DTypes = one(DType::I32);
+
+/// The index of each row's largest value: x, out, n (the row length).
+pub static ARGMAX: KernelSig = KernelSig::new(
+    "argmax_f32",
+    OpKind::Argmax,
+    &[
+        Param::read("x", F32),
+        Param::write("out", I32),
+        Param::u32("n"),
+    ],
+);
+
+/// The declaration of one copy kernel from `$from` to `$to`.
+macro_rules! copy {
+    ($name:literal, $from:ident, $to:ident) => {
+        KernelSig::new(
+            $name,
+            OpKind::Copy,
+            &[
+                Param::read("src", one(DType::$from)),
+                Param::write("dst", one(DType::$to)),
+            ],
+        )
+    };
+}
+
+/// Copies with conversion between the floats: src, dst. Indexed `3 * from + to` in the order
+/// f32, f16, bf16.
+pub static COPY: [KernelSig; 9] = [
+    copy!("copy_f32_f32", F32, F32),
+    copy!("copy_f32_f16", F32, F16),
+    copy!("copy_f32_bf16", F32, BF16),
+    copy!("copy_f16_f32", F16, F32),
+    copy!("copy_f16_f16", F16, F16),
+    copy!("copy_f16_bf16", F16, BF16),
+    copy!("copy_bf16_f32", BF16, F32),
+    copy!("copy_bf16_f16", BF16, F16),
+    copy!("copy_bf16_bf16", BF16, BF16),
+];
+
+/// Rows of a table (any weight format) gathered by id and dequantized to f32: table, ids, out,
+/// vocab, dim. One kernel per format, in the order of [`WEIGHT_FORMATS`](super::WEIGHT_FORMATS).
+pub static EMBEDDING: [KernelSig; 8] = per_format!(OpKind::Gather; "embedding"; |W| [
+    Param::read("table", W),
+    Param::read("ids", I32),
+    Param::write("out", F32),
+    Param::u32("vocab"),
+    Param::u32("dim"),
+]);
+
+/// New K or V rows written into a cache at the step's position: new, step, cache, n_kv_head,
+/// head_dim. One kernel per cache dtype (f32, f16, bf16).
+pub static KV_WRITE: [KernelSig; 3] = per_float!(OpKind::KvWrite;
+"kv_write_f32_f32", "kv_write_f32_f16", "kv_write_f32_bf16";
+|T| [
+    Param::read("new", F32),
+    Param::read("step", I32),
+    Param::write("cache", T),
+    Param::u32("n_kv_head"),
+    Param::u32("head_dim"),
+]);
+
+/// Rotary position embedding: x, positions, out, head_dim, rotary_dim, base, mode (0 normal,
+/// 1 NeoX). One kernel per float dtype.
+pub static ROPE: [KernelSig; 3] = per_float!(OpKind::Rope; "rope_f32", "rope_f16", "rope_bf16";
+|T| [
+    Param::read("x", T),
+    Param::read("positions", I32),
+    Param::write("out", T),
+    Param::u32("head_dim"),
+    Param::u32("rotary_dim"),
+    Param::f32("base"),
+    Param::u32("mode"),
+]);
+
+/// [`ROPE`] with per-pair frequency factors: x, positions, freq_factors, out, and its scalars.
+pub static ROPE_FF: [KernelSig; 3] = per_float!(OpKind::Rope;
+"rope_ff_f32", "rope_ff_f16", "rope_ff_bf16";
+|T| [
+    Param::read("x", T),
+    Param::read("positions", I32),
+    Param::read("freq_factors", F32),
+    Param::write("out", T),
+    Param::u32("head_dim"),
+    Param::u32("rotary_dim"),
+    Param::f32("base"),
+    Param::u32("mode"),
+]);
+
+/// [`ROPE`] in place: x, positions, and its scalars.
+pub static ROPE_INPLACE: [KernelSig; 3] = per_float!(OpKind::Rope;
+"rope_f32_inplace", "rope_f16_inplace", "rope_bf16_inplace";
+|T| [
+    Param::read_write("x", T),
+    Param::read("positions", I32),
+    Param::u32("head_dim"),
+    Param::u32("rotary_dim"),
+    Param::f32("base"),
+    Param::u32("mode"),
+]);
+
+/// [`ROPE_FF`] in place: x, positions, freq_factors, and its scalars.
+pub static ROPE_FF_INPLACE: [KernelSig; 3] = per_float!(OpKind::Rope;
+"rope_ff_f32_inplace", "rope_ff_f16_inplace", "rope_ff_bf16_inplace";
+|T| [
+    Param::read_write("x", T),
+    Param::read("positions", I32),
+    Param::read("freq_factors", F32),
+    Param::u32("head_dim"),
+    Param::u32("rotary_dim"),
+    Param::f32("base"),
+    Param::u32("mode"),
+]);
+
+/// Softmax over f32 rows of `n` values after scaling by `scale`, with an optional additive mask,
+/// out of place or in place. Indexed `2 * masked + in_place`:
+/// `softmax_f32` (x, out, scale, n), `softmax_f32_inplace` (x, scale, n),
+/// `softmax_mask_f32` (x, mask, out, scale, n), `softmax_mask_f32_inplace` (x, mask, scale, n).
+pub static SOFTMAX: [KernelSig; 4] = [
+    KernelSig::new(
+        "softmax_f32",
+        OpKind::Softmax,
+        &[
+            Param::read("x", F32),
+            Param::write("out", F32),
+            Param::f32("scale"),
+            Param::u32("n"),
+        ],
+    ),
+    KernelSig::new(
+        "softmax_f32_inplace",
+        OpKind::Softmax,
+        &[
+            Param::read_write("x", F32),
+            Param::f32("scale"),
+            Param::u32("n"),
+        ],
+    ),
+    KernelSig::new(
+        "softmax_mask_f32",
+        OpKind::Softmax,
+        &[
+            Param::read("x", F32),
+            Param::read("mask", F32),
+            Param::write("out", F32),
+            Param::f32("scale"),
+            Param::u32("n"),
+        ],
+    ),
+    KernelSig::new(
+        "softmax_mask_f32_inplace",
+        OpKind::Softmax,
+        &[
+            Param::read_write("x", F32),
+            Param::read("mask", F32),
+            Param::f32("scale"),
+            Param::u32("n"),
+        ],
+    ),
+];
+
+/// The CUDA backend's self-test kernels (its `test` source; no CPU implementation).
+/// `selftest_axpy_f32`: `y += a * x` over `n` values (x, y, n, a). `selftest_fault_f32`: one
+/// store through an address whose upper 32 bits are `high`, to fault the context on purpose
+/// (y, high).
+pub static CUDA_SELFTEST: [KernelSig; 2] = [
+    KernelSig::new(
+        "selftest_axpy_f32",
+        OpKind::Elementwise,
+        &[
+            Param::read("x", F32),
+            Param::read_write("y", F32),
+            Param::u32("n"),
+            Param::f32("a"),
+        ],
+    ),
+    KernelSig::new(
+        "selftest_fault_f32",
+        OpKind::Elementwise,
+        &[Param::write("y", F32), Param::u32("high")],
+    ),
+];

@@ -1,0 +1,50 @@
+//! The `norm` family's kernels: RMS normalization with or without a weight, alone or times a
+//! second operand `m`. One kernel per float dtype (f32, f16, bf16), in that order.
+
+use super::{per_float, KernelSig, Param};
+use crate::backend::DType;
+use crate::graph::OpKind;
+
+/// `out = x / rms(x) * weight`: x, weight, out, eps, dim.
+pub static RMS_NORM: [KernelSig; 3] = per_float!(OpKind::RmsNorm;
+"rms_norm_f32", "rms_norm_f16", "rms_norm_bf16";
+|T| [
+    Param::read("x", T),
+    Param::read("weight", T),
+    Param::write("out", T),
+    Param::f32("eps"),
+    Param::u32("dim"),
+]);
+
+/// `out = x / rms(x)`: x, out, eps, dim.
+pub static RMS_NORM_NO_SCALE: [KernelSig; 3] = per_float!(OpKind::RmsNorm;
+"rms_norm_no_scale_f32", "rms_norm_no_scale_f16", "rms_norm_no_scale_bf16";
+|T| [
+    Param::read("x", T),
+    Param::write("out", T),
+    Param::f32("eps"),
+    Param::u32("dim"),
+]);
+
+/// `out = x / rms(x) * weight * m`: x, weight, m, out, eps, dim.
+pub static RMS_NORM_MUL: [KernelSig; 3] = per_float!(OpKind::RmsNormMul;
+"rms_norm_mul_f32", "rms_norm_mul_f16", "rms_norm_mul_bf16";
+|T| [
+    Param::read("x", T),
+    Param::read("weight", T),
+    Param::read("m", T),
+    Param::write("out", T),
+    Param::f32("eps"),
+    Param::u32("dim"),
+]);
+
+/// `out = x / rms(x) * m`: x, m, out, eps, dim.
+pub static RMS_NORM_NO_SCALE_MUL: [KernelSig; 3] = per_float!(OpKind::RmsNormMul;
+"rms_norm_no_scale_mul_f32", "rms_norm_no_scale_mul_f16", "rms_norm_no_scale_mul_bf16";
+|T| [
+    Param::read("x", T),
+    Param::read("m", T),
+    Param::write("out", T),
+    Param::f32("eps"),
+    Param::u32("dim"),
+]);
