@@ -20,6 +20,7 @@ pub mod quant;
 pub mod sanitize;
 pub mod session;
 #[cfg(test)]
+#[path = "../tests/seeded/mod.rs"]
 pub(crate) mod testutil;
 pub mod trace;
 

@@ -3,10 +3,12 @@
 //! or a hang) that says what happened.
 //!
 //! A kernel fault breaks the CUDA context for the rest of the process, and every test of this
-//! binary shares the device's primary context; so the faulting tests run in a child process
-//! (this same test binary, running the ignored `fault_child` test), and the parent checks what it
-//! printed, how it exited, and that it exited in time. Every test skips with a visible message
-//! where there is no device.
+//! binary shares the device's primary context; so each faulting test runs its fault in a child
+//! process (this same test binary, running only that test, told by an environment variable to be
+//! the child), and the parent checks what the child printed, how it exited, and that it exited in
+//! time. No test exists only to be the child, so `--include-ignored` runs nothing on its own that
+//! faults the parent's context. Every test needs a GPU: ignored by default, it fails where there is
+//! none.
 
 mod cuda_open;
 
@@ -19,9 +21,10 @@ use onepass::backend::cuda::{size_class, CudaDevice, CudaGraph};
 use onepass::graph::{Arg, Dispatch, Grid, KernelId};
 use onepass::{DType, Device, Executor, Mode, Plan};
 
-/// The environment variable that tells `fault_child` which path to fault through.
+/// The environment variable that makes a faulting test the child, and says which path to fault
+/// through.
 const CHILD_MODE: &str = "ONEPASS_FAULT_CHILD_MODE";
-/// What `fault_child` prints when every check passed.
+/// What the child prints when every check passed.
 const CHILD_OK: &str = "fault-child: all checks passed";
 /// How long a child may take before the parent calls it a hang.
 const CHILD_LIMIT: Duration = Duration::from_secs(180);
@@ -31,20 +34,19 @@ const BAD_HIGH: u32 = 0xdead_0000;
 /// Tests that fill most of the device's memory take turns.
 static BIG_MEMORY: Mutex<()> = Mutex::new(());
 
-fn cuda_device() -> Option<(Device, Arc<CudaDevice>)> {
-    let dev = cuda_open::cuda_device()?;
+fn cuda_device() -> (Device, Arc<CudaDevice>) {
+    let dev = cuda_open::cuda_device();
     let Device::Cuda(cuda) = &dev else {
         panic!("Device::cuda_with gave another backend")
     };
     let cuda = cuda.clone();
-    Some((dev, cuda))
+    (dev, cuda)
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn allocations_larger_than_the_device_are_errors_naming_the_size() {
-    let Some((dev, _)) = cuda_device() else {
-        return;
-    };
+    let (dev, _) = cuda_device();
     let _turn = BIG_MEMORY.lock().unwrap_or_else(|e| e.into_inner());
     let tib = 1usize << 40;
     for scratch in [false, true] {
@@ -84,10 +86,9 @@ fn largest_class_below(limit: usize) -> usize {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn out_of_memory_frees_the_scratch_pool_and_retries() {
-    let Some((dev, cuda)) = cuda_device() else {
-        return;
-    };
+    let (dev, cuda) = cuda_device();
     let _turn = BIG_MEMORY.lock().unwrap_or_else(|e| e.into_inner());
     // A class between half and 0.7 of the device: two blocks of it never fit together.
     let total = cuda.info().total_memory;
@@ -128,13 +129,12 @@ fn out_of_memory_frees_the_scratch_pool_and_retries() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn model_whose_kv_cache_cannot_fit_is_an_error() {
     use onepass::model::gguf::GgufFile;
     use onepass::model::llama::Llama;
     use onepass::model::synth::{write_synthetic, SynthShape, SynthSpec};
-    let Some((dev, _)) = cuda_device() else {
-        return;
-    };
+    let (dev, _) = cuda_device();
     let dir = std::env::temp_dir().join(format!("onepass-cuda-faults-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let path = dir.join("smollm2.gguf");
@@ -168,12 +168,26 @@ fn faulting_dispatch(y: &onepass::Buffer) -> Dispatch {
     .expect("dispatch")
 }
 
-/// Runs `fault_child` with `mode`; returns its output after checking it exited in time.
-fn run_child(mode: &str) -> Option<String> {
-    cuda_device()?;
+/// The body of a faulting test named `test` that faults through `mode`: in the child process
+/// (where [`CHILD_MODE`] is `mode`) the fault and its checks, in the parent the child's run and
+/// the check that its output names `CUDA_ERROR_ILLEGAL_ADDRESS`.
+fn fault_test(test: &str, mode: &str) {
+    if std::env::var(CHILD_MODE).is_ok_and(|m| m == mode) {
+        fault_child(mode);
+        return;
+    }
+    let text = run_child(test, mode);
+    assert!(text.contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{text}");
+}
+
+/// Runs the test `test` of this binary alone in a child process that faults through `mode`;
+/// returns its output after checking that it exited in time, successfully, and printed
+/// [`CHILD_OK`].
+fn run_child(test: &str, mode: &str) -> String {
+    cuda_open::require_gpu();
     let exe = std::env::current_exe().expect("the test binary's path");
     let mut child = Command::new(exe)
-        .args(["fault_child", "--exact", "--ignored", "--nocapture"])
+        .args([test, "--exact", "--include-ignored", "--nocapture"])
         .args(["--test-threads", "1"])
         .env(CHILD_MODE, mode)
         .stdout(Stdio::piped())
@@ -200,33 +214,35 @@ fn run_child(mode: &str) -> Option<String> {
     assert!(out.status.success(), "{mode} child failed:\n{text}");
     assert!(text.contains(CHILD_OK), "{mode} child:\n{text}");
     eprintln!("{mode} child, {:?}:\n{text}", start.elapsed());
-    Some(text)
+    text
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn kernel_fault_in_a_direct_session_is_an_error_and_poisons_the_device() {
-    if let Some(text) = run_child("direct") {
-        assert!(text.contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{text}");
-    }
+    fault_test(
+        "kernel_fault_in_a_direct_session_is_an_error_and_poisons_the_device",
+        "direct",
+    );
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn kernel_fault_in_a_cuda_graph_is_an_error_and_poisons_the_device() {
-    if let Some(text) = run_child("graph") {
-        assert!(text.contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{text}");
-    }
+    fault_test(
+        "kernel_fault_in_a_cuda_graph_is_an_error_and_poisons_the_device",
+        "graph",
+    );
 }
 
-/// Faults on purpose, then checks that the error says the context is gone and that every later
-/// call fails at once. Run by the tests above in a child process, never directly.
-#[test]
-#[ignore = "faults the GPU context on purpose: run by the kernel_fault_* tests in a child process"]
-fn fault_child() {
-    let mode = std::env::var(CHILD_MODE).expect("run by kernel_fault_* with the mode set");
-    let (dev, cuda) = cuda_device().expect("the parent checked for a device");
+/// The child's part: faults through `mode` on purpose, then checks that the error says the
+/// context is gone and that every later call fails at once. Runs only in the child process that
+/// [`run_child`] starts.
+fn fault_child(mode: &str) {
+    let (dev, cuda) = cuda_device();
     let y = dev.upload(&[1.5f32; 64], &[64]).expect("upload");
     let scratch = dev.alloc_scratch(DType::F32, &[64]).expect("scratch");
-    let err = match mode.as_str() {
+    let err = match mode {
         "direct" => {
             let mut s = Executor::new(dev.clone()).begin(Mode::Direct);
             s.push(faulting_dispatch(&y)).expect("the launch is queued");

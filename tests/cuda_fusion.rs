@@ -3,8 +3,8 @@
 //! add, optimized (two fusions), gives bitwise the residual that direct mode (no fusion) gives on
 //! the same GPU, and the CPU's residual (fused the same way) within a stated tolerance. The fused
 //! block ops (`ops::fused_block`) give the separate ops' results on the CPU within a stated
-//! tolerance. Seeded random inputs, never zeros. Skips with a visible message where there is no
-//! CUDA device (`tests/cpu_fusion.rs` and `ops::matmul_fused` test the CPU kernels alone).
+//! tolerance. Seeded random inputs, never zeros. Every test needs a GPU: ignored by default, it fails
+//! where there is none (`tests/cpu_fusion.rs` and `ops::matmul_fused` test the CPU kernels alone).
 
 mod cuda_open;
 
@@ -62,8 +62,9 @@ fn run(dev: &Device, dtype: DType, sh: &Shapes, mode: Mode) -> (Vec<f32>, usize,
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn fused_matmul_add_gives_the_unfused_bits() {
-    let Some(gpu) = cuda_device() else { return };
+    let gpu = cuda_device();
     let cpu = Device::cpu(2).unwrap();
     for dtype in [
         DType::Q4_1,
@@ -199,8 +200,9 @@ fn outputs(dev: &Device, b: &Block) -> Vec<Vec<f32>> {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn fused_block_ops_match_the_separate_ops_on_the_cpu() {
-    let Some(gpu) = cuda_device() else { return };
+    let gpu = cuda_device();
     let cpu = Device::cpu(2).unwrap();
     for dtype in [DType::Q4_1, DType::Q8_0, DType::Q4K, DType::F16] {
         for rows in [1usize, 3] {
@@ -252,9 +254,10 @@ fn fused_block_ops_match_the_separate_ops_on_the_cpu() {
 /// The one-launch decode attention keeps counters in its scratch: a scratch that was not zeroed
 /// is a clear kernel error, not a wrong result.
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn decode_attention_with_a_dirty_scratch_is_an_error() {
     use onepass::ops::attention::{attention_decode_scratch_len, AttentionParams};
-    let Some(gpu) = cuda_device() else { return };
+    let gpu = cuda_device();
     let (n_head, n_kv, hd, max_ctx, chunk) = (4usize, 2usize, 64usize, 64usize, 16usize);
     let params = AttentionParams::new(n_head, n_kv, hd);
     let f32s = |n: usize, seed: u64, dims: &[usize]| {

@@ -1,7 +1,7 @@
 //! Every op on the CUDA backend against the CPU backend, on seeded random inputs (never zeros),
 //! with a tolerance stated per op and dtype. Write-only outputs start as NaN on both devices, so an
-//! element the CUDA kernel forgets to write fails the comparison. Skips with a visible message
-//! where there is no CUDA device.
+//! element the CUDA kernel forgets to write fails the comparison. Every test that runs an op needs a
+//! GPU: ignored by default, it fails where there is none.
 
 mod cuda_harness;
 mod cuda_open;
@@ -14,8 +14,9 @@ use onepass::{Buffer, DType, Device, Executor, Mode, Plan, Result, Session};
 use rand::RngExt;
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn norm_family() {
-    let Some(dev) = cuda_device() else { return };
+    let dev = cuda_device();
     for (k, &dt) in FLOATS.iter().enumerate() {
         let (atol, rtol) = tol(dt);
         for &(rows, dim) in &[(1usize, 576usize), (7, 64), (3, 1000)] {
@@ -69,8 +70,9 @@ fn norm_family() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn elementwise_family() {
-    let Some(dev) = cuda_device() else { return };
+    let dev = cuda_device();
     for (k, &dt) in FLOATS.iter().enumerate() {
         let (atol, rtol) = tol(dt);
         let (rows, cols) = (5usize, 300usize);
@@ -165,8 +167,9 @@ fn elementwise_family() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn copy_family() {
-    let Some(dev) = cuda_device() else { return };
+    let dev = cuda_device();
     for (k, &src) in FLOATS.iter().enumerate() {
         for &dst in &FLOATS {
             let x = random_tensor(src, &[3, 257], 5.0, 300 + k as u64);
@@ -185,9 +188,10 @@ fn copy_family() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn rope_family() {
     use onepass::ops::rope::{RopeMode, RopeParams};
-    let Some(dev) = cuda_device() else { return };
+    let dev = cuda_device();
     let (rows, heads, head_dim) = (6usize, 3usize, 64usize);
     let positions = i32_tensor(&[0, 1, 7, 100, 2047, 31], &[rows]);
     for (k, &dt) in FLOATS.iter().enumerate() {
@@ -263,8 +267,9 @@ fn rope_family() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn kv_cache_family() {
-    let Some(dev) = cuda_device() else { return };
+    let dev = cuda_device();
     let (n_kv, head_dim, max_ctx) = (3usize, 64usize, 40usize);
     for (k, &dt) in FLOATS.iter().enumerate() {
         for (rows, pos0) in [(1usize, 0i32), (5, 17), (1, 39)] {
@@ -286,8 +291,9 @@ fn kv_cache_family() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn argmax_family() {
-    let Some(dev) = cuda_device() else { return };
+    let dev = cuda_device();
     for (rows, n) in [(1usize, 49152usize), (4, 1000), (3, 7)] {
         let mut v = random_f32(rows * n, 10.0, 600 + n as u64);
         // A tie (the first index must win) and a NaN (skipped).
@@ -310,8 +316,9 @@ fn argmax_family() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn embedding_family() {
-    let Some(dev) = cuda_device() else { return };
+    let dev = cuda_device();
     let (vocab, dim) = (50usize, 512usize);
     let ids = i32_tensor(&[3, 0, 49, 3, 17], &[5]);
     for (k, &dt) in WEIGHT_DTYPES.iter().enumerate() {
@@ -330,8 +337,9 @@ fn embedding_family() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn matmul_family() {
-    let Some(dev) = cuda_device() else { return };
+    let dev = cuda_device();
     // k = 576 (18 blocks of 32) leaves the block-per-lane-quarter path a partial last round.
     for (n, k) in [(96usize, 512usize), (40, 576)] {
         for (j, &dt) in WEIGHT_DTYPES.iter().enumerate() {
@@ -358,8 +366,9 @@ fn matmul_family() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn matmul_id_family() {
-    let Some(dev) = cuda_device() else { return };
+    let dev = cuda_device();
     let (experts, n, k, rows, slots) = (4usize, 32usize, 256usize, 3usize, 2usize);
     let ids = i32_tensor(&[0, 3, 2, 2, 1, 0], &[rows, slots]);
     for (j, &dt) in WEIGHT_DTYPES.iter().enumerate() {
@@ -379,9 +388,10 @@ fn matmul_id_family() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn attention_family() {
     use onepass::ops::attention::{attention_decode_scratch_len, AttentionParams};
-    let Some(dev) = cuda_device() else { return };
+    let dev = cuda_device();
     // A 64-wide head takes the four-value path of the CUDA kernels, a 40-wide one the scalar path.
     for hd in [64usize, 40] {
         let (n_head, n_kv, max_ctx) = (9usize, 3usize, 300usize);
@@ -431,8 +441,9 @@ fn attention_family() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn softmax_family() {
-    let Some(dev) = cuda_device() else { return };
+    let dev = cuda_device();
     // (rows, n, mask rows); |x| up to 40 checks the max subtraction; 49152 is a vocabulary row.
     for (case, &(rows, n, mask_rows)) in [(1usize, 577usize, 1usize), (12, 33, 4), (2, 49_152, 2)]
         .iter()
@@ -498,9 +509,10 @@ fn softmax_family() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn matmul_affine_family() {
     use onepass::quant::{quantize_affine, AffineParams};
-    let Some(dev) = cuda_device() else { return };
+    let dev = cuda_device();
     let (n, k) = (48usize, 512usize);
     for (j, (bits, group)) in [(4u32, 32usize), (4, 64), (8, 128)].into_iter().enumerate() {
         let params = AffineParams::new(bits, group).unwrap();
@@ -588,9 +600,10 @@ fn run_err(
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn kernel_detected_bad_arguments_are_errors() {
     use onepass::ops::attention::{attention_decode_scratch_len, AttentionParams};
-    let Some(dev) = cuda_device() else { return };
+    let dev = cuda_device();
     let cpu = Device::cpu(2).unwrap();
     for recorded in [false, true] {
         // A token id outside the vocabulary.

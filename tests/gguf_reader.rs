@@ -1,5 +1,5 @@
 //! The GGUF reader on the real default model (fetched into the cache on first use), checked
-//! against the facts recorded for it in the shared fixtures.
+//! against the facts recorded for it in `tests/fixtures/smollm2/README.md`.
 
 use onepass::model::fetch;
 use onepass::model::gguf::GgufFile;

@@ -1,8 +1,10 @@
 //! SmolLM2-135M end to end on the CPU against the reference outputs of Hugging Face transformers
-//! (float32, dequantized weights) in `shared/fixtures/smollm2/`: token ids exactly, logits within
+//! (float32, dequantized weights) in `tests/fixtures/smollm2/`: token ids exactly, logits within
 //! 2e-3 absolute, greedy continuations identical, final hidden-state norms within 1e-3 relative.
 
-use std::path::{Path, PathBuf};
+mod smollm2_fixtures;
+
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use onepass::model::engine::{Engine, RunMode};
@@ -16,25 +18,9 @@ use serde_json::Value;
 const LOGIT_TOL: f32 = 2e-3;
 const NORM_RTOL: f64 = 1e-3;
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/smollm2")
-}
-
 fn fixture_json() -> &'static Value {
     static J: OnceLock<Value> = OnceLock::new();
-    J.get_or_init(|| {
-        let text =
-            std::fs::read_to_string(fixtures().join("smollm2_public.json")).expect("fixture json");
-        serde_json::from_str(&text).expect("fixture json parses")
-    })
-}
-
-fn read_f32(name: &str) -> Vec<f32> {
-    let bytes = std::fs::read(fixtures().join(name)).expect("fixture logits");
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
+    J.get_or_init(smollm2_fixtures::json)
 }
 
 fn ids(v: &Value) -> Vec<u32> {
@@ -113,7 +99,7 @@ fn logits_of_every_position_of_the_shortest_prompt() {
     let j = fixture_json();
     let name = j["all_positions_logits_prompt"].as_str().unwrap();
     let p = prompts().into_iter().find(|p| p["name"] == name).unwrap();
-    let want = read_f32(&format!("{name}.all_logits.f32.bin"));
+    let want = smollm2_fixtures::f32s(&format!("{name}.all_logits.f32.bin"));
     let prompt = ids(&p["prompt_ids"]);
     let mut e = shared_engine().lock().unwrap();
     e.prefill(&prompt, Logits::All).unwrap();
@@ -135,7 +121,7 @@ fn last_logits_and_hidden_norms_of_every_prompt() {
         let prompt = ids(&p["prompt_ids"]);
         e.prefill(&prompt, Logits::Last).unwrap();
         let got = e.logits(1).unwrap();
-        let want = read_f32(p["last_logits"]["file"].as_str().unwrap());
+        let want = smollm2_fixtures::f32s(p["last_logits"]["file"].as_str().unwrap());
         let (diff, at) = max_abs(&got, &want);
         assert!(diff <= LOGIT_TOL, "{name}: max |diff| {diff} at token {at}");
         let norms = e

@@ -1,5 +1,7 @@
 //! The tokenizer and chat template built from the real default model's GGUF metadata, checked
-//! against the reference token ids and texts in the shared fixtures.
+//! against the reference token ids and texts in `tests/fixtures/smollm2/`.
+
+mod smollm2_fixtures;
 
 use onepass::model::chat::{ChatMessage, ChatTemplate};
 use onepass::model::fetch;
@@ -7,17 +9,16 @@ use onepass::model::gguf::GgufFile;
 use onepass::model::tokenizer::{PreTokenizer, Tokenizer};
 use serde_json::Value as Json;
 
-const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/fixtures/smollm2");
-
 fn gguf() -> GgufFile {
     let cache = fetch::default_cache_dir().unwrap();
     GgufFile::open(fetch::default_model(&cache, false).unwrap()).unwrap()
 }
 
 fn prompts() -> Vec<Json> {
-    let text = std::fs::read_to_string(format!("{FIXTURES}/smollm2_public.json")).unwrap();
-    let json: Json = serde_json::from_str(&text).unwrap();
-    json["prompts"].as_array().unwrap().clone()
+    smollm2_fixtures::json()["prompts"]
+        .as_array()
+        .unwrap()
+        .clone()
 }
 
 fn ids(v: &Json) -> Vec<u32> {
@@ -157,4 +158,10 @@ fn chat_template_renders_the_fixture_prompt() {
         template.render(&with_system, false).unwrap(),
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
     );
+}
+
+#[test]
+#[should_panic(expected = "tests/fixtures/smollm2/no_such_fixture.bin")]
+fn a_missing_fixture_names_its_full_path() {
+    smollm2_fixtures::read("no_such_fixture.bin");
 }
