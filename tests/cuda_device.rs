@@ -7,8 +7,7 @@ mod seeded;
 
 use cuda_open::cuda_device;
 use onepass::backend::cuda;
-use onepass::graph::synthetic::untyped_kernel;
-use onepass::graph::{Arg, Dispatch, Grid, KernelId, OpKind};
+use onepass::graph::{Arg, Dispatch, Grid, KernelId, KernelSig, OpKind};
 use onepass::kernels::misc::CUDA_SELFTEST;
 use onepass::{DType, Device, Executor, Mode, Plan};
 use seeded::random_f32;
@@ -76,17 +75,50 @@ fn scratch_pool_reuses_blocks() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn unknown_kernel_is_an_error() {
+    static NO_SUCH: KernelSig = KernelSig::untyped("no_such_kernel", OpKind::Copy);
+    static FAKE_COPY: KernelSig = KernelSig::untyped("copy_f32_f32", OpKind::Copy);
     let dev = cuda_device();
     let x = dev.alloc(DType::F32, &[4]).unwrap();
-    let d = Dispatch::new(
-        untyped_kernel(OpKind::Copy),
-        vec![Arg::write(&x)],
+    for (sig, name) in [(&NO_SUCH, "no_such_kernel"), (&FAKE_COPY, "copy_f32_f32")] {
+        let d = Dispatch::new(KernelId::of(sig), vec![Arg::write(&x)], Grid::new(1, 32)).unwrap();
+        let mut s = Executor::new(dev.clone()).begin(Mode::Direct);
+        let err = s.push(d).expect_err("unknown kernel");
+        assert!(err.to_string().contains(name), "{err}");
+    }
+}
+
+/// A dispatch of a built-in kernel over CUDA buffers whose arguments do not fit its declaration
+/// (too few, or a wrong dtype) is refused before any launch, naming kernel and argument.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn misfit_arguments_are_refused_on_cuda_buffers() {
+    let dev = cuda_device();
+    let x = dev.alloc(DType::F32, &[4]).unwrap();
+    let ints = dev.alloc(DType::I32, &[4]).unwrap();
+    let axpy = KernelId::of(&CUDA_SELFTEST[0]);
+    let short = Dispatch::new(
+        axpy,
+        vec![Arg::read(&x), Arg::read_write(&x)],
         Grid::new(1, 32),
-    )
-    .unwrap();
-    let mut s = Executor::new(dev).begin(Mode::Direct);
-    let err = s.push(d).expect_err("unknown kernel");
-    assert!(err.to_string().contains("no_such_kernel"), "{err}");
+    );
+    let msg = short.expect_err("too few").to_string();
+    assert!(
+        msg.contains("selftest_axpy_f32") && msg.contains("2 arguments"),
+        "{msg}"
+    );
+    let typed = vec![
+        Arg::read(&ints),
+        Arg::read_write(&x),
+        Arg::u32(4),
+        Arg::f32(1.0),
+    ];
+    let msg = Dispatch::new(axpy, typed, Grid::new(1, 32))
+        .expect_err("i32 x")
+        .to_string();
+    assert!(
+        msg.contains("argument 0 `x`") && msg.contains("i32"),
+        "{msg}"
+    );
 }
 
 /// A chain of `selftest_axpy_f32` launches, each depending on the last: every mode must give the
