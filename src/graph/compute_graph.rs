@@ -334,11 +334,11 @@ impl ComputeGraph {
     /// `ReadWrite` argument); otherwise nothing is appended and the error says why.
     #[inline]
     pub fn record(&mut self, kernel: KernelId, args: &[ArgRef<'_>], grid: Grid) -> Result<()> {
-        kernel.sig().check(args.iter().map(ArgRef::shape))?;
         let op = kernel.op();
         if self.record_small(kernel, args, grid, op) {
             return Ok(());
         }
+        kernel.sig().check(args.iter().map(ArgRef::shape))?;
         self.record_args(kernel, args.iter().map(|&a| Slot::from(a)), grid, op)
     }
 

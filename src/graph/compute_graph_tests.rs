@@ -460,3 +460,47 @@ fn given_more_views_than_a_graph_holds_when_recorded_should_fail() {
     assert!(err.to_string().contains("distinct buffer views"), "{err}");
     assert_eq!(g.dispatch_count(), recording::MAX_VIEWS);
 }
+
+/// A recorded dispatch whose arguments do not fit its kernel's declaration is refused with the
+/// declaration's error, and nothing is recorded; a fitting one records on the small path.
+#[test]
+fn given_arguments_that_do_not_fit_the_declaration_when_recorded_should_fail_and_record_nothing() {
+    let dev = Device::cpu(1).expect("cpu");
+    let (x, out) = (
+        upload(&dev, 60),
+        dev.alloc(DType::F32, &[N]).expect("alloc"),
+    );
+    let ints = dev.alloc(DType::I32, &[N]).expect("alloc");
+    let copy = KernelId::of(&crate::kernels::misc::COPY[0]);
+    let mut g = ComputeGraph::new();
+    let cases: [&[ArgRef<'_>]; 4] = [
+        &[ArgRef::read(&x)],
+        &[ArgRef::read(&ints), ArgRef::write(&out)],
+        &[ArgRef::read(&x), ArgRef::read_write(&out)],
+        &[ArgRef::read(&x), ArgRef::u32(3)],
+    ];
+    for args in cases {
+        let err = g.record(copy, args, Grid::new(1, 1)).expect_err("misfit");
+        let want = Dispatch::new(
+            copy,
+            args.iter()
+                .map(|&a| match a {
+                    ArgRef::Buffer(b, access) => Arg::Buffer(b.clone(), access),
+                    ArgRef::Scalar(s) => Arg::Scalar(s),
+                })
+                .collect::<Vec<_>>(),
+            Grid::new(1, 1),
+        )
+        .expect_err("misfit");
+        assert_eq!(err.to_string(), want.to_string());
+        assert!(err.to_string().contains("copy_f32_f32"), "{err}");
+        assert_eq!(g.dispatch_count(), 0);
+    }
+    g.record(
+        copy,
+        &[ArgRef::read(&x), ArgRef::write(&out)],
+        Grid::new(1, 1),
+    )
+    .expect("fits");
+    assert_eq!(g.dispatch_count(), 1);
+}

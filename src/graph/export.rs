@@ -335,7 +335,7 @@ mod tests {
         let groups = g.group_sizes().len();
         assert_eq!(dot.matches("subgraph cluster_").count(), groups);
         assert_eq!(dot.matches(" [label=").count(), g.dispatch_count());
-        assert!(dot.contains("attention\\nattention_decode_f32"));
+        assert!(dot.contains("attention\\nsynthetic_attention_decode_f32"));
         // The first dispatch (embedding) writes x, which the first norm reads.
         assert!(dot.contains("n0 -> n1;"), "{dot}");
         assert!(dot.trim_end().ends_with('}'));

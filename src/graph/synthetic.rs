@@ -1,8 +1,8 @@
 //! A synthetic graph shaped like one decode step of a Llama-family model, for benchmarks, the
-//! graph export and demonstrations of what the optimizer does. Kernel names are synthetic (the
-//! graph is never run); the buffers are real views, laid out as the model lays them out: weights
-//! as views of one big allocation, activations in a scratch allocation, one K and one V cache
-//! allocation per layer, a small step buffer for the position.
+//! graph export and demonstrations of what the optimizer does. Its kernels are declared here
+//! under names of their own (the graph is never run); the buffers are real views, laid out as the
+//! model lays them out: weights as views of one big allocation, activations in a scratch
+//! allocation, one K and one V cache allocation per layer, a small step buffer for the position.
 
 use crate::backend::{Buffer, DType, Device};
 use crate::error::{Error, Result};
@@ -11,18 +11,104 @@ use crate::graph::{
     ArgRef, ComputeGraph, DispatchRef, DispatchSpec, Grid, KernelId, KernelSig, OpKind, Range,
 };
 
-/// The step's kernels, untyped: the graph is studied by the optimizer, never run.
-static EMBEDDING_Q4_1: KernelSig = KernelSig::untyped("embedding_q4_1", OpKind::Gather);
-static MATMUL_Q4_1: KernelSig = KernelSig::untyped("matmul_q4_1", OpKind::MatMul);
-static ROPE_F32: KernelSig = KernelSig::untyped("rope_f32", OpKind::Rope);
-static KV_WRITE_F32: KernelSig = KernelSig::untyped("kv_write_f32", OpKind::KvWrite);
-static ATTENTION_DECODE_F32: KernelSig =
-    KernelSig::untyped("attention_decode_f32", OpKind::Attention);
-static ADD_F32: KernelSig = KernelSig::untyped("add_f32", OpKind::Add);
-static SWIGLU_F32: KernelSig = KernelSig::untyped("swiglu_f32", OpKind::Elementwise);
-static RMS_NORM_F32: KernelSig = KernelSig::untyped("rms_norm_f32", OpKind::RmsNorm);
-static MUL_F32: KernelSig = KernelSig::untyped("mul_f32", OpKind::Mul);
-static RMS_NORM_MUL_F32: KernelSig = KernelSig::untyped("rms_norm_mul_f32", OpKind::RmsNormMul);
+/// The step's kernels: declared with their parameters, so recording checks every argument as
+/// it does for a real model, under names of their own (the graph is studied, never run).
+mod sigs {
+    use crate::backend::DType;
+    use crate::graph::{KernelSig, OpKind};
+    use crate::kernels::{DTypes, Param};
+
+    const F32: DTypes = DTypes::one(DType::F32);
+    const I32: DTypes = DTypes::one(DType::I32);
+    const U8: DTypes = DTypes::one(DType::U8);
+
+    pub(super) static EMBEDDING_Q4_1: KernelSig = KernelSig::new(
+        "synthetic_embedding_q4_1",
+        OpKind::Gather,
+        &[
+            Param::read("token", I32),
+            Param::read("table", U8),
+            Param::write("out", F32),
+        ],
+    );
+    pub(super) static MATMUL_Q4_1: KernelSig = KernelSig::new(
+        "synthetic_matmul_q4_1",
+        OpKind::MatMul,
+        &[
+            Param::read("x", F32),
+            Param::read("w", U8),
+            Param::write("out", F32),
+        ],
+    );
+    pub(super) static ROPE_F32: KernelSig = KernelSig::new(
+        "synthetic_rope_f32",
+        OpKind::Rope,
+        &[Param::read_write("x", F32), Param::read("positions", I32)],
+    );
+    pub(super) static KV_WRITE_F32: KernelSig = KernelSig::new(
+        "synthetic_kv_write_f32",
+        OpKind::KvWrite,
+        &[
+            Param::read("new", F32),
+            Param::read("step", I32),
+            Param::read_write("cache", F32),
+        ],
+    );
+    pub(super) static ATTENTION_DECODE_F32: KernelSig = KernelSig::new(
+        "synthetic_attention_decode_f32",
+        OpKind::Attention,
+        &[
+            Param::read("q", F32),
+            Param::read("k_cache", F32),
+            Param::read("v_cache", F32),
+            Param::read("step", I32),
+            Param::write("out", F32),
+        ],
+    );
+    pub(super) static ADD_F32: KernelSig = KernelSig::new(
+        "synthetic_add_f32",
+        OpKind::Add,
+        &[Param::read_write("acc", F32), Param::read("b", F32)],
+    );
+    pub(super) static SWIGLU_F32: KernelSig = KernelSig::new(
+        "synthetic_swiglu_f32",
+        OpKind::Elementwise,
+        &[
+            Param::read("gate", F32),
+            Param::read("up", F32),
+            Param::write("out", F32),
+        ],
+    );
+    pub(super) static RMS_NORM_F32: KernelSig = KernelSig::new(
+        "synthetic_rms_norm_f32",
+        OpKind::RmsNorm,
+        &[
+            Param::read("x", F32),
+            Param::write("out", F32),
+            Param::f32("eps"),
+        ],
+    );
+    pub(super) static MUL_F32: KernelSig = KernelSig::new(
+        "synthetic_mul_f32",
+        OpKind::Mul,
+        &[
+            Param::read("a", F32),
+            Param::read("b", F32),
+            Param::write("out", F32),
+        ],
+    );
+    pub(super) static RMS_NORM_MUL_F32: KernelSig = KernelSig::new(
+        "synthetic_rms_norm_mul_f32",
+        OpKind::RmsNormMul,
+        &[
+            Param::read("x", F32),
+            Param::read("weight", F32),
+            Param::write("out", F32),
+            Param::f32("eps"),
+        ],
+    );
+}
+use sigs::*;
 
 /// Model dimensions of the synthetic decode step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -383,25 +469,26 @@ pub fn norm_mul_rule() -> FusionRule {
 }
 
 fn norm_mul_intermediate(a: DispatchRef<'_>, b: DispatchRef<'_>) -> Option<Range> {
-    let (out, _) = a.buffer_arg(1)?;
-    let (input, _) = b.buffer_arg(0)?;
-    let (out, input) = (Range::of(out), Range::of(input));
+    if a.kernel() != KernelId::of(&RMS_NORM_F32) || b.kernel() != KernelId::of(&MUL_F32) {
+        return None;
+    }
+    let (out, input) = (Range::of(a.buffer("out")?), Range::of(b.buffer("a")?));
     (out == input).then_some(out)
 }
 
 fn norm_mul_build<'a>(a: DispatchRef<'a>, b: DispatchRef<'a>) -> Result<DispatchSpec<'a>> {
     let bad = || Error::InvalidArgument("synthetic rms_norm_mul: unexpected arguments".into());
-    let (x, _) = a.buffer_arg(0).ok_or_else(bad)?;
-    let (w, _) = b.buffer_arg(1).ok_or_else(bad)?;
-    let (out, _) = b.buffer_arg(2).ok_or_else(bad)?;
-    let eps = a.args().get(2).ok_or_else(bad)?;
+    let x = a.buffer("x").ok_or_else(bad)?;
+    let w = b.buffer("b").ok_or_else(bad)?;
+    let out = b.buffer("out").ok_or_else(bad)?;
+    let eps = a.scalar("eps").ok_or_else(bad)?;
     DispatchSpec::new(
         KernelId::of(&RMS_NORM_MUL_F32),
         &[
             ArgRef::read(x),
             ArgRef::read(w),
             ArgRef::write(out),
-            ArgRef::from(eps),
+            ArgRef::Scalar(eps),
         ],
         a.grid(),
     )

@@ -111,6 +111,20 @@ pub enum ParamKind {
     Scalar(ScalarKind),
 }
 
+impl ParamKind {
+    /// Whether an argument of this shape fits the parameter.
+    #[inline]
+    pub fn accepts(self, arg: ArgShape) -> bool {
+        match (self, arg) {
+            (ParamKind::Buffer(want, dtypes), ArgShape::Buffer(access, dtype)) => {
+                want == access && dtypes.contains(dtype)
+            }
+            (ParamKind::Scalar(want), ArgShape::Scalar(kind)) => want == kind,
+            _ => false,
+        }
+    }
+}
+
 /// One named parameter of a kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Param {
@@ -241,14 +255,7 @@ impl KernelSig {
             return Err(self.count_error(args.len()));
         }
         for (i, (p, a)) in params.iter().zip(args).enumerate() {
-            let fits = match (p.kind, a) {
-                (ParamKind::Buffer(want, dtypes), ArgShape::Buffer(access, dtype)) => {
-                    want == access && dtypes.contains(dtype)
-                }
-                (ParamKind::Scalar(want), ArgShape::Scalar(kind)) => want == kind,
-                _ => false,
-            };
-            if !fits {
+            if !p.kind.accepts(a) {
                 return Err(self.arg_error(i, p, a));
             }
         }

@@ -18,8 +18,9 @@ use crate::graph::dispatch::{Access, Arg, Grid, OpKind, Range};
 const SMALL_ARGS: usize = 8;
 
 impl ComputeGraph {
-    /// Records `args` if they are few and no written one overlaps another; returns whether it
-    /// did. Returning `false` leaves the graph as it was, but for views it took in.
+    /// Records `args` if they are few, fit the kernel's declaration and no written one overlaps
+    /// another; returns whether it did. Returning `false` leaves the graph as it was, but for
+    /// views it took in.
     #[inline]
     pub(super) fn record_small(
         &mut self,
@@ -30,7 +31,10 @@ impl ComputeGraph {
     ) -> bool {
         let n = args.len();
         let stamp = self.stamp;
-        if n > SMALL_ARGS || stamp == 0 {
+        // The declaration is checked argument by argument on the way; a misfit leaves the error
+        // to the general path.
+        let params = kernel.sig().params();
+        if n > SMALL_ARGS || stamp == 0 || params.is_some_and(|p| p.len() != n) {
             return false;
         }
         let a = &mut self.a;
@@ -45,7 +49,10 @@ impl ComputeGraph {
         let mut read_too = [false; SMALL_ARGS];
         let (mut n_reads, mut n_writes) = (0, 0);
         let mut unmarked = false;
-        for (slot, arg) in args_out.iter_mut().zip(args) {
+        for (i, (slot, arg)) in args_out.iter_mut().zip(args).enumerate() {
+            if params.is_some_and(|p| !p[i].kind.accepts(arg.shape())) {
+                return false;
+            }
             let (b, access) = match *arg {
                 ArgRef::Buffer(b, access) => (b, access),
                 ArgRef::Scalar(s) => {
