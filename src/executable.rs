@@ -23,6 +23,7 @@ use std::time::Instant;
 use crate::backend::cpu::{CpuKernelFn, KernelArgs};
 use crate::backend::{AllocId, Allocation, Buffer, Device};
 use crate::error::{Error, Result};
+use crate::graph::conflict::conflict;
 use crate::graph::{Arg, ComputeGraph, Dispatch};
 use crate::session::Executor;
 
@@ -76,22 +77,9 @@ impl StableSet {
     }
 }
 
-/// Whether dispatch `later` must wait for dispatch `earlier` (they touch overlapping bytes and at
-/// least one writes them, or either is an op the optimizer may not move).
-pub fn must_order(earlier: &Dispatch, later: &Dispatch) -> bool {
-    if !earlier.op().is_reorderable() || !later.op().is_reorderable() {
-        return true;
-    }
-    let hits = |a: &[crate::graph::Range], b: &[crate::graph::Range]| {
-        a.iter().any(|x| b.iter().any(|y| x.overlaps(y)))
-    };
-    hits(earlier.writes(), later.reads())
-        || hits(earlier.writes(), later.writes())
-        || hits(earlier.reads(), later.writes())
-}
-
 /// The transitively reduced dependencies of a dispatch sequence: entry `i` lists, in increasing
-/// order, the earlier dispatches `i` waits for directly. Every ordered pair (by [`must_order`]) is
+/// order, the earlier dispatches `i` waits for directly. Every conflicting pair
+/// ([`conflict`](crate::graph::conflict::conflict)) is
 /// connected by a path, and no listed edge is implied by a longer path.
 pub fn reduced_dependencies(dispatches: &[Dispatch]) -> Vec<Vec<usize>> {
     let n = dispatches.len();
@@ -107,7 +95,7 @@ pub fn reduced_dependencies(dispatches: &[Dispatch]) -> Vec<Vec<usize>> {
             if mine[j / 64] & (1u64 << (j % 64)) != 0 {
                 continue;
             }
-            if must_order(&dispatches[j], &dispatches[i]) {
+            if conflict(dispatches[j].as_view(), dispatches[i].as_view()) {
                 direct.push(j);
                 mine[j / 64] |= 1u64 << (j % 64);
                 for (m, a) in mine.iter_mut().zip(&ancestors[j * words..(j + 1) * words]) {

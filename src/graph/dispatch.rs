@@ -638,29 +638,17 @@ pub(crate) fn too_many_ranges(kernel: KernelId, n: usize) -> Error {
     ))
 }
 
-/// Fails when a written buffer argument overlaps any other buffer argument.
+/// Fails when a written buffer argument overlaps any other buffer argument
+/// ([`write_alias`](super::conflict::write_alias)).
 fn check_writes_alone(kernel: KernelId, args: &[Arg]) -> Result<()> {
-    for (i, a) in args.iter().enumerate() {
-        let Arg::Buffer(mine, access) = a else {
-            continue;
-        };
-        if !access.writes() {
-            continue;
-        }
-        let mine = Range::of(mine);
-        let hit = args.iter().enumerate().find(|(j, b)| match b {
-            Arg::Buffer(other, _) => *j != i && mine.overlaps(&Range::of(other)),
-            Arg::Scalar(_) => false,
-        });
-        if let Some((j, _)) = hit {
-            return Err(Error::InvalidArgument(format!(
-                "kernel {}: written argument {i} overlaps argument {j}; \
-                 use one read-write argument for in-place updates",
-                kernel.name()
-            )));
-        }
+    match super::conflict::write_alias(args) {
+        Some((i, j)) => Err(Error::InvalidArgument(format!(
+            "kernel {}: written argument {i} overlaps argument {j}; \
+             use one read-write argument for in-place updates",
+            kernel.name()
+        ))),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 impl Dispatch {

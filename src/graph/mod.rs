@@ -4,6 +4,7 @@
 
 mod borrowed;
 mod compute_graph;
+pub mod conflict;
 mod dispatch;
 pub mod export;
 mod footprint;
