@@ -1,6 +1,7 @@
 //! `onepass bench`: prefill and decode speed of one or several execution modes, side by side,
 //! on a model file or on a synthetic model of a known shape made on the fly.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -171,18 +172,21 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             path.display()
         );
     }
+    let mut out = std::io::stdout().lock();
     if args.json {
-        println!("{}", serde_json::to_string(&results)?);
+        writeln!(out, "{}", serde_json::to_string(&results)?)?;
         return Ok(());
     }
-    println!(
+    writeln!(
+        out,
         "model {model_name}  device {}  prompt {}  decode {}  repeats {}",
         device.name(),
         args.prompt,
         args.decode,
         args.repeat
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "{:<12} {:>12} {:>19} {:>12} {:>9} {:>15} {:>12}",
         "mode",
         "decode tok/s",
@@ -191,9 +195,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "kernels",
         "edges/barriers",
         "device us/tok"
-    );
+    )?;
     for r in &results {
-        println!(
+        writeln!(
+            out,
             "{:<12} {:>12.1} {:>19} {:>12.1} {:>9} {:>15} {:>12.1}",
             r.mode,
             r.decode_tok_s,
@@ -205,19 +210,20 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             r.kernels_per_token,
             r.edges_or_barriers_per_token,
             r.gpu_us_per_token
-        );
+        )?;
     }
     if let Some(t) = timelines.last() {
         let total: f64 = t.kernels.iter().map(|k| k.dur_us).sum();
-        println!("\nper-op time of one profiled decode step ({}; kernels timed one by one): {total:.1} us", t.name);
+        writeln!(out, "\nper-op time of one profiled decode step ({}; kernels timed one by one): {total:.1} us", t.name)?;
         for op in op_summary(&t.kernels) {
-            println!(
+            writeln!(
+                out,
                 "  {:<14} {:>5} kernels {:>10.1} us {:>6.1}%",
                 op.op,
                 op.count,
                 op.total_us,
                 100.0 * op.total_us / total.max(1e-9)
-            );
+            )?;
         }
     }
     Ok(())

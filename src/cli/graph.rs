@@ -1,5 +1,6 @@
 //! `onepass graph`: record one decode step and show what the optimizer did.
 
+use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -66,12 +67,13 @@ pub fn run(args: GraphArgs) -> anyhow::Result<()> {
     } else {
         None
     };
+    let mut out = std::io::stdout().lock();
     if let Some(report) = &sanitized {
         if !report.passed() {
             anyhow::bail!("{}", report.verdict());
         }
         if !args.json {
-            println!("{}", report.verdict());
+            writeln!(out, "{}", report.verdict())?;
             if !args.stats {
                 return Ok(());
             }
@@ -112,24 +114,29 @@ pub fn run(args: GraphArgs) -> anyhow::Result<()> {
             }
             (obj, _) => obj,
         };
-        println!("{obj}");
+        writeln!(out, "{obj}")?;
     } else if args.stats || (args.dot.is_none() && args.svg.is_none()) {
-        println!(
+        writeln!(
+            out,
             "decode step of {} ({} layers)",
             args.model.model,
             llama.config().n_layer
-        );
-        println!("  dispatches            {}", report.dispatches);
-        println!("  barriers, in order    {}", report.barriers_sequential);
-        println!("  barriers, optimized   {}", report.barriers);
-        println!("  fusions               {}", report.fusions);
-        println!("  dispatches reordered  {}", report.reordered);
+        )?;
+        writeln!(out, "  dispatches            {}", report.dispatches)?;
+        writeln!(
+            out,
+            "  barriers, in order    {}",
+            report.barriers_sequential
+        )?;
+        writeln!(out, "  barriers, optimized   {}", report.barriers)?;
+        writeln!(out, "  fusions               {}", report.fusions)?;
+        writeln!(out, "  dispatches reordered  {}", report.reordered)?;
         let hist: Vec<String> = report
             .group_sizes
             .iter()
             .map(|(k, v)| format!("{k}x{v}"))
             .collect();
-        println!("  group sizes (size x count)  {}", hist.join(" "));
+        writeln!(out, "  group sizes (size x count)  {}", hist.join(" "))?;
     }
     Ok(())
 }
