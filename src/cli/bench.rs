@@ -15,7 +15,7 @@ use onepass::model::synth::{write_synthetic, SynthShape, SynthSpec};
 use onepass::trace::{op_summary, write_chrome_trace, Timeline};
 use onepass::{DType, Executor};
 
-use super::common::{open_model, ModelArgs, RunArgs};
+use super::common::{check_output_path, count, open_model, ModelArgs, RunArgs};
 
 /// Flags of `bench`.
 #[derive(Args, Debug)]
@@ -29,13 +29,15 @@ pub struct BenchArgs {
     #[arg(long, value_enum, value_delimiter = ',')]
     pub modes: Vec<RunMode>,
     /// Decode steps per repeat.
-    #[arg(short = 'n', long = "decode", default_value_t = 128)]
+    #[arg(short = 'n', long = "decode", default_value_t = 128,
+          allow_negative_numbers = true, value_parser = count)]
     pub decode: usize,
     /// Prompt tokens per repeat.
-    #[arg(short = 'p', long = "prompt", default_value_t = 512)]
+    #[arg(short = 'p', long = "prompt", default_value_t = 512,
+          allow_negative_numbers = true, value_parser = count)]
     pub prompt: usize,
     /// Measured repeats (after one warm-up that is not counted).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, allow_negative_numbers = true, value_parser = count)]
     pub repeat: usize,
     /// Print the results as a JSON list (one object per mode).
     #[arg(long)]
@@ -136,6 +138,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     };
     let mut run = args.run.clone();
     run.ctx = run.ctx.max(args.prompt + args.decode + 2);
+    // Everything that can fail at once is checked before the model is written or read.
+    if let Some(path) = &args.trace {
+        check_output_path("--trace", path)?;
+    }
+    let device = run.device()?;
     let temp = args.like.map(TempModel::write).transpose()?;
     let (file, model_name) = match &temp {
         Some(t) => (
@@ -144,7 +151,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         ),
         None => (open_model(&args.model.model)?, args.model.model.clone()),
     };
-    let device = run.device()?;
     let llama = Llama::load(file, &device, run.ctx, run.batch)?;
     let executor = Executor::new(device.clone()).with_config(run.config());
     let mut engine = Engine::new(llama, executor, modes[0]);

@@ -50,7 +50,7 @@ impl SamplerConfig {
             return bad("--min-p must be in [0, 1]");
         }
         if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
-            return bad("--repetition-penalty must be a finite number > 0");
+            return bad("--repeat-penalty must be a finite number > 0");
         }
         Ok(())
     }
