@@ -265,16 +265,16 @@ impl Llama {
             max_ctx,
             decode_chunk(device),
         )?;
+        if let Device::Cpu(_) = device {
+            let need = budget::cache_and_scratch_bytes(&config, max_ctx, max_batch, partial_len);
+            budget::check_fits(need, budget::available_memory(), max_ctx)?;
+        }
         if max_ctx > config.train_ctx {
             tracing::warn!(
                 "a context of {max_ctx} tokens exceeds the {} the model was trained for: \
                  positions past it may give poor text",
                 config.train_ctx
             );
-        }
-        if let Device::Cpu(_) = device {
-            let need = budget::cache_and_scratch_bytes(&config, max_ctx, max_batch, partial_len);
-            budget::check_fits(need, budget::available_memory(), max_ctx)?;
         }
         let weights = load_weights(&file, device, &config)?;
         let fused_block = uses_fused_block(&config, &weights);
