@@ -265,8 +265,7 @@ mod tests {
             handles.push(std::thread::spawn(|| t.run()));
             Ok(())
         })
-        .err()
-        .expect("the pool must not start");
+        .expect_err("the pool must not start");
         let msg = e.to_string();
         assert!(msg.contains("thread 3 of 4"), "{msg}");
         // The two threads that did start are told to stop, and do.
