@@ -43,13 +43,62 @@ impl RuntimeConfig {
     }
 }
 
-/// Installs the `tracing` subscriber, with its filter read once from `ONEPASS_LOG`
-/// (default `warn`). Calling it twice is harmless.
+/// The environment variable that holds the log filter.
+pub const LOG_ENV: &str = "ONEPASS_LOG";
+
+/// The filter a log setting chooses: the setting when it parses, else `warn`, with the line that
+/// says why the setting was ignored.
+pub fn log_filter(setting: Option<&str>) -> (tracing_subscriber::EnvFilter, Option<String>) {
+    let default = || tracing_subscriber::EnvFilter::new("warn");
+    match setting.map(str::trim).filter(|s| !s.is_empty()) {
+        None => (default(), None),
+        Some(s) => match tracing_subscriber::EnvFilter::try_new(s) {
+            Ok(f) => (f, None),
+            Err(e) => (
+                default(),
+                Some(format!(
+                    "warning: {LOG_ENV}={s:?} is not a valid log filter ({e}); logging at `warn`"
+                )),
+            ),
+        },
+    }
+}
+
+/// Installs the `tracing` subscriber on standard error, with its filter read once from
+/// `ONEPASS_LOG` (default `warn`; an invalid filter is reported on one line and replaced by the
+/// default) and colours only when standard error is a terminal. Calling it twice is harmless.
 pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("ONEPASS_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    use std::io::IsTerminal;
+    let setting = std::env::var(LOG_ENV).ok();
+    let (filter, complaint) = log_filter(setting.as_deref());
+    if let Some(line) = complaint {
+        eprintln!("{line}");
+    }
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invalid_log_filters_are_named_and_valid_ones_kept() {
+        assert!(log_filter(None).1.is_none());
+        assert!(log_filter(Some("")).1.is_none());
+        let (f, none) = log_filter(Some("onepass=debug"));
+        assert!(none.is_none());
+        assert!(f.to_string().contains("debug"), "{f}");
+        let (f, line) = log_filter(Some("onepass=lots"));
+        let line = line.expect("a complaint");
+        assert!(
+            line.contains("ONEPASS_LOG") && line.contains("onepass=lots"),
+            "{line}"
+        );
+        assert!(!line.contains('\n'));
+        assert_eq!(f.to_string(), "warn");
+    }
 }

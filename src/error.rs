@@ -78,13 +78,15 @@ pub enum Error {
     /// A backend worker stopped unexpectedly.
     #[error("backend: {0}")]
     Backend(String),
-    /// An I/O error, with the path it concerns.
-    #[error("{path}: {source}")]
+    /// An I/O error, with the path it concerns. The message includes the cause, so the cause is
+    /// not also offered as [`std::error::Error::source`] (a printer that walks the chain would
+    /// print it twice).
+    #[error("{path}: {cause}")]
     Io {
         /// The file or directory.
         path: String,
         /// The underlying error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -102,10 +104,40 @@ impl Error {
     }
 
     /// Builds an [`Error::Io`] for a path.
-    pub fn io(path: impl AsRef<std::path::Path>, source: std::io::Error) -> Self {
+    pub fn io(path: impl AsRef<std::path::Path>, cause: std::io::Error) -> Self {
         Error::Io {
             path: path.as_ref().display().to_string(),
-            source,
+            cause,
         }
+    }
+
+    /// The kind of the underlying I/O error, for an [`Error::Io`].
+    pub fn io_kind(&self) -> Option<std::io::ErrorKind> {
+        match self {
+            Error::Io { cause, .. } => Some(cause.kind()),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_errors_name_their_cause_once() {
+        let e = Error::io(
+            "/no/such/file",
+            std::io::Error::from(std::io::ErrorKind::NotFound),
+        );
+        let chain = anyhow::Error::from(e);
+        let printed = format!("{chain:#}");
+        assert!(printed.starts_with("/no/such/file: "), "{printed}");
+        assert_eq!(printed.matches("not found").count(), 1, "{printed}");
+        assert_eq!(chain.chain().count(), 1);
+        assert_eq!(
+            chain.downcast_ref::<Error>().and_then(Error::io_kind),
+            Some(std::io::ErrorKind::NotFound)
+        );
     }
 }

@@ -3,8 +3,8 @@
 //! (one `error: ...` line and a non-zero exit, never a panic). The op argument checks are in
 //! `bad_input.rs`.
 //!
-//! The tests use a tiny synthetic llama (2 layers, dim 64, byte-level vocabulary) written with the
-//! GGUF writer, so they need no downloaded model.
+//! The tests use a tiny synthetic llama (2 layers, dim 64, byte-level vocabulary, `common/`)
+//! written with the GGUF writer, so they need no downloaded model.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -13,10 +13,12 @@ use std::sync::{Arc, OnceLock};
 
 use onepass::model::engine::{Engine, RunMode};
 use onepass::model::gguf::GgufFile;
-use onepass::model::gguf_write::GgufWriter;
 use onepass::model::llama::{Llama, Logits};
 use onepass::model::sampler::SamplerConfig;
-use onepass::{DType, Device, Executor, Result};
+use onepass::{Device, Executor, Result};
+
+mod common;
+use common::{tiny_tokens, Tiny};
 
 /// One CPU device shared by the tests of this file.
 fn dev() -> &'static Device {
@@ -24,108 +26,8 @@ fn dev() -> &'static Device {
     DEV.get_or_init(|| Device::cpu(1).expect("a CPU device"))
 }
 
-const DIM: usize = 64;
-const N_LAYER: usize = 2;
-const N_HEAD: usize = 4;
-const N_KV_HEAD: usize = 2;
-const FFN: usize = 128;
-
-/// The GPT-2 byte-level alphabet: printable bytes map to themselves, the rest to 256 + rank.
-fn byte_char(b: u8) -> char {
-    let printable =
-        |x: u32| (33..=126).contains(&x) || (161..=172).contains(&x) || (174..=255).contains(&x);
-    let b = u32::from(b);
-    if printable(b) {
-        char::from_u32(b).unwrap()
-    } else {
-        char::from_u32(256 + (0..b).filter(|&x| !printable(x)).count() as u32).unwrap()
-    }
-}
-
-fn tiny_tokens() -> Vec<String> {
-    let mut tokens = vec![
-        "<|endoftext|>".to_string(),
-        "<|im_start|>".into(),
-        "<|im_end|>".into(),
-    ];
-    tokens.extend((0..=255u8).map(|b| byte_char(b).to_string()));
-    tokens
-}
-
-/// Deterministic values in about `±scale`.
-fn values(n: usize, seed: u64, scale: f32) -> Vec<u8> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .flat_map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let u = (s >> 40) as f32 / (1u64 << 24) as f32;
-            ((u * 2.0 - 1.0) * scale).to_le_bytes()
-        })
-        .collect()
-}
-
 fn tiny_model_bytes() -> Vec<u8> {
-    let tokens = tiny_tokens();
-    let vocab = tokens.len();
-    let head_dim = DIM / N_HEAD;
-    let mut w = GgufWriter::new();
-    w.add_str("general.architecture", "llama").unwrap();
-    w.add_u32("llama.context_length", 256).unwrap();
-    w.add_u32("llama.embedding_length", DIM as u32).unwrap();
-    w.add_u32("llama.block_count", N_LAYER as u32).unwrap();
-    w.add_u32("llama.feed_forward_length", FFN as u32).unwrap();
-    w.add_u32("llama.attention.head_count", N_HEAD as u32)
-        .unwrap();
-    w.add_u32("llama.attention.head_count_kv", N_KV_HEAD as u32)
-        .unwrap();
-    w.add_f32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-        .unwrap();
-    w.add_f32("llama.rope.freq_base", 10000.0).unwrap();
-    w.add_str("tokenizer.ggml.model", "gpt2").unwrap();
-    w.add_str("tokenizer.ggml.pre", "smollm").unwrap();
-    w.add_u32("tokenizer.ggml.bos_token_id", 1).unwrap();
-    w.add_u32("tokenizer.ggml.eos_token_id", 2).unwrap();
-    w.add_bool("tokenizer.ggml.add_bos_token", false).unwrap();
-    let mut types = vec![3i32; 3];
-    types.extend(std::iter::repeat_n(1, 256));
-    w.add_str_array("tokenizer.ggml.tokens", &tokens).unwrap();
-    w.add_i32_array("tokenizer.ggml.token_type", &types)
-        .unwrap();
-    w.add_str_array::<&str>("tokenizer.ggml.merges", &[])
-        .unwrap();
-    let mut seed = 0;
-    let mut mat = |w: &mut GgufWriter, name: &str, rows: usize, cols: usize| {
-        seed += 1;
-        let scale = (3.0 / cols as f32).sqrt();
-        w.add_tensor(
-            name,
-            &[rows, cols],
-            DType::F32,
-            values(rows * cols, seed, scale),
-        )
-        .unwrap();
-    };
-    let ones = |n: usize| -> Vec<u8> { (0..n).flat_map(|_| 1.0f32.to_le_bytes()).collect() };
-    mat(&mut w, "token_embd.weight", vocab, DIM);
-    for i in 0..N_LAYER {
-        let n = |s: &str| format!("blk.{i}.{s}.weight");
-        w.add_tensor(&n("attn_norm"), &[DIM], DType::F32, ones(DIM))
-            .unwrap();
-        mat(&mut w, &n("attn_q"), N_HEAD * head_dim, DIM);
-        mat(&mut w, &n("attn_k"), N_KV_HEAD * head_dim, DIM);
-        mat(&mut w, &n("attn_v"), N_KV_HEAD * head_dim, DIM);
-        mat(&mut w, &n("attn_output"), DIM, N_HEAD * head_dim);
-        w.add_tensor(&n("ffn_norm"), &[DIM], DType::F32, ones(DIM))
-            .unwrap();
-        mat(&mut w, &n("ffn_gate"), FFN, DIM);
-        mat(&mut w, &n("ffn_up"), FFN, DIM);
-        mat(&mut w, &n("ffn_down"), DIM, FFN);
-    }
-    w.add_tensor("output_norm.weight", &[DIM], DType::F32, ones(DIM))
-        .unwrap();
-    w.to_bytes().unwrap()
+    common::tiny_model_bytes(&Tiny::default())
 }
 
 fn scratch_dir() -> &'static Path {
@@ -362,7 +264,7 @@ fn cli_rejects_bad_sampling_flags() {
         (vec!["--temperature", "-1"], "--temperature"),
         (vec!["--temperature", "nan"], "--temperature"),
         (vec!["--min-p", "1.5"], "--min-p"),
-        (vec!["--repeat-penalty", "0"], "penalty"),
+        (vec!["--repeat-penalty", "0"], "--repeat-penalty"),
     ] {
         let mut args = vec!["generate", "--model", m.as_str(), "--backend", "cpu"];
         args.extend(flags);

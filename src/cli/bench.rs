@@ -1,6 +1,7 @@
 //! `onepass bench`: prefill and decode speed of one or several execution modes, side by side,
 //! on a model file or on a synthetic model of a known shape made on the fly.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,7 +15,7 @@ use onepass::model::synth::{write_synthetic, SynthShape, SynthSpec};
 use onepass::trace::{op_summary, write_chrome_trace, Timeline};
 use onepass::{DType, Executor};
 
-use super::common::{open_model, ModelArgs, RunArgs};
+use super::common::{check_output_path, count, open_model, ModelArgs, RunArgs};
 
 /// Flags of `bench`.
 #[derive(Args, Debug)]
@@ -28,13 +29,15 @@ pub struct BenchArgs {
     #[arg(long, value_enum, value_delimiter = ',')]
     pub modes: Vec<RunMode>,
     /// Decode steps per repeat.
-    #[arg(short = 'n', long = "decode", default_value_t = 128)]
+    #[arg(short = 'n', long = "decode", default_value_t = 128,
+          allow_negative_numbers = true, value_parser = count)]
     pub decode: usize,
     /// Prompt tokens per repeat.
-    #[arg(short = 'p', long = "prompt", default_value_t = 512)]
+    #[arg(short = 'p', long = "prompt", default_value_t = 512,
+          allow_negative_numbers = true, value_parser = count)]
     pub prompt: usize,
     /// Measured repeats (after one warm-up that is not counted).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, allow_negative_numbers = true, value_parser = count)]
     pub repeat: usize,
     /// Print the results as a JSON list (one object per mode).
     #[arg(long)]
@@ -135,6 +138,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     };
     let mut run = args.run.clone();
     run.ctx = run.ctx.max(args.prompt + args.decode + 2);
+    // Everything that can fail at once is checked before the model is written or read.
+    if let Some(path) = &args.trace {
+        check_output_path("--trace", path)?;
+    }
+    let device = run.device()?;
     let temp = args.like.map(TempModel::write).transpose()?;
     let (file, model_name) = match &temp {
         Some(t) => (
@@ -143,7 +151,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         ),
         None => (open_model(&args.model.model)?, args.model.model.clone()),
     };
-    let device = run.device()?;
     let llama = Llama::load(file, &device, run.ctx, run.batch)?;
     let executor = Executor::new(device.clone()).with_config(run.config());
     let mut engine = Engine::new(llama, executor, modes[0]);
@@ -171,18 +178,21 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             path.display()
         );
     }
+    let mut out = std::io::stdout().lock();
     if args.json {
-        println!("{}", serde_json::to_string(&results)?);
+        writeln!(out, "{}", serde_json::to_string(&results)?)?;
         return Ok(());
     }
-    println!(
+    writeln!(
+        out,
         "model {model_name}  device {}  prompt {}  decode {}  repeats {}",
         device.name(),
         args.prompt,
         args.decode,
         args.repeat
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "{:<12} {:>12} {:>19} {:>12} {:>9} {:>15} {:>12}",
         "mode",
         "decode tok/s",
@@ -191,9 +201,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "kernels",
         "edges/barriers",
         "device us/tok"
-    );
+    )?;
     for r in &results {
-        println!(
+        writeln!(
+            out,
             "{:<12} {:>12.1} {:>19} {:>12.1} {:>9} {:>15} {:>12.1}",
             r.mode,
             r.decode_tok_s,
@@ -205,19 +216,20 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             r.kernels_per_token,
             r.edges_or_barriers_per_token,
             r.gpu_us_per_token
-        );
+        )?;
     }
     if let Some(t) = timelines.last() {
         let total: f64 = t.kernels.iter().map(|k| k.dur_us).sum();
-        println!("\nper-op time of one profiled decode step ({}; kernels timed one by one): {total:.1} us", t.name);
+        writeln!(out, "\nper-op time of one profiled decode step ({}; kernels timed one by one): {total:.1} us", t.name)?;
         for op in op_summary(&t.kernels) {
-            println!(
+            writeln!(
+                out,
                 "  {:<14} {:>5} kernels {:>10.1} us {:>6.1}%",
                 op.op,
                 op.count,
                 op.total_us,
                 100.0 * op.total_us / total.max(1e-9)
-            );
+            )?;
         }
     }
     Ok(())

@@ -1,8 +1,9 @@
 //! Flags shared by several commands, and loading a model from them.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use anyhow::Context;
 use clap::{Args, ValueEnum};
 use onepass::model::engine::{Engine, RunMode};
 use onepass::model::fetch;
@@ -36,8 +37,8 @@ pub struct RunArgs {
     /// Backend.
     #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
     pub backend: BackendChoice,
-    /// CPU threads (0: one per core).
-    #[arg(long, default_value_t = 0)]
+    /// CPU threads (0: one per core; more than 4 per core are capped).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = count)]
     pub threads: usize,
     /// Execution mode.
     #[arg(long, value_enum, default_value_t = RunMode::Graph)]
@@ -49,16 +50,17 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_reorder: bool,
     /// Lookahead window of the reorder pass.
-    #[arg(long, default_value_t = onepass::graph::passes::DEFAULT_LOOKAHEAD)]
+    #[arg(long, default_value_t = onepass::graph::passes::DEFAULT_LOOKAHEAD,
+          allow_negative_numbers = true, value_parser = count)]
     pub lookahead: usize,
     /// Submit every pass in one piece instead of splitting it.
     #[arg(long)]
     pub no_split: bool,
     /// KV-cache size in tokens.
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, default_value_t = 2048, allow_negative_numbers = true, value_parser = count)]
     pub ctx: usize,
     /// Most prompt tokens per prefill pass.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, allow_negative_numbers = true, value_parser = count)]
     pub batch: usize,
 }
 
@@ -74,7 +76,8 @@ impl RunArgs {
         }
     }
 
-    /// The device these flags choose.
+    /// The device these flags choose. Commands call this before any long work, so that a missing
+    /// backend is reported at once.
     pub fn device(&self) -> anyhow::Result<Device> {
         Ok(match self.backend {
             BackendChoice::Auto => Device::auto(self.threads)?,
@@ -82,6 +85,71 @@ impl RunArgs {
             BackendChoice::Cuda => Device::cuda(0)?,
         })
     }
+}
+
+/// Parses a count flag (`-n`, `--top-k`, `--ctx`, ...): a whole number of 0 or more. Negative
+/// numbers reach this parser (the flags allow them) so that clap names the flag, instead of
+/// taking `-1` for an unknown flag.
+pub fn count(s: &str) -> Result<usize, String> {
+    if s.trim_start().starts_with('-') {
+        return Err("must be 0 or more".into());
+    }
+    s.trim()
+        .parse()
+        .map_err(|e| format!("not a whole number ({e})"))
+}
+
+/// Parses a seed flag: a whole number from 0 to 2^64-1.
+pub fn seed(s: &str) -> Result<u64, String> {
+    if s.trim_start().starts_with('-') {
+        return Err("must be 0 or more".into());
+    }
+    s.trim()
+        .parse()
+        .map_err(|e| format!("not a whole number below 2^64 ({e})"))
+}
+
+/// Checks, before any long work, that a file can be written at `path` (given with `flag`): its
+/// folder exists and takes new files, and the path is not a folder. Leaves nothing behind.
+pub fn check_output_path(flag: &str, path: &Path) -> anyhow::Result<()> {
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let fail = |why: String| anyhow::anyhow!("{flag} {}: {why}", path.display());
+    match std::fs::metadata(parent) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(fail(format!("{} is not a folder", parent.display()))),
+        Err(e) => return Err(fail(format!("folder {}: {e}", parent.display()))),
+    }
+    if path.is_dir() {
+        return Err(fail("is a folder".into()));
+    }
+    let probe = parent.join(format!(".onepass-write-check.{}", std::process::id()));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Ok(f) => {
+            drop(f);
+            let _ = std::fs::remove_file(&probe);
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => {
+            return Err(fail(format!(
+                "cannot create files in {}: {e}",
+                parent.display()
+            )))
+        }
+    }
+    if path.exists() {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(path)
+            .map_err(|e| fail(format!("cannot be overwritten: {e}")))?;
+    }
+    Ok(())
 }
 
 /// The path of the model `spec` names, fetching the default model if needed.
@@ -93,6 +161,11 @@ pub fn model_path(spec: &str) -> anyhow::Result<PathBuf> {
 /// The cache directory: `ONEPASS_CACHE_DIR`, else the user's cache directory.
 pub fn cache_dir() -> anyhow::Result<PathBuf> {
     Ok(fetch::default_cache_dir()?)
+}
+
+/// Writes `bytes` to the file at `path` (given with `flag`), naming the flag and the path on error.
+pub fn write_output(flag: &str, path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    std::fs::write(path, bytes).with_context(|| format!("{flag} {}", path.display()))
 }
 
 /// The default model's path when it is already in the cache (nothing is fetched).

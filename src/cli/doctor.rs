@@ -1,7 +1,9 @@
-//! `onepass doctor [--json]`: what this machine offers the CUDA backend. Driver and NVRTC versions,
-//! devices with their compute capability, and whether every embedded kernel family compiles
-//! (NVRTC only, no GPU needed: without a device it compiles for `sm_90`).
+//! `onepass doctor [--json]`: what this machine offers onepass. Whether the CPU backend starts;
+//! for CUDA, driver and NVRTC versions, devices with their compute capability, and whether every
+//! embedded kernel family compiles (NVRTC only, no GPU needed: without a device it compiles for
+//! `sm_90`). CUDA being absent is not a problem; a part of it that is present and broken is.
 
+use std::io::Write;
 use std::time::Instant;
 
 use onepass::backend::cuda::{
@@ -21,6 +23,10 @@ pub struct FamilyFailure {
 /// Everything the doctor found.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct DoctorReport {
+    /// The CPU backend: `ready: <device>`, or why it does not start.
+    pub cpu: String,
+    /// Whether the CPU backend starts.
+    pub cpu_ready: bool,
     /// The driver's CUDA version, or null without a driver.
     pub cuda_driver: Option<String>,
     /// NVRTC's version, or null when libnvrtc cannot be found.
@@ -45,10 +51,16 @@ pub struct DoctorReport {
     pub failures: Vec<FamilyFailure>,
     /// Seconds spent compiling.
     pub compile_seconds: f64,
+    /// What is present on this machine but broken, one line each (empty: nothing is).
+    pub problems: Vec<String>,
 }
 
 /// Gathers the report.
 pub fn diagnose() -> DoctorReport {
+    let (cpu, cpu_ready) = match onepass::Device::cpu(0) {
+        Ok(d) => (format!("ready: {}", d.name()), true),
+        Err(e) => (format!("does not start: {e}"), false),
+    };
     let cuda_driver = driver_version();
     let (devices, device_error) = if driver_present() {
         match devices() {
@@ -86,7 +98,30 @@ pub fn diagnose() -> DoctorReport {
             error: "libnvrtc not found on the library path; no kernel can be compiled".into(),
         });
     }
+    let mut problems = Vec::new();
+    if !cpu_ready {
+        problems.push(format!("the CPU backend {cpu}"));
+    }
+    if let Some(e) = &device_error {
+        problems.push(format!(
+            "the CUDA driver is present but lists no device: {e}"
+        ));
+    }
+    if nvrtc_version.is_some() && kernels_failed > 0 {
+        problems.push(format!(
+            "{kernels_failed} of {kernels} CUDA kernels did not compile"
+        ));
+    }
+    if nvrtc_version.is_none() && !devices.is_empty() {
+        problems.push(
+            "a CUDA device is present but libnvrtc is not on the library path, so no kernel \
+             can be compiled for it"
+                .to_string(),
+        );
+    }
     DoctorReport {
+        cpu,
+        cpu_ready,
         cuda_driver,
         nvrtc: nvrtc_version.map(|(a, b)| format!("{a}.{b}")),
         devices,
@@ -99,6 +134,23 @@ pub fn diagnose() -> DoctorReport {
         kernels_failed,
         failures,
         compile_seconds: start.elapsed().as_secs_f64(),
+        problems,
+    }
+}
+
+/// One line on CUDA as a whole: what is absent, or that it is usable.
+fn cuda_summary(r: &DoctorReport) -> String {
+    match (&r.cuda_driver, r.devices.len(), &r.nvrtc) {
+        (None, _, None) => "absent (no driver, no NVRTC): onepass runs on the CPU".into(),
+        (None, _, Some(_)) => {
+            "no driver: onepass runs on the CPU (NVRTC is present, the kernels are checked below)"
+                .into()
+        }
+        (Some(_), 0, _) => "a driver but no device: onepass runs on the CPU".into(),
+        (Some(_), n, Some(_)) if r.kernels_failed == 0 => {
+            format!("ready ({n} device(s); `--backend auto` uses device 0)")
+        }
+        (Some(_), _, _) => "present but not usable (see the problems below)".into(),
     }
 }
 
@@ -106,22 +158,27 @@ fn or_none(v: &Option<String>) -> &str {
     v.as_deref().unwrap_or("not found")
 }
 
-/// Prints the report (one JSON object with `json`); an error when a kernel failed to compile.
+/// Prints the report (one JSON object with `json`); an error when something this machine has is
+/// broken (a CUDA that is absent is not).
 pub fn run(json: bool) -> anyhow::Result<()> {
     let r = diagnose();
+    let mut out = std::io::stdout().lock();
     if json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?;
     } else {
-        println!("CUDA driver:  {}", or_none(&r.cuda_driver));
-        println!("NVRTC:        {}", or_none(&r.nvrtc));
-        println!("headers:      {}", or_none(&r.include_dir));
+        writeln!(out, "CPU backend:  {}", r.cpu)?;
+        writeln!(out, "CUDA:         {}", cuda_summary(&r))?;
+        writeln!(out, "CUDA driver:  {}", or_none(&r.cuda_driver))?;
+        writeln!(out, "NVRTC:        {}", or_none(&r.nvrtc))?;
+        writeln!(out, "headers:      {}", or_none(&r.include_dir))?;
         if let Some(e) = &r.device_error {
-            println!("devices:      error: {e}");
+            writeln!(out, "devices:      error: {e}")?;
         } else if r.devices.is_empty() {
-            println!("devices:      none");
+            writeln!(out, "devices:      none")?;
         }
         for d in &r.devices {
-            println!(
+            writeln!(
+                out,
                 "device {}:     {} (compute {}.{}, {} SMs, {:.1} GiB)",
                 d.ordinal,
                 d.name,
@@ -129,22 +186,32 @@ pub fn run(json: bool) -> anyhow::Result<()> {
                 d.compute_capability.1,
                 d.multiprocessors,
                 d.total_memory as f64 / (1u64 << 30) as f64
-            );
+            )?;
         }
-        println!(
-            "kernels:      {} of {} compiled for {} ({} families, {:.2} s), {} failed",
-            r.kernels_compiled, r.kernels, r.arch, r.families, r.compile_seconds, r.kernels_failed
-        );
-        for f in &r.failures {
-            println!("\nfamily {}:\n{}", f.family, f.error);
+        if r.nvrtc.is_some() {
+            writeln!(
+                out,
+                "kernels:      {} of {} compiled for {} ({} families, {:.2} s), {} failed",
+                r.kernels_compiled,
+                r.kernels,
+                r.arch,
+                r.families,
+                r.compile_seconds,
+                r.kernels_failed
+            )?;
+            for f in &r.failures {
+                writeln!(out, "\nfamily {}:\n{}", f.family, f.error)?;
+            }
+        } else {
+            writeln!(
+                out,
+                "kernels:      not compiled (no libnvrtc on the library path)"
+            )?;
         }
     }
-    if r.kernels_failed > 0 {
-        anyhow::bail!(
-            "{} of {} CUDA kernels did not compile",
-            r.kernels_failed,
-            r.kernels
-        );
+    match r.problems.as_slice() {
+        [] => Ok(()),
+        [one] => anyhow::bail!("{one}"),
+        many => anyhow::bail!("{} problems: {}", many.len(), many.join("; ")),
     }
-    Ok(())
 }

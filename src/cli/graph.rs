@@ -1,8 +1,8 @@
 //! `onepass graph`: record one decode step and show what the optimizer did.
 
+use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::Args;
 use onepass::graph::export;
 use onepass::model::llama::{Llama, Logits};
@@ -10,7 +10,7 @@ use onepass::model::tokenizer::Tokenizer;
 use onepass::sanitize::prefill_and_sanitize_decode;
 use onepass::{Executor, Mode};
 
-use super::common::{open_model, ModelArgs, RunArgs};
+use super::common::{check_output_path, open_model, write_output, ModelArgs, RunArgs};
 
 /// Flags of `graph`.
 #[derive(Args, Debug)]
@@ -44,8 +44,13 @@ const SANITIZE_PROMPT_BATCH: usize = 32;
 
 /// Runs `graph`.
 pub fn run(args: GraphArgs) -> anyhow::Result<()> {
-    let file = open_model(&args.model.model)?;
+    for (flag, path) in [("--dot", &args.dot), ("--svg", &args.svg)] {
+        if let Some(path) = path {
+            check_output_path(flag, path)?;
+        }
+    }
     let device = args.run.device()?;
+    let file = open_model(&args.model.model)?;
     // The sanitizer prefills a short prompt first, so it needs prefill passes of a few tokens.
     let batch = if args.sanitize {
         SANITIZE_PROMPT_BATCH
@@ -66,12 +71,13 @@ pub fn run(args: GraphArgs) -> anyhow::Result<()> {
     } else {
         None
     };
+    let mut out = std::io::stdout().lock();
     if let Some(report) = &sanitized {
         if !report.passed() {
             anyhow::bail!("{}", report.verdict());
         }
         if !args.json {
-            println!("{}", report.verdict());
+            writeln!(out, "{}", report.verdict())?;
             if !args.stats {
                 return Ok(());
             }
@@ -82,13 +88,11 @@ pub fn run(args: GraphArgs) -> anyhow::Result<()> {
     let mut graph = session.into_graph()?;
     let report = Executor::optimize(&mut graph, &executor.config().plan());
     if let Some(path) = &args.dot {
-        std::fs::write(path, export::to_dot(&graph))
-            .with_context(|| format!("writing {}", path.display()))?;
+        write_output("--dot", path, export::to_dot(&graph).as_bytes())?;
         eprintln!("wrote {}", path.display());
     }
     if let Some(path) = &args.svg {
-        std::fs::write(path, export::to_svg(&graph))
-            .with_context(|| format!("writing {}", path.display()))?;
+        write_output("--svg", path, export::to_svg(&graph).as_bytes())?;
         eprintln!("wrote {}", path.display());
     }
     let groups: serde_json::Map<String, serde_json::Value> = report
@@ -112,24 +116,29 @@ pub fn run(args: GraphArgs) -> anyhow::Result<()> {
             }
             (obj, _) => obj,
         };
-        println!("{obj}");
+        writeln!(out, "{obj}")?;
     } else if args.stats || (args.dot.is_none() && args.svg.is_none()) {
-        println!(
+        writeln!(
+            out,
             "decode step of {} ({} layers)",
             args.model.model,
             llama.config().n_layer
-        );
-        println!("  dispatches            {}", report.dispatches);
-        println!("  barriers, in order    {}", report.barriers_sequential);
-        println!("  barriers, optimized   {}", report.barriers);
-        println!("  fusions               {}", report.fusions);
-        println!("  dispatches reordered  {}", report.reordered);
+        )?;
+        writeln!(out, "  dispatches            {}", report.dispatches)?;
+        writeln!(
+            out,
+            "  barriers, in order    {}",
+            report.barriers_sequential
+        )?;
+        writeln!(out, "  barriers, optimized   {}", report.barriers)?;
+        writeln!(out, "  fusions               {}", report.fusions)?;
+        writeln!(out, "  dispatches reordered  {}", report.reordered)?;
         let hist: Vec<String> = report
             .group_sizes
             .iter()
             .map(|(k, v)| format!("{k}x{v}"))
             .collect();
-        println!("  group sizes (size x count)  {}", hist.join(" "));
+        writeln!(out, "  group sizes (size x count)  {}", hist.join(" "))?;
     }
     Ok(())
 }

@@ -31,7 +31,8 @@ enum Command {
     Synth(synth::SynthArgs),
     /// Measure prefill and decode speed.
     Bench(bench::BenchArgs),
-    /// Show CUDA devices, driver and NVRTC versions, and whether every kernel compiles.
+    /// Show what this machine offers: the CPU backend; CUDA devices, driver and NVRTC versions,
+    /// and whether every kernel compiles. Exits 1 only when something present is broken.
     Doctor {
         /// Print one JSON object.
         #[arg(long)]
@@ -51,12 +52,48 @@ pub fn main() -> i32 {
         Command::Bench(a) => bench::run(a),
         Command::Doctor { json } => doctor::run(json),
     };
+    exit_code(result)
+}
+
+/// The exit code of a command's result: 0 for success and for a closed standard output (the
+/// reader, such as `head`, has all it wants); otherwise the error's chain on one line and 1.
+fn exit_code(result: anyhow::Result<()>) -> i32 {
     match result {
         Ok(()) => 0,
+        Err(e) if is_broken_pipe(&e) => 0,
         Err(e) => {
             let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
             eprintln!("error: {}", chain.join(": "));
             1
         }
+    }
+}
+
+/// Whether an error comes from writing to a pipe whose reader has gone.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        let kind = c
+            .downcast_ref::<std::io::Error>()
+            .map(std::io::Error::kind)
+            .or_else(|| c.downcast_ref::<onepass::Error>().and_then(|e| e.io_kind()));
+        kind == Some(std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_closed_stdout_is_success_and_other_errors_are_not() {
+        let pipe = || std::io::Error::from(std::io::ErrorKind::BrokenPipe);
+        assert_eq!(exit_code(Ok(())), 0);
+        assert_eq!(exit_code(Err(pipe().into())), 0);
+        let wrapped = anyhow::Error::from(pipe()).context("writing the output");
+        assert_eq!(exit_code(Err(wrapped)), 0);
+        let lib = onepass::Error::io("standard output", pipe());
+        assert_eq!(exit_code(Err(lib.into())), 0);
+        let other = std::io::Error::from(std::io::ErrorKind::NotFound);
+        assert_eq!(exit_code(Err(other.into())), 1);
     }
 }

@@ -8,7 +8,7 @@ use onepass::model::gguf::GgufFile;
 use onepass::model::synth::{write_synthetic, SynthShape, SynthSpec};
 use onepass::DType;
 
-use super::common::model_path;
+use super::common::{check_output_path, model_path, seed};
 
 /// The matrix formats `synth` writes.
 #[derive(ValueEnum, Debug, Clone, Copy)]
@@ -37,7 +37,7 @@ pub struct SynthArgs {
     #[arg(long, value_enum, default_value_t = SynthQuant::Q4_1)]
     pub quant: SynthQuant,
     /// Seed of the random weights.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = seed)]
     pub seed: u64,
     /// Where to copy the tokenizer from: a GGUF path or `smollm2`; without it, the default
     /// model's tokenizer is used when it is already in the cache, else a byte-level vocabulary.
@@ -56,6 +56,7 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
         SynthQuant::Q8_0 => DType::Q8_0,
         SynthQuant::Q4K => DType::Q4K,
     };
+    check_output_path("-o", &args.output)?;
     let source = match &args.tokenizer_from {
         Some(spec) => Some(GgufFile::open(model_path(spec)?)?),
         None => super::common::cached_default_model().and_then(|p| GgufFile::open(p).ok()),

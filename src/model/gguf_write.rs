@@ -328,17 +328,20 @@ impl<'a> GgufWriter<'a> {
     }
 
     /// Writes the file to `path` atomically: a temporary file in the same directory, then a rename.
+    /// Errors name `path`, the file the caller asked for, not the temporary one.
     pub fn write_to(self, path: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<()> {
         let tmp = temp_path_for(path);
+        let io = |e| Error::io(path, e);
         let result = (|| {
-            let file = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+            let file = std::fs::File::create(&tmp).map_err(io)?;
             let mut buf = std::io::BufWriter::with_capacity(1 << 20, file);
-            self.write(&mut buf, progress)?;
-            let file = buf
-                .into_inner()
-                .map_err(|e| Error::io(&tmp, e.into_error()))?;
-            file.sync_all().map_err(|e| Error::io(&tmp, e))?;
-            std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+            self.write(&mut buf, progress).map_err(|e| match e {
+                Error::Io { cause, .. } => io(cause),
+                e => e,
+            })?;
+            let file = buf.into_inner().map_err(|e| io(e.into_error()))?;
+            file.sync_all().map_err(io)?;
+            std::fs::rename(&tmp, path).map_err(io)
         })();
         if result.is_err() {
             let _ = std::fs::remove_file(&tmp);

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use crate::backend::{Buffer, DType, Device};
 use crate::error::{Error, Result};
+use crate::model::budget;
 use crate::model::gguf::GgufFile;
 use crate::ops::attention::AttentionParams;
 use crate::ops::fused_block::QkvRope;
@@ -56,6 +57,7 @@ impl LlamaConfig {
         let opt = |k: &str| file.opt_u32(&key(k)).map(|v| v.map(|v| v as usize));
         let optf = |k: &str| file.opt_f32(&key(k));
         let n_layer = req("block_count")?;
+        check_blocks(file, n_layer)?;
         let dim = req("embedding_length")?;
         let n_head = req("attention.head_count")?;
         let n_kv_head = opt("attention.head_count_kv")?.unwrap_or(n_head);
@@ -91,6 +93,24 @@ impl LlamaConfig {
         let attn = self.dim * self.head_dim * (2 * self.n_head + 2 * self.n_kv_head);
         let ffn = 3 * self.dim * self.ffn_dim;
         self.n_layer * (attn + ffn) + self.vocab * self.dim
+    }
+}
+
+/// Checks `llama.block_count` against the file before anything is sized by it: a model needs at
+/// least one block, and the tensors of every block it declares. The scan stops at the first
+/// missing block, so it looks at no more blocks than the file has tensors.
+fn check_blocks(file: &GgufFile, n_layer: usize) -> Result<()> {
+    if n_layer == 0 {
+        return Err(file.err("`llama.block_count` is 0: a model with no blocks cannot run"));
+    }
+    let first_missing =
+        (0..n_layer).find(|i| !file.has_tensor(&format!("blk.{i}.attn_norm.weight")));
+    match first_missing {
+        Some(i) => Err(file.err(format!(
+            "`llama.block_count` is {n_layer}, but the tensors of block {i} are missing \
+             (no `blk.{i}.attn_norm.weight`)"
+        ))),
+        None => Ok(()),
     }
 }
 
@@ -238,6 +258,24 @@ impl Llama {
                 "context and batch sizes must be at least 1".into(),
             ));
         }
+        let max_batch = max_batch.min(max_ctx);
+        let params = attention_params(&config);
+        let partial_len = crate::ops::attention::attention_decode_scratch_len(
+            params,
+            max_ctx,
+            decode_chunk(device),
+        )?;
+        if let Device::Cpu(_) = device {
+            let need = budget::cache_and_scratch_bytes(&config, max_ctx, max_batch, partial_len);
+            budget::check_fits(need, budget::available_memory(), max_ctx)?;
+        }
+        if max_ctx > config.train_ctx {
+            tracing::warn!(
+                "a context of {max_ctx} tokens exceeds the {} the model was trained for: \
+                 positions past it may give poor text",
+                config.train_ctx
+            );
+        }
         let weights = load_weights(&file, device, &config)?;
         let fused_block = uses_fused_block(&config, &weights);
         let mut kv = Vec::with_capacity(config.n_layer);
@@ -248,15 +286,8 @@ impl Llama {
                 device.alloc(DType::F32, &dims)?,
             ));
         }
-        let max_batch = max_batch.min(max_ctx);
         let inputs = StepInputs::new(device, max_batch)?;
         let prefill = Scratch::new(device, &config, max_batch, None)?;
-        let params = attention_params(&config);
-        let partial_len = crate::ops::attention::attention_decode_scratch_len(
-            params,
-            max_ctx,
-            decode_chunk(device),
-        )?;
         let decode = Scratch::new(device, &config, 1, Some(partial_len))?;
         Ok(Llama {
             norm_out: device.alloc(DType::F32, &[max_batch, config.dim])?,

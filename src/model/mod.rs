@@ -1,6 +1,7 @@
 //! Models: GGUF reading, tokenizer, chat templates, fetching the default model, the Llama-family
 //! forward pass, sampling, and the synthetic-model writer.
 
+pub mod budget;
 pub mod chat;
 pub mod engine;
 pub mod fetch;

@@ -3,6 +3,9 @@
 
 use crate::error::{Error, Result};
 
+/// The error of a step whose logits hold no finite value (a broken model, such as NaN weights).
+pub const NO_FINITE_LOGIT: &str = "every logit is infinite or NaN";
+
 /// Sampling settings. `temperature == 0` means greedy.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplerConfig {
@@ -50,7 +53,7 @@ impl SamplerConfig {
             return bad("--min-p must be in [0, 1]");
         }
         if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
-            return bad("--repetition-penalty must be a finite number > 0");
+            return bad("--repeat-penalty must be a finite number > 0");
         }
         Ok(())
     }
@@ -117,14 +120,17 @@ impl Sampler {
             }
         };
         if cfg.temperature == 0.0 {
-            let mut best = (0usize, f32::NEG_INFINITY);
+            // As sampling does, only finite logits are candidates.
+            let mut best: Option<(usize, f32)> = None;
             for (i, &v) in logits.iter().enumerate() {
                 let v = penalized(i, v);
-                if v > best.1 {
-                    best = (i, v);
+                if v.is_finite() && best.is_none_or(|(_, b)| v > b) {
+                    best = Some((i, v));
                 }
             }
-            return Ok(best.0 as u32);
+            return best
+                .map(|(i, _)| i as u32)
+                .ok_or_else(|| Error::InvalidArgument(NO_FINITE_LOGIT.into()));
         }
         let cands = &mut self.candidates;
         cands.clear();
@@ -136,9 +142,7 @@ impl Sampler {
         );
         cands.retain(|c| c.1.is_finite());
         if cands.is_empty() {
-            return Err(Error::InvalidArgument(
-                "every logit is infinite or NaN".into(),
-            ));
+            return Err(Error::InvalidArgument(NO_FINITE_LOGIT.into()));
         }
         cands.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         if cfg.top_k > 0 {
@@ -193,6 +197,17 @@ mod tests {
         let mut s = Sampler::new(SamplerConfig::default()).unwrap();
         assert_eq!(s.sample(&logits(), &[]).unwrap(), 1);
         assert_eq!(s.sample(&[1.0, 2.0, 2.0], &[]).unwrap(), 1);
+    }
+
+    #[test]
+    fn greedy_skips_non_finite_logits_and_fails_without_a_finite_one() {
+        let mut s = Sampler::new(SamplerConfig::default()).unwrap();
+        let nan = f32::NAN;
+        assert_eq!(s.sample(&[nan, 1.0, f32::INFINITY, 0.5], &[]).unwrap(), 1);
+        for bad in [vec![nan; 4], vec![f32::INFINITY, nan, f32::NEG_INFINITY]] {
+            let e = s.sample(&bad, &[]).unwrap_err().to_string();
+            assert!(e.contains(NO_FINITE_LOGIT), "{e}");
+        }
     }
 
     #[test]

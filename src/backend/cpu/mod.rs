@@ -99,14 +99,22 @@ pub struct CpuDevice {
 }
 
 impl CpuDevice {
-    /// A device with `threads` pool threads (0: one per core).
+    /// A device with `threads` pool threads (0: one per core; more than
+    /// [`MAX_THREADS_PER_CORE`] per core are capped, with a warning). A thread that cannot be
+    /// started is an error.
     pub fn new(threads: usize) -> Result<Self> {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("onepass-cpu-{i}"))
-            .build()
-            .map_err(|e| Error::Backend(format!("cannot start the CPU thread pool: {e}")))?;
-        let pool = Arc::new(pool);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = capped_threads(threads, cores);
+        let pool = Arc::new(build_pool(threads, |t| {
+            let mut b = std::thread::Builder::new();
+            if let Some(name) = t.name() {
+                b = b.name(name.to_string());
+            }
+            if let Some(size) = t.stack_size() {
+                b = b.stack_size(size);
+            }
+            b.spawn(|| t.run()).map(drop)
+        })?);
         let mut registry = CpuRegistry::default();
         kernels::register_all(&mut registry);
         let worker = worker::Worker::start(pool.clone())?;
@@ -191,6 +199,55 @@ impl CpuDevice {
     }
 }
 
+/// The most pool threads per core: more only take turns on the cores (and each costs a stack).
+pub const MAX_THREADS_PER_CORE: usize = 4;
+
+/// The pool size for a request of `threads` (0: one per core) on `cores` cores: at most
+/// [`MAX_THREADS_PER_CORE`] per core, with a warning when the request is lowered.
+fn capped_threads(threads: usize, cores: usize) -> usize {
+    let cap = cores.max(1).saturating_mul(MAX_THREADS_PER_CORE);
+    if threads == 0 {
+        return cores.max(1);
+    }
+    if threads > cap {
+        tracing::warn!(
+            "{threads} CPU threads requested on {cores} cores; using {cap} \
+             ({MAX_THREADS_PER_CORE} per core): more would only take turns on the cores"
+        );
+        return cap;
+    }
+    threads
+}
+
+/// Builds the device's rayon pool of `threads` threads, starting each with `spawn`. A thread that
+/// does not start is an error that names it (rayon stops the threads already started).
+fn build_pool(
+    threads: usize,
+    spawn: impl FnMut(rayon::ThreadBuilder) -> std::io::Result<()>,
+) -> Result<rayon::ThreadPool> {
+    let mut spawn = spawn;
+    let mut started = 0usize;
+    let mut failed = None;
+    let result = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("onepass-cpu-{i}"))
+        .spawn_handler(|t| {
+            let r = spawn(t);
+            match &r {
+                Ok(()) => started += 1,
+                Err(_) => failed = Some(started),
+            }
+            r
+        })
+        .build();
+    result.map_err(|e| {
+        let which = failed.map_or(String::new(), |i| {
+            format!(" (thread {} of {threads})", i + 1)
+        });
+        Error::Backend(format!("cannot start the CPU thread pool{which}: {e}"))
+    })
+}
+
 /// Wraps a file mapping as a read-only allocation (zero-copy model weights on the CPU).
 pub fn map_allocation(
     map: Arc<memmap2::Mmap>,
@@ -207,4 +264,47 @@ pub fn map_allocation(
         len,
         Memory::Mapped(super::MappedMemory { map, offset }),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thread_requests_are_capped_at_a_multiple_of_the_cores() {
+        assert_eq!(capped_threads(0, 8), 8);
+        assert_eq!(capped_threads(0, 0), 1);
+        assert_eq!(capped_threads(3, 8), 3);
+        assert_eq!(capped_threads(32, 8), 32);
+        assert_eq!(capped_threads(33, 8), 32);
+        assert_eq!(capped_threads(100_000, 2), 8);
+    }
+
+    #[test]
+    fn a_thread_that_does_not_start_is_an_error() {
+        let mut handles = Vec::new();
+        let mut n = 0;
+        let e = build_pool(4, |t| {
+            n += 1;
+            if n == 3 {
+                return Err(std::io::Error::from(std::io::ErrorKind::WouldBlock));
+            }
+            handles.push(std::thread::spawn(|| t.run()));
+            Ok(())
+        })
+        .expect_err("the pool must not start");
+        let msg = e.to_string();
+        assert!(msg.contains("thread 3 of 4"), "{msg}");
+        // The two threads that did start are told to stop, and do.
+        for h in handles {
+            h.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn a_device_with_too_many_threads_is_capped() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let d = CpuDevice::new(100_000).unwrap();
+        assert_eq!(d.threads(), cores * MAX_THREADS_PER_CORE);
+    }
 }

@@ -1,0 +1,149 @@
+//! Memory a loaded model needs beyond its weights (KV cache and scratch), and the memory this
+//! machine has available, so that a context too large for the machine is refused before anything
+//! is allocated instead of being killed by the kernel's out-of-memory killer halfway through.
+
+use crate::error::{Error, Result};
+use crate::model::llama::LlamaConfig;
+
+/// Bytes of one f32 or i32 element.
+const WORD: u128 = 4;
+
+/// Bytes of the KV cache and scratch of a model of configuration `c` with a context of `max_ctx`
+/// positions, prefill passes of up to `max_batch` rows and `decode_partials` f32 values of decode
+/// attention scratch. Weights are not counted (on the CPU they are a mapping of the file, which
+/// the kernel can page in and out). Computed in `u128`, so no size overflows.
+pub fn cache_and_scratch_bytes(
+    c: &LlamaConfig,
+    max_ctx: usize,
+    max_batch: usize,
+    decode_partials: usize,
+) -> u128 {
+    let n = |x: usize| x as u128;
+    let rows = n(max_batch.min(max_ctx));
+    let kv_width = n(c.n_kv_head) * n(c.head_dim);
+    let q_width = n(c.n_head) * n(c.head_dim);
+    let kv = 2 * n(c.n_layer) * kv_width * n(max_ctx);
+    // x, xn, proj; q, attn; k, v; gate, up, hidden (one set per prefill row, one for decode).
+    let scratch_row = 3 * n(c.dim) + 2 * q_width + 2 * kv_width + 3 * n(c.ffn_dim);
+    let scratch = (rows + 1) * scratch_row + n(decode_partials);
+    let outputs = rows * (n(c.dim) + n(c.vocab)) + 1;
+    let inputs = 1 + 2 * rows;
+    WORD * (kv + scratch + outputs + inputs)
+}
+
+/// Memory this process may still take, in bytes: `MemAvailable` of `/proc/meminfo`, lowered to
+/// what the cgroup's `memory.max` leaves when that is smaller. `None` where it is not known
+/// (another system, or no `/proc`).
+pub fn available_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let available = parse_mem_available(&meminfo)?;
+    let cgroup = (|| {
+        let max = std::fs::read_to_string("/sys/fs/cgroup/memory.max").ok()?;
+        let current = std::fs::read_to_string("/sys/fs/cgroup/memory.current").ok()?;
+        let max: u64 = max.trim().parse().ok()?; // `max` (no limit) does not parse
+        let current: u64 = current.trim().parse().ok()?;
+        Some(max.saturating_sub(current))
+    })();
+    Some(cgroup.map_or(available, |c| c.min(available)))
+}
+
+/// The `MemAvailable` line of a `/proc/meminfo` text, in bytes.
+pub fn parse_mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?;
+    let mut words = line.split_whitespace();
+    let value: u64 = words.next()?.parse().ok()?;
+    match words.next() {
+        Some("kB") => value.checked_mul(1024),
+        None => Some(value),
+        Some(_) => None,
+    }
+}
+
+/// Sizes in words: `1.5 GiB`, `300.0 MiB`, `12 bytes`.
+pub fn human_bytes(bytes: u128) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if bytes < 1024 {
+        return format!("{bytes} bytes");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+/// An error when `need` bytes for a context of `max_ctx` positions exceed the `available` bytes;
+/// nothing is refused when the available memory is unknown.
+pub fn check_fits(need: u128, available: Option<u64>, max_ctx: usize) -> Result<()> {
+    match available {
+        Some(have) if need > u128::from(have) => Err(Error::InvalidArgument(format!(
+            "a context of {max_ctx} tokens needs {} for the KV cache and scratch, but this \
+             machine has {} available: use a smaller context (--ctx)",
+            human_bytes(need),
+            human_bytes(u128::from(have))
+        ))),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> LlamaConfig {
+        LlamaConfig {
+            n_layer: 30,
+            dim: 576,
+            n_head: 9,
+            n_kv_head: 3,
+            head_dim: 64,
+            ffn_dim: 1536,
+            vocab: 49152,
+            rope_base: 10000.0,
+            rope_dim: 64,
+            norm_eps: 1e-5,
+            train_ctx: 8192,
+        }
+    }
+
+    #[test]
+    fn the_kv_cache_dominates_long_contexts_and_nothing_overflows() {
+        let c = config();
+        // 2 (K and V) x 30 layers x 3 heads x 64 x 4 bytes = 46,080 bytes per position.
+        let per_position = 46_080u128;
+        let small = cache_and_scratch_bytes(&c, 2048, 512, 0);
+        let big = cache_and_scratch_bytes(&c, 10_000_000, 512, 0);
+        assert_eq!(big - small, per_position * (10_000_000 - 2048));
+        assert!(small > per_position * 2048);
+        // The largest sizes do not wrap around.
+        let huge = cache_and_scratch_bytes(&c, usize::MAX, usize::MAX, usize::MAX);
+        assert!(huge > u128::from(u64::MAX));
+    }
+
+    #[test]
+    fn refuses_only_what_does_not_fit_in_known_memory() {
+        assert!(check_fits(100, Some(100), 8).is_ok());
+        assert!(check_fits(1 << 50, None, 8).is_ok());
+        let e = check_fits(3 << 30, Some(1 << 30), 10_000_000)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("10000000 tokens") && e.contains("3.0 GiB") && e.contains("1.0 GiB"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn mem_available_is_read_in_bytes() {
+        let text = "MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   23717220 kB\n";
+        assert_eq!(parse_mem_available(text), Some(23_717_220 * 1024));
+        assert_eq!(parse_mem_available("MemTotal: 5 kB\n"), None);
+        assert_eq!(parse_mem_available("MemAvailable: lots kB\n"), None);
+        assert_eq!(human_bytes(512), "512 bytes");
+        assert_eq!(human_bytes(3 << 29), "1.5 GiB");
+    }
+}

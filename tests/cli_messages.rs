@@ -1,0 +1,208 @@
+//! What the CLI says: errors that name the user's path once, the cache variable, the flag as it is
+//! spelled; plain log lines; doctor on a machine without CUDA; where generation stopped; each
+//! token's text; the random seed of a sampled run.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+mod common;
+use common::{cli, cli_env, one_error_line, write_tiny, Tiny, TRAIN_CTX};
+
+fn dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| common::scratch_dir("cli-messages"))
+}
+
+fn tiny() -> String {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| write_tiny(dir(), "tiny.gguf", &Tiny::default()))
+        .display()
+        .to_string()
+}
+
+#[test]
+fn write_errors_name_the_users_path_and_the_cause_once() {
+    let args = ["synth", "--like", "smollm2", "-o", "/proc/onepass-x.gguf"];
+    let line = one_error_line(&args, &cli(dir(), &args, b""), "/proc/onepass-x.gguf");
+    assert!(!line.contains(".tmp."), "{line}");
+    assert_eq!(line.matches("(os error").count(), 1, "{line}");
+}
+
+#[test]
+fn cache_errors_name_the_cache_variable() {
+    let file = dir().join("not-a-folder");
+    std::fs::write(&file, b"x").unwrap();
+    let args = ["tokenize", "hi"];
+    let out = cli_env(
+        dir(),
+        &args,
+        b"",
+        &[("ONEPASS_CACHE_DIR", file.to_str().unwrap())],
+    );
+    let line = one_error_line(&args, &out, "ONEPASS_CACHE_DIR");
+    assert_eq!(line.matches("(os error").count(), 1, "{line}");
+}
+
+#[test]
+fn log_lines_are_plain_and_a_bad_filter_is_named() {
+    let m = tiny();
+    let ctx = (2 * TRAIN_CTX).to_string();
+    let args = [
+        "generate",
+        "--model",
+        &m,
+        "--backend",
+        "cpu",
+        "--ctx",
+        &ctx,
+        "-n",
+        "1",
+        "hi",
+    ];
+    let out = cli(dir(), &args, b"");
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(out.stderr.contains("WARN"), "{}", out.stderr);
+    assert!(!out.stderr.contains('\x1b'), "{:?}", out.stderr);
+    let out = cli_env(dir(), &args, b"", &[("ONEPASS_LOG", "onepass=loud")]);
+    assert_eq!(out.code, 0, "{out:?}");
+    let first = out.stderr.lines().next().unwrap_or_default();
+    assert!(
+        first.contains("ONEPASS_LOG") && first.contains("onepass=loud"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn flags_are_named_as_spelled_and_negative_counts_are_refused() {
+    let m = tiny();
+    let base = ["generate", "--model", m.as_str(), "--backend", "cpu"];
+    let out = cli(
+        dir(),
+        &[&base[..], &["--repeat-penalty", "0", "hi"]].concat(),
+        b"",
+    );
+    one_error_line(&base, &out, "--repeat-penalty");
+    for (flag, value) in [
+        ("-n", "-1"),
+        ("--top-k", "-3"),
+        ("--ctx", "-5"),
+        ("--threads", "-2"),
+        ("--seed", "-7"),
+    ] {
+        let args = [&base[..], &[flag, value, "hi"]].concat();
+        let out = cli(dir(), &args, b"");
+        assert_eq!(out.code, 2, "{args:?}: {out:?}");
+        let first = out.stderr.lines().next().unwrap_or_default();
+        assert!(
+            first.contains(value) && first.contains("must be 0 or more"),
+            "{args:?}: {}",
+            out.stderr
+        );
+        assert!(!out.stderr.contains("-- "), "{args:?}: {}", out.stderr);
+    }
+}
+
+#[test]
+fn doctor_without_cuda_says_the_cpu_is_ready_and_succeeds() {
+    if onepass::backend::cuda::driver_present() {
+        eprintln!("skipping: a CUDA driver is present");
+        return;
+    }
+    let out = cli(dir(), &["doctor"], b"");
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(out.stdout.contains("CPU backend:  ready"), "{}", out.stdout);
+    assert!(out.stdout.contains("CUDA:         absent") || out.stdout.contains("no driver"));
+    let json = cli(dir(), &["doctor", "--json"], b"");
+    assert_eq!(json.code, 0, "{json:?}");
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(v["cpu_ready"], true);
+    assert_eq!(v["problems"], serde_json::json!([]));
+}
+
+#[test]
+fn a_first_token_at_the_end_of_sequence_is_explained() {
+    // Every logit 0: greedy decoding picks token 0, which this model calls end-of-sequence.
+    let m = write_tiny(
+        dir(),
+        "eos-first.gguf",
+        &Tiny {
+            output_norm: 0.0,
+            eos_id: 0,
+            ..Tiny::default()
+        },
+    );
+    let m = m.display().to_string();
+    let out = cli(
+        dir(),
+        &["generate", "--model", &m, "--backend", "cpu", "hi"],
+        b"",
+    );
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(out.stdout, "", "no empty line");
+    assert!(
+        out.stderr
+            .contains("stopped at the end-of-sequence token before any text")
+            && out.stderr.contains("--chat"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn tokenize_shows_the_text_of_each_token() {
+    let m = tiny();
+    let out = cli(dir(), &["tokenize", "--model", &m, "a b\u{e9}"], b"");
+    assert_eq!(out.code, 0, "{out:?}");
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    // Byte-level tokens: `a`, a space (`Ġ` in the vocabulary), `b`, and the two bytes of `é`.
+    assert_eq!(lines.len(), 5, "{}", out.stdout);
+    assert!(lines[1].ends_with("  \" \""), "{}", lines[1]);
+    assert!(lines[3].ends_with("  \"\\xC3\""), "{}", lines[3]);
+    assert!(!out.stdout.contains('\u{120}'), "{}", out.stdout);
+    let json = cli(dir(), &["tokenize", "--json", "--model", &m, "a b"], b"");
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(v["text"], serde_json::json!(["a", " ", "b"]));
+    assert_eq!(v["tokens"][1], "\u{120}");
+}
+
+#[test]
+fn a_sampled_run_without_a_seed_prints_its_random_seed() {
+    let m = tiny();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            &m,
+            "--backend",
+            "cpu",
+            "--json",
+            "--ignore-eos",
+            "--temperature",
+            "1.5",
+            "-n",
+            "24",
+        ];
+        args.extend_from_slice(extra);
+        args.push("hi");
+        let out = cli(dir(), &args, b"");
+        assert_eq!(out.code, 0, "{out:?}");
+        let v: serde_json::Value =
+            serde_json::from_str(out.stdout.lines().last().unwrap()).unwrap();
+        (v, out.stderr)
+    };
+    let (first, err) = run(&[]);
+    let seed = first["seed"].as_u64().expect("a seed in --json");
+    assert!(
+        err.contains(&format!("seed {seed} (pass --seed {seed}")),
+        "{err}"
+    );
+    let (second, _) = run(&[]);
+    assert_ne!(second["seed"], first["seed"], "two runs drew the same seed");
+    // The printed seed repeats the run, and says nothing more on stderr about seeds.
+    let seed_arg = seed.to_string();
+    let (again, err) = run(&["--seed", &seed_arg]);
+    assert_eq!(again["generated_ids"], first["generated_ids"]);
+    assert_eq!(again["seed"], first["seed"]);
+    assert!(!err.contains("pass --seed"), "{err}");
+}
