@@ -7,6 +7,8 @@
 //! needed; (d) fusing with a test rule computes bitwise the same values as the unfused graph.
 
 use onepass::backend::cpu::KernelArgs;
+use onepass::executable::reduced_dependencies;
+use onepass::graph::conflict::{conflict, ranges_conflict};
 use onepass::graph::passes::{self, FusionRule};
 use onepass::graph::synthetic::untyped_kernel;
 use onepass::graph::{
@@ -111,12 +113,6 @@ fn tag(d: DispatchRef<'_>) -> usize {
         Some(Arg::Scalar(Scalar::U32(t))) => *t as usize,
         other => panic!("untagged dispatch {other:?}"),
     }
-}
-
-fn conflict(a: DispatchRef<'_>, b: DispatchRef<'_>) -> bool {
-    let mut s = RangeSet::new();
-    s.add(a.reads(), a.writes());
-    s.conflicts(b.reads(), b.writes())
 }
 
 /// Checks (c) on a graph with barriers placed.
@@ -263,6 +259,52 @@ proptest! {
         prop_assert_eq!(done.reordered, reordered);
         prop_assert_eq!(done.barriers, barriers);
         prop_assert_eq!(layout(&together), layout(&one_by_one));
+    }
+
+    /// The range set (what the reorder walk and the sanitizer use) and the instantiated graphs'
+    /// dependencies follow the one conflict rule: a set conflicts with a dispatch exactly when
+    /// one of its members does; every dependency edge joins a conflicting pair, every conflicting
+    /// pair is joined by a path, and no edge is implied by a longer path.
+    #[test]
+    fn range_sets_and_dependencies_follow_the_conflict_rule(specs in specs()) {
+        let dev = Device::cpu(1).expect("cpu");
+        let mem = Mem::new(&dev);
+        let g = build(&mem, &specs);
+        let ds: Vec<Dispatch> = g.dispatches().map(|d| d.to_dispatch()).collect();
+        let mut set = RangeSet::new();
+        for (j, d) in ds.iter().enumerate() {
+            let any = ds[..j].iter().any(|e| conflict(e.as_view(), d.as_view()));
+            prop_assert_eq!(set.conflicts(d.reads(), d.writes()), any, "dispatch {}", j);
+            for e in &ds[..j] {
+                prop_assert_eq!(
+                    conflict(e.as_view(), d.as_view()),
+                    ranges_conflict(e.reads(), e.writes(), d.reads(), d.writes())
+                );
+            }
+            set.add(d.reads(), d.writes());
+        }
+        let preds = reduced_dependencies(&ds);
+        let n = ds.len();
+        // reach[i][j]: a path leads from j to i.
+        let mut reach = vec![vec![false; n]; n];
+        for i in 0..n {
+            for &j in &preds[i] {
+                prop_assert!(j < i && conflict(ds[j].as_view(), ds[i].as_view()), "edge {}->{}", j, i);
+                let implied = preds[i].iter().any(|&k| k != j && reach[k][j]);
+                prop_assert!(!implied, "edge {}->{} is implied by a longer path", j, i);
+                reach[i][j] = true;
+                for k in 0..j {
+                    if reach[j][k] {
+                        reach[i][k] = true;
+                    }
+                }
+            }
+            for j in 0..i {
+                if conflict(ds[j].as_view(), ds[i].as_view()) {
+                    prop_assert!(reach[i][j], "conflicting {} and {} are not ordered", j, i);
+                }
+            }
+        }
     }
 
     #[test]
