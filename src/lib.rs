@@ -9,6 +9,7 @@
 #![warn(unsafe_op_in_unsafe_fn)]
 
 pub mod backend;
+pub mod cache_dir;
 pub mod config;
 pub mod error;
 pub mod executable;

