@@ -296,11 +296,15 @@ fn argmax_family() {
     let dev = cuda_device();
     for (rows, n) in [(1usize, 49152usize), (4, 1000), (3, 7)] {
         let mut v = random_f32(rows * n, 10.0, 600 + n as u64);
-        // A tie (the first index must win) and a NaN (skipped).
+        // A tie (the first index must win) and a NaN (skipped); in the last row of a
+        // several-row case, an infinity (the row gives -1).
         v[n / 2] = 20.0;
         v[n - 1] = 20.0;
         if n > 3 {
             v[1] = f32::NAN;
+        }
+        if rows > 1 {
+            v[(rows - 1) * n + 2] = f32::INFINITY;
         }
         let x = float_tensor(&v, DType::F32, &[rows, n]);
         compare(

@@ -245,10 +245,16 @@ impl Engine {
             self.step_times.push(t.stop()?);
         }
         if argmax {
-            // The read-back of a greedy step: the token's 4 bytes (it waits for the launch), then
-            // the 4 bytes of its logit.
+            // The only read-back of a greedy step: the token's 4 bytes (it waits for the launch).
             let device = self.executor.device();
             let id = device.download::<i32>(self.llama.next_token_buffer())?[0];
+            if id < 0 {
+                // The largest logit is not finite (the device argmax gives -1): the host's greedy
+                // choice over the finite logits decides, or fails as sampling does when there is
+                // none.
+                let mut greedy = Sampler::new(SamplerConfig::default())?;
+                return Ok(Some(greedy.sample(&self.logits(1)?, &[])?));
+            }
             let vocab = self.llama.config().vocab;
             let index = usize::try_from(id)
                 .ok()
@@ -258,17 +264,6 @@ impl Engine {
                         "the device argmax gave token {id}, outside the vocabulary of {vocab}"
                     ))
                 })?;
-            let logit = self.llama.logits_buffer(1)?.view(
-                index * std::mem::size_of::<f32>(),
-                crate::backend::DType::F32,
-                &[1],
-            )?;
-            if !device.download::<f32>(&logit)?[0].is_finite() {
-                // The device argmax skips NaN and keeps infinities; the host's greedy choice over
-                // the finite logits decides, or fails as sampling does when there is none.
-                let mut greedy = Sampler::new(SamplerConfig::default())?;
-                return Ok(Some(greedy.sample(&self.logits(1)?, &[])?));
-            }
             Ok(Some(index as u32))
         } else {
             if let Some((exec, _)) = &self.decode_exec {

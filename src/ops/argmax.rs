@@ -1,7 +1,9 @@
 //! The `argmax` op family: argument checks, dispatch building, and its `Session` methods.
 //!
 //! [`argmax`] writes, for each row of `x`, the index of its largest value (greedy sampling on the
-//! device). Ties go to the first index; NaN values are skipped (a row of only NaN gives 0).
+//! device). Ties go to the first index; NaN values are skipped; a row whose largest value is not
+//! finite (an infinity, or only NaN) gives -1, so a greedy step that reads back only the index
+//! learns that the logits are broken without reading them.
 
 use crate::backend::{Buffer, DType};
 use crate::error::Result;
@@ -49,7 +51,8 @@ mod tests {
     use crate::ops::copy::float_io::run_direct;
     use crate::testutil::random_f32;
 
-    /// First index of the maximum, skipping NaN (0 when the row has none).
+    /// First index of the maximum, skipping NaN (-1 when the maximum is not finite or the row
+    /// has no value but NaN).
     fn reference(row: &[f32]) -> i32 {
         let mut best: Option<(f64, usize)> = None;
         for (i, &v) in row.iter().enumerate() {
@@ -57,7 +60,10 @@ mod tests {
                 best = Some((v as f64, i));
             }
         }
-        best.map_or(0, |(_, i)| i as i32)
+        match best {
+            Some((v, i)) if v.is_finite() => i as i32,
+            _ => -1,
+        }
     }
 
     #[test]
@@ -90,13 +96,22 @@ mod tests {
         }
         let nan_row = dev
             .upload(
-                &[f32::NAN, f32::NAN, f32::NEG_INFINITY, f32::NEG_INFINITY],
-                &[2, 2],
+                &[
+                    f32::NAN,
+                    f32::NAN,
+                    f32::NEG_INFINITY,
+                    f32::NEG_INFINITY,
+                    1.0,
+                    f32::INFINITY,
+                    2.0,
+                    f32::NAN,
+                ],
+                &[4, 2],
             )
             .unwrap();
-        let out = dev.alloc(DType::I32, &[2]).unwrap();
+        let out = dev.alloc(DType::I32, &[4]).unwrap();
         run_direct(&dev, |s| s.argmax(&nan_row, &out));
-        assert_eq!(dev.download::<i32>(&out).unwrap(), vec![0, 0]);
+        assert_eq!(dev.download::<i32>(&out).unwrap(), vec![-1, -1, -1, 0]);
     }
 
     #[test]

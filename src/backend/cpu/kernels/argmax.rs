@@ -1,6 +1,7 @@
 //! CPU kernels of the `argmax` op family: the index of the largest value of each row.
 //!
-//! Ties go to the first index; NaN values are skipped (a row of only NaN gives 0).
+//! Ties go to the first index; NaN values are skipped; a row whose largest value is not finite
+//! (or that holds only NaN) gives -1, so a caller reading only the index learns of it.
 //!
 //! Argument layout: `argmax_f32`: x, out (i32 `[rows]`), n: u32 (the row length).
 
@@ -63,7 +64,10 @@ fn argmax_f32(args: &KernelArgs<'_>) -> Result<()> {
         } else {
             best_of(row, 0)
         };
-        *o = best.map_or(0, |(_, i)| i as i32);
+        *o = match best {
+            Some((v, i)) if v.is_finite() => i as i32,
+            _ => -1,
+        };
     });
     Ok(())
 }

@@ -1,6 +1,6 @@
 // The `argmax` family: index of the largest value of each f32 row, as the CPU kernel
-// (src/backend/cpu/kernels/argmax.rs): ties go to the first index, NaN is skipped, a row of only
-// NaN gives 0. Arguments: x, out (i32 [rows]), n (row length). One block per row (grid-stride
+// (src/backend/cpu/kernels/argmax.rs): ties go to the first index, NaN is skipped, and a row
+// whose largest value is not finite (or that holds only NaN) gives -1. Arguments: x, out (i32 [rows]), n (row length). One block per row (grid-stride
 // over rows), blockDim.x a multiple of 32 up to 1024; warp shuffles, then one warp over the
 // warps' winners.
 
@@ -69,7 +69,7 @@ extern "C" __global__ void argmax_f32(const float* x, int32_t* out, uint32_t n, 
                     bi = oi;
                 }
             }
-            if (lane == 0) out[r] = bi < 0 ? 0 : bi;
+            if (lane == 0) out[r] = (bi < 0 || !isfinite(bv)) ? -1 : bi;
         }
     }
 }
