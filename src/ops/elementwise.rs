@@ -18,7 +18,7 @@ use crate::ops::Check;
 use crate::Session;
 
 /// The float dtypes the float kernels are built for.
-pub(crate) const FLOAT_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+pub(crate) use crate::kernels::FLOATS as FLOAT_DTYPES;
 
 /// Picks the kernel for a float dtype from `[f32, f16, bf16]` names.
 pub(crate) fn float_kernel(

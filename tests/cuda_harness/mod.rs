@@ -151,18 +151,7 @@ pub(crate) fn tol(dtype: DType) -> (f64, f64) {
     }
 }
 
-pub(crate) const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
-
-pub(crate) const WEIGHT_DTYPES: [DType; 8] = [
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q8_0,
-    DType::Q4K,
-    DType::Q6K,
-];
+pub(crate) use onepass::kernels::{FLOATS, WEIGHT_FORMATS as WEIGHT_DTYPES};
 
 pub(crate) fn weight_tensor(dtype: DType, n: usize, k: usize, seed: u64) -> Host {
     let values = random_f32(n * k, 1.0, seed);
