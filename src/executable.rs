@@ -345,7 +345,7 @@ fn run_one(
     profile: Option<ProfileSlots<'_>>,
 ) -> Result<()> {
     let start = Instant::now();
-    let args = KernelArgs::new(d.kernel(), d.args());
+    let args = KernelArgs::new(d.kernel(), d.args())?;
     let result = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| kernel(&args))) {
         Ok(r) => r,
         Err(_) => Err(Error::Kernel {

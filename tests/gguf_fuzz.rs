@@ -12,6 +12,7 @@
 //! anything beyond that (a count or length taken from the file and trusted) is a bug. The 64 KiB
 //! covers fixed-size bookkeeping (error messages, map nodes) for tiny files. The peak of live bytes
 //! allocated during the parse is also bounded, by `64 KiB + 4 * size_of::<Value>() * file_len`.
+#![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -64,19 +65,23 @@ fn note_free(size: usize) {
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         note_alloc(layout.size());
+        // SAFETY: forwarded unchanged; the caller upholds `alloc`'s contract (a non-zero size).
         unsafe { System.alloc(layout) }
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         note_alloc(layout.size());
+        // SAFETY: forwarded unchanged; the caller upholds `alloc_zeroed`'s contract.
         unsafe { System.alloc_zeroed(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         note_free(layout.size());
+        // SAFETY: `ptr` came from this allocator, which is `System` underneath, with `layout`.
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         note_free(layout.size());
         note_alloc(new_size);
+        // SAFETY: as for `dealloc`; the caller upholds `realloc`'s contract on `new_size`.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 }

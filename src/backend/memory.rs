@@ -4,6 +4,8 @@ use std::alloc::Layout;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use crate::error::{Error, Result};
+
 /// Alignment of every host allocation, enough for any SIMD load.
 pub const HOST_ALIGN: usize = 64;
 
@@ -44,17 +46,55 @@ impl Drop for HostMemory {
 }
 
 /// A read-only window of a memory-mapped file (model weights, zero-copy).
+///
+/// The window always lies inside the mapping: [`MappedMemory::new`] checks it, and the fields are
+/// private, so [`MappedMemory::as_ptr`] and the `len` bytes after it are always in the map.
 pub struct MappedMemory {
     /// The mapping, shared by every tensor of the file.
-    pub map: Arc<memmap2::Mmap>,
+    map: Arc<memmap2::Mmap>,
     /// Start of the window in the mapping.
-    pub offset: usize,
+    offset: usize,
+    /// Length of the window in bytes.
+    len: usize,
 }
 
 impl MappedMemory {
-    /// Start of the window.
+    /// The window of `len` bytes at `offset` in `map`; an error when it does not lie inside the
+    /// map.
+    pub fn new(map: Arc<memmap2::Mmap>, offset: usize, len: usize) -> Result<Self> {
+        if offset.checked_add(len).is_none_or(|end| end > map.len()) {
+            return Err(Error::View(format!(
+                "mapped window {offset}+{len} exceeds the file's {} bytes",
+                map.len()
+            )));
+        }
+        Ok(MappedMemory { map, offset, len })
+    }
+
+    /// The mapping the window belongs to.
+    pub fn map(&self) -> &Arc<memmap2::Mmap> {
+        &self.map
+    }
+
+    /// Start of the window in the mapping.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Length of the window in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the window holds no byte.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Start of the window; the `len()` bytes from here lie in the map.
     pub fn as_ptr(&self) -> *const u8 {
-        // SAFETY: the caller of `Memory::Mapped` construction checked `offset` against the map.
+        // SAFETY: `offset + len <= map.len()` (checked by `new`, the only constructor; the fields
+        // are private), so the result is in bounds of the mapping or one past its end.
         unsafe { self.map.as_ptr().add(self.offset) }
     }
 }

@@ -248,22 +248,15 @@ fn build_pool(
     })
 }
 
-/// Wraps a file mapping as a read-only allocation (zero-copy model weights on the CPU).
+/// Wraps a file mapping as a read-only allocation (zero-copy model weights on the CPU); an error
+/// when the window of `len` bytes at `offset` does not lie inside the map.
 pub fn map_allocation(
     map: Arc<memmap2::Mmap>,
     offset: usize,
     len: usize,
 ) -> Result<Arc<Allocation>> {
-    if offset.checked_add(len).is_none_or(|end| end > map.len()) {
-        return Err(Error::View(format!(
-            "mapped window {offset}+{len} exceeds the file's {} bytes",
-            map.len()
-        )));
-    }
-    Ok(Allocation::new(
-        len,
-        Memory::Mapped(super::MappedMemory { map, offset }),
-    ))
+    let window = super::MappedMemory::new(map, offset, len)?;
+    Ok(Allocation::new(window.len(), Memory::Mapped(window)))
 }
 
 #[cfg(test)]

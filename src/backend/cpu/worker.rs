@@ -6,7 +6,7 @@ use std::thread::JoinHandle;
 
 use super::{CpuDevice, CpuKernelFn, KernelArgs};
 use crate::error::{Error, Result};
-use crate::graph::{Dispatch, DispatchRef};
+use crate::graph::{Access, Arg, Dispatch, DispatchRef, Range, RangeSet};
 
 /// One encoded dispatch: the resolved kernel and the dispatch it runs.
 struct Encoded {
@@ -82,7 +82,7 @@ impl Drop for Worker {
 }
 
 fn run_one(e: &Encoded) -> Result<()> {
-    let args = KernelArgs::new(e.dispatch.kernel(), e.dispatch.args());
+    let args = KernelArgs::new(e.dispatch.kernel(), e.dispatch.args())?;
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (e.kernel)(&args))) {
         Ok(r) => r,
         Err(_) => Err(Error::Kernel {
@@ -98,8 +98,9 @@ fn run_groups(groups: &Groups) -> Result<()> {
             run_one(&group[0])?;
             continue;
         }
-        // The dispatches of one group have no conflicting ranges (the encoder put a barrier
-        // before every dispatch that conflicted), so they may run on several threads at once.
+        // The dispatches of one group have no conflicting ranges (`CpuEncoder::encode` closes
+        // the group before every dispatch that conflicts with it), so they may run on several
+        // threads at once.
         let results: Vec<Result<()>> = {
             let mut slots: Vec<Option<Result<()>>> = (0..group.len()).map(|_| None).collect();
             rayon::scope(|s| {
@@ -115,9 +116,16 @@ fn run_groups(groups: &Groups) -> Result<()> {
 }
 
 /// Encodes dispatches into groups for one submission.
+///
+/// The dispatches of one group run on several threads at once, so the encoder itself keeps every
+/// group free of conflicts: it closes the current group before a dispatch that conflicts with it
+/// (a write overlapping any access of the group, or a read overlapping one of its writes),
+/// whatever barriers its caller placed.
 pub struct CpuEncoder {
     device: Arc<CpuDevice>,
     groups: Groups,
+    /// The byte ranges the current group reads and writes.
+    group: RangeSet,
     dispatches: usize,
 }
 
@@ -126,14 +134,31 @@ impl CpuEncoder {
         CpuEncoder {
             device,
             groups: vec![Vec::new()],
+            group: RangeSet::new(),
             dispatches: 0,
         }
     }
 
-    /// Adds a dispatch to the current group. The caller guarantees (by placing barriers) that it
-    /// conflicts with nothing else in the group.
-    pub fn encode(&mut self, dispatch: DispatchRef<'_>) -> Result<()> {
+    /// Adds a dispatch to the current group, after closing the group when the dispatch conflicts
+    /// with it (so no two dispatches of a group conflict, whether or not the caller placed the
+    /// barrier).
+    pub(crate) fn encode(&mut self, dispatch: DispatchRef<'_>) -> Result<()> {
         let kernel = self.device.kernel(dispatch.kernel())?;
+        // The ranges come from the arguments themselves: what the kernel will be handed.
+        let ranges = |want: fn(Access) -> bool| {
+            dispatch.args().iter().filter_map(move |a| match a {
+                Arg::Buffer(b, access) if want(*access) => Some(Range::of(b)),
+                _ => None,
+            })
+        };
+        if self
+            .group
+            .conflicts(ranges(Access::reads), ranges(Access::writes))
+        {
+            self.barrier();
+        }
+        self.group
+            .add(ranges(Access::reads), ranges(Access::writes));
         let group = self
             .groups
             .last_mut()
@@ -151,6 +176,7 @@ impl CpuEncoder {
         if self.groups.last().is_some_and(|g| !g.is_empty()) {
             self.groups.push(Vec::new());
         }
+        self.group.clear();
     }
 
     /// Dispatches encoded so far.
@@ -193,5 +219,66 @@ impl CpuSubmission {
                 .wait(state)
                 .map_err(|_| Error::Backend("lock poisoned".into()))?;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{DType, Device};
+    use crate::graph::Dispatch;
+
+    fn cpu() -> (Device, Arc<CpuDevice>) {
+        let dev = Device::cpu(2).unwrap();
+        let Device::Cpu(cpu) = &dev else {
+            unreachable!("Device::cpu makes a CPU device")
+        };
+        let cpu = cpu.clone();
+        (dev, cpu)
+    }
+
+    fn group_sizes(enc: &CpuEncoder) -> Vec<usize> {
+        enc.groups.iter().map(Vec::len).filter(|&n| n > 0).collect()
+    }
+
+    #[test]
+    fn a_conflicting_dispatch_opens_a_group_without_a_barrier() {
+        let (dev, cpu) = cpu();
+        let x = dev.upload(&[1.0f32, 2.0, 3.0, 4.0], &[4]).unwrap();
+        let y = dev.alloc(DType::F32, &[4]).unwrap();
+        let z = dev.alloc(DType::F32, &[4]).unwrap();
+        let w = dev.alloc(DType::F32, &[4]).unwrap();
+        // y = x + x; z = x + x (independent); w = y + z reads both writes: a new group.
+        let first = crate::ops::elementwise::add(&x, &x, &y).unwrap();
+        let second = crate::ops::elementwise::add(&x, &x, &z).unwrap();
+        let third = crate::ops::elementwise::add(&y, &z, &w).unwrap();
+        let mut enc = cpu.encoder();
+        for d in [&first, &second, &third] {
+            enc.encode(d.as_view()).unwrap();
+        }
+        assert_eq!(group_sizes(&enc), [2, 1]);
+        // Writing what the group reads (write after read) also opens a group.
+        let fourth: Dispatch = crate::ops::elementwise::add(&w, &w, &y).unwrap();
+        enc.encode(fourth.as_view()).unwrap();
+        assert_eq!(group_sizes(&enc), [2, 1, 1]);
+        enc.submit().unwrap().wait().unwrap();
+        assert_eq!(dev.download::<f32>(&w).unwrap(), [4.0, 8.0, 12.0, 16.0]);
+        assert_eq!(dev.download::<f32>(&y).unwrap(), [8.0, 16.0, 24.0, 32.0]);
+    }
+
+    #[test]
+    fn a_caller_barrier_still_closes_the_group() {
+        let (dev, cpu) = cpu();
+        let x = dev.upload(&[1.0f32, 2.0], &[2]).unwrap();
+        let y = dev.alloc(DType::F32, &[2]).unwrap();
+        let z = dev.alloc(DType::F32, &[2]).unwrap();
+        let mut enc = cpu.encoder();
+        enc.encode(crate::ops::elementwise::add(&x, &x, &y).unwrap().as_view())
+            .unwrap();
+        enc.barrier();
+        enc.encode(crate::ops::elementwise::add(&x, &x, &z).unwrap().as_view())
+            .unwrap();
+        assert_eq!(group_sizes(&enc), [1, 1]);
+        assert_eq!(enc.dispatch_count(), 2);
     }
 }

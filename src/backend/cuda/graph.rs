@@ -10,9 +10,8 @@
 //!   the same dispatch (buffer addresses, 32-bit scalars in 8-byte slots, then the buffers' element
 //!   counts). The driver copies them while the node is added, so the slots only live for that call.
 //! - The addresses baked into the nodes stay valid because a [`CudaGraph`] holds every
-//!   [`Kernel`] (whose module owns the function handles) and its caller
-//!   ([`crate::executable::Executable`]) holds an `Arc` to every allocation the dispatches
-//!   reference, for as long as the graph lives.
+//!   [`Kernel`] (whose module owns the function handles) and an `Arc` to every allocation the
+//!   dispatches reference, for as long as the graph lives (whatever its caller keeps).
 //! - Launches go into the device's one stream, so they are ordered with every copy and direct
 //!   launch on that stream.
 
@@ -22,13 +21,27 @@ use cudarc::driver::sys;
 
 use super::launch::LaunchParams;
 use super::{CudaDevice, Kernel};
+use crate::backend::Allocation;
 use crate::error::{Error, Result};
-use crate::graph::Dispatch;
+use crate::graph::{Arg, Dispatch};
 
 /// A raw driver status as a result, through the device (so a fault that breaks the context is
 /// remembered and named in the error).
 fn check(device: &CudaDevice, what: &'static str, r: sys::CUresult) -> Result<()> {
     device.driver(what, r.result())
+}
+
+/// Each allocation the dispatches' buffer arguments live in, once.
+fn allocations_of(dispatches: &[Dispatch]) -> Vec<Arc<Allocation>> {
+    let mut seen = std::collections::HashSet::new();
+    dispatches
+        .iter()
+        .flat_map(|d| d.args())
+        .filter_map(|a| match a {
+            Arg::Buffer(b, _) if seen.insert(b.alloc_id()) => Some(b.allocation().clone()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// An instantiated CUDA graph of kernel nodes with explicit dependency edges.
@@ -39,6 +52,9 @@ pub struct CudaGraph {
     nodes: usize,
     edges: usize,
     _kernels: Vec<Kernel>,
+    /// Every allocation a node's parameters point into, so none is freed or reused while the
+    /// graph can still be launched.
+    _allocations: Vec<Arc<Allocation>>,
 }
 
 // SAFETY: the handles are owned by this value alone; the driver API is thread-safe, and each
@@ -78,6 +94,7 @@ impl CudaGraph {
             nodes: 0,
             edges: 0,
             _kernels: Vec::with_capacity(dispatches.len()),
+            _allocations: allocations_of(dispatches),
         };
         let mut handles: Vec<sys::CUgraphNode> = Vec::with_capacity(dispatches.len());
         let mut deps: Vec<sys::CUgraphNode> = Vec::new();

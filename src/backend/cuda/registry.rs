@@ -266,7 +266,9 @@ impl KernelRegistry {
     /// Points every module loaded from now on at the device's error record (the address of
     /// [`super::fault::RECORD_BYTES`] bytes of device memory): kernels record the bad arguments
     /// they detect there. Without it they return without writing and report nothing.
-    pub fn with_error_record(mut self, address: u64) -> Self {
+    ///
+    /// Private to the crate: kernels write to `address`, so it must be the device's own record.
+    pub(crate) fn with_error_record(mut self, address: u64) -> Self {
         self.error_record = Some(address);
         self
     }
