@@ -130,6 +130,14 @@ impl CudaMemory {
         };
         // SAFETY: `ptr` points to `block_bytes` bytes just allocated in this (current) context.
         unsafe { result::memset_d8_sync(ptr, 0, block_bytes) }.map_err(driver_err("cuMemsetD8"))?;
+        // On device memory that memset only queues on the legacy default stream, which the
+        // device's own (non-blocking) stream does not wait for: without this wait a copy into
+        // the new buffer on that stream could run first and be zeroed afterwards (seen as an
+        // upload that read back as zeros on a freshly started GPU).
+        // SAFETY: the null stream is the context's legacy default stream, always valid.
+        unsafe { result::stream::synchronize(std::ptr::null_mut()) }.map_err(driver_err(
+            "waiting for the zeroing memset (cuStreamSynchronize)",
+        ))?;
         Ok(mem)
     }
 
