@@ -20,7 +20,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::backend::cpu::{CpuKernelFn, KernelArgs};
+use crate::backend::cpu::CpuKernelFn;
 use crate::backend::{AllocId, Allocation, Buffer, Device};
 use crate::error::{Error, Result};
 use crate::graph::conflict::conflict;
@@ -266,7 +266,7 @@ impl Executable {
     pub fn launch(&self) -> Result<()> {
         match (&self.backend, &self.device) {
             (Backend::Cpu { kernels, schedule }, Device::Cpu(cpu)) => {
-                cpu.install(|| run_schedule(&self.dispatches, kernels, schedule, None))
+                cpu.run_kernels(|| run_schedule(&self.dispatches, kernels, schedule, None))
             }
             (Backend::Cuda(graph), _) => graph.launch(),
             _ => Err(Error::Backend("executable and device disagree".into())),
@@ -291,7 +291,7 @@ impl Executable {
                         .map(|_| std::sync::Mutex::new(None))
                         .collect();
                 let t0 = Instant::now();
-                cpu.install(|| {
+                cpu.run_kernels(|| {
                     run_schedule(&self.dispatches, kernels, schedule, Some((&slots, t0)))
                 })?;
                 let mut out = Vec::with_capacity(slots.len());
@@ -345,14 +345,7 @@ fn run_one(
     profile: Option<ProfileSlots<'_>>,
 ) -> Result<()> {
     let start = Instant::now();
-    let args = KernelArgs::new(d.kernel(), d.args())?;
-    let result = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| kernel(&args))) {
-        Ok(r) => r,
-        Err(_) => Err(Error::Kernel {
-            kernel: d.kernel().name(),
-            msg: "the kernel panicked (a bug in onepass: please report it)".into(),
-        }),
-    };
+    let result = crate::backend::cpu::run::call_kernel(kernel, d.kernel(), d.args());
     if let Some((slots, t0)) = profile {
         let track = rayon::current_thread_index().unwrap_or(0);
         let begin = (start - t0).as_secs_f64() * 1e6;

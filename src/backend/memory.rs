@@ -17,8 +17,8 @@ pub struct HostMemory {
 
 // SAFETY: `HostMemory` owns its block outright. Concurrent access goes through raw pointers
 // handed out by `as_ptr`; the executor only lets dispatches touch overlapping bytes at the same
-// time when all of them read (the conflict rules of `graph::RangeSet`), and host-side reads and
-// writes only happen while no submission is in flight.
+// time when all of them read (the conflict rule, `graph::conflict`), and host-side reads and
+// writes hold the CPU device's memory lock, which running kernels hold too (`backend::cpu::run`).
 unsafe impl Send for HostMemory {}
 // SAFETY: see `Send` above.
 unsafe impl Sync for HostMemory {}

@@ -7,6 +7,9 @@
 
 mod args;
 pub mod kernels;
+pub(crate) mod run;
+#[cfg(test)]
+mod run_tests;
 mod worker;
 
 pub use args::KernelArgs;
@@ -96,6 +99,8 @@ pub struct CpuDevice {
     pool: Arc<rayon::ThreadPool>,
     registry: Arc<RwLock<CpuRegistry>>,
     worker: worker::Worker,
+    /// Keeps host copies off memory that kernels may be using ([`run`]).
+    memory: Arc<run::MemoryLock>,
 }
 
 impl CpuDevice {
@@ -117,11 +122,13 @@ impl CpuDevice {
         })?);
         let mut registry = CpuRegistry::default();
         kernels::register_all(&mut registry);
-        let worker = worker::Worker::start(pool.clone())?;
+        let memory = Arc::new(run::MemoryLock::default());
+        let worker = worker::Worker::start(pool.clone(), memory.clone())?;
         Ok(CpuDevice {
             pool,
             registry: Arc::new(RwLock::new(registry)),
             worker,
+            memory,
         })
     }
 
@@ -130,8 +137,10 @@ impl CpuDevice {
         self.pool.current_num_threads()
     }
 
-    /// Runs `f` inside the device's thread pool (so rayon calls in `f` use its threads).
-    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+    /// Runs kernels through `f` inside the pool, holding the memory lock ([`run`]) so that no
+    /// host copy overlaps them.
+    pub(crate) fn run_kernels<R: Send>(&self, f: impl FnOnce() -> Result<R> + Send) -> Result<R> {
+        let _held = self.memory.hold()?;
         self.pool.install(f)
     }
 
@@ -179,9 +188,9 @@ impl CpuDevice {
                 buf.allocation().location()
             ))
         })?;
+        let _held = self.memory.hold()?;
         // SAFETY: the view lies inside its allocation and `bytes` has the view's length (checked
-        // by `Device::write_bytes`); no submission is in flight while the host writes (sessions
-        // wait for their submissions before returning).
+        // by `Device::write_bytes`); no kernel runs while the memory lock is held.
         unsafe {
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr.add(buf.offset()), bytes.len())
         };
@@ -194,6 +203,7 @@ impl CpuDevice {
             .memory
             .host_ptr()
             .ok_or_else(|| Error::View(format!("{buf:?} is not host-visible")))?;
+        let _held = self.memory.hold()?;
         // SAFETY: as in `write_bytes`.
         Ok(unsafe { std::slice::from_raw_parts(ptr.add(buf.offset()), buf.len_bytes()) }.to_vec())
     }

@@ -4,7 +4,8 @@ use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-use super::{CpuDevice, CpuKernelFn, KernelArgs};
+use super::run::MemoryLock;
+use super::{CpuDevice, CpuKernelFn};
 use crate::error::{Error, Result};
 use crate::graph::{Access, Arg, Dispatch, DispatchRef, Range, RangeSet};
 
@@ -35,13 +36,17 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
-    pub(crate) fn start(pool: Arc<rayon::ThreadPool>) -> Result<Self> {
+    /// Starts the worker; it holds `memory` while it runs each submission.
+    pub(crate) fn start(pool: Arc<rayon::ThreadPool>, memory: Arc<MemoryLock>) -> Result<Self> {
         let (tx, rx) = mpsc::channel::<Job>();
         let handle = std::thread::Builder::new()
             .name("onepass-cpu-submit".into())
             .spawn(move || {
                 for job in rx {
-                    let result = pool.install(|| run_groups(&job.groups));
+                    let result = match memory.hold() {
+                        Ok(_held) => pool.install(|| run_groups(&job.groups)),
+                        Err(e) => Err(e),
+                    };
                     drop(job.groups);
                     let mut state = job.done.state.lock().unwrap_or_else(|e| e.into_inner());
                     *state = Some(result);
@@ -82,14 +87,7 @@ impl Drop for Worker {
 }
 
 fn run_one(e: &Encoded) -> Result<()> {
-    let args = KernelArgs::new(e.dispatch.kernel(), e.dispatch.args())?;
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (e.kernel)(&args))) {
-        Ok(r) => r,
-        Err(_) => Err(Error::Kernel {
-            kernel: e.dispatch.kernel().name(),
-            msg: "the kernel panicked (a bug in onepass: please report it)".into(),
-        }),
-    }
+    super::run::call_kernel(e.kernel, e.dispatch.kernel(), e.dispatch.args())
 }
 
 fn run_groups(groups: &Groups) -> Result<()> {
