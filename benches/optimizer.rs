@@ -32,7 +32,7 @@ fn one_by_one(g: &mut ComputeGraph, rules: &[passes::FusionRule]) -> usize {
 fn bench_shape(c: &mut Criterion, label: &str, layers: usize) {
     let device = Device::cpu(1).expect("cpu device");
     let shape = DecodeShape::SMOLLM2_135M.with_layers(layers);
-    let dg = DecodeGraph::new(&device, shape).expect("buffers");
+    let dg = DecodeGraph::new(|t, d| device.alloc(t, d), shape).expect("buffers");
     let rules = [norm_mul_rule()];
     let recorded = dg.record().expect("record");
     let mut sample = recorded.clone();
@@ -106,7 +106,7 @@ fn bench_shape(c: &mut Criterion, label: &str, layers: usize) {
 fn bench_headline<M: Measurement>(c: &mut Criterion<M>, label: &str, layers: usize) {
     let device = Device::cpu(1).expect("cpu device");
     let shape = DecodeShape::SMOLLM2_135M.with_layers(layers);
-    let dg = DecodeGraph::new(&device, shape).expect("buffers");
+    let dg = DecodeGraph::new(|t, d| device.alloc(t, d), shape).expect("buffers");
     let rules = [norm_mul_rule()];
     let mut group = c.benchmark_group(label);
     // A decode loop's case: the step recorded again into the graph of the previous one, which

@@ -63,7 +63,10 @@ fn main() -> ExitCode {
     };
     let run = || -> onepass::Result<()> {
         let device = Device::cpu(1)?;
-        let dg = DecodeGraph::new(&device, DecodeShape::SMOLLM2_135M.with_layers(o.layers))?;
+        let dg = DecodeGraph::new(
+            |t, d| device.alloc(t, d),
+            DecodeShape::SMOLLM2_135M.with_layers(o.layers),
+        )?;
         let rules = [norm_mul_rule()];
         let mut graph = dg.record()?;
         let (mut record, mut optimize, mut total) = (Vec::new(), Vec::new(), Vec::new());

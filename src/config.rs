@@ -1,7 +1,47 @@
 //! One typed runtime configuration, set from CLI flags, and the logging setup.
 
-use crate::graph::passes::DEFAULT_LOOKAHEAD;
-use crate::session::Plan;
+use crate::graph::passes::{self, DEFAULT_LOOKAHEAD};
+
+/// How a session treats its dispatches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Encode every dispatch at once, with a barrier only where it conflicts with the current
+    /// concurrent group.
+    Direct,
+    /// Record the dispatches into a [`ComputeGraph`](crate::graph::ComputeGraph); optimize and run it at `finish`.
+    Recorded,
+}
+
+/// What `finish` does with a session's work. Fusion and reordering apply to recorded sessions;
+/// a direct session has already encoded its dispatches in program order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// Run the fusion pass.
+    pub fuse: bool,
+    /// Run the reorder pass with this lookahead window.
+    pub reorder: Option<usize>,
+    /// Submit the first `max(64, n/10)` dispatches before encoding the rest.
+    pub split: bool,
+    /// Measure encode and wait times.
+    pub timing: bool,
+}
+
+impl Plan {
+    /// No optimization: dispatches in program order, one submission.
+    pub const SEQUENTIAL: Plan = Plan {
+        fuse: false,
+        reorder: None,
+        split: false,
+        timing: false,
+    };
+    /// Every optimization with the default lookahead.
+    pub const OPTIMIZED: Plan = Plan {
+        fuse: true,
+        reorder: Some(passes::DEFAULT_LOOKAHEAD),
+        split: true,
+        timing: false,
+    };
+}
 
 /// How onepass runs: optimizer switches and threads. Built once (from CLI flags) and passed down;
 /// nothing on a hot path reads the environment.

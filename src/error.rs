@@ -1,6 +1,6 @@
 //! The library's error type: one enum, each variant carrying the context a reader needs.
 
-use crate::backend::DType;
+use crate::dtype::DType;
 
 /// Every error the onepass library returns.
 #[derive(Debug, thiserror::Error)]

@@ -65,10 +65,12 @@
 pub mod backend;
 pub mod cache_dir;
 pub mod config;
+pub mod dtype;
 pub mod error;
 pub mod executable;
 pub mod graph;
 pub mod kernels;
+pub mod memory;
 pub mod model;
 pub mod ops;
 pub mod quant;

@@ -5,6 +5,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::memory::Location;
 
 /// Alignment of every host allocation, enough for any SIMD load.
 pub const HOST_ALIGN: usize = 64;
@@ -96,5 +97,46 @@ impl MappedMemory {
         // SAFETY: `offset + len <= map.len()` (checked by `new`, the only constructor; the fields
         // are private), so the result is in bounds of the mapping or one past its end.
         unsafe { self.map.as_ptr().add(self.offset) }
+    }
+}
+
+impl crate::memory::DeviceMemory for HostMemory {
+    fn location(&self) -> Location {
+        Location::Host
+    }
+
+    fn host_ptr(&self) -> Option<*const u8> {
+        Some(self.as_ptr() as *const u8)
+    }
+
+    fn host_ptr_mut(&self) -> Option<*mut u8> {
+        Some(self.as_ptr())
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl crate::memory::DeviceMemory for MappedMemory {
+    fn location(&self) -> Location {
+        Location::Host
+    }
+
+    fn describe(&self) -> String {
+        "cpu (mapped file)".into()
+    }
+
+    fn host_ptr(&self) -> Option<*const u8> {
+        Some(self.as_ptr())
+    }
+
+    /// A mapped file is read-only.
+    fn host_ptr_mut(&self) -> Option<*mut u8> {
+        None
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }

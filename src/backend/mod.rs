@@ -1,56 +1,16 @@
 //! Devices, memory and buffers. `cpu/` is the reference backend; a CUDA backend plugs in beside it.
 
-mod buffer;
 pub mod cpu;
 pub mod cuda;
-mod dtype;
 mod memory;
 
-pub use buffer::{bytes_of, AllocId, Allocation, Buffer, Shape};
-pub use dtype::{DType, Element};
+pub use crate::dtype::{DType, Element};
+pub use crate::memory::{bytes_of, AllocId, Allocation, Buffer, DeviceMemory, Location, Shape};
 pub use memory::{HostMemory, MappedMemory, HOST_ALIGN};
 
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-
-/// Where an allocation's bytes live.
-pub enum Memory {
-    /// Owned host memory (CPU backend).
-    Host(HostMemory),
-    /// A read-only window of a mapped file (CPU backend, zero-copy weights).
-    Mapped(MappedMemory),
-    /// Device memory of a CUDA GPU.
-    Cuda(cuda::CudaMemory),
-}
-
-impl Memory {
-    /// Where the memory lives, in words.
-    pub fn location(&self) -> String {
-        match self {
-            Memory::Host(_) => "cpu".into(),
-            Memory::Mapped(_) => "cpu (mapped file)".into(),
-            Memory::Cuda(m) => format!("cuda:{}", m.ordinal()),
-        }
-    }
-
-    /// Pointer to the start for reading, when the memory is host-visible.
-    pub(crate) fn host_ptr(&self) -> Option<*const u8> {
-        match self {
-            Memory::Host(h) => Some(h.as_ptr() as *const u8),
-            Memory::Mapped(m) => Some(m.as_ptr()),
-            Memory::Cuda(_) => None,
-        }
-    }
-
-    /// Pointer to the start for writing, when the memory is host-visible and writable.
-    pub(crate) fn host_ptr_mut(&self) -> Option<*mut u8> {
-        match self {
-            Memory::Host(h) => Some(h.as_ptr()),
-            Memory::Mapped(_) | Memory::Cuda(_) => None,
-        }
-    }
-}
 
 /// Which kind of backend a device is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -213,10 +173,10 @@ impl Device {
 
     /// Whether a buffer lives on this device.
     pub fn owns(&self, buf: &Buffer) -> bool {
-        match (self, &buf.allocation().memory) {
-            (Device::Cpu(_), Memory::Host(_) | Memory::Mapped(_)) => true,
-            (Device::Cuda(d), Memory::Cuda(m)) => m.ordinal() == d.ordinal(),
-            _ => false,
+        let home = buf.allocation().home();
+        match self {
+            Device::Cpu(_) => home == Location::Host,
+            Device::Cuda(d) => home == Location::Cuda(d.ordinal()),
         }
     }
 }

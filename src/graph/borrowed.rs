@@ -2,10 +2,11 @@
 //! (a view of a recorded or owned dispatch, what encoders and fusion rules read) and
 //! [`DispatchSpec`] (a dispatch described over borrowed buffers, what a fusion rule builds).
 
-use super::dispatch::{Access, Arg, Dispatch, Grid, OpKind, Range, Scalar};
-use crate::backend::Buffer;
+use super::dispatch::{Arg, Dispatch, Grid, Range};
 use crate::error::{Error, Result};
+use crate::kernels::{Access, OpKind, Scalar};
 use crate::kernels::{ArgShape, KernelId, ScalarKind};
+use crate::memory::Buffer;
 
 /// One kernel argument as a recorder takes it: buffers are borrowed, so recording into a
 /// [`ComputeGraph`](super::ComputeGraph) takes no reference count per argument (the graph keeps

@@ -19,15 +19,14 @@ use std::mem::ManuallyDrop;
 use std::sync::atomic::Ordering;
 
 use super::borrowed::{ArgRef, DispatchRef, DispatchSpec, SPEC_ARGS};
-use super::dispatch::{
-    too_many_ranges, Access, Arg, Dispatch, Grid, OpKind, Range, Scalar, MAX_RANGES,
-};
+use super::dispatch::{too_many_ranges, Arg, Dispatch, Grid, Range, MAX_RANGES};
 mod recording;
 mod small;
 
 use super::footprint::Overlaps;
-use crate::backend::Buffer;
 use crate::error::Result;
+use crate::kernels::{Access, OpKind, Scalar};
+use crate::memory::Buffer;
 use recording::{
     fresh_stamp, mark_written, overlapping_write, same_view_twice, take_in, written_overlap,
     Writes, WrittenFilter, INDEX_BITS, INDEX_MASK, MARKED,
@@ -533,7 +532,7 @@ impl ComputeGraph {
     /// Whether some dispatch ever recorded wrote allocation `alloc` (may say yes for one that
     /// was not written).
     #[inline]
-    pub(crate) fn maybe_written(&self, alloc: crate::backend::AllocId) -> bool {
+    pub(crate) fn maybe_written(&self, alloc: crate::memory::AllocId) -> bool {
         let bit = alloc.0 as usize % WRITTEN_BITS;
         self.written[bit / 64] & (1 << (bit % 64)) != 0
     }

@@ -281,7 +281,8 @@ fn given_a_rule_naming_a_buffer_the_graph_lacks_when_fused_should_take_it_in() {
 fn given_a_cleared_graph_when_the_step_is_recorded_again_should_match_a_fresh_one_and_keep_views() {
     let dev = Device::cpu(1).expect("cpu");
     let shape = crate::graph::synthetic::DecodeShape::SMOLLM2_135M.with_layers(3);
-    let dg = crate::graph::synthetic::DecodeGraph::new(&dev, shape).expect("buffers");
+    let dg =
+        crate::graph::synthetic::DecodeGraph::new(|t, d| dev.alloc(t, d), shape).expect("buffers");
     let rules = [crate::graph::synthetic::norm_mul_rule()];
     let fresh = dg.record().expect("record");
     let mut kept = dg.record().expect("record");

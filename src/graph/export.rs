@@ -320,7 +320,11 @@ mod tests {
 
     fn optimized(layers: usize) -> ComputeGraph {
         let dev = Device::cpu(1).expect("cpu");
-        let dg = DecodeGraph::new(&dev, DecodeShape::SMOLLM2_135M.with_layers(layers)).expect("dg");
+        let dg = DecodeGraph::new(
+            |t, d| dev.alloc(t, d),
+            DecodeShape::SMOLLM2_135M.with_layers(layers),
+        )
+        .expect("dg");
         let mut g = dg.record().expect("record");
         passes::fuse(&mut g, &[norm_mul_rule()]);
         passes::reorder(&mut g, passes::DEFAULT_LOOKAHEAD);

@@ -12,8 +12,8 @@ pub mod passes;
 mod ranges;
 pub mod synthetic;
 
-pub use crate::kernels::{KernelId, KernelSig};
+pub use crate::kernels::{Access, KernelId, KernelSig, OpKind, Scalar};
 pub use borrowed::{ArgRef, DispatchRef, DispatchSpec, Ranges, RangesIter, SPEC_ARGS};
 pub use compute_graph::{ComputeGraph, Node, Nodes};
-pub use dispatch::{Access, Arg, ArgList, Dispatch, Grid, OpKind, Range, Scalar, MAX_RANGES};
+pub use dispatch::{Arg, ArgList, Dispatch, Grid, Range, MAX_RANGES};
 pub use ranges::RangeSet;

@@ -131,7 +131,7 @@ impl RangeSet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::AllocId;
+    use crate::memory::AllocId;
 
     /// No ranges.
     const NONE: [Range; 0] = [];

@@ -4,17 +4,18 @@
 //! model lays them out: weights as views of one big allocation, activations in a scratch
 //! allocation, one K and one V cache allocation per layer, a small step buffer for the position.
 
-use crate::backend::{Buffer, DType, Device};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::passes::FusionRule;
 use crate::graph::{
     ArgRef, ComputeGraph, DispatchRef, DispatchSpec, Grid, KernelId, KernelSig, OpKind, Range,
 };
+use crate::memory::Buffer;
 
 /// The step's kernels: declared with their parameters, so recording checks every argument as
 /// it does for a real model, under names of their own (the graph is studied, never run).
 mod sigs {
-    use crate::backend::DType;
+    use crate::dtype::DType;
     use crate::graph::{KernelSig, OpKind};
     use crate::kernels::{DTypes, Param};
 
@@ -226,8 +227,12 @@ impl Carver {
 }
 
 impl DecodeGraph {
-    /// Allocates the buffers on `device` (weights are zeroed, untouched memory).
-    pub fn new(device: &Device, shape: DecodeShape) -> Result<DecodeGraph> {
+    /// Allocates the buffers through `alloc` (a device's zeroing `alloc`, such as
+    /// `|dtype, dims| device.alloc(dtype, dims)`; the weights stay untouched memory).
+    pub fn new(
+        mut alloc: impl FnMut(DType, &[usize]) -> Result<Buffer>,
+        shape: DecodeShape,
+    ) -> Result<DecodeGraph> {
         let DecodeShape {
             hidden,
             heads,
@@ -252,12 +257,12 @@ impl DecodeGraph {
             + 16 * 64;
         let weight_bytes = per_layer * shape.layers + q4_1_bytes(vocab, hidden) + hidden * 4 + 256;
         let mut w = Carver {
-            whole: device.alloc(DType::U8, &[weight_bytes])?,
+            whole: alloc(DType::U8, &[weight_bytes])?,
             next: 0,
         };
         let scratch_elems = 8 * hidden + 2 * kv + 3 * ffn + vocab + 16 * 64;
         let mut a = Carver {
-            whole: device.alloc(DType::F32, &[scratch_elems])?,
+            whole: alloc(DType::F32, &[scratch_elems])?,
             next: 0,
         };
         let mut layers = Vec::with_capacity(shape.layers);
@@ -272,8 +277,8 @@ impl DecodeGraph {
                 gate: w.take(q4_1_bytes(ffn, hidden))?,
                 up: w.take(q4_1_bytes(ffn, hidden))?,
                 down: w.take(q4_1_bytes(hidden, ffn))?,
-                k_cache: device.alloc(DType::F32, &[kv_heads, max_ctx, head_dim])?,
-                v_cache: device.alloc(DType::F32, &[kv_heads, max_ctx, head_dim])?,
+                k_cache: alloc(DType::F32, &[kv_heads, max_ctx, head_dim])?,
+                v_cache: alloc(DType::F32, &[kv_heads, max_ctx, head_dim])?,
             });
         }
         let s = Scratch {
@@ -292,9 +297,9 @@ impl DecodeGraph {
         };
         Ok(DecodeGraph {
             shape,
-            token: device.alloc(DType::I32, &[1])?,
-            step: device.alloc(DType::I32, &[1])?,
-            positions: device.alloc(DType::I32, &[1])?,
+            token: alloc(DType::I32, &[1])?,
+            step: alloc(DType::I32, &[1])?,
+            positions: alloc(DType::I32, &[1])?,
             embedding: w.take(q4_1_bytes(vocab, hidden))?,
             out_norm: w.take_f32(hidden)?,
             layers,
@@ -497,13 +502,14 @@ fn norm_mul_build<'a>(a: DispatchRef<'a>, b: DispatchRef<'a>) -> Result<Dispatch
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Device;
     use crate::graph::passes;
 
     #[test]
     fn given_the_smollm2_shape_when_recorded_and_optimized_should_fuse_norms_and_keep_counts() {
         let dev = Device::cpu(1).expect("cpu");
         let shape = DecodeShape::SMOLLM2_135M;
-        let dg = DecodeGraph::new(&dev, shape).expect("buffers");
+        let dg = DecodeGraph::new(|t, d| dev.alloc(t, d), shape).expect("buffers");
         let mut g = dg.record().expect("record");
         assert_eq!(g.dispatch_count(), shape.dispatches());
         assert_eq!(shape.dispatches(), 574);

@@ -2,9 +2,9 @@
 //! outputs and partial results are f32; `step` holds the pass's first position (read at run
 //! time, so one recorded pass serves every step).
 
+use super::OpKind;
 use super::{one, DTypes, KernelSig, Param};
-use crate::backend::DType;
-use crate::graph::OpKind;
+use crate::dtype::DType;
 
 const F32: DTypes = one(DType::F32);
 const I32: DTypes = one(DType::I32);

@@ -4,9 +4,9 @@
 //! Binary kernels take `a`, `b` (one row broadcast over `a`'s rows, or `a`'s shape) and the row
 //! length of `b`; unary kernels take `x` and, for `scale` and `softcap`, one float.
 
+use super::OpKind;
 use super::{per_float, KernelSig, Param};
-use crate::backend::DType;
-use crate::graph::OpKind;
+use crate::dtype::DType;
 
 macro_rules! binary {
     ($doc:literal, $out:ident, $inplace:ident, $op:expr, $a:literal, $b:literal,

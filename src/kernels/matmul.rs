@@ -5,9 +5,9 @@
 //! Activations, outputs and accumulators are f32; `rows`, `k` (inputs) and `n` (outputs) are
 //! sizes.
 
+use super::OpKind;
 use super::{one, per_format, DTypes, KernelSig, Param};
-use crate::backend::DType;
-use crate::graph::OpKind;
+use crate::dtype::DType;
 
 const F32: DTypes = one(DType::F32);
 const I32: DTypes = one(DType::I32);

@@ -1,9 +1,9 @@
 //! The small families' kernels: argmax, copy, embedding, KV-cache writes, RoPE, softmax, and
 //! the CUDA backend's self-test kernels.
 
+use super::OpKind;
 use super::{one, per_float, per_format, DTypes, KernelSig, Param};
-use crate::backend::DType;
-use crate::graph::OpKind;
+use crate::dtype::DType;
 
 const F32: DTypes = one(DType::F32);
 const I32: DTypes = one(DType::I32);

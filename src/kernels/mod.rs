@@ -13,10 +13,12 @@ pub mod elementwise;
 pub mod matmul;
 pub mod misc;
 pub mod norm;
+mod op;
 
-use crate::backend::DType;
+pub use op::{Access, OpKind, Scalar};
+
+use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::graph::{Access, OpKind, Scalar};
 
 /// A set of dtypes a buffer parameter accepts.
 #[derive(Clone, Copy, PartialEq, Eq)]

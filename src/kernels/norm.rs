@@ -1,9 +1,9 @@
 //! The `norm` family's kernels: RMS normalization with or without a weight, alone or times a
 //! second operand `m`. One kernel per float dtype (f32, f16, bf16), in that order.
 
+use super::OpKind;
 use super::{per_float, KernelSig, Param};
-use crate::backend::DType;
-use crate::graph::OpKind;
+use crate::dtype::DType;
 
 /// `out = x / rms(x) * weight`: x, weight, out, eps, dim.
 pub static RMS_NORM: [KernelSig; 3] = per_float!(OpKind::RmsNorm;

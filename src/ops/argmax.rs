@@ -11,7 +11,6 @@ use crate::graph::{Arg, Dispatch, Grid, KernelId};
 use crate::kernels::misc::ARGMAX;
 use crate::ops::elementwise::{check_disjoint, u32_size};
 use crate::ops::Check;
-use crate::Session;
 
 /// `out[r] = argmax_i x[r, i]`; `x` f32 `[rows, n]` (or `[n]`, one row), `out` i32 `[rows]`.
 pub fn argmax(x: &Buffer, out: &Buffer) -> Result<Dispatch> {
@@ -35,13 +34,6 @@ pub fn argmax(x: &Buffer, out: &Buffer) -> Result<Dispatch> {
     ];
     let grid = Grid::new(rows.min(u32::MAX as usize) as u32, 1024);
     Dispatch::new(KernelId::of(&ARGMAX), args, grid)
-}
-
-impl Session {
-    /// Index of the largest value of each row (see [`argmax`]).
-    pub fn argmax(&mut self, x: &Buffer, out: &Buffer) -> Result<()> {
-        self.push(argmax(x, out)?)
-    }
 }
 
 #[cfg(test)]

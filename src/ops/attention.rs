@@ -18,12 +18,11 @@
 //!   then combined (two dispatches and a caller-allocated scratch buffer, see
 //!   [`attention_decode_scratch_len`]).
 
-use crate::backend::{Buffer, DType, Memory};
+use crate::backend::{Buffer, DType, Location};
 use crate::error::{Error, Result};
 use crate::graph::{Arg, Dispatch, Grid, KernelId};
 use crate::kernels::attention as ka;
 use crate::ops::Check;
-use crate::session::Session;
 
 /// A reasonable KV chunk length for [`attention_decode`].
 pub const DEFAULT_DECODE_CHUNK_LEN: usize = 64;
@@ -313,7 +312,7 @@ pub fn attention_decode(
     // 256 threads: eight warps score 32 keys at a time, and a 64-wide head gets sixteen key
     // groups of four dimensions for the V sum (see the CUDA kernel).
     let grid = Grid::new(blocks, 256);
-    if matches!(q.allocation().memory, Memory::Cuda(_)) {
+    if matches!(q.allocation().home(), Location::Cuda(_)) {
         let kernel = KernelId::of(&ka::DECODE[usize::from(f16)]);
         let mut args = inputs.to_vec();
         args.extend([Arg::read_write(partials), Arg::write(out)]);
@@ -340,41 +339,6 @@ pub fn attention_decode(
         Grid::new(params.n_head as u32, 128),
     )?;
     Ok(vec![partial, combine])
-}
-
-impl Session {
-    /// Prefill attention over the KV cache; see [`attention`].
-    pub fn attention(
-        &mut self,
-        q: &Buffer,
-        k_cache: &Buffer,
-        v_cache: &Buffer,
-        step: &Buffer,
-        out: &Buffer,
-        params: AttentionParams,
-    ) -> Result<()> {
-        self.push(attention(q, k_cache, v_cache, step, out, params)?)
-    }
-
-    /// Split-KV decode attention for one query row (two dispatches on the CPU, one on CUDA); see
-    /// [`attention_decode`].
-    #[allow(clippy::too_many_arguments)] // mirrors `attention_decode`
-    pub fn attention_decode(
-        &mut self,
-        q: &Buffer,
-        k_cache: &Buffer,
-        v_cache: &Buffer,
-        step: &Buffer,
-        partials: &Buffer,
-        out: &Buffer,
-        params: AttentionParams,
-        chunk_len: usize,
-    ) -> Result<()> {
-        for d in attention_decode(q, k_cache, v_cache, step, partials, out, params, chunk_len)? {
-            self.push(d)?;
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]

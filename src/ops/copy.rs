@@ -10,7 +10,6 @@ use crate::graph::{Arg, Dispatch, Grid, KernelId};
 use crate::kernels::{misc::COPY, FLOATS};
 use crate::ops::elementwise::{check_disjoint, FLOAT_DTYPES};
 use crate::ops::Check;
-use crate::Session;
 
 fn copy_kernel(src: DType, dst: DType) -> Option<KernelId> {
     let from = FLOATS.iter().position(|&d| d == src)?;
@@ -31,13 +30,6 @@ pub fn copy(src: &Buffer, dst: &Buffer) -> Result<Dispatch> {
     })?;
     let args = vec![Arg::read(src), Arg::write(dst)];
     Dispatch::new(kernel, args, Grid::cover(src.elems(), 256))
-}
-
-impl Session {
-    /// `dst = src`, converting the dtype (see [`copy`]).
-    pub fn copy(&mut self, src: &Buffer, dst: &Buffer) -> Result<()> {
-        self.push(copy(src, dst)?)
-    }
 }
 
 /// Test helpers shared by the float op families: upload and download in any float dtype, the

@@ -48,7 +48,6 @@ use crate::backend::cpu::CpuKernelFn;
 use crate::backend::Device;
 use crate::error::{Error, Result};
 use crate::graph::{Arg, ArgRef, Dispatch, DispatchSpec, Grid, KernelId, KernelSig, OpKind};
-use crate::session::Session;
 
 /// A user kernel: its declaration and its CPU implementation.
 #[derive(Clone, Copy)]
@@ -143,17 +142,6 @@ pub fn register(device: &Device, kernel: &CustomKernel) -> Result<()> {
         Device::Cuda(_) => Err(Error::Unsupported(format!(
             "custom kernel `{name}`: custom kernels run on the CPU backend only"
         ))),
-    }
-}
-
-impl Session {
-    /// Dispatches a user kernel with `args` (each buffer's access declared through
-    /// [`Arg::read`], [`Arg::write`] or [`Arg::read_write`]) over `grid`. The first call
-    /// registers the kernel with the session's device.
-    pub fn custom(&mut self, kernel: &CustomKernel, args: Vec<Arg>, grid: Grid) -> Result<()> {
-        let dispatch = custom(kernel, args, grid)?;
-        register(self.device(), kernel)?;
-        self.push(dispatch)
     }
 }
 

@@ -15,7 +15,6 @@ use crate::error::Result;
 use crate::graph::{Arg, Dispatch, DispatchRef, Grid, KernelId, KernelSig};
 use crate::kernels::{self, elementwise as ew};
 use crate::ops::Check;
-use crate::Session;
 
 /// The float dtypes the float kernels are built for.
 pub(crate) use crate::kernels::FLOATS as FLOAT_DTYPES;
@@ -277,58 +276,6 @@ pub fn softcap(x: &Buffer, cap: f32, out: &Buffer) -> Result<Dispatch> {
         format!("{cap} is not a finite positive number")
     })?;
     unary("softcap", &SOFTCAP, x, out, Some(cap))
-}
-
-impl Session {
-    /// `out = a + b` (see [`add`]).
-    pub fn add(&mut self, a: &Buffer, b: &Buffer, out: &Buffer) -> Result<()> {
-        self.push(add(a, b, out)?)
-    }
-
-    /// `acc += b` in place (`b` full or one broadcast row).
-    pub fn add_inplace(&mut self, acc: &Buffer, b: &Buffer) -> Result<()> {
-        self.push(add(acc, b, acc)?)
-    }
-
-    /// `out = a * b` (see [`mul`]).
-    pub fn mul(&mut self, a: &Buffer, b: &Buffer, out: &Buffer) -> Result<()> {
-        self.push(mul(a, b, out)?)
-    }
-
-    /// `acc *= b` in place (`b` full or one broadcast row).
-    pub fn mul_inplace(&mut self, acc: &Buffer, b: &Buffer) -> Result<()> {
-        self.push(mul(acc, b, acc)?)
-    }
-
-    /// `out = silu(gate) * up` (see [`swiglu`]).
-    pub fn swiglu(&mut self, gate: &Buffer, up: &Buffer, out: &Buffer) -> Result<()> {
-        self.push(swiglu(gate, up, out)?)
-    }
-
-    /// `out = x * s` (see [`scale`]).
-    pub fn scale(&mut self, x: &Buffer, s: f32, out: &Buffer) -> Result<()> {
-        self.push(scale(x, s, out)?)
-    }
-
-    /// GELU, tanh approximation (see [`gelu_tanh`]).
-    pub fn gelu_tanh(&mut self, x: &Buffer, out: &Buffer) -> Result<()> {
-        self.push(gelu_tanh(x, out)?)
-    }
-
-    /// GELU, erf form (see [`gelu_erf`]).
-    pub fn gelu_erf(&mut self, x: &Buffer, out: &Buffer) -> Result<()> {
-        self.push(gelu_erf(x, out)?)
-    }
-
-    /// SiLU (see [`silu`]).
-    pub fn silu(&mut self, x: &Buffer, out: &Buffer) -> Result<()> {
-        self.push(silu(x, out)?)
-    }
-
-    /// `out = cap * tanh(x / cap)` (see [`softcap`]).
-    pub fn softcap(&mut self, x: &Buffer, cap: f32, out: &Buffer) -> Result<()> {
-        self.push(softcap(x, cap, out)?)
-    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,6 @@ use crate::graph::{Arg, Dispatch, Grid};
 use crate::kernels::misc::EMBEDDING;
 use crate::ops::matmul::for_weight;
 use crate::ops::Check;
-use crate::session::Session;
 
 /// Table dtypes [`embedding`] accepts.
 pub const TABLE_DTYPES: [DType; 8] = [
@@ -59,13 +58,6 @@ pub fn embedding(table: &Buffer, ids: &Buffer, out: &Buffer) -> Result<Dispatch>
     // The kernel strides over the output elements along x (capped: it strides over the rest).
     let grid = Grid::cover(rows.saturating_mul(dim).min(1 << 28), 256);
     Dispatch::new(for_weight("embedding", &EMBEDDING, table)?, args, grid)
-}
-
-impl Session {
-    /// Pushes [`embedding`]: `out[r, :] = table[ids[r], :]` as f32.
-    pub fn embedding(&mut self, table: &Buffer, ids: &Buffer, out: &Buffer) -> Result<()> {
-        self.push(embedding(table, ids, out)?)
-    }
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@
 //! `x`. RoPE here turns the whole head (`rotary_dim == head_dim`) without frequency factors, and
 //! the KV cache is f32; the model uses the separate ops for other configurations.
 
-use crate::backend::{Buffer, DType, Memory};
+use crate::backend::{Buffer, DType};
 use crate::error::{Error, Result};
 use crate::graph::{Arg, Dispatch};
 use crate::kernels::matmul as mm;
@@ -24,7 +24,6 @@ use crate::ops::matmul::for_weight;
 use crate::ops::matmul::WEIGHT_DTYPES;
 use crate::ops::rope::{RopeMode, MAX_ROTARY_DIM};
 use crate::ops::Check;
-use crate::session::Session;
 
 const OP_QKV: &str = "norm_qkv_rope";
 const OP_GATE_UP: &str = "norm_gate_up";
@@ -73,11 +72,7 @@ fn to_u32(op: &'static str, arg: &'static str, v: usize) -> Result<u32> {
 /// Whether two buffers live on one device: both in host memory (the CPU), or both on one CUDA
 /// device.
 pub(crate) fn one_device(a: &Buffer, b: &Buffer) -> bool {
-    match (&a.allocation().memory, &b.allocation().memory) {
-        (Memory::Cuda(x), Memory::Cuda(y)) => x.ordinal() == y.ordinal(),
-        (Memory::Cuda(_), _) | (_, Memory::Cuda(_)) => false,
-        _ => true,
-    }
+    a.allocation().home() == b.allocation().home()
 }
 
 /// Refuses buffers that do not live on the device of `x`.
@@ -245,26 +240,6 @@ pub fn norm_gate_up(
         args,
         grid,
     )
-}
-
-impl Session {
-    /// The fused attention input of a block; see [`norm_qkv_rope`].
-    pub fn norm_qkv_rope(&mut self, p: &QkvRope<'_>) -> Result<()> {
-        self.push(norm_qkv_rope(p)?)
-    }
-
-    /// The fused MLP input of a block; see [`norm_gate_up`].
-    pub fn norm_gate_up(
-        &mut self,
-        x: &Buffer,
-        norm: &Buffer,
-        eps: f32,
-        w_gate: &Buffer,
-        w_up: &Buffer,
-        hidden: &Buffer,
-    ) -> Result<()> {
-        self.push(norm_gate_up(x, norm, eps, w_gate, w_up, hidden)?)
-    }
 }
 
 #[cfg(test)]

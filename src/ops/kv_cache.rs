@@ -12,7 +12,6 @@ use crate::kernels::misc::KV_WRITE;
 use crate::ops::elementwise::float_kernel;
 use crate::ops::elementwise::{check_disjoint, u32_size};
 use crate::ops::Check;
-use crate::Session;
 
 /// Writes `new` (f32 `[rows, n_kv_head * head_dim]` or `[rows, n_kv_head, head_dim]`) into
 /// `cache` (`[n_kv_head, max_ctx, head_dim]`, f32, f16 or bf16): row `r`, head `h` goes to
@@ -66,13 +65,6 @@ pub fn kv_write(new: &Buffer, cache: &Buffer, step: &Buffer) -> Result<Dispatch>
     let elems = rows.saturating_mul(n_kv_head).saturating_mul(head_dim);
     let grid = Grid::cover(elems.min(1 << 28), 256);
     Dispatch::new(kernel, args, grid)
-}
-
-impl Session {
-    /// Writes new K or V rows into a cache at `pos0 = step[0]` (see [`kv_write`]).
-    pub fn kv_write(&mut self, new: &Buffer, cache: &Buffer, step: &Buffer) -> Result<()> {
-        self.push(kv_write(new, cache, step)?)
-    }
 }
 
 #[cfg(test)]

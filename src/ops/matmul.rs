@@ -11,7 +11,6 @@ use crate::graph::{Arg, Dispatch, Grid, KernelId, KernelSig};
 use crate::kernels::{self, matmul as mm};
 use crate::ops::Check;
 use crate::quant::AffineParams;
-use crate::session::Session;
 
 /// Weight dtypes [`matmul`] and [`matmul_id`] accept.
 pub const WEIGHT_DTYPES: [DType; 8] = [
@@ -225,33 +224,6 @@ pub fn matmul_id(x: &Buffer, w: &Buffer, ids: &Buffer, out: &Buffer) -> Result<D
     ];
     let grid = warp_per_output_and_row(n, rows * slots);
     Dispatch::new(for_weight("matmul_id", &mm::MATMUL_ID, w)?, args, grid)
-}
-
-impl Session {
-    /// Pushes [`matmul`]: `out = x · wᵀ`.
-    pub fn matmul(&mut self, x: &Buffer, w: &Buffer, out: &Buffer) -> Result<()> {
-        self.push(matmul(x, w, out)?)
-    }
-
-    /// Pushes [`matmul_affine`]: the MLX affine product.
-    #[allow(clippy::too_many_arguments)]
-    pub fn matmul_affine(
-        &mut self,
-        x: &Buffer,
-        w: &Buffer,
-        scales: &Buffer,
-        biases: &Buffer,
-        bits: u32,
-        group_size: usize,
-        out: &Buffer,
-    ) -> Result<()> {
-        self.push(matmul_affine(x, w, scales, biases, bits, group_size, out)?)
-    }
-
-    /// Pushes [`matmul_id`]: the expert-routed product.
-    pub fn matmul_id(&mut self, x: &Buffer, w: &Buffer, ids: &Buffer, out: &Buffer) -> Result<()> {
-        self.push(matmul_id(x, w, ids, out)?)
-    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! The op catalog: one file per op family. Each family turns op parameters into a
 //! [`Dispatch`](crate::graph::Dispatch) (kernel, arguments with their access, grid) after checking
-//! every argument, and adds a [`Session`](crate::Session) method that pushes it.
+//! every argument. The [`Session`](crate::Session) methods that record them live in `session`,
+//! above this module; the fusion rules over these dispatches live beside their ops.
 
 pub mod argmax;
 pub mod attention;

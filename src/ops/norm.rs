@@ -19,7 +19,6 @@ use crate::ops::elementwise::{
     binary_operands, check_disjoint, float_kernel, u32_size, FLOAT_DTYPES,
 };
 use crate::ops::Check;
-use crate::Session;
 
 /// Threads per row on a GPU; the CPU ignores it.
 const ROW_THREADS: u32 = 256;
@@ -133,30 +132,6 @@ fn rms_norm_mul_spec<'a>(
             ];
             DispatchSpec::new(kernel, &args, grid)
         }
-    }
-}
-
-impl Session {
-    /// RMS normalization with a weight (see [`rms_norm`]).
-    pub fn rms_norm(&mut self, x: &Buffer, weight: &Buffer, out: &Buffer, eps: f32) -> Result<()> {
-        self.push(rms_norm(x, weight, out, eps)?)
-    }
-
-    /// RMS normalization without a weight (see [`rms_norm_no_scale`]).
-    pub fn rms_norm_no_scale(&mut self, x: &Buffer, out: &Buffer, eps: f32) -> Result<()> {
-        self.push(rms_norm_no_scale(x, out, eps)?)
-    }
-
-    /// RMS normalization times `m`, fused (see [`rms_norm_mul`]).
-    pub fn rms_norm_mul(
-        &mut self,
-        x: &Buffer,
-        weight: Option<&Buffer>,
-        m: &Buffer,
-        out: &Buffer,
-        eps: f32,
-    ) -> Result<()> {
-        self.push(rms_norm_mul(x, weight, m, out, eps)?)
     }
 }
 

@@ -15,7 +15,6 @@ use crate::graph::{Arg, Dispatch, Grid};
 use crate::kernels::misc as km;
 use crate::ops::elementwise::{check_disjoint, float_kernel, same_view, u32_size, FLOAT_DTYPES};
 use crate::ops::Check;
-use crate::Session;
 
 /// The largest `rotary_dim` the kernels support (the CPU kernel keeps a per-row table of
 /// `rotary_dim / 2` angles on its stack).
@@ -142,19 +141,6 @@ pub fn rope(
     let kernel = float_kernel("rope", x.dtype(), family)?;
     let grid = Grid::new(rows.min(u32::MAX as usize) as u32, 128);
     Dispatch::new(kernel, args, grid)
-}
-
-impl Session {
-    /// Rotary position embedding (see [`rope`]); `out` may be `x` itself.
-    pub fn rope(
-        &mut self,
-        x: &Buffer,
-        positions: &Buffer,
-        out: &Buffer,
-        params: &RopeParams<'_>,
-    ) -> Result<()> {
-        self.push(rope(x, positions, out, params)?)
-    }
 }
 
 #[cfg(test)]

@@ -13,7 +13,6 @@ use crate::graph::{Arg, Dispatch, Grid, KernelId};
 use crate::kernels::misc::SOFTMAX;
 use crate::ops::elementwise::{check_disjoint, same_view, u32_size};
 use crate::ops::Check;
-use crate::Session;
 
 /// `out = softmax(x * scale + mask)` over each row (see the module documentation).
 pub fn softmax(x: &Buffer, out: &Buffer, scale: f32, mask: Option<&Buffer>) -> Result<Dispatch> {
@@ -58,19 +57,6 @@ pub fn softmax(x: &Buffer, out: &Buffer, scale: f32, mask: Option<&Buffer>) -> R
     let kernel = KernelId::of(&SOFTMAX[2 * usize::from(mask.is_some()) + usize::from(in_place)]);
     let grid = Grid::new(rows.min(u32::MAX as usize) as u32, 256);
     Dispatch::new(kernel, args, grid)
-}
-
-impl Session {
-    /// Softmax over rows with a scale and an optional additive mask (see [`softmax`]).
-    pub fn softmax(
-        &mut self,
-        x: &Buffer,
-        out: &Buffer,
-        scale: f32,
-        mask: Option<&Buffer>,
-    ) -> Result<()> {
-        self.push(softmax(x, out, scale, mask)?)
-    }
 }
 
 #[cfg(test)]

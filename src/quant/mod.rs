@@ -13,7 +13,7 @@ pub use affine::{dequantize_affine_row, quantize_affine, AffineMatrix, AffinePar
 pub use ggml::{BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
 pub use kquants::{BlockQ4K, BlockQ6K, QK_K};
 
-use crate::backend::DType;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 /// Whether `dtype` is a weight format [`dequantize`] understands.

@@ -2,7 +2,7 @@
 
 use std::cell::Cell;
 
-use crate::backend::{Buffer, Memory};
+use crate::backend::Buffer;
 use crate::error::{Error, Result};
 use crate::graph::{Access, Arg, KernelId, Range, Scalar};
 
@@ -114,7 +114,7 @@ impl<'a> KernelArgs<'a> {
         }
         let ptr = buf
             .allocation()
-            .memory
+            .memory()
             .host_ptr()
             .ok_or_else(|| self.err(format!("argument {index} is not in host memory")))?;
         // SAFETY: the view lies inside its allocation (checked when the view was made), the
@@ -145,15 +145,12 @@ impl<'a> KernelArgs<'a> {
             return Err(self.err(format!("argument {index} taken twice as output")));
         }
         self.taken.set(self.taken.get() | bit);
-        let ptr = match &buf.allocation().memory {
-            Memory::Host(h) => h.as_ptr(),
-            other => {
-                return Err(self.err(format!(
-                    "argument {index} is not writable host memory ({})",
-                    other.location()
-                )))
-            }
-        };
+        let ptr = buf.allocation().memory().host_ptr_mut().ok_or_else(|| {
+            self.err(format!(
+                "argument {index} is not writable host memory ({})",
+                buf.allocation().location()
+            ))
+        })?;
         // SAFETY: as for `input_bytes`; in addition this is the only slice of this argument
         // handed out (the `taken` mask), and no other argument of the dispatch overlaps it.
         Ok(unsafe { std::slice::from_raw_parts_mut(ptr.add(buf.offset()), buf.len_bytes()) })

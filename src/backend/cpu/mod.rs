@@ -18,7 +18,7 @@ pub use worker::{CpuEncoder, CpuSubmission};
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use super::{Allocation, Buffer, HostMemory, Memory};
+use super::{Allocation, Buffer, HostMemory};
 use crate::error::{Error, Result};
 use crate::kernels::{KernelId, KernelSig};
 
@@ -178,11 +178,11 @@ impl CpuDevice {
         let mem = HostMemory::zeroed(bytes).ok_or_else(|| {
             Error::Backend(format!("out of host memory allocating {bytes} bytes"))
         })?;
-        Ok(Allocation::new(bytes, Memory::Host(mem)))
+        Ok(Allocation::new(bytes, mem))
     }
 
     pub(crate) fn write_bytes(&self, buf: &Buffer, bytes: &[u8]) -> Result<()> {
-        let ptr = buf.allocation().memory.host_ptr_mut().ok_or_else(|| {
+        let ptr = buf.allocation().memory().host_ptr_mut().ok_or_else(|| {
             Error::View(format!(
                 "{buf:?} is read-only ({})",
                 buf.allocation().location()
@@ -200,7 +200,7 @@ impl CpuDevice {
     pub(crate) fn read_bytes(&self, buf: &Buffer) -> Result<Vec<u8>> {
         let ptr = buf
             .allocation()
-            .memory
+            .memory()
             .host_ptr()
             .ok_or_else(|| Error::View(format!("{buf:?} is not host-visible")))?;
         let _held = self.memory.hold()?;
@@ -266,7 +266,7 @@ pub fn map_allocation(
     len: usize,
 ) -> Result<Arc<Allocation>> {
     let window = super::MappedMemory::new(map, offset, len)?;
-    Ok(Allocation::new(window.len(), Memory::Mapped(window)))
+    Ok(Allocation::new(window.len(), window))
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@
 use std::ffi::c_void;
 
 use super::{CudaDevice, Kernel};
-use crate::backend::{Buffer, Memory};
+use crate::backend::Buffer;
 use crate::error::{Error, Result};
 use crate::graph::{Arg, DispatchRef, Scalar};
 
@@ -30,15 +30,15 @@ pub(crate) fn device_address(
     index: usize,
     buf: &Buffer,
 ) -> Result<u64> {
-    match &buf.allocation().memory {
-        Memory::Cuda(mem) if mem.ordinal() == device.ordinal() => {
+    match super::cuda_memory(buf) {
+        Some(mem) if mem.ordinal() == device.ordinal() => {
             Ok(mem.device_ptr() + buf.offset() as u64)
         }
-        other => Err(Error::Kernel {
+        _ => Err(Error::Kernel {
             kernel,
             msg: format!(
                 "argument {index} lives on {}, not cuda:{}",
-                other.location(),
+                buf.allocation().location(),
                 device.ordinal()
             ),
         }),

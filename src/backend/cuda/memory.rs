@@ -360,3 +360,23 @@ mod tests {
         }
     }
 }
+
+impl crate::memory::DeviceMemory for CudaMemory {
+    fn location(&self) -> crate::memory::Location {
+        crate::memory::Location::Cuda(self.ordinal())
+    }
+
+    /// Device memory is not host-visible.
+    fn host_ptr(&self) -> Option<*const u8> {
+        None
+    }
+
+    /// Device memory is not host-visible.
+    fn host_ptr_mut(&self) -> Option<*mut u8> {
+        None
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}

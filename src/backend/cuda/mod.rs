@@ -40,7 +40,7 @@ use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
 
-use super::{Allocation, Buffer, Memory};
+use super::{Allocation, Buffer};
 use crate::error::{Error, Result};
 use memory::{driver_err, is_sticky};
 
@@ -331,24 +331,22 @@ impl CudaDevice {
         self.ensure_usable()?;
         let mem =
             CudaMemory::alloc_zeroed_reclaiming(&self.ctx, bytes, &|| self.pool.release_cached())?;
-        Ok(Allocation::new(bytes, Memory::Cuda(mem)))
+        Ok(Allocation::new(bytes, mem))
     }
 
     /// A scratch allocation from the pool; its contents are undefined.
     pub(crate) fn alloc_scratch_bytes(&self, bytes: usize) -> Result<Arc<Allocation>> {
         self.ensure_usable()?;
         let mem = self.pool.take(bytes)?;
-        Ok(Allocation::new(bytes, Memory::Cuda(mem)))
+        Ok(Allocation::new(bytes, mem))
     }
 
     fn address(&self, buf: &Buffer) -> Result<u64> {
-        match &buf.allocation().memory {
-            Memory::Cuda(m) if m.ordinal() == self.ordinal() => {
-                Ok(m.device_ptr() + buf.offset() as u64)
-            }
-            other => Err(Error::View(format!(
+        match cuda_memory(buf) {
+            Some(m) if m.ordinal() == self.ordinal() => Ok(m.device_ptr() + buf.offset() as u64),
+            _ => Err(Error::View(format!(
                 "{buf:?} lives on {}, not {}",
-                other.location(),
+                buf.allocation().location(),
                 self.name()
             ))),
         }
@@ -395,4 +393,12 @@ impl std::fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.name())
     }
+}
+
+/// The CUDA memory behind a buffer, when it lives on a GPU.
+pub(crate) fn cuda_memory(buf: &Buffer) -> Option<&CudaMemory> {
+    buf.allocation()
+        .memory()
+        .as_any()
+        .downcast_ref::<CudaMemory>()
 }

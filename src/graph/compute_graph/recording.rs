@@ -5,9 +5,10 @@
 use crate::kernels::KernelId;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::backend::Buffer;
 use crate::error::{Error, Result};
-use crate::graph::dispatch::{Access, Arg, Range};
+use crate::graph::dispatch::{Arg, Range};
+use crate::kernels::Access;
+use crate::memory::Buffer;
 
 /// Bits of a view's stamp word that hold what the graph knows of the view; the rest is the
 /// graph's stamp. They are [`MARKED`] and the view's index in the graph.

@@ -12,7 +12,8 @@ use super::recording::{
 };
 use super::{valid_overlaps, ComputeGraph, Header, Span};
 use crate::graph::borrowed::ArgRef;
-use crate::graph::dispatch::{Access, Arg, Grid, OpKind, Range};
+use crate::graph::dispatch::{Arg, Grid, Range};
+use crate::kernels::{Access, OpKind};
 
 /// The most arguments the small path takes.
 const SMALL_ARGS: usize = 8;
@@ -145,9 +146,9 @@ impl ComputeGraph {
 #[inline(never)]
 fn take_in_cold(
     stamp: u64,
-    views: &mut Vec<crate::backend::Buffer>,
+    views: &mut Vec<crate::memory::Buffer>,
     view_ranges: &mut Vec<Range>,
-    b: &crate::backend::Buffer,
+    b: &crate::memory::Buffer,
 ) -> Option<u64> {
     let v = take_in_unseen(stamp, views, view_ranges, b).ok()?;
     Some(stamp << INDEX_BITS | u64::from(v))

@@ -7,49 +7,11 @@ use std::time::{Duration, Instant};
 
 use crate::backend::{Buffer, Device};
 use crate::config::RuntimeConfig;
+pub use crate::config::{Mode, Plan};
 use crate::error::{Error, Result};
 use crate::graph::{passes, Arg, ComputeGraph, Dispatch, Node, Nodes, RangeSet};
 
-/// How a session treats its dispatches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// Encode every dispatch at once, with a barrier only where it conflicts with the current
-    /// concurrent group.
-    Direct,
-    /// Record the dispatches into a [`ComputeGraph`]; optimize and run it at `finish`.
-    Recorded,
-}
-
-/// What `finish` does with a session's work. Fusion and reordering apply to recorded sessions;
-/// a direct session has already encoded its dispatches in program order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Plan {
-    /// Run the fusion pass.
-    pub fuse: bool,
-    /// Run the reorder pass with this lookahead window.
-    pub reorder: Option<usize>,
-    /// Submit the first `max(64, n/10)` dispatches before encoding the rest.
-    pub split: bool,
-    /// Measure encode and wait times.
-    pub timing: bool,
-}
-
-impl Plan {
-    /// No optimization: dispatches in program order, one submission.
-    pub const SEQUENTIAL: Plan = Plan {
-        fuse: false,
-        reorder: None,
-        split: false,
-        timing: false,
-    };
-    /// Every optimization with the default lookahead.
-    pub const OPTIMIZED: Plan = Plan {
-        fuse: true,
-        reorder: Some(passes::DEFAULT_LOOKAHEAD),
-        split: true,
-        timing: false,
-    };
-}
+mod ops;
 
 /// What `finish` did, every figure named.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]

@@ -1,14 +1,58 @@
-//! Allocations and buffer views.
+//! Allocations and buffer views: what both the graph IR and the backends need, below both.
 //!
-//! An [`Allocation`] is one block of device memory. A [`Buffer`] is a typed view of a byte range of
-//! one allocation: several buffers may view (and alias) the same allocation, and the graph passes
+//! An [`Allocation`] is one block of memory of some backend, held as a [`DeviceMemory`] trait
+//! object: this module knows no device. A [`Buffer`] is a typed view of a byte range of one
+//! allocation: several buffers may view (and alias) the same allocation, and the graph passes
 //! reason about exactly these byte ranges.
 
+use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::{DType, Memory};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
+
+/// Where an allocation's bytes live: the host, or one GPU. Two buffers can meet in one kernel
+/// only when their locations are equal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Location {
+    /// Host memory (the CPU backend, mapped files included).
+    Host,
+    /// Memory of CUDA device `ordinal`.
+    Cuda(usize),
+}
+
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Location::Host => f.write_str("cpu"),
+            Location::Cuda(ordinal) => write!(f, "cuda:{ordinal}"),
+        }
+    }
+}
+
+/// The bytes behind an [`Allocation`], implemented by each backend's memory type. A backend gets
+/// its own type back with [`DeviceMemory::as_any`] and a downcast.
+pub trait DeviceMemory: Any + Send + Sync {
+    /// Where the bytes live.
+    fn location(&self) -> Location;
+
+    /// Where the bytes live, in words ("cpu", "cpu (mapped file)", "cuda:0").
+    fn describe(&self) -> String {
+        self.location().to_string()
+    }
+
+    /// The first byte, for reading, when the host can read the memory. The pointer is valid for
+    /// the allocation's size for as long as the memory lives.
+    fn host_ptr(&self) -> Option<*const u8>;
+
+    /// The first byte, for writing, when the host can write the memory. Valid as
+    /// [`DeviceMemory::host_ptr`].
+    fn host_ptr_mut(&self) -> Option<*mut u8>;
+
+    /// The memory as `Any`, for a backend to downcast to its own type.
+    fn as_any(&self) -> &dyn Any;
+}
 
 /// Identifies one allocation, unique across all devices for the life of the process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -103,16 +147,27 @@ impl From<&[usize]> for Shape {
 pub struct Allocation {
     id: AllocId,
     size: usize,
-    pub(crate) memory: Memory,
+    memory: Box<dyn DeviceMemory>,
 }
 
 impl Allocation {
-    pub(crate) fn new(size: usize, memory: Memory) -> Arc<Self> {
+    /// An allocation of `size` bytes over `memory`, which must hold at least `size` bytes.
+    pub(crate) fn new(size: usize, memory: impl DeviceMemory) -> Arc<Self> {
         Arc::new(Allocation {
             id: AllocId::fresh(),
             size,
-            memory,
+            memory: Box::new(memory),
         })
+    }
+
+    /// The memory behind the allocation.
+    pub fn memory(&self) -> &dyn DeviceMemory {
+        &*self.memory
+    }
+
+    /// Where the bytes live.
+    pub fn home(&self) -> Location {
+        self.memory.location()
     }
 
     /// The allocation's id.
@@ -127,7 +182,7 @@ impl Allocation {
 
     /// Where the memory lives, in words ("cpu", "cuda:0").
     pub fn location(&self) -> String {
-        self.memory.location()
+        self.memory.describe()
     }
 }
 
