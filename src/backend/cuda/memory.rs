@@ -325,6 +325,26 @@ impl Drop for ScratchPool {
     }
 }
 
+impl crate::memory::DeviceMemory for CudaMemory {
+    fn location(&self) -> crate::memory::Location {
+        crate::memory::Location::Cuda(self.ordinal())
+    }
+
+    /// Device memory is not host-visible.
+    fn host_ptr(&self) -> Option<*const u8> {
+        None
+    }
+
+    /// Device memory is not host-visible.
+    fn host_ptr_mut(&self) -> Option<*mut u8> {
+        None
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{bytes_in_words, is_sticky, result::DriverError, size_class, sys::CUresult};
@@ -358,25 +378,5 @@ mod tests {
                 "class {c} wastes too much for {n}"
             );
         }
-    }
-}
-
-impl crate::memory::DeviceMemory for CudaMemory {
-    fn location(&self) -> crate::memory::Location {
-        crate::memory::Location::Cuda(self.ordinal())
-    }
-
-    /// Device memory is not host-visible.
-    fn host_ptr(&self) -> Option<*const u8> {
-        None
-    }
-
-    /// Device memory is not host-visible.
-    fn host_ptr_mut(&self) -> Option<*mut u8> {
-        None
-    }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
     }
 }
