@@ -4,6 +4,7 @@ mod argmax;
 mod attention;
 #[cfg(target_arch = "x86_64")]
 mod attention_avx512;
+mod check;
 mod copy;
 mod elementwise;
 mod embedding;
