@@ -9,6 +9,8 @@ mod copy;
 mod elementwise;
 mod embedding;
 mod fused_block;
+#[cfg(test)]
+mod hostile_tests;
 mod kv_cache;
 mod matmul;
 mod matmul_simd;
