@@ -7,8 +7,9 @@
 
 use rayon::prelude::*;
 
+use super::check::{expect_len, kernel_err};
 use crate::backend::cpu::{CpuRegistry, KernelArgs};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernels::misc::ARGMAX;
 
 /// Rows longer than this are scanned in parallel chunks.
@@ -48,12 +49,14 @@ fn argmax_f32(args: &KernelArgs<'_>) -> Result<()> {
     let x = args.input::<f32>(0)?;
     let out = args.output::<i32>(1)?;
     let n = args.usize(2)?;
-    if n == 0 || n > i32::MAX as usize || x.len() != out.len() * n {
-        return Err(Error::Kernel {
-            kernel: args.kernel().name(),
-            msg: format!("x has {} values, out {} rows of {n}", x.len(), out.len()),
-        });
+    if n == 0 || n > i32::MAX as usize {
+        return Err(kernel_err(
+            args,
+            format!("n = {n} is not a row length of 1..=2^31 - 1 values"),
+        ));
     }
+    // Every row `r < out.len()` is `x[r * n..(r + 1) * n]`.
+    expect_len(args, "x", x.len(), &[("rows of out", out.len()), ("n", n)])?;
     out.par_iter_mut().enumerate().for_each(|(r, o)| {
         let row = &x[r * n..(r + 1) * n];
         let best = if n > PARALLEL_ROW {

@@ -24,8 +24,9 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
+use super::check::{expect_len, kernel_err, product, read_pos0};
 use crate::backend::cpu::{CpuRegistry, KernelArgs};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernels::attention as ka;
 
 /// Registers this family's kernels against their declarations.
@@ -47,6 +48,11 @@ pub(super) fn register(registry: &mut CpuRegistry) {
 
 /// Keys scored together before one rescale of the running state.
 const KEY_BLOCK: usize = 32;
+
+/// The most scores (`group x chunk_len`) a decode work item keeps for the AVX-512 form; larger
+/// items (a hostile `chunk_len`, say) take the portable form, whose scratch does not grow with
+/// the chunk.
+const MAX_ITEM_SCORES: usize = 1 << 20;
 
 /// Argument positions shared by the prefill and partial kernels.
 const ARG_Q: usize = 0;
@@ -79,13 +85,6 @@ impl CacheElem for f16 {
     }
 }
 
-fn kernel_err(args: &KernelArgs<'_>, msg: String) -> Error {
-    Error::Kernel {
-        kernel: args.kernel().name(),
-        msg,
-    }
-}
-
 /// Head geometry and score parameters, read from the scalars and the cache's dimensions.
 #[derive(Debug, Clone, Copy)]
 struct Geometry {
@@ -101,7 +100,8 @@ struct Geometry {
 }
 
 impl Geometry {
-    /// Reads the five scalars starting at `ARG_N_HEAD` and checks them against the K and V caches.
+    /// Reads the five scalars starting at `ARG_N_HEAD` and checks them against the shapes of the
+    /// K and V caches (`[n_kv_head, max_ctx, head_dim]`, both).
     fn read(args: &KernelArgs<'_>) -> Result<Geometry> {
         let n_head = args.usize(ARG_N_HEAD)?;
         let n_kv_head = args.usize(ARG_N_HEAD + 1)?;
@@ -111,19 +111,28 @@ impl Geometry {
         if n_head == 0 || n_kv_head == 0 || head_dim == 0 || n_head % n_kv_head != 0 {
             return Err(kernel_err(
                 args,
-                format!("bad heads: n_head {n_head}, n_kv_head {n_kv_head}, head_dim {head_dim}"),
+                format!(
+                    "n_head = {n_head}, n_kv_head = {n_kv_head}, head_dim = {head_dim}: each must \
+                     be at least 1, and n_kv_head must divide n_head"
+                ),
             ));
         }
         let (k, _) = args.buffer(ARG_K)?;
         let (v, _) = args.buffer(ARG_V)?;
         let dims = k.dims();
-        if dims.len() != 3 || dims[0] != n_kv_head || dims[2] != head_dim || v.dims() != dims {
+        if dims.len() != 3 || dims[0] != n_kv_head || dims[2] != head_dim {
             return Err(kernel_err(
                 args,
                 format!(
-                    "caches of shape {dims:?} and {:?}, expected [{n_kv_head}, max_ctx, {head_dim}]",
-                    v.dims()
+                    "k_cache has shape {dims:?}, expected [n_kv_head = {n_kv_head}, max_ctx, \
+                     head_dim = {head_dim}]"
                 ),
+            ));
+        }
+        if v.dims() != dims {
+            return Err(kernel_err(
+                args,
+                format!("v_cache has shape {:?}, k_cache {dims:?}", v.dims()),
             ));
         }
         Ok(Geometry {
@@ -141,24 +150,19 @@ impl Geometry {
     fn kv_stride(&self) -> usize {
         self.max_ctx * self.head_dim
     }
-}
 
-/// Reads `pos0` from the step buffer at `index` and checks that `rows` query rows starting there
-/// fit in a cache of `max_ctx` positions.
-fn read_pos0(args: &KernelArgs<'_>, index: usize, rows: usize, max_ctx: usize) -> Result<usize> {
-    let step = args.input::<i32>(index)?;
-    let pos0 = *step
-        .first()
-        .ok_or_else(|| kernel_err(args, "the step buffer is empty".into()))?;
-    let start =
-        usize::try_from(pos0).map_err(|_| kernel_err(args, format!("pos0 {pos0} is negative")))?;
-    if start.checked_add(rows).is_none_or(|end| end > max_ctx) {
-        return Err(kernel_err(
-            args,
-            format!("pos0 {pos0} + {rows} rows exceeds the cache's {max_ctx} positions"),
-        ));
+    /// Checks the lengths of the cache slices themselves (their views' shapes say the same, but
+    /// the slab arithmetic of the kernels then rests on this check alone): on success the slab of
+    /// KV head `h < n_kv_head` is elements `h * kv_stride()..(h + 1) * kv_stride()` of either.
+    fn check_caches(&self, args: &KernelArgs<'_>, k: usize, v: usize) -> Result<()> {
+        let cache = [
+            ("n_kv_head", self.n_kv_head),
+            ("max_ctx", self.max_ctx),
+            ("head_dim", self.head_dim),
+        ];
+        expect_len(args, "k_cache", k, &cache)?;
+        expect_len(args, "v_cache", v, &cache)
     }
-    Ok(start)
 }
 
 /// Online-softmax state of the query heads of one group, kept per thread and reused.
@@ -294,17 +298,22 @@ fn attention_prefill<T: CacheElem>(args: &KernelArgs<'_>) -> Result<()> {
     let k = args.input::<T>(ARG_K)?;
     let v = args.input::<T>(ARG_V)?;
     let out = args.output::<f32>(ARG_OUT)?;
-    let width = geo.n_head * geo.head_dim;
+    geo.check_caches(args, k.len(), v.len())?;
+    let heads = [("n_head", geo.n_head), ("head_dim", geo.head_dim)];
+    let width = product(args, "a row of q", &heads)?;
     if q.len() != out.len() || q.len() % width != 0 || q.is_empty() {
         return Err(kernel_err(
             args,
             format!(
-                "q has {} and out {} values, expected rows x {width}",
+                "q has {} and out {} values, expected whole rows of n_head = {} x head_dim = {}",
                 q.len(),
-                out.len()
+                out.len(),
+                geo.n_head,
+                geo.head_dim
             ),
         ));
     }
+    // Query row `r < rows` sees keys `0..=pos0 + r`, all inside the cache.
     let rows = q.len() / width;
     let pos0 = read_pos0(args, ARG_STEP, rows, geo.max_ctx)?;
     let unit = geo.group * geo.head_dim;
@@ -340,19 +349,18 @@ fn attention_decode_partial<T: CacheElem>(args: &KernelArgs<'_>) -> Result<()> {
     let k = args.input::<T>(ARG_K)?;
     let v = args.input::<T>(ARG_V)?;
     let partials = args.output::<f32>(ARG_OUT)?;
+    geo.check_caches(args, k.len(), v.len())?;
     let hd = geo.head_dim;
     let rec = hd + 2;
-    if q.len() != geo.n_head * hd {
-        return Err(kernel_err(
-            args,
-            format!(
-                "q has {} values, expected one row of {}",
-                q.len(),
-                geo.n_head * hd
-            ),
-        ));
-    }
+    expect_len(
+        args,
+        "q",
+        q.len(),
+        &[("n_head", geo.n_head), ("head_dim", hd)],
+    )?;
     check_partials(args, partials.len(), geo.n_head, hd, chunk_len, max_chunks)?;
+    // Keys `0..kv_len`, all inside the cache (`kv_len <= max_ctx`), in `chunks <= max_chunks`
+    // chunks: the records written below lie inside `partials`.
     let pos0 = read_pos0(args, ARG_STEP, 1, geo.max_ctx)?;
     let kv_len = pos0 + 1;
     let chunks = used_chunks(args, kv_len, chunk_len, max_chunks)?;
@@ -367,11 +375,13 @@ fn attention_decode_partial<T: CacheElem>(args: &KernelArgs<'_>) -> Result<()> {
             let qh = &q[kv * geo.group * hd..(kv + 1) * geo.group * hd];
             let slab = kv * stride..(kv + 1) * stride;
             #[cfg(target_arch = "x86_64")]
-            {
+            if geo.group * keys.len() <= MAX_ITEM_SCORES {
+                // The slabs as bytes; `decode_item` checks every length it relies on (and
+                // declines, leaving the item to the portable form, should one disagree).
                 let item = super::attention_avx512::Item {
                     q: qh,
-                    k: k[slab.clone()].as_ptr() as *const u8,
-                    v: v[slab.clone()].as_ptr() as *const u8,
+                    k: bytemuck::cast_slice(&k[slab.clone()]),
+                    v: bytemuck::cast_slice(&v[slab.clone()]),
                     keys: keys.clone(),
                     group: geo.group,
                     scale: geo.scale,
@@ -383,12 +393,7 @@ fn attention_decode_partial<T: CacheElem>(args: &KernelArgs<'_>) -> Result<()> {
                     if scores.len() < need {
                         scores.resize(need, 0.0);
                     }
-                    // SAFETY: the slabs hold `max_ctx` rows of `hd` elements and `keys` ends at
-                    // `kv_len <= max_ctx` (checked by `read_pos0`); `qh` holds `group * hd`
-                    // values and `recs` `group * (hd + 2)` (one unit of the partials).
-                    unsafe {
-                        super::attention_avx512::decode_item(&item, hd, T::HALF, &mut scores, recs)
-                    }
+                    super::attention_avx512::decode_item(&item, hd, T::HALF, &mut scores, recs)
                 });
                 if done {
                     return;
@@ -416,17 +421,22 @@ fn attention_decode_combine(args: &KernelArgs<'_>) -> Result<()> {
     let hd = args.usize(4)?;
     let chunk_len = args.usize(5)?;
     let max_chunks = args.usize(6)?;
-    if n_head == 0 || hd == 0 || out.len() != n_head * hd {
+    if n_head == 0 || hd == 0 {
         return Err(kernel_err(
             args,
-            format!(
-                "out has {} values, expected n_head {n_head} x head_dim {hd}",
-                out.len()
-            ),
+            format!("n_head = {n_head} and head_dim = {hd} must be at least 1"),
         ));
     }
+    expect_len(
+        args,
+        "out",
+        out.len(),
+        &[("n_head", n_head), ("head_dim", hd)],
+    )?;
     check_partials(args, partials.len(), n_head, hd, chunk_len, max_chunks)?;
-    let pos0 = read_pos0(args, 1, 1, max_chunks * chunk_len)?;
+    // The records of chunks `0..chunks` (`chunks <= max_chunks`) lie inside `partials`.
+    let positions = max_chunks.saturating_mul(chunk_len);
+    let pos0 = read_pos0(args, 1, 1, positions)?;
     let chunks = used_chunks(args, pos0 + 1, chunk_len, max_chunks)?;
     let rec = hd + 2;
     out.par_chunks_mut(hd).enumerate().for_each(|(h, o)| {
@@ -448,7 +458,8 @@ fn attention_decode_combine(args: &KernelArgs<'_>) -> Result<()> {
     Ok(())
 }
 
-/// Checks the scratch length against `[max_chunks, n_head, head_dim + 2]`.
+/// Checks the records' length against `[chunks, n_head, head_dim + 2]`, and that `chunk_len`
+/// and `chunks` (`max_chunks`) are at least 1.
 fn check_partials(
     args: &KernelArgs<'_>,
     len: usize,
@@ -457,19 +468,23 @@ fn check_partials(
     chunk_len: usize,
     max_chunks: usize,
 ) -> Result<()> {
-    let need = max_chunks
-        .checked_mul(n_head)
-        .and_then(|n| n.checked_mul(hd + 2));
-    if chunk_len == 0 || max_chunks == 0 || need != Some(len) {
+    if chunk_len == 0 || max_chunks == 0 {
         return Err(kernel_err(
             args,
-            format!(
-                "partials has {len} values, expected max_chunks {max_chunks} x n_head {n_head} x \
-                 (head_dim {hd} + 2), with chunk_len {chunk_len} > 0"
-            ),
+            format!("chunk_len = {chunk_len} and chunks = {max_chunks} must be at least 1"),
         ));
     }
-    Ok(())
+    let record = hd.saturating_add(2);
+    expect_len(
+        args,
+        "records",
+        len,
+        &[
+            ("chunks", max_chunks),
+            ("n_head", n_head),
+            ("head_dim + 2", record),
+        ],
+    )
 }
 
 /// Chunks of `chunk_len` covering `kv_len` keys; an error when the scratch has fewer.
@@ -483,7 +498,10 @@ fn used_chunks(
     if chunks > max_chunks {
         return Err(kernel_err(
             args,
-            format!("KV length {kv_len} needs {chunks} chunks of {chunk_len}, the scratch holds {max_chunks}"),
+            format!(
+                "the KV length {kv_len} needs {chunks} chunks of chunk_len = {chunk_len}, the \
+                 records hold chunks = {max_chunks}"
+            ),
         ));
     }
     Ok(chunks)

@@ -15,10 +15,10 @@ use std::ops::Range;
 pub(super) struct Item<'a> {
     /// The group's query rows, `[group, head_dim]`.
     pub q: &'a [f32],
-    /// Start of the KV head's K slab (f32 or f16 values, `[max_ctx, head_dim]`).
-    pub k: *const u8,
-    /// Start of the V slab, as `k`.
-    pub v: *const u8,
+    /// The KV head's K slab (the bytes of f32 or f16 values, `[max_ctx, head_dim]`).
+    pub k: &'a [u8],
+    /// The V slab, as `k`.
+    pub v: &'a [u8],
     /// Positions of the chunk.
     pub keys: Range<usize>,
     /// Query heads of the group.
@@ -41,22 +41,26 @@ pub(super) fn available() -> bool {
 
 /// Runs one item for a head size the fast form takes (32, 64 or 128), writing `group` records of
 /// `head_dim + 2` values into `recs`; `scores` is scratch of at least `group * keys.len()` values.
-/// Returns `false` (writing nothing) for other head sizes or when the CPU lacks AVX-512.
-///
-/// # Safety
-/// `k` and `v` point at slabs holding every position of `keys` (rows of `head_dim` elements of
-/// the type `half` names); `q` holds `group * head_dim` values and `recs` `group * (head_dim + 2)`.
-pub(super) unsafe fn decode_item(
+/// Returns `false` (writing nothing) for other head sizes, when the CPU lacks AVX-512, or when a
+/// length disagrees: the slabs must hold every position of `keys` (rows of `head_dim` elements
+/// of the type `half` names), `q` `group * head_dim` values and `recs` `group * (head_dim + 2)`.
+/// These checks, once per item, are what every access of the fast form rests on.
+pub(super) fn decode_item(
     item: &Item<'_>,
     head_dim: usize,
     half: bool,
     scores: &mut [f32],
     recs: &mut [f32],
 ) -> bool {
-    if !available() {
+    if !available()
+        || !matches!(head_dim, 32 | 64 | 128)
+        || !sizes_fit(item, head_dim, half, scores, recs)
+    {
         return false;
     }
-    // SAFETY: the CPU has the features (checked above); the caller guarantees the sizes.
+    // SAFETY: the CPU has the features (`available`), and `sizes_fit` checked every length that
+    // `run` reads or writes within (its contract); the ISA only decides which loads run, never
+    // their bounds.
     unsafe {
         match (head_dim, half) {
             (32, false) => run::<false, 2, 4>(item, scores, recs),
@@ -69,6 +73,30 @@ pub(super) unsafe fn decode_item(
         }
     }
     true
+}
+
+/// Whether every length [`run`] relies on holds: the slabs hold rows `0..keys.end` of `head_dim`
+/// elements of 2 (`half`) or 4 bytes, `q` holds `group * head_dim` values, `scores`
+/// `group * keys.len()` and `recs` `group * (head_dim + 2)` (checked arithmetic throughout).
+fn sizes_fit(item: &Item<'_>, head_dim: usize, half: bool, scores: &[f32], recs: &[f32]) -> bool {
+    let fits = |need: Option<usize>, len: usize| need.is_some_and(|n| n <= len);
+    let elem = if half { 2 } else { 4 };
+    let slab = item
+        .keys
+        .end
+        .checked_mul(head_dim)
+        .and_then(|e| e.checked_mul(elem));
+    item.keys.start <= item.keys.end
+        && fits(slab, item.k.len())
+        && fits(slab, item.v.len())
+        && fits(item.group.checked_mul(head_dim), item.q.len())
+        && fits(item.group.checked_mul(item.keys.len()), scores.len())
+        && fits(
+            head_dim
+                .checked_add(2)
+                .and_then(|r| r.checked_mul(item.group)),
+            recs.len(),
+        )
 }
 
 /// Sixteen cache values starting at element `i` of `p`, as f32.
@@ -124,6 +152,10 @@ fn first(n: usize) -> __mmask16 {
 }
 
 /// The three passes for `C` vectors per head (`head_dim = 16 C`), `HT` heads per register tile.
+///
+/// # Safety
+/// The CPU supports avx512f, avx2, fma and f16c, and [`sizes_fit`] holds for `head_dim = 16 C`
+/// (the slabs' element type `HALF` names).
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn run<const HALF: bool, const C: usize, const HT: usize>(
     item: &Item<'_>,
@@ -133,9 +165,11 @@ unsafe fn run<const HALF: bool, const C: usize, const HT: usize>(
     let hd = 16 * C;
     let n = item.keys.len();
     let rec = hd + 2;
+    let (kp, vp) = (item.k.as_ptr(), item.v.as_ptr());
     // SAFETY: row `t` of a slab is `hd` elements at element offset `t * hd`, inside the slab for
-    // every `t` in `keys` (the caller's contract); `scores` holds `group * n` values, `q`
-    // `group * hd` and `recs` `group * rec` (likewise).
+    // every `t` in `keys` (`keys.end * hd` elements fit, checked by `sizes_fit`); `scores` holds
+    // `group * n` values, `q` `group * hd` and `recs` `group * rec` (likewise). The masked loads
+    // and stores of pass 2 touch only lanes below `n - t` of row `j` of `scores`.
     unsafe {
         // Pass 1: scores.
         let mut h0 = 0;
@@ -151,7 +185,7 @@ unsafe fn run<const HALF: bool, const C: usize, const HT: usize>(
                 let row = (item.keys.start + t) * hd;
                 let mut kv = [_mm512_setzero_ps(); C];
                 for (c, v) in kv.iter_mut().enumerate() {
-                    *v = load16::<HALF>(item.k, row + 16 * c);
+                    *v = load16::<HALF>(kp, row + 16 * c);
                 }
                 for (h, qh) in qv.iter().enumerate().take(ht) {
                     let mut s = _mm512_mul_ps(qh[0], kv[0]);
@@ -203,7 +237,7 @@ unsafe fn run<const HALF: bool, const C: usize, const HT: usize>(
                 let row = (item.keys.start + t) * hd;
                 let mut vv = [_mm512_setzero_ps(); C];
                 for (c, v) in vv.iter_mut().enumerate() {
-                    *v = load16::<HALF>(item.v, row + 16 * c);
+                    *v = load16::<HALF>(vp, row + 16 * c);
                 }
                 for (h, ah) in acc.iter_mut().enumerate().take(ht) {
                     let p = _mm512_set1_ps(*scores.get_unchecked((h0 + h) * n + t));
@@ -250,10 +284,10 @@ mod tests {
         let (kr, vr) = (round(&kf), round(&vf));
         let kh: Vec<f16> = kf.iter().map(|&x| f16::from_f32(x)).collect();
         let vh: Vec<f16> = vf.iter().map(|&x| f16::from_f32(x)).collect();
-        let (kp, vp) = if half {
-            (kh.as_ptr() as *const u8, vh.as_ptr() as *const u8)
+        let (kp, vp): (&[u8], &[u8]) = if half {
+            (bytemuck::cast_slice(&kh), bytemuck::cast_slice(&vh))
         } else {
-            (kf.as_ptr() as *const u8, vf.as_ptr() as *const u8)
+            (bytemuck::cast_slice(&kf), bytemuck::cast_slice(&vf))
         };
         let scale = 1.0 / (head_dim as f32).sqrt();
         let item = Item {
@@ -268,8 +302,7 @@ mod tests {
         let rec = head_dim + 2;
         let mut scores = vec![0f32; group * keys.len()];
         let mut recs = vec![f32::NAN; group * rec];
-        // SAFETY: the caches hold `ctx > keys.end` rows; q, scores and recs are sized as required.
-        let ran = unsafe { decode_item(&item, head_dim, half, &mut scores, &mut recs) };
+        let ran = decode_item(&item, head_dim, half, &mut scores, &mut recs);
         if !available() {
             assert!(!ran);
             return;
@@ -333,15 +366,54 @@ mod tests {
     fn other_head_sizes_decline() {
         let item = Item {
             q: &[],
-            k: std::ptr::null(),
-            v: std::ptr::null(),
+            k: &[],
+            v: &[],
             keys: 0..1,
             group: 1,
             scale: 1.0,
             softcap: None,
         };
-        // SAFETY: a head size the fast form does not take returns before touching any pointer.
-        let ran = unsafe { decode_item(&item, 48, false, &mut [], &mut []) };
-        assert!(!ran);
+        assert!(!decode_item(&item, 48, false, &mut [], &mut []));
+    }
+
+    #[test]
+    fn short_slices_decline() {
+        fn item<'a>(q: &'a [f32], k: &'a [u8], v: &'a [u8], keys: Range<usize>) -> Item<'a> {
+            Item {
+                q,
+                k,
+                v,
+                keys,
+                group: 1,
+                scale: 1.0,
+                softcap: None,
+            }
+        }
+        // A valid item (head_dim 32, one head, keys 0..4), then each length one short.
+        let qv = random_f32(32, 1.0, 1);
+        let q: &[f32] = &qv;
+        let kv = random_f32(4 * 32, 1.0, 2);
+        let bytes: &[u8] = bytemuck::cast_slice(&kv);
+        let short = &bytes[..bytes.len() - 1];
+        let (mut scores, mut recs) = (vec![0f32; 4], vec![0f32; 34]);
+        let ok = decode_item(
+            &item(q, bytes, bytes, 0..4),
+            32,
+            false,
+            &mut scores,
+            &mut recs,
+        );
+        assert_eq!(ok, available());
+        for (it, s, r) in [
+            (item(q, short, bytes, 0..4), 4, 34),
+            (item(q, bytes, short, 0..4), 4, 34),
+            (item(&q[..31], bytes, bytes, 0..4), 4, 34),
+            (item(q, bytes, bytes, 0..5), 5, 34),
+            (item(q, bytes, bytes, 0..4), 3, 34),
+            (item(q, bytes, bytes, 0..4), 4, 33),
+        ] {
+            let (mut scores, mut recs) = (vec![0f32; s], vec![0f32; r]);
+            assert!(!decode_item(&it, 32, false, &mut scores, &mut recs));
+        }
     }
 }

@@ -205,7 +205,7 @@ fn binary<T: Float, O: BinaryOp, const INPLACE: bool>(args: &KernelArgs<'_>) -> 
         Err(kernel_err(
             args,
             format!(
-                "b has {} values; expected {n} or a row of {row_len}",
+                "b has {} values; expected {n} (as a) or one row of row_len = {row_len}",
                 b.len()
             ),
         ))

@@ -7,8 +7,9 @@
 
 use rayon::prelude::*;
 
+use super::check::{expect_len, expect_matrix, kernel_err};
 use crate::backend::cpu::{CpuRegistry, KernelArgs};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernels::misc::EMBEDDING;
 
 /// Registers this family's kernels against their declarations.
@@ -17,35 +18,33 @@ pub(super) fn register(registry: &mut CpuRegistry) {
 }
 
 fn embedding_kernel(args: &KernelArgs<'_>) -> Result<()> {
-    let err = |msg: String| Error::Kernel {
-        kernel: args.kernel().name(),
-        msg,
-    };
     let (tbuf, _) = args.buffer(0)?;
     let table = args.input_bytes(0)?;
     let ids = args.input::<i32>(1)?;
     let out = args.output::<f32>(2)?;
     let (vocab, dim) = (args.usize(3)?, args.usize(4)?);
     let dtype = tbuf.dtype();
-    let row_bytes = dtype
-        .bytes_for(dim)
-        .ok_or_else(|| err(format!("dim {dim} is not a whole number of {dtype} blocks")))?;
-    if table.len() != vocab * row_bytes || out.len() != ids.len() * dim {
-        return Err(err(format!(
-            "table of {} bytes for {vocab} x {dim} {dtype}, out of {} values for {} ids",
-            table.len(),
-            out.len(),
-            ids.len()
-        )));
-    }
+    // Row `id < vocab` of the table is `table[id * row_bytes..(id + 1) * row_bytes]` and encodes
+    // exactly `dim` values, as `dequantize_unchecked` below requires.
+    let row_bytes = expect_matrix(
+        args,
+        "table",
+        dtype,
+        table.len(),
+        &[("vocab", vocab)],
+        ("dim", dim),
+    )?
+    .row_bytes;
+    expect_len(args, "out", out.len(), &[("ids", ids.len()), ("dim", dim)])?;
     if let Some((i, &id)) = ids
         .iter()
         .enumerate()
         .find(|(_, &id)| id < 0 || id as usize >= vocab)
     {
-        return Err(err(format!(
-            "token id {id} at ids[{i}] is outside the vocabulary 0..{vocab}"
-        )));
+        return Err(kernel_err(
+            args,
+            format!("token id {id} at ids[{i}] is outside the vocabulary 0..{vocab}"),
+        ));
     }
     if dim == 0 {
         return Ok(());
@@ -53,6 +52,7 @@ fn embedding_kernel(args: &KernelArgs<'_>) -> Result<()> {
     out.par_chunks_mut(dim)
         .zip(ids.par_iter())
         .for_each(|(row, &id)| {
+            // `0 <= id < vocab` (checked above) and `row` holds `dim` values.
             let id = id as usize;
             crate::quant::dequantize_unchecked(
                 dtype,

@@ -25,8 +25,8 @@ use std::marker::PhantomData;
 
 use rayon::prelude::*;
 
+use super::check::{check_len, expect_len, expect_matrix, kernel_err, read_pos0, Factor};
 use super::elementwise::silu;
-use super::matmul::{check_len, kernel_err};
 use super::matmul_simd::{dot_row, micro_kernel, Isa, MR, NR};
 use super::matvec_vnni::{self, Layout, QuantRow};
 use super::norm::sum_squares;
@@ -244,7 +244,7 @@ fn tile_products<const P: usize>(
     emit: impl Fn(usize, usize, usize, [&[f32]; P]) + Sync,
 ) {
     let k = groups[0][0].k;
-    assert!(x.len() >= rows * k);
+    assert!(rows.checked_mul(k).is_some_and(|need| x.len() >= need));
     let tiles: usize = groups.iter().map(|g| g[0].n.div_ceil(NR)).sum();
     (0..tiles).into_par_iter().for_each(|t| {
         let (mut tile, mut gi) = (t, 0);
@@ -259,6 +259,8 @@ fn tile_products<const P: usize>(
             for (w, packed) in group.iter().zip(packed.chunks_exact_mut(k * NR)) {
                 for j in 0..NR {
                     if j < width {
+                        // Row `o0 + j < n` encodes exactly `k` values (`matrix`'s check), the
+                        // length of `row`.
                         crate::quant::dequantize_unchecked(w.dtype, w.row(o0 + j), row);
                         for (p, &v) in row.iter().enumerate() {
                             packed[p * NR + j] = v;
@@ -294,7 +296,9 @@ fn stacked_products(isa: Isa, stack: &[Matrix<'_>; 3], x: &[f32], rows: usize, o
     let shared = SharedOut::new(&mut out[..rows * n_total]);
     let groups = stack.map(|w| [w]);
     tile_products(isa, &groups, x, rows, |g, r, o0, [v]| {
-        // SAFETY: only the task of tile `o0` of matrix `g` writes these columns.
+        // SAFETY: `part` asserts the bounds (row `r < rows` of `rows * n_total` values, columns
+        // `col0[g] + o0..` of matrix `g`'s `n` below `n_total`); exclusive because only the task
+        // of tile `o0` of matrix `g` writes these columns.
         let dst = unsafe { shared.part(r * n_total + col0[g] + o0, v.len()) };
         dst.copy_from_slice(v);
     });
@@ -319,14 +323,16 @@ fn rms_norm_rows(x: &[f32], weight: &[f32], eps: f32, dim: usize, out: &mut [f32
     }
 }
 
-/// The weight argument at `index` as `n` rows of `k` values of `dtype`.
+/// The weight argument at `index` as `rows` (a product of named scalars) rows of `k` values of
+/// `dtype`, checked up front (`check::expect_matrix`): every row `o < n` lies inside the bytes
+/// and encodes exactly `k` values, what the dot products and `dequantize_unchecked` rely on.
 fn matrix<'a>(
     args: &KernelArgs<'a>,
     index: usize,
     what: &str,
     dtype: DType,
-    n: usize,
-    k: usize,
+    rows: &[Factor<'_>],
+    k: Factor<'_>,
 ) -> Result<Matrix<'a>> {
     let (buf, _) = args.buffer(index)?;
     if buf.dtype() != dtype {
@@ -336,16 +342,13 @@ fn matrix<'a>(
         ));
     }
     let bytes = args.input_bytes(index)?;
-    let row_bytes = dtype
-        .bytes_for(k)
-        .ok_or_else(|| kernel_err(args, format!("k = {k} is not whole {dtype} blocks")))?;
-    check_len(args, what, bytes.len(), n * row_bytes)?;
+    let size = expect_matrix(args, what, dtype, bytes.len(), rows, k)?;
     Ok(Matrix {
         dtype,
         bytes,
-        row_bytes,
-        n,
-        k,
+        row_bytes: size.row_bytes,
+        n: size.n,
+        k: k.1,
     })
 }
 
@@ -356,7 +359,7 @@ fn x_and_norm<'a>(args: &KernelArgs<'a>, dim: usize) -> Result<(&'a [f32], &'a [
     if dim == 0 || x.is_empty() || x.len() % dim != 0 {
         return Err(kernel_err(
             args,
-            format!("x has {} values, not whole rows of {dim}", x.len()),
+            format!("x has {} values, not whole rows of dim = {dim}", x.len()),
         ));
     }
     check_len(args, "norm", norm.len(), dim)?;
@@ -372,46 +375,50 @@ fn norm_qkv_rope_kernel(args: &KernelArgs<'_>) -> Result<()> {
     if hd == 0 || hd % 2 != 0 || hd / 2 > MAX_ROPE_PAIRS || n_head == 0 || n_kv == 0 || mode > 1 {
         return Err(kernel_err(
             args,
-            format!("head_dim {hd}, {n_head} query and {n_kv} key/value heads, mode {mode}"),
+            format!(
+                "head_dim = {hd}, n_head = {n_head}, n_kv_head = {n_kv}, mode = {mode}: head_dim \
+                 must be even and at most {}, the head counts at least 1, mode 0 or 1",
+                2 * MAX_ROPE_PAIRS
+            ),
         ));
     }
     let dtype = args.buffer(2)?.0.dtype();
+    let (q_heads, kv_heads) = (
+        [("n_head", n_head), ("head_dim", hd)],
+        [("n_kv_head", n_kv), ("head_dim", hd)],
+    );
     let stack = [
-        matrix(args, 2, "wq", dtype, n_head * hd, dim)?,
-        matrix(args, 3, "wk", dtype, n_kv * hd, dim)?,
-        matrix(args, 4, "wv", dtype, n_kv * hd, dim)?,
+        matrix(args, 2, "wq", dtype, &q_heads, ("dim", dim))?,
+        matrix(args, 3, "wk", dtype, &kv_heads, ("dim", dim))?,
+        matrix(args, 4, "wv", dtype, &kv_heads, ("dim", dim))?,
     ];
     let positions = args.input::<i32>(5)?;
-    let step = args.input::<i32>(6)?;
     let q = args.output::<f32>(7)?;
     let k_cache = args.output::<f32>(8)?;
     let v_cache = args.output::<f32>(9)?;
     check_len(args, "positions", positions.len(), rows)?;
-    check_len(args, "q", q.len(), rows * n_head * hd)?;
+    expect_len(
+        args,
+        "q",
+        q.len(),
+        &[("rows", rows), ("n_head", n_head), ("head_dim", hd)],
+    )?;
     check_len(args, "v_cache", v_cache.len(), k_cache.len())?;
-    let kv_row = n_kv * hd;
+    // `kv_row` is wk's row count, checked above without overflow.
+    let kv_row = stack[1].n;
     if k_cache.is_empty() || k_cache.len() % kv_row != 0 {
         return Err(kernel_err(
             args,
-            format!("the caches do not hold whole rows of {n_kv} x {hd}"),
-        ));
-    }
-    let max_ctx = k_cache.len() / kv_row;
-    let pos0 = *step
-        .first()
-        .ok_or_else(|| kernel_err(args, "the step buffer is empty".into()))?;
-    let Some(pos0) = usize::try_from(pos0)
-        .ok()
-        .filter(|&p| p.checked_add(rows).is_some_and(|end| end <= max_ctx))
-    else {
-        return Err(kernel_err(
-            args,
             format!(
-                "rows {pos0}..{} do not fit in a cache of {max_ctx} positions",
-                pos0 as i64 + rows as i64
+                "k_cache has {} values, not whole positions of n_kv_head = {n_kv} x head_dim = \
+                 {hd}",
+                k_cache.len()
             ),
         ));
-    };
+    }
+    // The caches are `[n_kv_head, max_ctx, head_dim]`; rows `pos0..pos0 + rows` fit in them.
+    let max_ctx = k_cache.len() / kv_row;
+    let pos0 = read_pos0(args, 6, rows, max_ctx)?;
     let rope = Rope {
         hd,
         base,
@@ -543,7 +550,9 @@ fn rope_and_store(
         }
         for (h, (kh, vh)) in ks.chunks_exact(hd).zip(vs.chunks_exact(hd)).enumerate() {
             let at = (h * c.max_ctx + c.pos0 + r) * hd;
-            // SAFETY: cache row `pos0 + r` of every head is written by row `r`'s task alone.
+            // SAFETY: `part` asserts the bounds (`h < n_kv_head` and `pos0 + r < max_ctx` by the
+            // kernel's `read_pos0` check, so `at + hd` is within the caches); exclusive because
+            // cache row `pos0 + r` of every head is written by row `r`'s task alone.
             let (kd, vd) = unsafe { (k_cache.part(at, hd), v_cache.part(at, hd)) };
             rope.rotate(&table, kh, kd);
             vd.copy_from_slice(vh);
@@ -565,11 +574,16 @@ fn norm_gate_up_kernel(args: &KernelArgs<'_>) -> Result<()> {
     let (x, norm, rows) = x_and_norm(args, dim)?;
     let dtype = args.buffer(2)?.0.dtype();
     let stack = [
-        matrix(args, 2, "w_gate", dtype, ffn, dim)?,
-        matrix(args, 3, "w_up", dtype, ffn, dim)?,
+        matrix(args, 2, "w_gate", dtype, &[("ffn", ffn)], ("dim", dim))?,
+        matrix(args, 3, "w_up", dtype, &[("ffn", ffn)], ("dim", dim))?,
     ];
     let hidden = args.output::<f32>(4)?;
-    check_len(args, "hidden", hidden.len(), rows * ffn)?;
+    expect_len(
+        args,
+        "hidden",
+        hidden.len(),
+        &[("rows", rows), ("ffn", ffn)],
+    )?;
     if ffn == 0 {
         return Ok(());
     }
@@ -585,7 +599,8 @@ fn norm_gate_up_kernel(args: &KernelArgs<'_>) -> Result<()> {
         }
         let shared = SharedOut::new(hidden);
         tile_products(isa, &[stack], xn, rows, |_, r, o0, [g, u]| {
-            // SAFETY: only the task of tile `o0` writes these columns of `hidden`.
+            // SAFETY: `part` asserts the bounds (`hidden` holds `rows * ffn`, checked up front);
+            // exclusive because only the task of tile `o0` writes these columns of `hidden`.
             swiglu(g, u, unsafe { shared.part(r * ffn + o0, g.len()) });
         });
     });
@@ -636,10 +651,10 @@ fn matmul_add_kernel(args: &KernelArgs<'_>) -> Result<()> {
     let x = args.input::<f32>(0)?;
     let (rows, k, n) = (args.usize(3)?, args.usize(4)?, args.usize(5)?);
     let dtype = args.buffer(1)?.0.dtype();
-    let w = matrix(args, 1, "w", dtype, n, k)?;
+    let w = matrix(args, 1, "w", dtype, &[("n", n)], ("k", k))?;
     let acc = args.output::<f32>(2)?;
-    check_len(args, "x", x.len(), rows * k)?;
-    check_len(args, "acc", acc.len(), rows * n)?;
+    expect_len(args, "x", x.len(), &[("rows", rows), ("k", k)])?;
+    expect_len(args, "acc", acc.len(), &[("rows", rows), ("n", n)])?;
     if k == 0 || n == 0 {
         return Err(kernel_err(
             args,
@@ -660,7 +675,8 @@ fn matmul_add_kernel(args: &KernelArgs<'_>) -> Result<()> {
     }
     let shared = SharedOut::new(acc);
     tile_products(isa, &[[w]], x, rows, |_, r, o0, [v]| {
-        // SAFETY: only the task of tile `o0` reads and writes these columns of `acc`.
+        // SAFETY: `part` asserts the bounds (`acc` holds `rows * n`, checked up front);
+        // exclusive because only the task of tile `o0` reads and writes these columns of `acc`.
         add_into(unsafe { shared.part(r * n + o0, v.len()) }, v);
     });
     Ok(())

@@ -12,42 +12,37 @@
 use half::{bf16, f16};
 use rayon::prelude::*;
 
+use super::check::{kernel_err, product, read_pos0};
 use super::copy::Float;
 use crate::backend::cpu::{CpuRegistry, KernelArgs};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernels::misc::KV_WRITE;
 
 fn kv_write<C: Float>(args: &KernelArgs<'_>) -> Result<()> {
-    let bad = |msg: String| Error::Kernel {
-        kernel: args.kernel().name(),
-        msg,
-    };
     let new = args.input::<f32>(0)?;
-    let step = args.input::<i32>(1)?;
     let cache = args.output::<C>(2)?;
     let (n_kv_head, head_dim) = (args.usize(3)?, args.usize(4)?);
-    let row_len = n_kv_head * head_dim;
+    let heads = [("n_kv_head", n_kv_head), ("head_dim", head_dim)];
+    let row_len = product(args, "a row of new", &heads)?;
     if row_len == 0 || new.len() % row_len != 0 || cache.len() % row_len != 0 {
-        return Err(bad(format!(
-            "new ({}) and cache ({}) are not whole rows of {n_kv_head} x {head_dim}",
-            new.len(),
-            cache.len()
-        )));
+        return Err(kernel_err(
+            args,
+            format!(
+                "new ({} values) and cache ({} values) are not whole rows of n_kv_head = \
+                 {n_kv_head} x head_dim = {head_dim}",
+                new.len(),
+                cache.len()
+            ),
+        ));
     }
     let rows = new.len() / row_len;
     let max_ctx = cache.len() / row_len;
-    let pos0 = *step
-        .first()
-        .ok_or_else(|| bad("the step buffer is empty".into()))?;
-    let start = usize::try_from(pos0)
-        .ok()
-        .filter(|&p| p.checked_add(rows).is_some_and(|end| end <= max_ctx));
-    let Some(start) = start else {
-        return Err(bad(format!(
-            "rows {pos0}..{} do not fit in a cache of {max_ctx} positions",
-            pos0 as i64 + rows as i64
-        )));
-    };
+    // `start + rows <= max_ctx`: every row written below lies inside its head's slab.
+    let start = read_pos0(args, 1, rows, max_ctx)?;
+    if rows == 0 {
+        // Nothing to write (and `max_ctx` may be 0: no slab to cut the cache into).
+        return Ok(());
+    }
     cache
         .par_chunks_mut(max_ctx * head_dim)
         .enumerate()

@@ -18,11 +18,12 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
+use super::check::{expect_len, expect_matrix, kernel_err, product, Factor};
 use super::matmul_simd::{dot_f32, dot_row, micro_kernel, Isa, MR, NR};
 use super::matvec_vnni::{self, Layout, QuantRow};
 use crate::backend::cpu::{CpuRegistry, KernelArgs};
 use crate::backend::DType;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernels::matmul as mm;
 use crate::quant::{AffineParams, QK_K};
 
@@ -63,7 +64,10 @@ pub(crate) enum WeightRows<'a> {
 }
 
 impl WeightRows<'_> {
-    /// Writes weight row `o` as f32 into `out` (`k` values).
+    /// Writes weight row `o` as f32 into `out` (`k` values). The kernels check up front that
+    /// a plain row encodes exactly `k` values and an affine row is whole groups of `k` values
+    /// (`check::expect_matrix`, `matmul_affine_kernel`); a row outside the bytes panics in the
+    /// slicing, never reads past them.
     fn dequant_row(&self, o: usize, out: &mut [f32]) {
         match *self {
             WeightRows::Plain {
@@ -178,7 +182,9 @@ impl OutPtr {
 }
 
 /// `out[r * n + o] = dot(x[r * k..], W[o])` for `rows` activation rows. `x` holds `rows * k`
-/// values, `out` `rows * n`; `w` has `n` rows of `k` values.
+/// values, `out` `rows * n`; `w` has `n` rows of `k` values (the kernels check all three up
+/// front; a weight row outside `w` would panic in its slicing, never read out of bounds).
+/// Panics, once, when `x` or `out` is shorter: the raw writes below rest on that assertion.
 pub(crate) fn matmul_rows(
     isa: Isa,
     w: &WeightRows<'_>,
@@ -188,7 +194,16 @@ pub(crate) fn matmul_rows(
     n: usize,
     out: &mut [f32],
 ) {
-    debug_assert!(x.len() >= rows * k && out.len() >= rows * n);
+    let holds = |len: usize, per_row: usize| rows.checked_mul(per_row).is_some_and(|v| v <= len);
+    assert!(
+        holds(x.len(), k) && holds(out.len(), n),
+        "matmul_rows: {rows} rows of k = {k} and n = {n} do not fit x ({}) and out ({})",
+        x.len(),
+        out.len()
+    );
+    if rows == 0 || n == 0 {
+        return;
+    }
     if rows == 1 && isa == Isa::Avx512 && matvec_integer(w, x, k, n, out) {
         return;
     }
@@ -232,8 +247,10 @@ pub(crate) fn matmul_rows(
                 micro_kernel(isa, &x[r0 * k..], k, m, packed, k, &mut c);
                 for (i, ci) in c.iter().enumerate().take(m) {
                     let base = (r0 + i) * n + o0;
-                    // SAFETY: `base + width <= rows * n <= out.len()`, and only the task of tile
-                    // `t` writes columns `o0..o0 + width`, so no two tasks touch one element.
+                    // SAFETY: `r0 + i < rows` and `o0 + width <= n`, so `base + width <=
+                    // rows * n <= out.len()` (asserted at the top); `ci` holds `NR >= width`
+                    // values. Only the task of tile `t` writes columns `o0..o0 + width`, so no
+                    // two tasks touch one element, and nothing else borrows `out` meanwhile.
                     unsafe {
                         std::ptr::copy_nonoverlapping(ci.as_ptr(), out_ptr.get().add(base), width)
                     };
@@ -273,7 +290,7 @@ fn matvec_integer(w: &WeightRows<'_>, x: &[f32], k: usize, n: usize, out: &mut [
         DType::Q8_0 => Layout::Q8,
         _ => return false,
     };
-    if !matvec_vnni::available() || !k.is_multiple_of(matvec_vnni::QK) || n == 0 {
+    if !matvec_vnni::available() || !k.is_multiple_of(matvec_vnni::QK) || n == 0 || k == 0 {
         return false;
     }
     let mut q = QUANT_ROW.with(|c| std::mem::take(&mut *c.borrow_mut()));
@@ -282,7 +299,9 @@ fn matvec_integer(w: &WeightRows<'_>, x: &[f32], k: usize, n: usize, out: &mut [
         Layout::Q4 => matvec_vnni::rows_q4_1,
         Layout::Q8 => matvec_vnni::rows_q8_0,
     };
-    let bytes = &bytes[..n * row_bytes];
+    let Some(bytes) = n.checked_mul(row_bytes).and_then(|len| bytes.get(..len)) else {
+        return false;
+    };
     let tasks = (n * k)
         .div_ceil(MATVEC_TASK_WEIGHTS)
         .min(2 * rayon::current_num_threads())
@@ -301,24 +320,17 @@ fn matvec_integer(w: &WeightRows<'_>, x: &[f32], k: usize, n: usize, out: &mut [
     done
 }
 
-/// A kernel error naming the running kernel.
-pub(super) fn kernel_err(args: &KernelArgs<'_>, msg: String) -> Error {
-    Error::Kernel {
-        kernel: args.kernel().name(),
-        msg,
-    }
-}
-
-/// An error unless an argument holds `want` elements or bytes.
-pub(super) fn check_len(args: &KernelArgs<'_>, what: &str, got: usize, want: usize) -> Result<()> {
-    if got == want {
-        Ok(())
-    } else {
-        Err(kernel_err(
-            args,
-            format!("{what} has {got} elements or bytes, expected {want}"),
-        ))
-    }
+/// Checks `x` (`rows x k` values) and `out` (`rows x n`) against the scalars.
+fn check_rows(
+    args: &KernelArgs<'_>,
+    x: usize,
+    out: usize,
+    rows: usize,
+    k: usize,
+    n: usize,
+) -> Result<()> {
+    expect_len(args, "x", x, &[("rows", rows), ("k", k)])?;
+    expect_len(args, "out", out, &[("rows", rows), ("n", n)])
 }
 
 fn matmul_kernel(args: &KernelArgs<'_>) -> Result<()> {
@@ -328,15 +340,9 @@ fn matmul_kernel(args: &KernelArgs<'_>) -> Result<()> {
     let out = args.output::<f32>(2)?;
     let (rows, k, n) = (args.usize(3)?, args.usize(4)?, args.usize(5)?);
     let dtype = wbuf.dtype();
-    let row_bytes = dtype.bytes_for(k).ok_or_else(|| {
-        kernel_err(
-            args,
-            format!("k = {k} is not a whole number of {dtype} blocks"),
-        )
-    })?;
-    check_len(args, "x", x.len(), rows * k)?;
-    check_len(args, "w", w.len(), n * row_bytes)?;
-    check_len(args, "out", out.len(), rows * n)?;
+    // The weights first: their size is the product that can overflow.
+    let row_bytes = expect_matrix(args, "w", dtype, w.len(), &[("n", n)], ("k", k))?.row_bytes;
+    check_rows(args, x.len(), out.len(), rows, k, n)?;
     matmul_rows(
         Isa::detect(),
         &WeightRows::Plain {
@@ -363,18 +369,44 @@ fn matmul_affine_kernel(args: &KernelArgs<'_>) -> Result<()> {
     let (rows, k, n) = (args.usize(5)?, args.usize(6)?, args.usize(7)?);
     let params = AffineParams::new(args.u32(8)?, args.usize(9)?)
         .map_err(|e| kernel_err(args, e.to_string()))?;
+    let group = params.group_size;
+    // Whole groups, so a row's groups write all of its `k` dequantized values (the group size
+    // is a multiple of the values per word, so whole words too).
+    if !k.is_multiple_of(group) {
+        return Err(kernel_err(
+            args,
+            format!("k = {k} is not a whole number of groups of group_size = {group}"),
+        ));
+    }
     let half = sbuf.dtype() == DType::F16;
-    let groups = n * params.groups_per_row(k);
-    check_len(args, "x", x.len(), rows * k)?;
-    check_len(args, "w", packed.len(), n * params.words_per_row(k))?;
-    check_len(
-        args,
-        "scales",
-        scales.len(),
-        groups * if half { 2 } else { 4 },
-    )?;
-    check_len(args, "biases", biases.len(), scales.len())?;
-    check_len(args, "out", out.len(), rows * n)?;
+    let row: [Factor<'_>; 2] = [("n", n), ("k", k)];
+    let values = product(args, "w", &row)?;
+    let words = values / params.per_word();
+    let groups = values / group;
+    if packed.len() != words {
+        return Err(kernel_err(
+            args,
+            format!(
+                "w has {} words, expected n = {n} rows of k = {k} values at bits = {} ({words})",
+                packed.len(),
+                params.bits
+            ),
+        ));
+    }
+    let scale_bytes = if half { 2 } else { 4 };
+    for (what, got) in [("scales", scales.len()), ("biases", biases.len())] {
+        if got != groups * scale_bytes {
+            return Err(kernel_err(
+                args,
+                format!(
+                    "{what} has {got} bytes, expected n = {n} x k = {k} / group_size = {group} \
+                     values of {scale_bytes} bytes ({})",
+                    groups * scale_bytes
+                ),
+            ));
+        }
+    }
+    check_rows(args, x.len(), out.len(), rows, k, n)?;
     let w = WeightRows::Affine {
         packed,
         scales,
@@ -387,21 +419,20 @@ fn matmul_affine_kernel(args: &KernelArgs<'_>) -> Result<()> {
     Ok(())
 }
 
-/// The expert-routed product on the host: `out[r, s, :] = W[ids[r, s]] x[r, :]`. An expert id
-/// outside `0..experts` is an error naming it.
+/// The expert-routed product on the host: `out[r, s, :] = W[ids[r, s]] x[r, :]`, with `w`
+/// holding `experts` matrices of `n` rows of `row_bytes` (checked by the kernel, as are `x`,
+/// `ids` and `out`). An expert id outside `0..experts` is an error naming it.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul_id_rows(
     isa: Isa,
     dtype: DType,
     w: &[u8],
+    row_bytes: usize,
     ids: &[i32],
     x: &[f32],
     (rows, k, n, slots, experts): (usize, usize, usize, usize, usize),
     out: &mut [f32],
 ) -> std::result::Result<(), String> {
-    let row_bytes = dtype
-        .bytes_for(k)
-        .ok_or_else(|| format!("k = {k} is not whole {dtype} blocks"))?;
     if let Some((i, &e)) = ids
         .iter()
         .enumerate()
@@ -444,17 +475,25 @@ fn matmul_id_kernel(args: &KernelArgs<'_>) -> Result<()> {
     );
     let (rows, k, n, slots, experts) = dims;
     let dtype = wbuf.dtype();
-    let row_bytes = dtype.bytes_for(k).unwrap_or(usize::MAX);
-    check_len(args, "x", x.len(), rows * k)?;
-    check_len(
+    let row_bytes = expect_matrix(
         args,
         "w",
+        dtype,
         w.len(),
-        experts.saturating_mul(n).saturating_mul(row_bytes),
+        &[("experts", experts), ("n", n)],
+        ("k", k),
+    )?
+    .row_bytes;
+    expect_len(args, "x", x.len(), &[("rows", rows), ("k", k)])?;
+    expect_len(args, "ids", ids.len(), &[("rows", rows), ("slots", slots)])?;
+    expect_len(
+        args,
+        "out",
+        out.len(),
+        &[("rows", rows), ("slots", slots), ("n", n)],
     )?;
-    check_len(args, "ids", ids.len(), rows * slots)?;
-    check_len(args, "out", out.len(), rows * slots * n)?;
-    matmul_id_rows(Isa::detect(), dtype, w, ids, x, dims, out).map_err(|m| kernel_err(args, m))
+    matmul_id_rows(Isa::detect(), dtype, w, row_bytes, ids, x, dims, out)
+        .map_err(|m| kernel_err(args, m))
 }
 
 #[cfg(test)]

@@ -4,6 +4,11 @@
 //! AVX2 loops (this CPU has both).
 //!
 //! The AVX-512 intrinsics are stable since Rust 1.89, the crate's `rust-version`.
+//!
+//! The bounds of every load here follow from the slices alone, as in the AVX2 loops: the dot
+//! products zip whole blocks with whole 32-value chunks of `x`, and the micro-kernel's sizes are
+//! asserted by its safe caller (`matmul_simd::micro_kernel`). The only thing the AVX-512 forms
+//! add to their callers' obligations is the CPU features.
 
 use std::arch::x86_64::*;
 
@@ -46,10 +51,12 @@ fn scales_f32<B>(blocks: &[B], f: impl Fn(&B) -> [u8; 2]) -> [f32; GROUP] {
     out
 }
 
-/// `sum_b d_b * sum_j x_j q_j + m_b * sum_j x_j` over the Q4_1 blocks of one row.
+/// `sum_b d_b * sum_j x_j q_j + m_b * sum_j x_j` over the Q4_1 blocks of one row (as many blocks
+/// as both `blocks` and `x` cover; the kernels pass `32 * blocks.len()` values).
 ///
 /// # Safety
-/// The CPU must support avx512f, avx2, fma and f16c; `x` holds `32 * blocks.len()` values.
+/// The CPU must support avx512f, avx2, fma and f16c. Nothing is required of the lengths: each
+/// iteration loads one block's 16 quant bytes and one `chunks_exact(QK)` chunk of `x`.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 pub(super) unsafe fn dot_q4_1(blocks: &[BlockQ4_1], x: &[f32]) -> f32 {
     let mask = _mm_set1_epi8(0x0F);
@@ -77,10 +84,10 @@ pub(super) unsafe fn dot_q4_1(blocks: &[BlockQ4_1], x: &[f32]) -> f32 {
     _mm512_reduce_add_ps(_mm512_add_ps(acc_d, acc_m))
 }
 
-/// `sum_b d_b * sum_j x_j (q_j - 8)` over the Q4_0 blocks of one row.
+/// `sum_b d_b * sum_j x_j (q_j - 8)` over the Q4_0 blocks of one row (as [`dot_q4_1`]).
 ///
 /// # Safety
-/// As for [`dot_q4_1`].
+/// As for [`dot_q4_1`]: the CPU features only.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 pub(super) unsafe fn dot_q4_0(blocks: &[BlockQ4_0], x: &[f32]) -> f32 {
     let mask = _mm_set1_epi8(0x0F);
@@ -109,10 +116,10 @@ pub(super) unsafe fn dot_q4_0(blocks: &[BlockQ4_0], x: &[f32]) -> f32 {
     _mm512_reduce_add_ps(acc)
 }
 
-/// `sum_b d_b * sum_j x_j q_j` over the Q8_0 blocks of one row.
+/// `sum_b d_b * sum_j x_j q_j` over the Q8_0 blocks of one row (as [`dot_q4_1`]).
 ///
 /// # Safety
-/// As for [`dot_q4_1`].
+/// As for [`dot_q4_1`]: the CPU features only.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 pub(super) unsafe fn dot_q8_0(blocks: &[BlockQ8_0], x: &[f32]) -> f32 {
     let mut acc = _mm512_setzero_ps();
@@ -138,8 +145,9 @@ pub(super) unsafe fn dot_q8_0(blocks: &[BlockQ8_0], x: &[f32]) -> f32 {
 /// The AVX-512 micro-kernel: up to 12 rows times one 16-lane vector of columns.
 ///
 /// # Safety
-/// The CPU must support avx512f; `m <= 12`, `b` holds `k * NR` values and `a` holds
-/// `(m - 1) * lda + k` values.
+/// The CPU must support avx512f, avx2, fma and f16c; `m <= 12`, `b` holds `k * NR` values and
+/// `a` (for `m > 0`) holds `(m - 1) * lda + k` values (`matmul_simd::micro_kernel` asserts all
+/// three before it calls this).
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 pub(super) unsafe fn micro_kernel(
     a: &[f32],
@@ -169,6 +177,8 @@ pub(super) unsafe fn micro_kernel(
     }
 }
 
+/// # Safety
+/// As for [`micro_kernel`], with `M` rows.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 #[inline]
 unsafe fn tile<const M: usize>(
@@ -178,8 +188,9 @@ unsafe fn tile<const M: usize>(
     k: usize,
     c: &mut [[f32; NR]; MR],
 ) {
-    // SAFETY: the caller guarantees `a` and `b` cover every index read below, and `c` has at
-    // least `M` rows of `NR` (16) values.
+    // SAFETY: per the contract: `a[i * lda + p]` for `i < M`, `p < k` is below
+    // `(M - 1) * lda + k`; `b` is read `NR` values at a time, `k` times; `c` has `MR >= M` rows
+    // of `NR` (16) values.
     unsafe {
         let ap = a.as_ptr();
         let mut bp = b.as_ptr();

@@ -4,14 +4,22 @@
 //! Each loop has a portable scalar version and an AVX2+FMA version; [`Isa::detect`] picks one once
 //! per process, and the tests run both and compare them. Weights are dequantized on the fly and all
 //! sums are f32; activations are never quantized.
+//!
+//! Soundness does not depend on the caller: the safe entry points ([`dot_row`], [`dot_f32`],
+//! [`micro_kernel`]) run an instruction set only where [`Isa::detect`] found it (an [`Isa`] above
+//! the detected one is lowered to it), and every SIMD load of the dot products stays inside its
+//! slices whatever their lengths (each loop runs over whole blocks of both operands, zipped, or to
+//! the shorter length). The micro-kernel's reads depend on its sizes, which it asserts once per
+//! call. The kernels check their buffers against their scalars before they get here
+//! (`check.rs`), so these assertions never fire and a disagreement only ever means a wrong sum.
 
 use std::sync::OnceLock;
 
 use crate::backend::DType;
 use crate::quant::{BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8_0, QK, QK_K};
 
-/// Which instruction set the inner loops use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which instruction set the inner loops use, in increasing order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Isa {
     /// Portable Rust, no explicit SIMD.
     Scalar,
@@ -44,6 +52,13 @@ impl Isa {
 }
 
 impl Isa {
+    /// This instruction set where the CPU has it, else the best one it has: what the safe entry
+    /// points actually run, so an `Isa` named by hand (a test) never runs missing instructions.
+    #[inline]
+    fn usable(self) -> Isa {
+        self.min(Isa::detect())
+    }
+
     /// Activation rows [`micro_kernel`] takes per call with this instruction set (at most [`MR`]).
     pub(crate) const fn rows_per_call(self) -> usize {
         match self {
@@ -62,25 +77,36 @@ pub(crate) const MR: usize = 12;
 #[path = "matmul_avx512.rs"]
 mod avx512;
 
+/// The whole blocks of `row` (a trailing partial block is left out, so this never panics: the
+/// block types have alignment 1).
+#[inline]
+fn whole_blocks<B: bytemuck::Pod>(row: &[u8]) -> &[B] {
+    let size = std::mem::size_of::<B>();
+    bytemuck::cast_slice(&row[..row.len() - row.len() % size])
+}
+
 /// Dot product of activations `x` with one weight row stored as `row` bytes of `dtype`
-/// (`x.len()` values). The caller guarantees that `row` encodes exactly `x.len()` values.
-/// Formats without a fused loop go through `scratch` (at least 256 values).
+/// (`x.len()` values). The kernels pass a `row` that encodes exactly `x.len()` values (checked up
+/// front); should it not, the sum covers the shorter of the two and every access stays in bounds.
+/// f32 rows need not be 4-byte aligned (a view may start anywhere). Formats without a fused loop
+/// go through `scratch` (at least 256 values).
 #[inline]
 pub(crate) fn dot_row(isa: Isa, dtype: DType, row: &[u8], x: &[f32], scratch: &mut [f32]) -> f32 {
-    match isa {
+    match isa.usable() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx512` is only produced after detecting avx512f, avx2, fma and f16c;
-        // the caller guarantees that `row` encodes `x.len()` values.
+        // SAFETY: `usable` returns `Isa::Avx512` only where `Isa::detect` found avx512f, avx2,
+        // fma and f16c; the loops stay in bounds for any lengths (their contracts).
         Isa::Avx512 => unsafe {
             match dtype {
-                DType::Q4_1 => avx512::dot_q4_1(bytemuck::cast_slice(row), x),
-                DType::Q4_0 => avx512::dot_q4_0(bytemuck::cast_slice(row), x),
-                DType::Q8_0 => avx512::dot_q8_0(bytemuck::cast_slice(row), x),
+                DType::Q4_1 => avx512::dot_q4_1(whole_blocks(row), x),
+                DType::Q4_0 => avx512::dot_q4_0(whole_blocks(row), x),
+                DType::Q8_0 => avx512::dot_q8_0(whole_blocks(row), x),
                 _ => avx2::dot_row(dtype, row, x, scratch),
             }
         },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only produced after detecting avx2, fma and f16c.
+        // SAFETY: `usable` returns `Isa::Avx2` only where `Isa::detect` found avx2, fma and
+        // f16c; the loops stay in bounds for any lengths (their contracts).
         Isa::Avx2 => unsafe { avx2::dot_row(dtype, row, x, scratch) },
         _ => dot_row_scalar(dtype, row, x, scratch),
     }
@@ -91,7 +117,7 @@ pub(crate) fn dot_row_scalar(dtype: DType, row: &[u8], x: &[f32], scratch: &mut 
     let mut sum = 0f32;
     match dtype {
         DType::Q4_0 => {
-            let blocks: &[BlockQ4_0] = bytemuck::cast_slice(row);
+            let blocks: &[BlockQ4_0] = whole_blocks(row);
             for (b, xb) in blocks.iter().zip(x.chunks_exact(QK)) {
                 let d = crate::quant::ggml::f16_bits_to_f32(b.d);
                 let mut acc = 0f32;
@@ -103,7 +129,7 @@ pub(crate) fn dot_row_scalar(dtype: DType, row: &[u8], x: &[f32], scratch: &mut 
             }
         }
         DType::Q4_1 => {
-            let blocks: &[BlockQ4_1] = bytemuck::cast_slice(row);
+            let blocks: &[BlockQ4_1] = whole_blocks(row);
             for (b, xb) in blocks.iter().zip(x.chunks_exact(QK)) {
                 let d = crate::quant::ggml::f16_bits_to_f32(b.d);
                 let m = crate::quant::ggml::f16_bits_to_f32(b.m);
@@ -116,31 +142,38 @@ pub(crate) fn dot_row_scalar(dtype: DType, row: &[u8], x: &[f32], scratch: &mut 
             }
         }
         DType::Q8_0 => {
-            let blocks: &[BlockQ8_0] = bytemuck::cast_slice(row);
+            let blocks: &[BlockQ8_0] = whole_blocks(row);
             for (b, xb) in blocks.iter().zip(x.chunks_exact(QK)) {
                 let d = crate::quant::ggml::f16_bits_to_f32(b.d);
                 let acc: f32 = b.qs.iter().zip(xb).map(|(&q, &v)| q as i8 as f32 * v).sum();
                 sum += d * acc;
             }
         }
-        DType::F32 => {
-            let w: &[f32] = bytemuck::cast_slice(row);
-            sum = w.iter().zip(x).map(|(a, b)| a * b).sum();
-        }
-        _ => {
-            // Q4_K, Q6_K, F16, BF16: dequantize a block (or 256 values) at a time, then dot.
-            let per = if dtype.is_block() {
-                dtype.block_elems()
-            } else {
-                256
-            };
-            let bytes_per = dtype.bytes_for(per).unwrap_or(0);
-            for (chunk, xb) in row.chunks(bytes_per.max(1)).zip(x.chunks(per)) {
-                let tmp = &mut scratch[..xb.len()];
-                crate::quant::dequantize_unchecked(dtype, chunk, tmp);
-                sum += tmp.iter().zip(xb).map(|(a, b)| a * b).sum::<f32>();
-            }
-        }
+        DType::F32 => match bytemuck::try_cast_slice::<u8, f32>(row) {
+            Ok(w) => sum = w.iter().zip(x).map(|(a, b)| a * b).sum(),
+            Err(_) => sum = dot_dequantized(dtype, row, x, scratch),
+        },
+        _ => sum = dot_dequantized(dtype, row, x, scratch),
+    }
+    sum
+}
+
+/// [`dot_row`] by dequantizing a block (or 256 values) at a time into `scratch`, then a dot:
+/// Q4_K, Q6_K, F16, BF16, and f32 rows that are not 4-byte aligned (read byte-wise).
+fn dot_dequantized(dtype: DType, row: &[u8], x: &[f32], scratch: &mut [f32]) -> f32 {
+    let per = if dtype.is_block() {
+        dtype.block_elems()
+    } else {
+        256
+    };
+    let bytes_per = dtype.bytes_for(per).unwrap_or(0);
+    let mut sum = 0f32;
+    for (chunk, xb) in row.chunks(bytes_per.max(1)).zip(x.chunks(per)) {
+        let tmp = &mut scratch[..xb.len()];
+        // A whole block (or 256 values) but for the last chunk, which the kernels size alike;
+        // a shorter one fills fewer values (the conversion zips), never reads past `chunk`.
+        crate::quant::dequantize_unchecked(dtype, chunk, tmp);
+        sum += tmp.iter().zip(xb).map(|(a, b)| a * b).sum::<f32>();
     }
     sum
 }
@@ -148,9 +181,10 @@ pub(crate) fn dot_row_scalar(dtype: DType, row: &[u8], x: &[f32], scratch: &mut 
 /// Dot product of two f32 slices of equal length.
 #[inline]
 pub(crate) fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
-    match isa {
+    match isa.usable() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only produced after detecting avx2 and fma.
+        // SAFETY: `usable` returns `Isa::Avx2` or `Isa::Avx512` only where `Isa::detect` found
+        // avx2 and fma; the loop runs to the shorter length (its contract).
         Isa::Avx2 | Isa::Avx512 => unsafe { avx2::dot_f32(a, b) },
         _ => a.iter().zip(b).map(|(x, y)| x * y).sum(),
     }
@@ -158,7 +192,9 @@ pub(crate) fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
 
 /// `c[i][j] = sum_p a[i * lda + p] * b[p * NR + j]` for `i < m` (`m <= MR`) and `j < NR`: one
 /// micro-kernel call over a packed tile `b` of `k * NR` values and `m` activation rows `a` of
-/// stride `lda`.
+/// stride `lda`. Panics (once per call, not per element) unless `m` is at most the rows per call
+/// of the instruction set that runs and `a` and `b` hold what it reads; the kernels' up-front
+/// checks make sure it never does.
 #[inline]
 pub(crate) fn micro_kernel(
     isa: Isa,
@@ -169,16 +205,27 @@ pub(crate) fn micro_kernel(
     k: usize,
     c: &mut [[f32; NR]; MR],
 ) {
+    let isa = isa.usable();
+    let a_need = match m {
+        0 => Some(0),
+        _ => (m - 1).checked_mul(lda).and_then(|v| v.checked_add(k)),
+    };
     assert!(
-        m <= isa.rows_per_call() && b.len() >= k * NR && (m == 0 || a.len() >= (m - 1) * lda + k)
+        m <= isa.rows_per_call()
+            && k.checked_mul(NR).is_some_and(|need| b.len() >= need)
+            && a_need.is_some_and(|need| a.len() >= need),
+        "micro_kernel: m = {m} rows of k = {k} (stride {lda}) do not fit a ({}) or b ({})",
+        a.len(),
+        b.len()
     );
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx512` is only produced after detecting avx512f; lengths checked above.
+        // SAFETY: `usable` returns `Isa::Avx512` only where avx512f, avx2 and fma were detected;
+        // `m <= 12`, `b` holds `k * NR` values and `a` `(m - 1) * lda + k` (asserted above).
         Isa::Avx512 => unsafe { avx512::micro_kernel(a, lda, m, b, k, c) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only produced after detecting avx2 and fma; the lengths were
-        // checked above.
+        // SAFETY: `usable` returns `Isa::Avx2` only where avx2 and fma were detected; `m <= 6`,
+        // `b` holds `k * NR` values and `a` `(m - 1) * lda + k` (asserted above).
         Isa::Avx2 => unsafe { avx2::micro_kernel(a, lda, m, b, k, c) },
         _ => {
             for (i, ci) in c.iter_mut().enumerate().take(m) {
@@ -205,11 +252,15 @@ fn dequant_k_block(dtype: DType, block: &[u8], out: &mut [f32; QK_K]) {
     }
 }
 
+/// The AVX2 loops. Every `unsafe fn` here requires the CPU features its `target_feature` names
+/// and nothing else, except the micro-kernel (sizes, see its contract): the dot products load
+/// whole blocks of `row` zipped with whole 32-value chunks of `x`, or run to the shorter length,
+/// so any slice lengths stay in bounds.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{dequant_k_block, MR, NR};
+    use super::{dequant_k_block, whole_blocks, MR, NR};
     use crate::backend::DType;
     use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ8_0, QK, QK_K};
 
@@ -252,16 +303,24 @@ mod avx2 {
         _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))
     }
 
+    /// [`super::dot_row`] with AVX2.
+    ///
+    /// # Safety
+    /// The CPU supports avx2, fma and f16c.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_row(dtype: DType, row: &[u8], x: &[f32], scratch: &mut [f32]) -> f32 {
-        // SAFETY: the caller runs on a CPU with these features and passes slices whose
-        // lengths cover every access (see each loop bound).
+        // SAFETY: the features are this function's contract; the loops called stay inside their
+        // slices for any lengths (the module documentation).
         unsafe {
             match dtype {
-                DType::Q4_1 => dot_q4_1(bytemuck::cast_slice(row), x),
-                DType::Q4_0 => dot_q4_0(bytemuck::cast_slice(row), x),
-                DType::Q8_0 => dot_q8_0(bytemuck::cast_slice(row), x),
-                DType::F32 => dot_f32(bytemuck::cast_slice(row), x),
+                DType::Q4_1 => dot_q4_1(whole_blocks(row), x),
+                DType::Q4_0 => dot_q4_0(whole_blocks(row), x),
+                DType::Q8_0 => dot_q8_0(whole_blocks(row), x),
+                DType::F32 => match bytemuck::try_cast_slice::<u8, f32>(row) {
+                    Ok(w) => dot_f32(w, x),
+                    // Not 4-byte aligned: read byte-wise.
+                    Err(_) => super::dot_row_scalar(dtype, row, x, scratch),
+                },
                 DType::F16 => dot_f16(row, x),
                 DType::Q4K | DType::Q6K => {
                     let mut sum = 0f32;
@@ -278,10 +337,12 @@ mod avx2 {
         }
     }
 
+    /// # Safety
+    /// The CPU supports avx2, fma and f16c.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot_q4_1(blocks: &[BlockQ4_1], x: &[f32]) -> f32 {
-        // SAFETY: the caller runs on a CPU with these features and passes slices whose
-        // lengths cover every access (see each loop bound).
+        // SAFETY: the features are this function's contract. Each iteration loads one block's
+        // quants (inside `b`) and the 32 values of `xb` (a `chunks_exact(QK)` chunk of `x`).
         unsafe {
             let mask = _mm_set1_epi8(0x0F);
             let mut acc_d = _mm256_setzero_ps();
@@ -307,10 +368,12 @@ mod avx2 {
         }
     }
 
+    /// # Safety
+    /// The CPU supports avx2, fma and f16c.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot_q4_0(blocks: &[BlockQ4_0], x: &[f32]) -> f32 {
-        // SAFETY: the caller runs on a CPU with these features and passes slices whose
-        // lengths cover every access (see each loop bound).
+        // SAFETY: the features are this function's contract. Each iteration loads one block's
+        // quants (inside `b`) and the 32 values of `xb` (a `chunks_exact(QK)` chunk of `x`).
         unsafe {
             let mask = _mm_set1_epi8(0x0F);
             let eight = _mm_set1_epi8(8);
@@ -330,10 +393,12 @@ mod avx2 {
         }
     }
 
+    /// # Safety
+    /// The CPU supports avx2, fma and f16c.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot_q8_0(blocks: &[BlockQ8_0], x: &[f32]) -> f32 {
-        // SAFETY: the caller runs on a CPU with these features and passes slices whose
-        // lengths cover every access (see each loop bound).
+        // SAFETY: the features are this function's contract. Each iteration loads one block's
+        // quants (inside `b`) and the 32 values of `xb` (a `chunks_exact(QK)` chunk of `x`).
         unsafe {
             let mut acc = _mm256_setzero_ps();
             for (b, xb) in blocks.iter().zip(x.chunks_exact(QK)) {
@@ -351,10 +416,14 @@ mod avx2 {
         }
     }
 
+    /// The dot product of the first `min(a.len(), b.len())` values.
+    ///
+    /// # Safety
+    /// The CPU supports avx2 and fma.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-        // SAFETY: the caller runs on a CPU with these features and passes slices whose
-        // lengths cover every access (see each loop bound).
+        // SAFETY: the features are this function's contract; every load reads 8 values at
+        // `i + 8 u` with `i + 32 <= n` or `i + 8 <= n`, `n` the shorter length.
         unsafe {
             let n = a.len().min(b.len());
             let (ap, bp) = (a.as_ptr(), b.as_ptr());
@@ -390,10 +459,13 @@ mod avx2 {
         }
     }
 
+    /// # Safety
+    /// The CPU supports avx2, fma and f16c.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
-        // SAFETY: the caller runs on a CPU with these features and passes slices whose
-        // lengths cover every access (see each loop bound).
+        // SAFETY: the features are this function's contract; with `n` the values both hold,
+        // each iteration reads halves `i..i + 16` (bytes `2 i..2 i + 32` of `row`) and values
+        // `i..i + 16` of `x`, with `i + 16 <= n`.
         unsafe {
             let n = x.len().min(row.len() / 2);
             let (wp, xp) = (row.as_ptr(), x.as_ptr());
@@ -415,7 +487,11 @@ mod avx2 {
         }
     }
 
-    /// The AVX2 micro-kernel: up to `MR` rows times `NR` (two vectors) columns in 12 registers.
+    /// The AVX2 micro-kernel: up to 6 rows times `NR` (two vectors) columns in 12 registers.
+    ///
+    /// # Safety
+    /// The CPU supports avx2 and fma; `m <= 6`, `b` holds `k * NR` values and `a` (for `m > 0`)
+    /// `(m - 1) * lda + k` values.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn micro_kernel(
         a: &[f32],
@@ -425,8 +501,7 @@ mod avx2 {
         k: usize,
         c: &mut [[f32; NR]; MR],
     ) {
-        // SAFETY: the caller runs on a CPU with these features and passes slices whose
-        // lengths cover every access (see each loop bound).
+        // SAFETY: forwarded from this function's contract (`tile::<M>` with `M = m`).
         unsafe {
             match m {
                 6 => tile::<6>(a, lda, b, k, c),
@@ -440,6 +515,9 @@ mod avx2 {
         }
     }
 
+    /// # Safety
+    /// The CPU supports avx2, fma and f16c; `M <= MR`, `b` holds `k * NR` values and `a`
+    /// `(M - 1) * lda + k` values.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn tile<const M: usize>(
@@ -449,8 +527,9 @@ mod avx2 {
         k: usize,
         c: &mut [[f32; NR]; MR],
     ) {
-        // SAFETY: the caller runs on a CPU with these features and passes slices whose
-        // lengths cover every access (see each loop bound).
+        // SAFETY: per the contract: `a[i * lda + p]` for `i < M`, `p < k` is below
+        // `(M - 1) * lda + k`; `b` is read `NR` values at a time, `k` times; `c` has `MR >= M`
+        // rows of `NR` values.
         unsafe {
             let ap = a.as_ptr();
             let mut bp = b.as_ptr();

@@ -220,17 +220,27 @@ pub(crate) fn available() -> bool {
     })
 }
 
+/// Whether `w` is exactly `rows` rows of `blocks` blocks of `block_bytes` each (checked
+/// arithmetic: a product that overflows never matches, so a short `w` cannot pass for a long one).
+fn whole_rows(w: &[u8], rows: usize, blocks: usize, block_bytes: usize) -> bool {
+    blocks
+        .checked_mul(block_bytes)
+        .and_then(|row| row.checked_mul(rows))
+        == Some(w.len())
+}
+
 /// `out[o] = dot(W[o], x)` for `out.len()` consecutive rows of `row_bytes` bytes of Q4_1 weights
 /// starting at `w`; `x` was quantized in [`Layout::Q4`] with as many blocks as a row holds.
-/// Returns `false` (doing nothing) when the CPU lacks the instructions or the sizes disagree.
+/// Returns `false` (doing nothing) when the CPU lacks the instructions or the sizes disagree:
+/// this check, not the caller's, is what the integer loops' bounds rest on.
 pub(crate) fn rows_q4_1(w: &[u8], x: &QuantRow, out: &mut [f32]) -> bool {
-    let row_bytes = x.blocks * Q4_1_BYTES;
-    if !available() || x.layout != Layout::Q4 || w.len() != out.len() * row_bytes {
+    if !available() || x.layout != Layout::Q4 || !whole_rows(w, out.len(), x.blocks, Q4_1_BYTES) {
         return false;
     }
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: the features were detected above and `w` holds `out.len()` rows of `x.blocks`
-    // blocks (checked above); the row's arrays are padded to whole super-blocks.
+    // SAFETY: the features were detected above; `w` is exactly `out.len()` rows of `x.blocks`
+    // Q4_1 blocks (checked above, without overflow), and `x`'s arrays hold `x.blocks` rounded up
+    // to whole super-blocks (`QuantRow::quantize` keeps them so; the fields are private).
     unsafe {
         q4_1_rows(w, x, out)
     };
@@ -239,12 +249,12 @@ pub(crate) fn rows_q4_1(w: &[u8], x: &QuantRow, out: &mut [f32]) -> bool {
 
 /// As [`rows_q4_1`] for Q8_0 weights and a row quantized in [`Layout::Q8`].
 pub(crate) fn rows_q8_0(w: &[u8], x: &QuantRow, out: &mut [f32]) -> bool {
-    let row_bytes = x.blocks * Q8_0_BYTES;
-    if !available() || x.layout != Layout::Q8 || w.len() != out.len() * row_bytes {
+    if !available() || x.layout != Layout::Q8 || !whole_rows(w, out.len(), x.blocks, Q8_0_BYTES) {
         return false;
     }
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: as in `rows_q4_1`.
+    // SAFETY: as in `rows_q4_1`, with Q8_0 blocks (and the correction array of the Q8 layout,
+    // which `quantize` sizes for the padded blocks).
     unsafe {
         q8_0_rows(w, x, out)
     };
@@ -256,6 +266,9 @@ pub(crate) fn rows_q8_0(w: &[u8], x: &QuantRow, out: &mut [f32]) -> bool {
 const PREFETCH_AHEAD: usize = 2048;
 
 /// Asks for the cache lines of `len` bytes at `p + PREFETCH_AHEAD`, clamped to `end`.
+///
+/// # Safety
+/// `base` points at a slice of `end` bytes.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn prefetch(base: *const u8, from: usize, len: usize, end: usize) {
@@ -273,14 +286,20 @@ unsafe fn prefetch(base: *const u8, from: usize, len: usize, end: usize) {
 #[cfg(target_arch = "x86_64")]
 const Q4_IDX: [i32; 16] = [1, 2, 3, 4, 6, 7, 8, 9, 11, 12, 13, 14, 16, 17, 18, 19];
 
+/// # Safety
+/// The CPU supports the enabled features; `w` is exactly `out.len()` rows of `x.blocks` Q4_1
+/// blocks, and `x` was quantized in [`Layout::Q4`] (its arrays padded to whole super-blocks).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c,fma")]
 unsafe fn q4_1_rows(w: &[u8], x: &QuantRow, out: &mut [f32]) {
     let nb = x.blocks;
     let row_bytes = nb * Q4_1_BYTES;
     let base = w.as_ptr();
-    // SAFETY: every pointer below stays inside `w` (masked loads past a row's end read nothing)
-    // or inside the row's arrays, which hold `ceil(nb / 16) * 16` blocks.
+    // SAFETY: row `r < out.len()` is bytes `r * row_bytes..(r + 1) * row_bytes` of `w` (the
+    // contract). Within it, the gather reads blocks `b0..b0 + cnt` (`cnt <= nb - b0` lanes), the
+    // full loads read four whole blocks `blk..blk + 4 <= b0 + cnt` (80 bytes), the masked load
+    // only the remaining `cnt - 4g` blocks' bytes. The activation arrays are read at blocks
+    // `blk..blk + 4 <= b0 + 16`, within the `nb` rounded up to 16 that `quantize` allocates.
     unsafe {
         let qidx = _mm512_loadu_si512(Q4_IDX.as_ptr() as *const _);
         let block_offsets = _mm512_mullo_epi32(
@@ -397,13 +416,18 @@ fn pair_lanes(p: usize) -> __m512i {
     _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
 }
 
+/// # Safety
+/// As for [`q4_1_rows`], with Q8_0 blocks and a row quantized in [`Layout::Q8`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c,fma")]
 unsafe fn q8_0_rows(w: &[u8], x: &QuantRow, out: &mut [f32]) {
     let nb = x.blocks;
     let row_bytes = nb * Q8_0_BYTES;
     let base = w.as_ptr();
-    // SAFETY: as in `q4_1_rows`.
+    // SAFETY: as in `q4_1_rows`: the gather reads the scales of blocks `b0..b0 + cnt` of row `r`,
+    // each 32-byte load the quants of block `blk` or `blk + 1 < b0 + cnt` (at byte 2 of its 34),
+    // and the activation and correction arrays are read at blocks below `b0 + 16`, inside the
+    // padded arrays.
     unsafe {
         let flip = _mm512_set1_epi8(-128);
         let block_offsets = _mm512_mullo_epi32(

@@ -4,10 +4,13 @@ mod argmax;
 mod attention;
 #[cfg(target_arch = "x86_64")]
 mod attention_avx512;
+mod check;
 mod copy;
 mod elementwise;
 mod embedding;
 mod fused_block;
+#[cfg(test)]
+mod hostile_tests;
 mod kv_cache;
 mod matmul;
 mod matmul_simd;

@@ -76,13 +76,13 @@ fn run_norm<T: Float>(args: &KernelArgs<'_>, op: NormOperands<'_, T>) -> Result<
     };
     if dim == 0 || x.len() % dim != 0 || out.len() != x.len() {
         return Err(bad(format!(
-            "x has {} values, out {}, dim {dim}",
+            "x has {} values, out {}: not whole rows of dim = {dim}",
             x.len(),
             out.len()
         )));
     }
     if weight.is_some_and(|w| w.len() != dim) {
-        return Err(bad(format!("weight must have {dim} values")));
+        return Err(bad(format!("weight must have dim = {dim} values")));
     }
     let m_full = match m {
         Some(m) if m.len() == x.len() => true,

@@ -17,9 +17,10 @@
 use half::{bf16, f16};
 use rayon::prelude::*;
 
+use super::check::kernel_err;
 use super::copy::Float;
 use crate::backend::cpu::{CpuRegistry, KernelArgs};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernels::misc as km;
 
 /// The most rotated pairs per head the kernel supports (its per-row table lives on the stack);
@@ -32,10 +33,7 @@ const MIN_TASK_ELEMS: usize = 1 << 13;
 fn rope<T: Float, const FREQ_FACTORS: bool, const INPLACE: bool>(
     args: &KernelArgs<'_>,
 ) -> Result<()> {
-    let bad = |msg: String| Error::Kernel {
-        kernel: args.kernel().name(),
-        msg,
-    };
+    let bad = |msg: String| kernel_err(args, msg);
     let x = if INPLACE {
         None
     } else {
@@ -66,21 +64,37 @@ fn rope<T: Float, const FREQ_FACTORS: bool, const INPLACE: bool>(
     );
     let pairs = rotary_dim / 2;
     let rows = positions.len();
-    if rows == 0 || out.len() % rows != 0 || x.is_some_and(|x| x.len() != out.len()) {
+    if let Some(x) = x.filter(|x| x.len() != out.len()) {
+        return Err(bad(format!("x has {} values, out {}", x.len(), out.len())));
+    }
+    // Whole rows of at least one value: `row_len > 0` is the chunk size and a divisor below.
+    if rows == 0 || out.is_empty() || out.len() % rows != 0 {
         return Err(bad(format!(
-            "{} values do not split into {rows} rows",
+            "x has {} values, not {rows} whole rows (one per entry of positions)",
             out.len()
         )));
     }
     let row_len = out.len() / rows;
-    if head_dim == 0 || row_len % head_dim != 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim {
+    if head_dim == 0 || row_len % head_dim != 0 {
         return Err(bad(format!(
-            "row {row_len}, head_dim {head_dim}, rotary_dim {rotary_dim}"
+            "head_dim = {head_dim} does not divide the rows of {row_len} values"
         )));
     }
-    if pairs > MAX_ROPE_PAIRS || freq.is_some_and(|f| f.len() != pairs) || mode > 1 {
+    if rotary_dim % 2 != 0 || rotary_dim > head_dim || pairs > MAX_ROPE_PAIRS {
         return Err(bad(format!(
-            "rotary_dim {rotary_dim}, mode {mode}, or freq_factors length"
+            "rotary_dim = {rotary_dim} must be even and at most head_dim = {head_dim} and {}",
+            2 * MAX_ROPE_PAIRS
+        )));
+    }
+    if let Some(f) = freq.filter(|f| f.len() != pairs) {
+        return Err(bad(format!(
+            "freq_factors has {} values, expected rotary_dim / 2 = {pairs}",
+            f.len()
+        )));
+    }
+    if mode > 1 {
+        return Err(bad(format!(
+            "mode = {mode} is neither 0 (adjacent pairs) nor 1 (NeoX halves)"
         )));
     }
     let neox = mode == 1;

@@ -11,8 +11,9 @@
 
 use rayon::prelude::*;
 
+use super::check::kernel_err;
 use crate::backend::cpu::{CpuRegistry, KernelArgs};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernels::misc::SOFTMAX;
 
 /// Rows per parallel task, at least.
@@ -47,10 +48,7 @@ fn softmax_row(x: Option<&[f32]>, mask: Option<&[f32]>, out: &mut [f32], scale: 
 }
 
 fn softmax<const MASK: bool, const INPLACE: bool>(args: &KernelArgs<'_>) -> Result<()> {
-    let bad = |msg: String| Error::Kernel {
-        kernel: args.kernel().name(),
-        msg,
-    };
+    let bad = |msg: String| kernel_err(args, msg);
     let x = if INPLACE {
         None
     } else {
@@ -71,19 +69,22 @@ fn softmax<const MASK: bool, const INPLACE: bool>(args: &KernelArgs<'_>) -> Resu
     let (scale, n) = (args.f32(s)?, args.usize(s + 1)?);
     if n == 0 || out.len() % n != 0 || x.is_some_and(|x| x.len() != out.len()) {
         return Err(bad(format!(
-            "{} values do not split into rows of {n}",
+            "x has {} values (out {}), not whole rows of n = {n}",
+            x.map_or(out.len(), <[f32]>::len),
             out.len()
         )));
     }
-    let mask_rows = mask.map_or(1, |m| m.len() / n);
-    if mask
-        .is_some_and(|m| m.is_empty() || m.len() % n != 0 || (out.len() / n) % (m.len() / n) != 0)
+    // `n > 0` from here; a mask has at least one whole row, and its rows tile those of x.
+    if let Some(m) =
+        mask.filter(|m| m.is_empty() || m.len() % n != 0 || (out.len() / n) % (m.len() / n) != 0)
     {
         return Err(bad(format!(
-            "the mask's rows do not tile the {} rows of x",
+            "mask has {} values, not whole rows of n = {n} that tile the {} rows of x",
+            m.len(),
             out.len() / n
         )));
     }
+    let mask_rows = mask.map_or(1, |m| m.len() / n);
     let min_rows = (MIN_TASK_ELEMS / n).max(1);
     out.par_chunks_mut(n)
         .with_min_len(min_rows)
