@@ -34,6 +34,15 @@ pub(super) fn scalar_key(s: Scalar) -> u64 {
     kind << 32 | u64::from(bits) | 1 << 63
 }
 
+/// `arg` as an argument of its own (one reference, for a buffer).
+#[inline(always)]
+fn owned(arg: ArgRef<'_>) -> Arg {
+    match arg {
+        ArgRef::Buffer(b, access) => Arg::Buffer(b.clone(), access),
+        ArgRef::Scalar(s) => Arg::Scalar(s),
+    }
+}
+
 /// The arguments of a graph's dispatches, and past them those kept from an earlier recording.
 #[derive(Default)]
 pub(super) struct Args {
@@ -94,16 +103,18 @@ impl Args {
     /// [`put_all`](Self::put_all) where some argument differs from the one kept there.
     #[inline(never)]
     fn put_each(&mut self, args: &[ArgRef<'_>], keys: &[u64]) {
+        if self.list.len() == self.len {
+            // None kept here (a new graph): appended at once.
+            self.list.extend(args.iter().map(|&a| owned(a)));
+            self.keys.extend_from_slice(keys);
+            return;
+        }
         for (i, (arg, &k)) in args.iter().zip(keys).enumerate() {
             let at = self.len + i;
             if self.keys.get(at) == Some(&k) {
                 continue;
             }
-            let arg = match *arg {
-                ArgRef::Buffer(b, access) => Arg::Buffer(b.clone(), access),
-                ArgRef::Scalar(s) => Arg::Scalar(s),
-            };
-            self.set(at, arg, k);
+            self.set(at, owned(*arg), k);
         }
     }
 
