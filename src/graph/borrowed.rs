@@ -9,8 +9,8 @@ use crate::kernels::{ArgShape, KernelId, ScalarKind};
 use crate::memory::Buffer;
 
 /// One kernel argument as a recorder takes it: buffers are borrowed, so recording into a
-/// [`ComputeGraph`](super::ComputeGraph) takes no reference count per argument (the graph keeps
-/// one reference per distinct view instead).
+/// [`ComputeGraph`](super::ComputeGraph) takes a reference count only where the graph does not
+/// hold the same argument already (none for a step recorded again into the graph of the last).
 #[derive(Debug, Clone, Copy)]
 pub enum ArgRef<'a> {
     /// A buffer view and how the kernel uses it.
@@ -73,7 +73,8 @@ impl<'a> From<&'a Arg> for ArgRef<'a> {
 pub const SPEC_ARGS: usize = 16;
 
 /// A dispatch described with borrowed arguments, not recorded yet: what a fusion rule builds.
-/// The fusion pass records it into the graph without a reference count per argument;
+/// The fusion pass records it into the graph by view index (a reference count only where the
+/// graph does not hold the same argument already, as for [`ArgRef`]);
 /// [`to_dispatch`](Self::to_dispatch) makes an owned [`Dispatch`] of it.
 #[derive(Debug, Clone, Copy)]
 pub struct DispatchSpec<'a> {

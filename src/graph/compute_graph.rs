@@ -1,25 +1,30 @@
 //! [`ComputeGraph`]: a recorded list of dispatches and barriers, stored flat so that recording a
-//! step and running the passes over it touch a few arrays and take no reference count per
-//! argument.
+//! step and running the passes over it touch a few arrays, and recording a step again into the
+//! graph of the previous one takes no reference count.
 //!
 //! Storage: every dispatch is a header (kernel, grid, op kind, where its arguments and ranges
 //! start) over shared argument and range arrays; the node order is a list of header indices
 //! with a marker for barriers, so the passes move 4-byte indices, never dispatches.
 //!
 //! Views: the graph takes in each distinct buffer view once (one reference, kept until the graph
-//! is dropped) and gives it a small index; the index of every read and write range is stored
-//! beside the range, so the passes never hash a range. Buffer arguments in the argument array
-//! are copies of those kept references that own nothing: they are handed out only as borrows of
-//! the graph and never dropped. A view remembers the last graph that took it in and its index
-//! there (one atomic word in the view, see [`Buffer::graph_stamp`]), so taking in a view seen
-//! before is one load.
+//! is dropped or lets go of its views) and gives it a small index; the index of every read and
+//! write range is stored beside the range, so the passes never hash a range. A view remembers the
+//! last graph that took it in and its index there (one atomic word in the view, see
+//! [`Buffer::graph_stamp`]), so taking in a view seen before is one load.
+//!
+//! Arguments: every buffer argument in the argument array is a reference of its own (one
+//! reference count). [`clear`](ComputeGraph::clear) keeps the arguments of the last recording,
+//! and recording writes each argument over the one at its position, keeping that one when it is
+//! the same (same view and access, by index): a step recorded again over the same buffers takes
+//! no reference count. A new graph takes one per buffer argument.
 
 use crate::kernels::{KernelId, KernelSig};
-use std::mem::ManuallyDrop;
 use std::sync::atomic::Ordering;
 
 use super::borrowed::{ArgRef, DispatchRef, DispatchSpec, SPEC_ARGS};
-use super::dispatch::{too_many_ranges, Arg, Dispatch, Grid, Range, MAX_RANGES};
+use super::dispatch::{too_many_ranges, Dispatch, Grid, Range, MAX_RANGES};
+mod args;
+mod ids;
 mod recording;
 mod small;
 
@@ -193,11 +198,10 @@ struct Arrays {
     headers: Vec<Header>,
     /// The [`Span`] of every header, by the same index.
     spans: Vec<Span>,
-    /// Arguments of every header. Buffers here are copies of references in `views` and own
-    /// nothing (never dropped, never handed out by value).
-    args: Vec<ManuallyDrop<Arg>>,
-    /// The reads, then the writes, of every header, as view indices.
-    range_views: Vec<u32>,
+    /// Arguments of every header (and those of the last recording, kept).
+    args: args::Args,
+    /// The reads, then the writes, of every header, as view indices (with room past them).
+    range_views: ids::Ids,
     /// The nodes in order: header indices and [`BARRIER`]s.
     order: Vec<u32>,
 }
@@ -213,17 +217,9 @@ impl Default for ComputeGraph {
 
 impl Clone for ComputeGraph {
     fn clone(&self) -> Self {
-        // The copy keeps its own reference to every view, so the argument copies stay backed
-        // by a kept reference; it takes a stamp of its own (views still carrying this graph's
-        // stamp are taken in again by the copy, under new indices).
-        let args = self
-            .a
-            .args
-            .iter()
-            // SAFETY: a bitwise copy of an argument that owns nothing; the clone's `views`
-            // holds a reference to the same view for as long as the copy exists.
-            .map(|a| ManuallyDrop::new(unsafe { std::ptr::read(&**a) }))
-            .collect();
+        // The copy keeps its own reference to every view and argument (not those past the
+        // recorded ones); it takes a stamp of its own (views still carrying this graph's stamp
+        // are taken in again by the copy, under new indices).
         ComputeGraph {
             stamp: fresh_stamp(),
             a: Arrays {
@@ -231,7 +227,7 @@ impl Clone for ComputeGraph {
                 view_ranges: self.a.view_ranges.clone(),
                 headers: self.a.headers.clone(),
                 spans: self.a.spans.clone(),
-                args,
+                args: self.a.args.clone(),
                 range_views: self.a.range_views.clone(),
                 order: self.a.order.clone(),
             },
@@ -275,8 +271,7 @@ mod spare {
         if arrays.headers.capacity() == 0 {
             return;
         }
-        // The argument copies own nothing: emptying them drops nothing.
-        arrays.args.clear();
+        arrays.args.reset();
         arrays.views.clear();
         arrays.view_ranges.clear();
         arrays.headers.clear();
@@ -368,6 +363,47 @@ impl ComputeGraph {
         op: OpKind,
     ) -> Result<()> {
         let n = args.len();
+        let r0 = self.a.range_views.len();
+        self.a.args.reserve(n);
+        self.a.range_views.reserve(2 * n);
+        match self.fill_args(kernel, args) {
+            Ok((count, n_reads, n_ranges)) => {
+                let a0 = self.a.args.len();
+                self.a.args.commit(count);
+                self.a.order.push(self.a.headers.len() as u32);
+                self.a.headers.push(Header {
+                    kernel,
+                    grid,
+                    args: a0 as u32,
+                    n_args: count as u32,
+                });
+                self.a.spans.push(Span {
+                    start: r0 as u32,
+                    mid: (r0 + n_reads) as u32,
+                    end: (r0 + n_ranges) as u32,
+                    op,
+                    movable: op.is_reorderable(),
+                });
+                Ok(())
+            }
+            Err(e) => {
+                // The view indices appended go; the arguments written stay past the recorded
+                // ones, kept like any others.
+                self.a.range_views.truncate(r0);
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes `args` past the recorded arguments and their view indices (reads, then writes)
+    /// after the recorded ones, and checks them; returns the number of arguments, of reads and
+    /// of ranges. The caller commits them, or on an error drops the view indices appended.
+    #[inline(always)]
+    fn fill_args<'b>(
+        &mut self,
+        kernel: KernelId,
+        args: impl ExactSizeIterator<Item = Slot<'b>>,
+    ) -> Result<(usize, usize, usize)> {
         let Arrays {
             views,
             view_ranges,
@@ -377,40 +413,33 @@ impl ComputeGraph {
         } = &mut self.a;
         let a0 = all_args.len();
         let r0 = range_views.len();
-        // Room for every argument and for every range (a read-write argument has two), written
-        // in place below and committed with `set_len` once the dispatch is known to be valid.
-        all_args.reserve(n);
-        range_views.reserve(2 * n);
-        let args_out = &mut all_args.spare_capacity_mut()[..n];
-        let ids_out = &mut range_views.spare_capacity_mut()[..2 * n];
-        // The reads go to the front of `ids_out` as they come; the writes (view, and the
+        // The reads are appended to `range_views` as they come; the writes (view, and the
         // position of the same argument's read, or `u32::MAX`) wait here, a few on the stack.
         let mut writes = Writes::new();
         let mut n_reads = 0;
         let mut count = 0;
         for (pos, arg) in args.enumerate() {
             count = pos + 1;
-            let (v, access, copy) = match arg {
+            let (v, access) = match arg {
                 Slot::Buffer(b, access) => {
                     // The index, with the view's mark (kept with its write, below).
                     let v = take_in(self.stamp, views, view_ranges, b)?;
-                    // SAFETY: a copy that owns nothing: `views[v]` holds a reference to the same
-                    // view for the graph's life, and the copy is never dropped.
-                    (v, access, unsafe { std::ptr::read(b) })
+                    all_args.put_buffer(a0 + pos, v & INDEX_MASK as u32, b, access);
+                    (v, access)
                 }
                 Slot::View(v, access) => {
-                    // SAFETY: as above, a copy of the graph's own reference.
-                    (v, access, unsafe { std::ptr::read(&views[v as usize]) })
+                    let index = v & INDEX_MASK as u32;
+                    all_args.put_buffer(a0 + pos, index, &views[index as usize], access);
+                    (v, access)
                 }
                 Slot::Scalar(s) => {
-                    args_out[pos].write(ManuallyDrop::new(Arg::Scalar(s)));
+                    all_args.put_scalar(a0 + pos, s);
                     continue;
                 }
             };
-            args_out[pos].write(ManuallyDrop::new(Arg::Buffer(copy, access)));
             let mut read_at = u32::MAX;
             if access.reads() {
-                ids_out[n_reads].write(v & INDEX_MASK as u32);
+                range_views.push(v & INDEX_MASK as u32);
                 read_at = n_reads as u32;
                 n_reads += 1;
             }
@@ -424,8 +453,7 @@ impl ComputeGraph {
             return Err(too_many_ranges(kernel, n_ranges));
         }
         if !writes.is_empty() {
-            // SAFETY: the first `n_reads` slots were written above.
-            let reads = unsafe { &*(&ids_out[..n_reads] as *const _ as *const [u32]) };
+            let reads = range_views.get(r0..range_views.len());
             // With the overlaps kept from an earlier recording over these same views (none
             // taken in since), a written view that overlaps no other view can only meet itself.
             let kept = valid_overlaps(
@@ -441,13 +469,11 @@ impl ComputeGraph {
                 _ => written_overlap(view_ranges, reads, writes),
             };
             if let Some(hit) = hit {
-                // SAFETY: the first `count` argument slots were written above.
-                let args = unsafe { &*(&args_out[..count] as *const _ as *const [Arg]) };
-                return Err(overlapping_write(kernel, args, hit));
+                return Err(overlapping_write(kernel, all_args.get(a0..a0 + count), hit));
             }
-            for (k, &(marked, _)) in writes.iter().enumerate() {
+            for &(marked, _) in writes {
                 let v = marked & INDEX_MASK as u32;
-                ids_out[n_reads + k].write(v);
+                range_views.push(v);
                 if marked & MARKED != 0 {
                     continue;
                 }
@@ -458,27 +484,7 @@ impl ComputeGraph {
                 mark_written(filter, self.stamp, views, view_ranges, v);
             }
         }
-        // SAFETY: the first `count` argument slots and `n_ranges` range slots past the lengths
-        // were written above (every argument position once; reads, then writes, without gaps).
-        unsafe {
-            all_args.set_len(a0 + count);
-            range_views.set_len(r0 + n_ranges);
-        }
-        self.a.order.push(self.a.headers.len() as u32);
-        self.a.headers.push(Header {
-            kernel,
-            grid,
-            args: a0 as u32,
-            n_args: count as u32,
-        });
-        self.a.spans.push(Span {
-            start: r0 as u32,
-            mid: (r0 + n_reads) as u32,
-            end: (r0 + n_ranges) as u32,
-            op,
-            movable: op.is_reorderable(),
-        });
-        Ok(())
+        Ok((count, n_reads, n_ranges))
     }
 
     /// The dispatch of header `h`.
@@ -486,16 +492,16 @@ impl ComputeGraph {
     pub(crate) fn dispatch_at(&self, h: u32) -> DispatchRef<'_> {
         let hd = &self.a.headers[h as usize];
         let sp = &self.a.spans[h as usize];
-        let args = &self.a.args[hd.args as usize..(hd.args + hd.n_args) as usize];
-        // SAFETY: `ManuallyDrop<Arg>` has the layout of `Arg` (it is `repr(transparent)`); the
-        // slice is borrowed from the graph, which keeps every buffer it names alive.
-        let args = unsafe { std::slice::from_raw_parts(args.as_ptr().cast::<Arg>(), args.len()) };
+        let args = self
+            .a
+            .args
+            .get(hd.args as usize..(hd.args + hd.n_args) as usize);
         DispatchRef {
             kernel: hd.kernel,
             grid: hd.grid,
             op: sp.op,
             args,
-            ids: &self.a.range_views[sp.start as usize..sp.end as usize],
+            ids: self.a.range_views.get(sp.start as usize..sp.end as usize),
             table: &self.a.view_ranges,
             n_reads: (sp.mid - sp.start) as usize,
         }
@@ -505,7 +511,7 @@ impl ComputeGraph {
     #[inline]
     pub(crate) fn ids_at(&self, h: u32) -> (&[u32], &[u32]) {
         let sp = &self.a.spans[h as usize];
-        let all = &self.a.range_views[sp.start as usize..sp.end as usize];
+        let all = self.a.range_views.get(sp.start as usize..sp.end as usize);
         all.split_at((sp.mid - sp.start) as usize)
     }
 
@@ -526,7 +532,7 @@ impl ComputeGraph {
     /// The view index of every recorded range.
     #[inline]
     pub(crate) fn all_range_views(&self) -> &[u32] {
-        &self.a.range_views
+        self.a.range_views.as_slice()
     }
 
     /// Whether some dispatch ever recorded wrote allocation `alloc` (may say yes for one that
@@ -645,11 +651,13 @@ impl ComputeGraph {
     }
 
     /// Empties the graph for recording again, keeping the buffer views it holds (and their
-    /// indices), so that a step recorded again over the same buffers takes no reference count.
+    /// indices) and the arguments it recorded, so that a step recorded again over the same
+    /// buffers takes no reference count.
     ///
     /// The kept views stay alive until the graph is dropped. So that a caller recording new
-    /// views at every step does not pile them up, the graph lets go of all of them instead when
-    /// it holds more than twice as many as its last recording named ranges (plus 64).
+    /// views at every step does not pile them up, the graph lets go of all of them (and of the
+    /// kept arguments) instead when it holds more than twice as many as its last recording named
+    /// ranges (plus 64).
     pub fn clear(&mut self) {
         let named = self.a.range_views.len();
         self.a.args.clear();
@@ -658,6 +666,7 @@ impl ComputeGraph {
         self.a.range_views.clear();
         self.a.order.clear();
         if self.a.views.len() > 2 * named + 64 {
+            self.a.args.reset();
             self.a.views.clear();
             self.a.view_ranges.clear();
             self.written = [0; WRITTEN_BITS / 64];

@@ -5,6 +5,7 @@
 use super::*;
 use crate::backend::{DType, Device};
 use crate::error::Error;
+use crate::graph::dispatch::Arg;
 use crate::graph::passes;
 use crate::graph::synthetic::untyped_kernel;
 use crate::ops::elementwise;
@@ -339,6 +340,50 @@ fn given_new_views_at_every_step_when_cleared_should_let_go_of_the_old_ones() {
     assert!(most <= 2 * 2 + 64 + 2, "the view table grew to {most}");
 }
 
+/// A cleared graph keeps the arguments of its last recording to record the step again without
+/// reference counts; they must not outlive the views: once the graph lets go of its views, the
+/// buffers only its old arguments named are freed, however short the recordings since.
+#[test]
+fn given_kept_arguments_when_the_graph_lets_go_of_its_views_should_release_their_buffers() {
+    let dev = Device::cpu(1).expect("cpu");
+    let mut g = ComputeGraph::new();
+    let mut held = Vec::new();
+    for _ in 0..40 {
+        let (a, b) = (
+            upload(&dev, 50),
+            dev.alloc(DType::F32, &[N]).expect("alloc"),
+        );
+        g.record(
+            untyped_kernel(OpKind::Copy),
+            &[ArgRef::read(&a), ArgRef::write(&b), ArgRef::u32(7)],
+            Grid::new(1, 1),
+        )
+        .expect("record");
+        held.push(std::sync::Arc::downgrade(a.allocation()));
+        held.push(std::sync::Arc::downgrade(b.allocation()));
+    }
+    let (x, y) = (
+        upload(&dev, 51),
+        dev.alloc(DType::F32, &[N]).expect("alloc"),
+    );
+    let step = [ArgRef::read(&x), ArgRef::write(&y)];
+    // Two short recordings: the first still holds the 80 old views, the second lets them go.
+    for _ in 0..2 {
+        g.clear();
+        g.record(untyped_kernel(OpKind::Copy), &step, Grid::new(1, 1))
+            .expect("record");
+    }
+    assert_eq!(g.view_count(), 2);
+    assert!(
+        held.iter().all(|w| w.upgrade().is_none()),
+        "an old argument still holds its allocation"
+    );
+    let d = g.dispatches().next().expect("one dispatch");
+    assert_eq!(d.args().len(), 2);
+    assert!(d.buffer_arg(0).is_some_and(|(b, _)| b.same_view(&x)));
+    assert!(d.buffer_arg(1).is_some_and(|(b, _)| b.same_view(&y)));
+}
+
 #[test]
 fn given_more_ranges_than_a_dispatch_may_have_when_recorded_should_fail() {
     let dev = Device::cpu(1).expect("cpu");
@@ -425,6 +470,16 @@ fn given_random_aliased_arguments_when_recorded_should_pass_the_checks_of_a_disp
                     assert_eq!(r.reads().to_vec(), d.reads(), "{what}");
                     assert_eq!(r.writes().to_vec(), d.writes(), "{what}");
                     assert_eq!(r.args().len(), args.len(), "{what}");
+                    // The arguments themselves, written over those of the other round (which
+                    // sit at other positions once a list is refused).
+                    for (k, (x, y)) in r.args().iter().zip(d.args()).enumerate() {
+                        let same = match (x, y) {
+                            (Arg::Buffer(x, a), Arg::Buffer(y, b)) => x.same_view(y) && a == b,
+                            (Arg::Scalar(x), Arg::Scalar(y)) => x == y,
+                            _ => false,
+                        };
+                        assert!(same, "{what}: argument {k} is {x:?}, not {y:?}");
+                    }
                 }
                 Err(_) => {
                     rejected += 1;

@@ -1,8 +1,6 @@
 //! The dispatch IR: a dispatch is data (kernel name, arguments with their access, launch
 //! geometry, op kind), never a closure, so one recorded list can run on any backend.
 
-use std::mem::ManuallyDrop;
-
 use super::borrowed::{DispatchRef, Ranges};
 use crate::error::{Error, Result};
 use crate::kernels::{Access, ArgShape, KernelId, OpKind, Scalar, ScalarKind};
@@ -264,33 +262,32 @@ impl RangeList {
 /// free. The blocks behind the pointers are recycled per thread (a small free list kept by this
 /// module): recording a step after dropping the previous one allocates nothing.
 pub struct Dispatch {
-    /// Always set; taken only in `drop`.
-    inner: ManuallyDrop<Box<DispatchInner>>,
+    /// Always set; taken only in `drop` (use [`Dispatch::inner`]).
+    block: Option<Box<DispatchInner>>,
 }
 
 impl Clone for Dispatch {
     fn clone(&self) -> Self {
-        Dispatch {
-            inner: ManuallyDrop::new(spare::boxed(DispatchInner::clone(&self.inner))),
-        }
+        Dispatch::of(DispatchInner::clone(self.inner()))
     }
 }
 
 impl Drop for Dispatch {
     fn drop(&mut self) {
-        // SAFETY: `inner` is taken once, here, and the dispatch is gone after `drop`.
-        let inner = unsafe { ManuallyDrop::take(&mut self.inner) };
-        spare::recycle(inner);
+        if let Some(block) = self.block.take() {
+            spare::recycle(block);
+        }
     }
 }
 
 impl std::fmt::Debug for Dispatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inner = self.inner();
         f.debug_struct("Dispatch")
-            .field("kernel", &self.inner.kernel)
-            .field("op", &self.inner.op)
-            .field("grid", &self.inner.grid)
-            .field("args", &self.inner.args)
+            .field("kernel", &inner.kernel)
+            .field("op", &inner.op)
+            .field("grid", &inner.grid)
+            .field("args", &inner.args)
             .field("reads", &self.reads())
             .field("writes", &self.writes())
             .finish()
@@ -429,53 +426,70 @@ impl Dispatch {
         } else {
             RangeList::Heap(all.collect())
         };
-        Ok(Dispatch {
-            inner: ManuallyDrop::new(spare::boxed(DispatchInner {
-                kernel,
-                grid,
-                op,
-                n_reads: n_reads as u32,
-                args,
-                ranges,
-            })),
-        })
+        Ok(Dispatch::of(DispatchInner {
+            kernel,
+            grid,
+            op,
+            n_reads: n_reads as u32,
+            args,
+            ranges,
+        }))
+    }
+
+    /// A dispatch over `inner`, in a kept block when this thread has one.
+    #[inline]
+    fn of(inner: DispatchInner) -> Dispatch {
+        Dispatch {
+            block: Some(spare::boxed(inner)),
+        }
+    }
+
+    /// What the dispatch holds (its block is taken only when it is dropped).
+    #[inline]
+    fn inner(&self) -> &DispatchInner {
+        match &self.block {
+            Some(block) => block,
+            None => unreachable!("a dispatch's block is taken only in drop"),
+        }
     }
 
     /// The kernel.
     pub fn kernel(&self) -> KernelId {
-        self.inner.kernel
+        self.inner().kernel
     }
 
     /// The arguments, in kernel order.
     pub fn args(&self) -> &[Arg] {
-        self.inner.args.as_slice()
+        self.inner().args.as_slice()
     }
 
     /// Launch geometry.
     pub fn grid(&self) -> Grid {
-        self.inner.grid
+        self.inner().grid
     }
 
     /// The op kind.
     pub fn op(&self) -> OpKind {
-        self.inner.op
+        self.inner().op
     }
 
     /// Byte ranges the dispatch reads.
     #[inline]
     pub fn reads(&self) -> &[Range] {
-        &self.inner.ranges.as_slice()[..self.inner.n_reads as usize]
+        let inner = self.inner();
+        &inner.ranges.as_slice()[..inner.n_reads as usize]
     }
 
     /// Byte ranges the dispatch writes.
     #[inline]
     pub fn writes(&self) -> &[Range] {
-        &self.inner.ranges.as_slice()[self.inner.n_reads as usize..]
+        let inner = self.inner();
+        &inner.ranges.as_slice()[inner.n_reads as usize..]
     }
 
     /// The buffer argument at `index`, if it is one.
     pub fn buffer_arg(&self, index: usize) -> Option<(&Buffer, Access)> {
-        match self.inner.args.as_slice().get(index) {
+        match self.inner().args.as_slice().get(index) {
             Some(Arg::Buffer(b, a)) => Some((b, *a)),
             _ => None,
         }
@@ -484,16 +498,17 @@ impl Dispatch {
     /// The dispatch as a borrowed view (what encoders and fusion rules take).
     #[inline]
     pub fn as_view(&self) -> DispatchRef<'_> {
-        let table = self.inner.ranges.as_slice();
+        let inner = self.inner();
+        let table = inner.ranges.as_slice();
         DispatchRef {
-            kernel: self.inner.kernel,
-            grid: self.inner.grid,
-            op: self.inner.op,
-            args: self.inner.args.as_slice(),
+            kernel: inner.kernel,
+            grid: inner.grid,
+            op: inner.op,
+            args: inner.args.as_slice(),
             // `build` keeps the ranges within `MAX_RANGES`.
             ids: &IDENTITY[..table.len()],
             table,
-            n_reads: self.inner.n_reads as usize,
+            n_reads: inner.n_reads as usize,
         }
     }
 }
@@ -545,16 +560,14 @@ impl Dispatch {
         } else {
             RangeList::Heap(all.collect())
         };
-        Dispatch {
-            inner: ManuallyDrop::new(spare::boxed(DispatchInner {
-                kernel,
-                grid,
-                op,
-                n_reads: n_reads as u32,
-                args: ArgList::cloned_from(args),
-                ranges,
-            })),
-        }
+        Dispatch::of(DispatchInner {
+            kernel,
+            grid,
+            op,
+            n_reads: n_reads as u32,
+            args: ArgList::cloned_from(args),
+            ranges,
+        })
     }
 }
 

@@ -75,25 +75,16 @@ impl<'g> Footprint<'g> {
     pub(crate) fn new(graph: &'g ComputeGraph) -> Self {
         let view_ranges = graph.view_ranges();
         let order = graph.order();
+        // One entry per dispatch (fewer than the order's entries).
         let mut spans = Vec::with_capacity(order.len());
         let mut movable = Vec::with_capacity(order.len());
-        // Written in place (one slot per dispatch, fewer than the order's entries), then
-        // committed.
-        let (spans_out, movable_out) = (spans.spare_capacity_mut(), movable.spare_capacity_mut());
-        let mut n = 0;
         for &h in order {
             if h == ComputeGraph::BARRIER {
                 continue;
             }
             let (m, span) = graph.span_at(h);
-            spans_out[n].write(span);
-            movable_out[n].write(m);
-            n += 1;
-        }
-        // SAFETY: the first `n` slots of both were written above.
-        unsafe {
-            spans.set_len(n);
-            movable.set_len(n);
+            spans.push(span);
+            movable.push(m);
         }
         let overlaps = match graph.kept_overlaps() {
             Some(o) => Cow::Borrowed(o),

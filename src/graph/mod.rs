@@ -1,6 +1,9 @@
 //! The device-independent graph IR and its optimization passes.
 //!
 //! Nothing here knows about a device: every pass is tested on the CPU with synthetic nodes.
+//! Nothing here is `unsafe` either.
+
+#![forbid(unsafe_code)]
 
 mod borrowed;
 mod compute_graph;

@@ -1,22 +1,27 @@
 //! The common case of [`ComputeGraph::record`]: a dispatch of a few arguments, none of them a
-//! written view that overlaps another argument. Everything is written once, in place, past the
-//! arrays' lengths, and committed only when the dispatch is known to be valid. A dispatch that
-//! fails the check (or has many arguments) is left to the general path, which builds the error.
+//! written view that overlaps another argument. The view indices and the arguments' keys are
+//! gathered on the stack, and written to the graph only when the dispatch is known to be valid. A
+//! dispatch that fails the check (or has many arguments) is left to the general path, which
+//! builds the error.
 
 use crate::kernels::KernelId;
-use std::mem::ManuallyDrop;
 use std::sync::atomic::Ordering;
 
+use super::args::{buffer_key, scalar_key};
+use super::ids::ROOM;
 use super::recording::{
     mark_written, take_in_unseen, WrittenFilter, INDEX_BITS, INDEX_MASK, MARKED,
 };
 use super::{valid_overlaps, ComputeGraph, Header, Span};
 use crate::graph::borrowed::ArgRef;
-use crate::graph::dispatch::{Arg, Grid, Range};
+use crate::graph::dispatch::{Grid, Range};
 use crate::kernels::{Access, OpKind};
 
 /// The most arguments the small path takes.
 const SMALL_ARGS: usize = 8;
+
+// A dispatch's reads, then its writes, fit one chunk of view indices.
+const _: () = assert!(ROOM >= 2 * SMALL_ARGS);
 
 impl ComputeGraph {
     /// Records `args` if they are few, fit the kernel's declaration and no written one overlaps
@@ -39,25 +44,24 @@ impl ComputeGraph {
             return false;
         }
         let a = &mut self.a;
-        a.args.reserve(n);
-        a.range_views.reserve(2 * n);
-        let (a0, r0) = (a.args.len(), a.range_views.len());
-        let args_out = &mut a.args.spare_capacity_mut()[..n];
-        // The reads go here as they come; the writes wait on the stack and follow them.
-        let ids_out = &mut a.range_views.spare_capacity_mut()[..2 * n];
+        let a0 = a.args.len();
         let (views, view_ranges) = (&mut a.views, &mut a.view_ranges);
-        let mut writes = [0u32; SMALL_ARGS];
+        // The view indices of the reads go past the recorded ones as they come; those of the
+        // writes wait here and follow them.
+        let ids = a.range_views.room();
+        let mut write_ids = [0u32; SMALL_ARGS];
+        let mut keys = [0u64; SMALL_ARGS];
         let mut read_too = [false; SMALL_ARGS];
         let (mut n_reads, mut n_writes) = (0, 0);
         let mut unmarked = false;
-        for (i, (slot, arg)) in args_out.iter_mut().zip(args).enumerate() {
+        for (i, arg) in args.iter().enumerate() {
             if params.is_some_and(|p| !p[i].kind.accepts(arg.shape())) {
                 return false;
             }
             let (b, access) = match *arg {
                 ArgRef::Buffer(b, access) => (b, access),
                 ArgRef::Scalar(s) => {
-                    slot.write(ManuallyDrop::new(Arg::Scalar(s)));
+                    keys[i] = scalar_key(s);
                     continue;
                 }
             };
@@ -69,41 +73,31 @@ impl ComputeGraph {
                 }
             }
             let v = word as u32 & INDEX_MASK as u32;
-            // SAFETY: a copy that owns nothing: the graph holds a reference to the same view
-            // for its life, and the copy is never dropped.
-            slot.write(ManuallyDrop::new(Arg::Buffer(
-                unsafe { std::ptr::read(b) },
-                access,
-            )));
+            keys[i] = buffer_key(v, access);
             if access != Access::Write {
-                ids_out[n_reads].write(v);
+                ids[n_reads] = v;
                 n_reads += 1;
             }
             if access != Access::Read {
                 // Whether its allocation is not counted as written yet.
                 unmarked |= word as u32 & MARKED == 0;
-                writes[n_writes] = v;
+                write_ids[n_writes] = v;
                 read_too[n_writes] = access == Access::ReadWrite;
                 n_writes += 1;
             }
         }
-        let writes = &writes[..n_writes];
-        if n_writes > 0 {
-            // SAFETY: the first `n_reads` slots were written above.
-            let reads = unsafe { &*(&ids_out[..n_reads] as *const _ as *const [u32]) };
-            if !self_clear(
+        let writes = &write_ids[..n_writes];
+        if n_writes > 0
+            && !self_clear(
                 &self.overlaps,
                 (stamp, views.len(), self.written_version),
                 view_ranges,
-                reads,
+                &ids[..n_reads],
                 writes,
                 &read_too,
-            ) {
-                return false;
-            }
-            for (slot, &w) in ids_out[n_reads..].iter_mut().zip(writes) {
-                slot.write(w);
-            }
+            )
+        {
+            return false;
         }
         if unmarked {
             for &v in writes {
@@ -114,13 +108,14 @@ impl ComputeGraph {
                 mark_written(filter, stamp, views, view_ranges, v);
             }
         }
-        let n_ranges = n_reads + n_writes;
-        // SAFETY: the `n` argument slots and `n_ranges` range slots past the lengths were written
-        // above (every argument position once; reads, then writes, without gaps).
-        unsafe {
-            a.args.set_len(a0 + n);
-            a.range_views.set_len(r0 + n_ranges);
+        a.args.put_all(args, &keys[..n]);
+        a.args.commit(n);
+        for (slot, &w) in ids[n_reads..].iter_mut().zip(writes) {
+            *slot = w;
         }
+        let n_ranges = n_reads + n_writes;
+        let r0 = a.range_views.len();
+        a.range_views.commit(n_ranges);
         a.order.push(a.headers.len() as u32);
         a.headers.push(Header {
             kernel,
