@@ -6,11 +6,12 @@
 //!   with everything), and the edge list is transitively reduced, so an edge `a -> b` exists only
 //!   when no other path leads from `a` to `b`.
 //! - The device's backend instantiates the dispatches with those dependencies and levels
-//!   ([`crate::backend::Backend::instantiate`]): on CUDA kernel nodes of one CUDA graph with exactly those edges,
-//!   instantiated once ([`crate::backend::cuda::CudaGraph`]), a step being one `cuGraphLaunch`;
-//!   on the CPU the dispatches sorted into levels (a level holds the dispatches whose longest
-//!   dependency chain has the same length; no two of them conflict), their kernels resolved once,
-//!   a step running the levels in order, each level's dispatches in parallel on the device's pool.
+//!   ([`crate::backend::Backend::instantiate`]). On CUDA they become kernel nodes of one CUDA
+//!   graph with exactly those edges, instantiated once ([`crate::backend::cuda::CudaGraph`]); a
+//!   step is one `cuGraphLaunch`. On the CPU they are sorted into levels (a level holds the
+//!   dispatches whose longest dependency chain has the same length; no two of them conflict),
+//!   their kernels resolved once; a step runs the levels in order, each level's dispatches in
+//!   parallel on the device's pool.
 //! - Every pointer must stay valid and mean the same memory for the executable's whole life: the
 //!   caller names the allocations it keeps for that long in a [`StableSet`], instantiation refuses a
 //!   graph that touches any other allocation (with a report naming each one), and the executable

@@ -22,7 +22,7 @@ use cudarc::driver::sys;
 
 use super::launch::LaunchParams;
 use super::{CudaDevice, Kernel};
-use crate::backend::{Allocation, EncoderOptions};
+use crate::backend::Allocation;
 use crate::error::{Error, Result};
 use crate::graph::{Arg, Dispatch};
 
@@ -104,8 +104,8 @@ impl CudaGraph {
             deps.clear();
             deps.extend(p.iter().map(|&j| handles[j]));
             // SAFETY: `this.graph` is a live graph of the device's context (bound above), and
-            // `deps` holds nodes added to it earlier in this loop. The kernel, which owns the node's
-            // function handle, is kept in `_kernels` for the graph's life.
+            // `deps` holds nodes added to it earlier in this loop. The kernel, which owns the
+            // node's function handle, is kept in `_kernels` for the graph's life.
             let (node, kernel) =
                 unsafe { params.add_node(device, this.graph, &deps, d.as_view()) }?;
             handles.push(node);
@@ -229,7 +229,7 @@ pub fn profile_dispatches(device: &Arc<CudaDevice>, dispatches: &[Dispatch]) -> 
     let events = (0..=dispatches.len())
         .map(|_| GpuEvent::new(device))
         .collect::<Result<Vec<_>>>()?;
-    let mut enc = device.encoder_with(EncoderOptions::default());
+    let mut enc = device.encoder();
     events[0].record()?;
     for (d, ev) in dispatches.iter().zip(&events[1..]) {
         enc.encode(d.as_view())?;
