@@ -5,11 +5,13 @@
 //!   with (read-after-write, write-after-read, write-after-write; a non-reorderable op conflicts
 //!   with everything), and the edge list is transitively reduced, so an edge `a -> b` exists only
 //!   when no other path leads from `a` to `b`.
-//! - On CUDA the dispatches become kernel nodes of one CUDA graph with exactly those edges,
-//!   instantiated once ([`crate::backend::cuda::CudaGraph`]); a step is one `cuGraphLaunch`.
-//! - On the CPU the dispatches are sorted into levels (a level holds the dispatches whose longest
-//!   dependency chain has the same length; no two of them conflict), their kernels resolved once;
-//!   a step runs the levels in order, each level's dispatches in parallel on the device's pool.
+//! - The device's backend instantiates the dispatches with those dependencies and levels
+//!   ([`crate::backend::Backend::instantiate`]). On CUDA they become kernel nodes of one CUDA
+//!   graph with exactly those edges, instantiated once ([`crate::backend::cuda::CudaGraph`]); a
+//!   step is one `cuGraphLaunch`. On the CPU they are sorted into levels (a level holds the
+//!   dispatches whose longest dependency chain has the same length; no two of them conflict),
+//!   their kernels resolved once; a step runs the levels in order, each level's dispatches in
+//!   parallel on the device's pool.
 //! - Every pointer must stay valid and mean the same memory for the executable's whole life: the
 //!   caller names the allocations it keeps for that long in a [`StableSet`], instantiation refuses a
 //!   graph that touches any other allocation (with a report naming each one), and the executable
@@ -18,10 +20,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::sync::Arc;
-use std::time::Instant;
 
-use crate::backend::cpu::CpuKernelFn;
-use crate::backend::{AllocId, Allocation, Buffer, Device};
+use crate::backend::{AllocId, Allocation, Buffer, Device, Replay};
 use crate::error::{Error, Result};
 use crate::graph::conflict::conflict;
 use crate::graph::{Arg, ComputeGraph, Dispatch};
@@ -154,21 +154,12 @@ pub struct KernelTiming {
     pub dur_us: f64,
 }
 
-enum Backend {
-    Cpu {
-        kernels: Vec<CpuKernelFn>,
-        schedule: Vec<Vec<usize>>,
-    },
-    Cuda(crate::backend::cuda::CudaGraph),
-}
-
 /// A graph instantiated for one device, replayed by [`Executable::run`].
 pub struct Executable {
     device: Device,
-    dispatches: Vec<Dispatch>,
     level: Vec<usize>,
     stats: ExecutableStats,
-    backend: Backend,
+    replay: Box<dyn Replay>,
     /// Every allocation referenced, held so none can be freed or reused while this lives.
     _allocations: Vec<Arc<Allocation>>,
 }
@@ -210,31 +201,13 @@ impl Executable {
             barriers: n_levels.saturating_sub(1),
             allocations: allocations.len(),
         };
-        let backend = match &device {
-            Device::Cpu(cpu) => {
-                let kernels = dispatches
-                    .iter()
-                    .map(|d| cpu.kernel(d.kernel()))
-                    .collect::<Result<Vec<_>>>()?;
-                let mut schedule = vec![Vec::new(); n_levels];
-                for (i, &l) in level.iter().enumerate() {
-                    schedule[l].push(i);
-                }
-                Backend::Cpu { kernels, schedule }
-            }
-            Device::Cuda(cuda) => Backend::Cuda(crate::backend::cuda::CudaGraph::build(
-                cuda,
-                &dispatches,
-                &preds,
-            )?),
-        };
+        let replay = device.backend().instantiate(dispatches, &preds, &level)?;
         tracing::debug!(?stats, "instantiated graph");
         Ok(Executable {
             device,
-            dispatches,
             level,
             stats,
-            backend,
+            replay,
             _allocations: allocations,
         })
     }
@@ -251,7 +224,7 @@ impl Executable {
 
     /// The dispatches, in the order they were recorded (optimized).
     pub fn dispatches(&self) -> &[Dispatch] {
-        &self.dispatches
+        self.replay.dispatches()
     }
 
     /// Replays the graph once and waits for it: on CUDA one graph launch and a stream wait, on the
@@ -264,66 +237,34 @@ impl Executable {
     /// Starts a replay without waiting (CUDA: the launch is queued on the device's stream; the
     /// next download or [`Executable::wait`] waits for it). On the CPU the replay runs to the end.
     pub fn launch(&self) -> Result<()> {
-        match (&self.backend, &self.device) {
-            (Backend::Cpu { kernels, schedule }, Device::Cpu(cpu)) => {
-                cpu.run_kernels(|| run_schedule(&self.dispatches, kernels, schedule, None))
-            }
-            (Backend::Cuda(graph), _) => graph.launch(),
-            _ => Err(Error::Backend("executable and device disagree".into())),
-        }
+        self.replay.launch()
     }
 
     /// Waits for the last launch.
     pub fn wait(&self) -> Result<()> {
-        match &self.device {
-            Device::Cpu(_) => Ok(()),
-            Device::Cuda(cuda) => cuda.synchronize(),
-        }
+        self.replay.wait()
     }
 
     /// A profiling run: the same work, with each kernel timed (CUDA: the dispatches launched one
     /// by one between events, in order; CPU: the schedule with each kernel's wall time and thread).
     pub fn profile(&self) -> Result<Vec<KernelTiming>> {
-        match (&self.backend, &self.device) {
-            (Backend::Cpu { kernels, schedule }, Device::Cpu(cpu)) => {
-                let slots: Vec<std::sync::Mutex<Option<(usize, f64, f64)>>> =
-                    (0..self.dispatches.len())
-                        .map(|_| std::sync::Mutex::new(None))
-                        .collect();
-                let t0 = Instant::now();
-                cpu.run_kernels(|| {
-                    run_schedule(&self.dispatches, kernels, schedule, Some((&slots, t0)))
-                })?;
-                let mut out = Vec::with_capacity(slots.len());
-                for (i, slot) in slots.into_iter().enumerate() {
-                    let (track, start_us, dur_us) = slot
-                        .into_inner()
-                        .map_err(|_| Error::Backend("profiling lock poisoned".into()))?
-                        .unwrap_or((0, 0.0, 0.0));
-                    out.push(self.timing(i, track, start_us, dur_us));
-                }
-                Ok(out)
-            }
-            (Backend::Cuda(_), Device::Cuda(cuda)) => {
-                let times = crate::backend::cuda::profile_dispatches(cuda, &self.dispatches)?;
-                let mut start = 0.0;
-                Ok(times
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, ms)| {
-                        let us = f64::from(ms) * 1e3;
-                        let t = self.timing(i, 0, start, us);
-                        start += us;
-                        t
-                    })
-                    .collect())
-            }
-            _ => Err(Error::Backend("executable and device disagree".into())),
+        let times = self.replay.profile()?;
+        if times.len() != self.level.len() {
+            return Err(Error::Backend(format!(
+                "a profiling run timed {} kernels of {}",
+                times.len(),
+                self.level.len()
+            )));
         }
+        Ok(times
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| self.timing(i, t.track, t.start_us, t.dur_us))
+            .collect())
     }
 
     fn timing(&self, i: usize, track: usize, start_us: f64, dur_us: f64) -> KernelTiming {
-        let d = &self.dispatches[i];
+        let d = &self.dispatches()[i];
         KernelTiming {
             index: i,
             kernel: d.kernel().name(),
@@ -334,52 +275,6 @@ impl Executable {
             dur_us,
         }
     }
-}
-
-type ProfileSlots<'a> = (&'a [std::sync::Mutex<Option<(usize, f64, f64)>>], Instant);
-
-fn run_one(
-    d: &Dispatch,
-    kernel: CpuKernelFn,
-    index: usize,
-    profile: Option<ProfileSlots<'_>>,
-) -> Result<()> {
-    let start = Instant::now();
-    let result = crate::backend::cpu::run::call_kernel(kernel, d.kernel(), d.args());
-    if let Some((slots, t0)) = profile {
-        let track = rayon::current_thread_index().unwrap_or(0);
-        let begin = (start - t0).as_secs_f64() * 1e6;
-        let dur = start.elapsed().as_secs_f64() * 1e6;
-        if let Ok(mut s) = slots[index].lock() {
-            *s = Some((track, begin, dur));
-        }
-    }
-    result
-}
-
-fn run_schedule(
-    dispatches: &[Dispatch],
-    kernels: &[CpuKernelFn],
-    schedule: &[Vec<usize>],
-    profile: Option<ProfileSlots<'_>>,
-) -> Result<()> {
-    for level in schedule {
-        if let [only] = level.as_slice() {
-            run_one(&dispatches[*only], kernels[*only], *only, profile)?;
-            continue;
-        }
-        // No two dispatches of one level conflict (each conflicting pair is joined by a dependency
-        // path, so their levels differ): they touch overlapping bytes only when all of them only
-        // read, which makes running them on several threads at once sound.
-        let mut results: Vec<Result<()>> = level.iter().map(|_| Ok(())).collect();
-        rayon::scope(|s| {
-            for (slot, &i) in results.iter_mut().zip(level) {
-                s.spawn(move |_| *slot = run_one(&dispatches[i], kernels[i], i, profile));
-            }
-        });
-        results.into_iter().collect::<Result<()>>()?;
-    }
-    Ok(())
 }
 
 /// Checks that every buffer argument lives in a stable allocation on `device`; returns each

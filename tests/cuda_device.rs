@@ -6,7 +6,7 @@ mod cuda_open;
 mod seeded;
 
 use cuda_open::cuda_device;
-use onepass::backend::cuda;
+use onepass::backend::{cuda, EncoderOptions};
 use onepass::graph::{Arg, Dispatch, Grid, KernelId, KernelSig, OpKind};
 use onepass::kernels::misc::CUDA_SELFTEST;
 use onepass::{DType, Device, Executor, Mode, Plan};
@@ -127,9 +127,6 @@ fn misfit_arguments_are_refused_on_cuda_buffers() {
 #[ignore = "needs a CUDA GPU"]
 fn direct_recorded_and_synchronized_modes_agree() {
     let dev = cuda_device();
-    let Device::Cuda(cuda) = &dev else {
-        unreachable!()
-    };
     let n = 4099usize;
     let x = random_f32(n, 1.0, 3);
     let y0 = random_f32(n, 1.0, 4);
@@ -147,10 +144,12 @@ fn direct_recorded_and_synchronized_modes_agree() {
         (Mode::Recorded, false, Plan::OPTIMIZED),
         (Mode::Direct, true, Plan::SEQUENTIAL),
     ] {
-        cuda.set_sync_each_launch(sync_each);
         let xb = dev.upload(&x, &[n]).unwrap();
         let yb = dev.upload(&y0, &[n]).unwrap();
-        let mut s = exec.begin(mode);
+        let options = EncoderOptions {
+            sync_each_dispatch: sync_each,
+        };
+        let mut s = exec.begin_with(mode, options);
         for a in scales {
             let d = Dispatch::new(
                 KernelId::of(&CUDA_SELFTEST[0]),
@@ -170,5 +169,4 @@ fn direct_recorded_and_synchronized_modes_agree() {
         let got = dev.download::<f32>(&yb).unwrap();
         assert_eq!(got, want, "{mode:?} sync_each={sync_each} {plan:?}");
     }
-    cuda.set_sync_each_launch(false);
 }

@@ -1,11 +1,18 @@
 //! Devices, memory and buffers. `cpu/` is the reference backend; a CUDA backend plugs in beside it.
+//! Both implement [`Backend`] ([`interface`]); [`Device`] picks one in one place
+//! ([`Device::backend`]), and everything above this module goes through that interface.
 
 pub mod cpu;
 pub mod cuda;
+pub mod interface;
 mod memory;
 
 pub use crate::dtype::{DType, Element};
 pub use crate::memory::{bytes_of, AllocId, Allocation, Buffer, DeviceMemory, Location, Shape};
+pub use interface::{
+    Backend, Capabilities, Encoder, EncoderOptions, KernelTime, Replay, ReplayOrdering, StepClock,
+    StepTimer, Submission,
+};
 pub use memory::{HostMemory, MappedMemory, HOST_ALIGN};
 
 use std::sync::Arc;
@@ -68,30 +75,35 @@ impl Device {
         Device::cpu(threads)
     }
 
+    /// The device's backend: the one place that tells the backends apart. Everything else reads
+    /// a device through this interface.
+    pub fn backend(&self) -> &dyn Backend {
+        match self {
+            Device::Cpu(d) => d,
+            Device::Cuda(d) => d,
+        }
+    }
+
+    /// What the device's backend declares about itself.
+    pub fn capabilities(&self) -> &'static Capabilities {
+        self.backend().capabilities()
+    }
+
     /// The backend kind.
     pub fn kind(&self) -> BackendKind {
-        match self {
-            Device::Cpu(_) => BackendKind::Cpu,
-            Device::Cuda(_) => BackendKind::Cuda,
-        }
+        self.backend().kind()
     }
 
     /// A human-readable name.
     pub fn name(&self) -> String {
-        match self {
-            Device::Cpu(d) => format!("cpu ({} threads)", d.threads()),
-            Device::Cuda(d) => d.name(),
-        }
+        self.backend().name()
     }
 
     /// Allocates a zeroed buffer.
     pub fn alloc(&self, dtype: DType, dims: &[usize]) -> Result<Buffer> {
         let shape = Shape::new(dims)?;
         let bytes = bytes_of(dtype, shape)?;
-        let alloc = match self {
-            Device::Cpu(d) => d.alloc_bytes(bytes)?,
-            Device::Cuda(d) => d.alloc_bytes(bytes)?,
-        };
+        let alloc = self.backend().alloc_bytes(bytes)?;
         Buffer::whole(alloc, dtype, shape)
     }
 
@@ -100,10 +112,7 @@ impl Device {
     pub fn alloc_scratch(&self, dtype: DType, dims: &[usize]) -> Result<Buffer> {
         let shape = Shape::new(dims)?;
         let bytes = bytes_of(dtype, shape)?;
-        let alloc = match self {
-            Device::Cpu(d) => d.alloc_bytes(bytes)?,
-            Device::Cuda(d) => d.alloc_scratch_bytes(bytes)?,
-        };
+        let alloc = self.backend().alloc_scratch_bytes(bytes)?;
         Buffer::whole(alloc, dtype, shape)
     }
 
@@ -142,10 +151,7 @@ impl Device {
                 buf.len_bytes()
             )));
         }
-        match self {
-            Device::Cpu(d) => d.write_bytes(buf, bytes),
-            Device::Cuda(d) => d.write_bytes(buf, bytes),
-        }
+        self.backend().write_bytes(buf, bytes)
     }
 
     /// Copies a buffer's contents to the host.
@@ -165,19 +171,21 @@ impl Device {
 
     /// Copies a buffer's raw bytes to the host.
     pub fn download_bytes(&self, buf: &Buffer) -> Result<Vec<u8>> {
-        match self {
-            Device::Cpu(d) => d.read_bytes(buf),
-            Device::Cuda(d) => d.read_bytes(buf),
-        }
+        self.backend().read_bytes(buf)
     }
 
     /// Whether a buffer lives on this device.
     pub fn owns(&self, buf: &Buffer) -> bool {
-        let home = buf.allocation().home();
-        match self {
-            Device::Cpu(_) => home == Location::Host,
-            Device::Cuda(d) => home == Location::Cuda(d.ordinal()),
-        }
+        buf.allocation().home() == self.backend().home()
+    }
+}
+
+/// What the backend that owns memory at `location` declares about itself: for op builders, which
+/// see buffers, not devices. The one place that tells backends apart by location.
+pub fn capabilities_at(location: Location) -> &'static Capabilities {
+    match location {
+        Location::Host => &cpu::CAPABILITIES,
+        Location::Cuda(_) => &cuda::CAPABILITIES,
     }
 }
 

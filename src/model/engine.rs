@@ -3,10 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::backend::Device;
+use crate::backend::{EncoderOptions, ReplayOrdering};
 use crate::error::{Error, Result};
 use crate::executable::{Executable, KernelTiming, StableSet};
-use crate::graph::ComputeGraph;
 use crate::model::llama::{Llama, Logits};
 use crate::model::sampler::{Sampler, SamplerConfig};
 use crate::session::{Executor, Mode, Plan};
@@ -224,15 +223,18 @@ impl Engine {
             self.decode_exec = Some((self.instantiate_decode(argmax)?, argmax));
             self.instantiations += 1;
         }
-        let timer = StepTimer::start(self.step_timing, self.executor.device())?;
+        let timer = if self.step_timing {
+            Some(self.executor.device().backend().step_timer()?)
+        } else {
+            None
+        };
         match (&self.decode_exec, self.mode) {
             (Some((exec, _)), RunMode::Graph) => {
                 exec.launch()?;
                 let st = exec.stats();
-                let ordering = if matches!(self.executor.device(), Device::Cuda(_)) {
-                    st.edges
-                } else {
-                    st.barriers
+                let ordering = match self.executor.device().capabilities().replay_ordering {
+                    ReplayOrdering::Edges => st.edges,
+                    ReplayOrdering::Barriers => st.barriers,
                 };
                 self.last_pass = PassStats {
                     kernels: st.kernels,
@@ -278,17 +280,15 @@ impl Engine {
             RunMode::Direct => Mode::Direct,
             RunMode::PerOpSync | RunMode::Recorded | RunMode::Graph => Mode::Recorded,
         };
-        if let (RunMode::PerOpSync, Device::Cuda(cuda)) = (self.mode, self.executor.device()) {
-            // CUDA: a direct session whose encoder waits for the stream after every launch.
-            let cuda = cuda.clone();
-            cuda.set_sync_each_launch(true);
-            let mut s = self.executor.begin(Mode::Direct);
-            let done = self
-                .llama
-                .record(&mut s, rows, logits, argmax)
-                .and_then(|()| s.finish(&self.plan));
-            cuda.set_sync_each_launch(false);
-            let report = done?;
+        if self.mode == RunMode::PerOpSync {
+            // A direct session whose encoder waits after every dispatch: each dispatch is its own
+            // submission, in program order, waited for before the next.
+            let sync_each = EncoderOptions {
+                sync_each_dispatch: true,
+            };
+            let mut s = self.executor.begin_with(Mode::Direct, sync_each);
+            self.llama.record(&mut s, rows, logits, argmax)?;
+            let report = s.finish(&self.plan)?;
             self.last_pass = PassStats {
                 kernels: report.dispatches,
                 edges_or_barriers: report.dispatches,
@@ -297,22 +297,6 @@ impl Engine {
         }
         let mut s = self.executor.begin(mode);
         self.llama.record(&mut s, rows, logits, argmax)?;
-        if self.mode == RunMode::PerOpSync {
-            // CPU: one submission per dispatch, in program order, each waited for.
-            let graph = s.into_graph()?;
-            let mut kernels = 0;
-            for d in graph.dispatches() {
-                let mut one = ComputeGraph::with_capacity(1);
-                one.push_ref(d);
-                self.executor.run(&one, false)?;
-                kernels += 1;
-            }
-            self.last_pass = PassStats {
-                kernels,
-                edges_or_barriers: kernels,
-            };
-            return Ok(());
-        }
         let report = s.finish(&self.plan)?;
         self.last_pass = PassStats {
             kernels: report.dispatches,
@@ -383,44 +367,5 @@ impl Engine {
         let decoded = stats.generated_ids.len().saturating_sub(1);
         stats.decode_tok_s = decoded as f64 / stats.decode_time.as_secs_f64().max(1e-9);
         Ok(stats)
-    }
-}
-
-/// Times one decode step's device work: a pair of CUDA events around it, or the host clock.
-enum StepTimer {
-    Wall(Instant),
-    Cuda(
-        crate::backend::cuda::GpuEvent,
-        crate::backend::cuda::GpuEvent,
-    ),
-}
-
-impl StepTimer {
-    fn start(on: bool, device: &Device) -> Result<Option<StepTimer>> {
-        if !on {
-            return Ok(None);
-        }
-        Ok(Some(match device {
-            Device::Cpu(_) => StepTimer::Wall(Instant::now()),
-            Device::Cuda(cuda) => {
-                let (a, b) = (
-                    crate::backend::cuda::GpuEvent::new(cuda)?,
-                    crate::backend::cuda::GpuEvent::new(cuda)?,
-                );
-                a.record()?;
-                StepTimer::Cuda(a, b)
-            }
-        }))
-    }
-
-    /// Seconds since the start (waits for the GPU work queued so far).
-    fn stop(self) -> Result<f64> {
-        match self {
-            StepTimer::Wall(t) => Ok(t.elapsed().as_secs_f64()),
-            StepTimer::Cuda(a, b) => {
-                b.record()?;
-                Ok(f64::from(a.elapsed_ms(&b)?) / 1e3)
-            }
-        }
     }
 }

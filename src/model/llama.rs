@@ -207,25 +207,6 @@ fn uses_fused_block(c: &LlamaConfig, w: &Weights) -> bool {
         })
 }
 
-/// Whether a pass of `rows` rows records the fused block ops (when the model may use them at
-/// all): always on the CPU, whose fused kernels normalize each row once; on a GPU only for one
-/// row, because the fused CUDA kernels normalize the row in every warp, which a decode step
-/// hides but a prefill pass pays for each of its outputs, where the separate ops normalize once
-/// and take the tiled matmul.
-fn fused_block_for(device: &Device, rows: usize) -> bool {
-    rows == 1 || !matches!(device, Device::Cuda(_))
-}
-
-/// Chunk length of the split decode attention on `device`: on a GPU, short chunks give one
-/// block per (chunk, head), enough blocks to fill the SMs at short contexts; on the CPU, long
-/// chunks keep the per-task overhead low.
-fn decode_chunk(device: &Device) -> usize {
-    match device {
-        Device::Cuda(_) => 32,
-        _ => 256,
-    }
-}
-
 /// A loaded model with its KV cache and scratch, ready to record passes.
 pub struct Llama {
     config: LlamaConfig,
@@ -263,9 +244,9 @@ impl Llama {
         let partial_len = crate::ops::attention::attention_decode_scratch_len(
             params,
             max_ctx,
-            decode_chunk(device),
+            device.capabilities().decode_attention_chunk,
         )?;
-        if let Device::Cpu(_) = device {
+        if device.capabilities().host_memory {
             let need = budget::cache_and_scratch_bytes(&config, max_ctx, max_batch, partial_len);
             budget::check_fits(need, budget::available_memory(), max_ctx)?;
         }
@@ -362,7 +343,9 @@ impl Llama {
     pub fn record(&self, s: &mut Session, rows: usize, logits: Logits, argmax: bool) -> Result<()> {
         let c = &self.config;
         let decode = rows == 1;
-        let fused_block = self.fused_block && fused_block_for(&self.device, rows);
+        // The fused block ops where the model allows them and the backend prefers them for this
+        // many rows (`Capabilities::fused_block_max_rows`).
+        let fused_block = self.fused_block && self.device.capabilities().fused_block_for(rows);
         let sc = if decode { &self.decode } else { &self.prefill };
         if rows == 0 || rows > sc.rows {
             return Err(Error::InvalidArgument(format!(
@@ -433,7 +416,7 @@ impl Llama {
                     partials,
                     &attn,
                     attn_params,
-                    decode_chunk(&self.device),
+                    self.device.capabilities().decode_attention_chunk,
                 )?,
                 _ => s.attention(&q, kc, vc, step, &attn, attn_params)?,
             }
@@ -644,8 +627,8 @@ impl Scratch {
     }
 }
 
-/// Makes each tensor of `file` a buffer on `device`: on the CPU a view of the mapped file (no
-/// copy), elsewhere an upload.
+/// Makes each tensor of `file` a buffer on `device`: a view of the mapped file (no copy) where
+/// the backend can use host mappings (the CPU), elsewhere an upload.
 struct DeviceTensors<'a> {
     file: &'a GgufFile,
     device: &'a Device,
@@ -654,18 +637,15 @@ struct DeviceTensors<'a> {
 
 impl<'a> DeviceTensors<'a> {
     fn new(file: &'a GgufFile, device: &'a Device) -> Result<Self> {
-        let mapped = match device {
-            Device::Cpu(_) => {
-                let map = file.mmap().clone();
-                let len = map.len();
-                let alloc = crate::backend::cpu::map_allocation(map, 0, len)?;
-                Some(Buffer::whole(
-                    alloc,
-                    DType::U8,
-                    crate::backend::Shape::new(&[len])?,
-                )?)
-            }
-            _ => None,
+        let map = file.mmap().clone();
+        let len = map.len();
+        let mapped = match device.backend().map_file(map, 0, len)? {
+            Some(alloc) => Some(Buffer::whole(
+                alloc,
+                DType::U8,
+                crate::backend::Shape::new(&[len])?,
+            )?),
+            None => None,
         };
         Ok(DeviceTensors {
             file,

@@ -18,7 +18,7 @@
 //!   then combined (two dispatches and a caller-allocated scratch buffer, see
 //!   [`attention_decode_scratch_len`]).
 
-use crate::backend::{Buffer, DType, Location};
+use crate::backend::{capabilities_at, Buffer, DType};
 use crate::error::{Error, Result};
 use crate::graph::{Arg, Dispatch, Grid, KernelId};
 use crate::kernels::attention as ka;
@@ -312,7 +312,8 @@ pub fn attention_decode(
     // 256 threads: eight warps score 32 keys at a time, and a 64-wide head gets sixteen key
     // groups of four dimensions for the V sum (see the CUDA kernel).
     let grid = Grid::new(blocks, 256);
-    if matches!(q.allocation().home(), Location::Cuda(_)) {
+    // The backend that owns the buffers declares whether it has the one-dispatch form.
+    if capabilities_at(q.allocation().home()).single_dispatch_decode_attention {
         let kernel = KernelId::of(&ka::DECODE[usize::from(f16)]);
         let mut args = inputs.to_vec();
         args.extend([Arg::read_write(partials), Arg::write(out)]);

@@ -132,17 +132,20 @@ fn check_sig(sig: &KernelSig) -> Result<()> {
 pub fn register(device: &Device, kernel: &CustomKernel) -> Result<()> {
     check_sig(kernel.sig)?;
     let name = kernel.sig.name();
-    match device {
-        Device::Cpu(cpu) => cpu.register_custom(kernel.id(), kernel.cpu).map_err(|_| {
+    if !device.capabilities().custom_cpu_kernels {
+        return Err(Error::Unsupported(format!(
+            "custom kernel `{name}`: custom kernels run on the CPU backend only"
+        )));
+    }
+    device
+        .backend()
+        .register_custom(kernel.id(), kernel.cpu)
+        .map_err(|_| {
             Error::InvalidArgument(format!(
                 "custom kernel `{name}`: another kernel of that name is already registered on {}",
                 device.name()
             ))
-        }),
-        Device::Cuda(_) => Err(Error::Unsupported(format!(
-            "custom kernel `{name}`: custom kernels run on the CPU backend only"
-        ))),
-    }
+        })
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::backend::{Buffer, Device};
+use crate::backend::{Buffer, Device, Encoder, EncoderOptions, Submission};
 use crate::config::RuntimeConfig;
 pub use crate::config::{Mode, Plan};
 use crate::error::{Error, Result};
@@ -70,7 +70,14 @@ impl Executor {
 
     /// Starts a session.
     pub fn begin(&self, mode: Mode) -> Session {
-        Session::new(self.clone(), mode)
+        self.begin_with(mode, EncoderOptions::default())
+    }
+
+    /// Starts a session whose encoders have `options` (with
+    /// [`EncoderOptions::sync_each_dispatch`], every dispatch is waited for before the next: the
+    /// per-op synchronized pattern). Other sessions on the same device are unaffected.
+    pub fn begin_with(&self, mode: Mode, options: EncoderOptions) -> Session {
+        Session::new(self.clone(), mode, options)
     }
 
     /// Optimizes a recorded graph as `plan` says (fuse, reorder, place barriers) and reports.
@@ -107,6 +114,16 @@ impl Executor {
 
     /// Runs a graph whose barriers are already placed, split or not, and waits for it.
     pub fn run(&self, graph: &ComputeGraph, split: bool) -> Result<RunTimes> {
+        self.run_with(graph, split, EncoderOptions::default())
+    }
+
+    /// [`Executor::run`] with encoders of `options`.
+    fn run_with(
+        &self,
+        graph: &ComputeGraph,
+        split: bool,
+        options: EncoderOptions,
+    ) -> Result<RunTimes> {
         let len = graph.len();
         let cut = if split {
             passes::split_index(graph)
@@ -117,7 +134,7 @@ impl Executor {
         let mut submissions = Vec::with_capacity(2);
         for part in [graph.nodes_in(0..cut), graph.nodes_in(cut..len)] {
             if part.clone().any(|n| n.as_dispatch().is_some()) {
-                submissions.push(self.encode_part(part)?);
+                submissions.push(self.encode_part(part, options)?);
             }
         }
         let encoded = Instant::now();
@@ -132,29 +149,19 @@ impl Executor {
         })
     }
 
-    fn encode_part(&self, nodes: Nodes<'_>) -> Result<Submission> {
-        match &self.device {
-            Device::Cpu(cpu) => {
-                let mut enc = cpu.encoder();
-                for node in nodes {
-                    match node {
-                        Node::Dispatch(d) => enc.encode(d)?,
-                        Node::Barrier => enc.barrier(),
-                    }
-                }
-                Ok(Submission::Cpu(enc.submit()?))
-            }
-            Device::Cuda(cuda) => {
-                // One stream: launches run in order, so barriers need no command.
-                let mut enc = cuda.encoder();
-                for node in nodes {
-                    if let Node::Dispatch(d) = node {
-                        enc.encode(d)?;
-                    }
-                }
-                Ok(Submission::Cuda(cuda.clone()))
+    fn encode_part(
+        &self,
+        nodes: Nodes<'_>,
+        options: EncoderOptions,
+    ) -> Result<Box<dyn Submission>> {
+        let mut enc = self.device.backend().encoder(options);
+        for node in nodes {
+            match node {
+                Node::Dispatch(d) => enc.encode(d)?,
+                Node::Barrier => enc.barrier(),
             }
         }
+        enc.submit()
     }
 }
 
@@ -169,29 +176,10 @@ pub struct RunTimes {
     pub wait: Duration,
 }
 
-enum Submission {
-    Cpu(crate::backend::cpu::CpuSubmission),
-    /// Work launched into the device's stream; waiting synchronizes the stream.
-    Cuda(std::sync::Arc<crate::backend::cuda::CudaDevice>),
-}
-
-impl Submission {
-    fn wait(self) -> Result<()> {
-        match self {
-            Submission::Cpu(s) => s.wait(),
-            Submission::Cuda(d) => d.synchronize(),
-        }
-    }
-}
-
-enum Encoding {
-    Cpu {
-        encoder: crate::backend::cpu::CpuEncoder,
-        submitted: Vec<Submission>,
-    },
-    Cuda {
-        encoder: crate::backend::cuda::CudaEncoder,
-    },
+/// A direct session's encoder and what it submitted early.
+struct Direct {
+    encoder: Box<dyn Encoder>,
+    submitted: Vec<Box<dyn Submission>>,
 }
 
 /// One pass of work on a device. Every op is a method (see `ops/`), each declaring which of its
@@ -200,9 +188,12 @@ pub struct Session {
     executor: Executor,
     device: Device,
     mode: Mode,
+    options: EncoderOptions,
     graph: ComputeGraph,
     group: RangeSet,
-    direct: Option<Encoding>,
+    direct: Option<Direct>,
+    /// Whether a direct session submits its first `DIRECT_SPLIT_AT` dispatches early.
+    split_early: bool,
     barriers: usize,
     dispatches: usize,
     started: Instant,
@@ -211,25 +202,29 @@ pub struct Session {
 const DIRECT_SPLIT_AT: usize = 64;
 
 impl Session {
-    fn new(executor: Executor, mode: Mode) -> Self {
+    fn new(executor: Executor, mode: Mode, options: EncoderOptions) -> Self {
         let device = executor.device.clone();
-        let direct = match (&device, mode) {
-            (Device::Cpu(cpu), Mode::Direct) => Some(Encoding::Cpu {
-                encoder: cpu.encoder(),
+        let direct = match mode {
+            Mode::Direct => Some(Direct {
+                encoder: device.backend().encoder(options),
                 submitted: Vec::new(),
             }),
-            (Device::Cuda(cuda), Mode::Direct) => Some(Encoding::Cuda {
-                encoder: cuda.encoder(),
-            }),
-            (_, Mode::Recorded) => None,
+            Mode::Recorded => None,
         };
+        // Direct mode does not know the pass's length; where a submission runs while the rest is
+        // encoded, it submits its first dispatches early (not when each dispatch is its own).
+        let split_early = executor.config.split
+            && device.capabilities().early_submit
+            && !options.sync_each_dispatch;
         Session {
             executor,
             device,
             mode,
+            options,
             graph: ComputeGraph::new(),
             group: RangeSet::new(),
             direct,
+            split_early,
             barriers: 0,
             dispatches: 0,
             started: Instant::now(),
@@ -246,6 +241,11 @@ impl Session {
         self.mode
     }
 
+    /// The options of the session's encoders.
+    pub fn options(&self) -> EncoderOptions {
+        self.options
+    }
+
     /// Adds one dispatch: checks that its buffers live on this device, then encodes it (direct
     /// mode, with a barrier first if it conflicts with the current group) or records it.
     pub fn push(&mut self, dispatch: Dispatch) -> Result<()> {
@@ -255,49 +255,24 @@ impl Session {
             }
         }
         self.dispatches += 1;
-        match &mut self.direct {
-            None => {
-                self.graph.push(dispatch);
-                Ok(())
-            }
-            Some(Encoding::Cpu { encoder, .. }) => {
-                if self.group.conflicts(dispatch.reads(), dispatch.writes()) {
-                    encoder.barrier();
-                    self.barriers += 1;
-                    self.group.clear();
-                }
-                self.group.add(dispatch.reads(), dispatch.writes());
-                encoder.encode(dispatch.as_view())?;
-                Ok(())
-            }
-            Some(Encoding::Cuda { encoder }) => {
-                // Stream order is the barrier; count barriers as the CPU backend would place them.
-                if self.group.conflicts(dispatch.reads(), dispatch.writes()) {
-                    encoder.barrier();
-                    self.barriers += 1;
-                    self.group.clear();
-                }
-                self.group.add(dispatch.reads(), dispatch.writes());
-                encoder.encode(dispatch.as_view())
-            }
-        }
-        .and_then(|()| self.maybe_split_direct())
-    }
-
-    fn maybe_split_direct(&mut self) -> Result<()> {
-        // Direct mode does not know the pass's length; it submits its first 64 dispatches early.
-        let Some(Encoding::Cpu { encoder, submitted }) = &mut self.direct else {
+        let Some(direct) = &mut self.direct else {
+            self.graph.push(dispatch);
             return Ok(());
         };
-        if submitted.is_empty()
-            && encoder.dispatch_count() == DIRECT_SPLIT_AT
-            && self.executor.config.split
+        // Barriers are counted where they are needed, whether or not the backend needs a command
+        // for them (one in-order stream does not).
+        if self.group.conflicts(dispatch.reads(), dispatch.writes()) {
+            direct.encoder.barrier();
+            self.barriers += 1;
+            self.group.clear();
+        }
+        self.group.add(dispatch.reads(), dispatch.writes());
+        direct.encoder.encode(dispatch.as_view())?;
+        if self.split_early
+            && direct.submitted.is_empty()
+            && direct.encoder.encoded() == DIRECT_SPLIT_AT
         {
-            let Device::Cpu(cpu) = &self.device else {
-                return Ok(());
-            };
-            let full = std::mem::replace(encoder, cpu.encoder());
-            submitted.push(Submission::Cpu(full.submit()?));
+            direct.submitted.push(direct.encoder.submit()?);
             self.group.clear();
         }
         Ok(())
@@ -330,10 +305,13 @@ impl Session {
     /// Ends the session: optimizes (recorded mode) as the plan says, submits, waits, reports.
     pub fn finish(mut self, plan: &Plan) -> Result<FinishReport> {
         match self.direct.take() {
-            Some(Encoding::Cpu { encoder, submitted }) => {
+            Some(Direct {
+                mut encoder,
+                submitted,
+            }) => {
                 let encode_start = self.started;
                 let mut all = submitted;
-                all.push(Submission::Cpu(encoder.submit()?));
+                all.push(encoder.submit()?);
                 let encoded = Instant::now();
                 let submissions = all.len();
                 for s in all {
@@ -353,28 +331,12 @@ impl Session {
                 }
                 Ok(report)
             }
-            Some(Encoding::Cuda { encoder }) => {
-                let encoded = Instant::now();
-                encoder.finish()?;
-                let mut report = FinishReport {
-                    dispatches: self.dispatches,
-                    barriers: self.barriers,
-                    barriers_sequential: self.barriers,
-                    submissions: 1,
-                    ..FinishReport::default()
-                };
-                if plan.timing {
-                    report.encode_time = encoded - self.started;
-                    report.wait_time = encoded.elapsed();
-                }
-                Ok(report)
-            }
             None => {
                 let start = Instant::now();
                 let mut graph = std::mem::take(&mut self.graph);
                 let mut report = Executor::optimize(&mut graph, plan);
                 let optimize_time = start.elapsed();
-                let times = self.executor.run(&graph, plan.split)?;
+                let times = self.executor.run_with(&graph, plan.split, self.options)?;
                 report.submissions = times.submissions;
                 if plan.timing {
                     report.encode_time = optimize_time + times.encode;

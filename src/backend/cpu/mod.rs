@@ -6,6 +6,7 @@
 //! blocks, so a split submission really overlaps encoding with execution.
 
 mod args;
+mod backend;
 pub mod kernels;
 pub(crate) mod run;
 #[cfg(test)]
@@ -13,12 +14,13 @@ mod run_tests;
 mod worker;
 
 pub use args::KernelArgs;
+pub use backend::CAPABILITIES;
 pub use worker::{CpuEncoder, CpuSubmission};
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use super::{Allocation, Buffer, HostMemory};
+use super::{Allocation, Buffer, EncoderOptions, HostMemory};
 use crate::error::{Error, Result};
 use crate::kernels::{KernelId, KernelSig};
 
@@ -165,9 +167,14 @@ impl CpuDevice {
         self.registry.read().map(|r| r.names()).unwrap_or_default()
     }
 
-    /// A fresh encoder for one submission.
+    /// A fresh encoder with the default options.
     pub fn encoder(self: &Arc<Self>) -> CpuEncoder {
-        CpuEncoder::new(self.clone())
+        self.encoder_with(EncoderOptions::default())
+    }
+
+    /// A fresh encoder with `options`.
+    pub fn encoder_with(self: &Arc<Self>, options: EncoderOptions) -> CpuEncoder {
+        CpuEncoder::new(self.clone(), options)
     }
 
     pub(crate) fn worker(&self) -> &worker::Worker {

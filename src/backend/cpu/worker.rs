@@ -6,6 +6,7 @@ use std::thread::JoinHandle;
 
 use super::run::MemoryLock;
 use super::{CpuDevice, CpuKernelFn};
+use crate::backend::interface::{Encoder, EncoderOptions, Submission};
 use crate::error::{Error, Result};
 use crate::graph::{Access, Arg, Dispatch, DispatchRef, Range, RangeSet};
 
@@ -113,14 +114,16 @@ fn run_groups(groups: &Groups) -> Result<()> {
     Ok(())
 }
 
-/// Encodes dispatches into groups for one submission.
+/// Encodes dispatches into groups for submission.
 ///
 /// The dispatches of one group run on several threads at once, so the encoder itself keeps every
 /// group free of conflicts: it closes the current group before a dispatch that conflicts with it
 /// (a write overlapping any access of the group, or a read overlapping one of its writes),
-/// whatever barriers its caller placed.
+/// whatever barriers its caller placed. With [`EncoderOptions::sync_each_dispatch`] every
+/// dispatch is submitted alone and waited for before `encode` returns.
 pub struct CpuEncoder {
     device: Arc<CpuDevice>,
+    options: EncoderOptions,
     groups: Groups,
     /// The byte ranges the current group reads and writes.
     group: RangeSet,
@@ -128,9 +131,10 @@ pub struct CpuEncoder {
 }
 
 impl CpuEncoder {
-    pub(crate) fn new(device: Arc<CpuDevice>) -> Self {
+    pub(crate) fn new(device: Arc<CpuDevice>, options: EncoderOptions) -> Self {
         CpuEncoder {
             device,
+            options,
             groups: vec![Vec::new()],
             group: RangeSet::new(),
             dispatches: 0,
@@ -166,6 +170,9 @@ impl CpuEncoder {
             dispatch: dispatch.to_dispatch(),
         });
         self.dispatches += 1;
+        if self.options.sync_each_dispatch {
+            self.submit()?.wait()?;
+        }
         Ok(())
     }
 
@@ -177,20 +184,42 @@ impl CpuEncoder {
         self.group.clear();
     }
 
-    /// Dispatches encoded so far.
+    /// Dispatches encoded since the last submission.
     pub fn dispatch_count(&self) -> usize {
         self.dispatches
     }
 
-    /// Hands the encoded work to the worker and returns at once.
-    pub fn submit(mut self) -> Result<CpuSubmission> {
-        self.groups.retain(|g| !g.is_empty());
+    /// Hands the work encoded since the last submission to the worker and returns at once; the
+    /// encoder starts over, empty.
+    pub fn submit(&mut self) -> Result<CpuSubmission> {
+        let mut groups = std::mem::replace(&mut self.groups, vec![Vec::new()]);
+        groups.retain(|g| !g.is_empty());
+        self.group.clear();
+        self.dispatches = 0;
         let done = Arc::new(Completion::default());
         self.device.worker().send(Job {
-            groups: self.groups,
+            groups,
             done: done.clone(),
         })?;
         Ok(CpuSubmission { done })
+    }
+}
+
+impl Encoder for CpuEncoder {
+    fn encode(&mut self, dispatch: DispatchRef<'_>) -> Result<()> {
+        CpuEncoder::encode(self, dispatch)
+    }
+
+    fn barrier(&mut self) {
+        CpuEncoder::barrier(self);
+    }
+
+    fn encoded(&self) -> usize {
+        self.dispatch_count()
+    }
+
+    fn submit(&mut self) -> Result<Box<dyn Submission>> {
+        Ok(Box::new(CpuEncoder::submit(self)?))
     }
 }
 
@@ -220,10 +249,16 @@ impl CpuSubmission {
     }
 }
 
+impl Submission for CpuSubmission {
+    fn wait(self: Box<Self>) -> Result<()> {
+        CpuSubmission::wait(*self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{DType, Device};
+    use crate::backend::{DType, Device, EncoderOptions};
     use crate::graph::Dispatch;
 
     fn cpu() -> (Device, Arc<CpuDevice>) {
@@ -278,5 +313,37 @@ mod tests {
             .unwrap();
         assert_eq!(group_sizes(&enc), [1, 1]);
         assert_eq!(enc.dispatch_count(), 2);
+    }
+
+    #[test]
+    fn an_encoder_that_syncs_each_dispatch_has_run_it_when_encode_returns() {
+        let (dev, cpu) = cpu();
+        let x = dev.upload(&[1.0f32, 2.0], &[2]).unwrap();
+        let y = dev.alloc(DType::F32, &[2]).unwrap();
+        let z = dev.alloc(DType::F32, &[2]).unwrap();
+        let sync_each = EncoderOptions {
+            sync_each_dispatch: true,
+        };
+        let mut synced = cpu.encoder_with(sync_each);
+        let mut plain = cpu.encoder();
+        plain
+            .encode(crate::ops::elementwise::add(&x, &x, &z).unwrap().as_view())
+            .unwrap();
+        synced
+            .encode(crate::ops::elementwise::add(&x, &x, &y).unwrap().as_view())
+            .unwrap();
+        assert_eq!(synced.dispatch_count(), 0, "submitted with the dispatch");
+        assert_eq!(dev.download::<f32>(&y).unwrap(), [2.0, 4.0]);
+        assert_eq!(plain.dispatch_count(), 1);
+        assert_eq!(dev.download::<f32>(&z).unwrap(), [0.0, 0.0]);
+        plain.submit().unwrap().wait().unwrap();
+        assert_eq!(plain.dispatch_count(), 0);
+        assert_eq!(dev.download::<f32>(&z).unwrap(), [2.0, 4.0]);
+        // The encoder stays open after a submission.
+        plain
+            .encode(crate::ops::elementwise::add(&z, &x, &y).unwrap().as_view())
+            .unwrap();
+        plain.submit().unwrap().wait().unwrap();
+        assert_eq!(dev.download::<f32>(&y).unwrap(), [3.0, 6.0]);
     }
 }

@@ -1,6 +1,8 @@
-//! Launching dispatches into the device's stream, with the parameter layout of
-//! [`launch`](super::launch). Barriers need no command: launches on one stream run in order. With `sync_each_launch` the encoder waits for
-//! the stream after every launch (the "one submission per op" pattern, for comparison).
+//! Launching dispatches into the device's stream, through [`launch`](super::launch). Barriers need
+//! no command: launches on one stream run in order. With
+//! [`EncoderOptions::sync_each_dispatch`] the encoder waits for the stream after every launch
+//! (the "one submission per op" pattern, for comparison); that is the encoder's option, chosen by
+//! whoever opens it, so other encoders on the same device are unaffected.
 
 use std::sync::Arc;
 
@@ -8,59 +10,40 @@ use cudarc::driver::result;
 
 use super::launch::LaunchParams;
 use super::CudaDevice;
+use crate::backend::interface::{Encoder, EncoderOptions, Submission};
 use crate::error::{Error, Result};
 use crate::graph::DispatchRef;
 
 /// Encodes dispatches into a CUDA device's stream.
 pub struct CudaEncoder {
     device: Arc<CudaDevice>,
-    sync_each_launch: bool,
+    options: EncoderOptions,
     launches: usize,
+    /// Launches since the last submission.
+    pending: usize,
     params: LaunchParams,
 }
 
 impl CudaEncoder {
-    pub(crate) fn new(device: Arc<CudaDevice>) -> Self {
-        let sync_each_launch = device.sync_each_launch();
+    pub(crate) fn new(device: Arc<CudaDevice>, options: EncoderOptions) -> Self {
         CudaEncoder {
             device,
-            sync_each_launch,
+            options,
             launches: 0,
+            pending: 0,
             params: LaunchParams::default(),
         }
     }
 
-    /// Launches one dispatch (asynchronously, unless the device synchronizes every launch).
+    /// Launches one dispatch (asynchronously, unless the encoder waits after every launch).
     pub fn encode(&mut self, dispatch: DispatchRef<'_>) -> Result<()> {
         let name = dispatch.kernel().name();
         // First, so that a device broken by an earlier fault fails here, naming the fault.
         self.device.bind()?;
-        let kernel = self.params.prepare(&self.device, dispatch)?;
-        let grid = dispatch.grid();
-        // SAFETY: the function handle is valid while `kernel` lives (it holds its module); the
-        // parameters were laid out by `prepare` under the contract of `launch` (each slot holds a
-        // value of the type the function takes there); the driver copies the parameter values
-        // during this call. Buffer addresses are inside allocations kept alive by the dispatch (and
-        // by the session until it has waited).
-        unsafe {
-            result::launch_kernel(
-                kernel.cu_function(),
-                (grid.blocks[0], grid.blocks[1], grid.blocks[2]),
-                (grid.threads[0], grid.threads[1], grid.threads[2]),
-                grid.shared_bytes,
-                self.device.cu_stream(),
-                self.params.pointers(),
-            )
-        }
-        .map_err(|e| Error::Kernel {
-            kernel: name,
-            msg: format!(
-                "launch {grid:?} failed: {}",
-                self.device.driver_error("cuLaunchKernel", e)
-            ),
-        })?;
+        self.params.launch(&self.device, dispatch)?;
         self.launches += 1;
-        if self.sync_each_launch {
+        self.pending += 1;
+        if self.options.sync_each_dispatch {
             self.device.synchronize().map_err(|e| Error::Kernel {
                 kernel: name,
                 msg: format!("while running: {e}"),
@@ -80,6 +63,33 @@ impl CudaEncoder {
     /// Waits for everything launched so far.
     pub fn finish(self) -> Result<()> {
         self.device.synchronize()
+    }
+}
+
+impl Encoder for CudaEncoder {
+    fn encode(&mut self, dispatch: DispatchRef<'_>) -> Result<()> {
+        CudaEncoder::encode(self, dispatch)
+    }
+
+    fn barrier(&mut self) {}
+
+    fn encoded(&self) -> usize {
+        self.pending
+    }
+
+    /// The launches are already in the stream: the submission only waits for it.
+    fn submit(&mut self) -> Result<Box<dyn Submission>> {
+        self.pending = 0;
+        Ok(Box::new(StreamWork(self.device.clone())))
+    }
+}
+
+/// Work launched into a device's stream; waiting synchronizes the stream.
+struct StreamWork(Arc<CudaDevice>);
+
+impl Submission for StreamWork {
+    fn wait(self: Box<Self>) -> Result<()> {
+        self.0.synchronize()
     }
 }
 

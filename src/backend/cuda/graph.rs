@@ -1,5 +1,6 @@
-//! Explicit CUDA graphs and events: the one module that calls the raw `cuGraph*` and `cuEvent*`
-//! functions.
+//! Explicit CUDA graphs and events: the one module that creates, instantiates, launches and
+//! destroys `cuGraph*` handles and calls the `cuEvent*` functions (kernel nodes are added through
+//! [`launch`](super::launch), with the parameters of every other launch).
 //!
 //! # Safety contract
 //!
@@ -100,34 +101,13 @@ impl CudaGraph {
         let mut deps: Vec<sys::CUgraphNode> = Vec::new();
         let mut params = LaunchParams::default();
         for (d, p) in dispatches.iter().zip(preds) {
-            let name = d.kernel().name();
-            let kernel = params.prepare(device, d.as_view())?;
-            let grid = d.grid();
-            // SAFETY: the all-zero bit pattern is valid for this plain C struct (null pointers, zero sizes).
-            let mut np: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
-            np.func = kernel.cu_function();
-            np.gridDimX = grid.blocks[0];
-            np.gridDimY = grid.blocks[1];
-            np.gridDimZ = grid.blocks[2];
-            np.blockDimX = grid.threads[0];
-            np.blockDimY = grid.threads[1];
-            np.blockDimZ = grid.threads[2];
-            np.sharedMemBytes = grid.shared_bytes;
-            np.kernelParams = params.pointers().as_mut_ptr();
             deps.clear();
             deps.extend(p.iter().map(|&j| handles[j]));
-            let mut node: sys::CUgraphNode = std::ptr::null_mut();
-            // SAFETY: `this.graph` is a live graph; `deps` holds nodes of that graph; `np` points to
-            // a valid function handle (kept alive in `_kernels`) and to parameters laid out by
-            // `prepare` under the contract of `launch`; the driver copies the parameter values
-            // during this call.
-            check(device, "cuGraphAddKernelNode", unsafe {
-                sys::cuGraphAddKernelNode_v2(&mut node, this.graph, deps.as_ptr(), deps.len(), &np)
-            })
-            .map_err(|e| Error::Kernel {
-                kernel: name,
-                msg: format!("adding its graph node: {e}"),
-            })?;
+            // SAFETY: `this.graph` is a live graph of the device's context (bound above), and
+            // `deps` holds nodes added to it earlier in this loop. The kernel, which owns the
+            // node's function handle, is kept in `_kernels` for the graph's life.
+            let (node, kernel) =
+                unsafe { params.add_node(device, this.graph, &deps, d.as_view()) }?;
             handles.push(node);
             this.edges += deps.len();
             this.nodes += 1;

@@ -1,6 +1,8 @@
-//! How a dispatch becomes the parameters of a kernel launch: the one layout that stream
-//! launches ([`CudaEncoder`](super::CudaEncoder)) and graph nodes ([`CudaGraph`](super::CudaGraph))
-//! share, and the safety contract both rely on.
+//! How a dispatch becomes a kernel launch: the one layout of parameters that stream launches
+//! ([`CudaEncoder`](super::CudaEncoder)) and graph nodes ([`CudaGraph`](super::CudaGraph)) share,
+//! the safety contract both rely on, and the only two raw driver calls that hand those parameters
+//! over: `cuLaunchKernel` ([`LaunchParams::launch`]) and `cuGraphAddKernelNode`
+//! ([`LaunchParams::add_node`]).
 //!
 //! A dispatch's arguments become kernel parameters in order: a buffer becomes the device address
 //! of its first byte (allocation base + view offset), a scalar its 32-bit value. After them come
@@ -14,9 +16,13 @@
 //! parameters in this layout; a dispatch's arguments were checked against that declaration when
 //! it was built (count, buffer or scalar, scalar type, dtype); every buffer address is checked to
 //! lie on this device. So each parameter slot holds a value of the type the function takes at that
-//! position.
+//! position. The driver copies the parameter values during the launch or node call, so the slots
+//! only have to live for that call; buffer addresses stay valid because a dispatch holds its
+//! allocations (and a session or graph holds the dispatches until the work has run).
 
 use std::ffi::c_void;
+
+use cudarc::driver::{result, sys};
 
 use super::{CudaDevice, Kernel};
 use crate::backend::Buffer;
@@ -58,13 +64,86 @@ pub(crate) struct LaunchParams {
 unsafe impl Send for LaunchParams {}
 
 impl LaunchParams {
-    /// Looks the dispatch's kernel up, checks its launch geometry and shared memory, and lays out
-    /// its parameters. The pointers stay valid until the next `prepare`.
-    pub(crate) fn prepare(
+    /// Launches one dispatch into the device's stream (asynchronously). The device's context must
+    /// be bound to this thread.
+    pub(crate) fn launch(&mut self, device: &CudaDevice, dispatch: DispatchRef<'_>) -> Result<()> {
+        let name = dispatch.kernel().name();
+        let kernel = self.prepare(device, dispatch)?;
+        let grid = dispatch.grid();
+        // SAFETY: the function handle is valid while `kernel` lives (it holds its module); the
+        // parameters were laid out by `prepare` under this module's contract (each slot holds a
+        // value of the type the function takes there); the driver copies the parameter values
+        // during this call. Buffer addresses are inside allocations kept alive by the dispatch (and
+        // by the session until it has waited).
+        unsafe {
+            result::launch_kernel(
+                kernel.cu_function(),
+                (grid.blocks[0], grid.blocks[1], grid.blocks[2]),
+                (grid.threads[0], grid.threads[1], grid.threads[2]),
+                grid.shared_bytes,
+                device.cu_stream(),
+                &mut self.pointers,
+            )
+        }
+        .map_err(|e| Error::Kernel {
+            kernel: name,
+            msg: format!(
+                "launch {grid:?} failed: {}",
+                device.driver_error("cuLaunchKernel", e)
+            ),
+        })
+    }
+
+    /// Adds one dispatch as a kernel node of `graph`, depending on `deps`; returns the node and the
+    /// kernel, which the caller keeps for as long as the graph can be launched (it owns the
+    /// function handle the node refers to).
+    ///
+    /// # Safety
+    ///
+    /// `graph` must be a live graph created in the device's context, which must be bound to this
+    /// thread, and every node of `deps` must belong to that graph.
+    pub(crate) unsafe fn add_node(
         &mut self,
         device: &CudaDevice,
+        graph: sys::CUgraph,
+        deps: &[sys::CUgraphNode],
         dispatch: DispatchRef<'_>,
-    ) -> Result<Kernel> {
+    ) -> Result<(sys::CUgraphNode, Kernel)> {
+        let name = dispatch.kernel().name();
+        let kernel = self.prepare(device, dispatch)?;
+        let grid = dispatch.grid();
+        // SAFETY: the all-zero bit pattern is valid for this plain C struct (null pointers, zero
+        // sizes).
+        let mut np: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
+        np.func = kernel.cu_function();
+        np.gridDimX = grid.blocks[0];
+        np.gridDimY = grid.blocks[1];
+        np.gridDimZ = grid.blocks[2];
+        np.blockDimX = grid.threads[0];
+        np.blockDimY = grid.threads[1];
+        np.blockDimZ = grid.threads[2];
+        np.sharedMemBytes = grid.shared_bytes;
+        np.kernelParams = self.pointers.as_mut_ptr();
+        let mut node: sys::CUgraphNode = std::ptr::null_mut();
+        // SAFETY: `graph` is live and `deps` are its nodes (the caller's contract); `np` points to
+        // a valid function handle (held by `kernel`, which the caller keeps) and to parameters
+        // laid out by `prepare` under this module's contract; the driver copies the parameter
+        // values during this call.
+        let added = unsafe {
+            sys::cuGraphAddKernelNode_v2(&mut node, graph, deps.as_ptr(), deps.len(), &np)
+        };
+        device
+            .driver("cuGraphAddKernelNode", added.result())
+            .map_err(|e| Error::Kernel {
+                kernel: name,
+                msg: format!("adding its graph node: {e}"),
+            })?;
+        Ok((node, kernel))
+    }
+
+    /// Looks the dispatch's kernel up, checks its launch geometry and shared memory, and lays out
+    /// its parameters. The pointers stay valid until the next `prepare`.
+    fn prepare(&mut self, device: &CudaDevice, dispatch: DispatchRef<'_>) -> Result<Kernel> {
         let name = dispatch.kernel().name();
         let kernel = device.registry().get(dispatch.kernel())?;
         let grid = dispatch.grid();
@@ -97,10 +176,5 @@ impl LaunchParams {
             self.pointers.push(unsafe { base.add(i) } as *mut c_void);
         }
         Ok(kernel)
-    }
-
-    /// The parameter pointers, as the driver's launch calls take them.
-    pub(crate) fn pointers(&mut self) -> &mut Vec<*mut c_void> {
-        &mut self.pointers
     }
 }

@@ -6,7 +6,8 @@
 //!   [`KernelRegistry`] (NVRTC-compiled, disk-cached cubins) and a [`ScratchPool`].
 //! - Memory is plain device memory (`cuMemAlloc`), never managed memory. Host copies go through
 //!   the device's stream and wait for it, so they are ordered after every launch before them.
-//! - [`CudaEncoder`] launches dispatches into the stream; stream order is the barrier.
+//! - [`CudaEncoder`] launches dispatches into the stream; stream order is the barrier. The raw
+//!   launch and graph-node calls live in `launch.rs`, with their safety contract.
 //! - Kernel-detected bad arguments (a token id outside the vocabulary, ...) land in the device's
 //!   error record and come back as errors from [`CudaDevice::synchronize`] (see [`fault`]).
 //! - Every driver call's failure becomes [`Error::Cuda`] naming the call. Out of memory names the
@@ -15,6 +16,7 @@
 //!   context for good: the error says so, the device remembers it, and every later call on it
 //!   returns an error at once ([`CudaDevice::fault`]) instead of reaching the driver.
 
+mod backend;
 mod cache;
 mod encoder;
 pub mod fault;
@@ -24,6 +26,7 @@ mod memory;
 pub mod nvrtc;
 mod registry;
 
+pub use backend::CAPABILITIES;
 pub use cache::{cache_key, default_cache_dir, CubinCache};
 pub use encoder::CudaEncoder;
 pub use graph::{profile_dispatches, CudaGraph, GpuEvent};
@@ -35,12 +38,11 @@ pub use registry::{
 
 use std::ffi::c_int;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
 
-use super::{Allocation, Buffer};
+use super::{Allocation, Buffer, EncoderOptions};
 use crate::error::{Error, Result};
 use memory::{driver_err, is_sticky};
 
@@ -133,8 +135,6 @@ pub struct CudaOptions {
     pub cache_dir: Option<PathBuf>,
     /// Architecture to compile for; `None` asks the device (`sm_90` on H100/H200).
     pub arch: Option<String>,
-    /// Wait for the stream after every launch (per-op synchronized mode, for comparison).
-    pub sync_each_launch: bool,
 }
 
 impl CudaOptions {
@@ -146,7 +146,6 @@ impl CudaOptions {
             include_dir: include_dir_from_env(),
             cache_dir: default_cache_dir(),
             arch: None,
-            sync_each_launch: false,
         }
     }
 }
@@ -158,7 +157,6 @@ pub struct CudaDevice {
     stream: Arc<CudaStream>,
     registry: KernelRegistry,
     pool: Arc<ScratchPool>,
-    sync_each_launch: AtomicBool,
     error_record: CudaMemory,
     fault: OnceLock<String>,
 }
@@ -196,7 +194,6 @@ impl CudaDevice {
             stream,
             registry,
             pool,
-            sync_each_launch: AtomicBool::new(options.sync_each_launch),
             error_record,
             fault: OnceLock::new(),
         })
@@ -240,16 +237,6 @@ impl CudaDevice {
     /// The raw stream handle every launch and copy goes into.
     pub fn cu_stream(&self) -> sys::CUstream {
         self.stream.cu_stream()
-    }
-
-    /// Whether encoders wait after every launch.
-    pub fn sync_each_launch(&self) -> bool {
-        self.sync_each_launch.load(Ordering::Relaxed)
-    }
-
-    /// Makes encoders created from now on wait after every launch (or not).
-    pub fn set_sync_each_launch(&self, on: bool) {
-        self.sync_each_launch.store(on, Ordering::Relaxed);
     }
 
     /// The fault that broke the device's context, if one did: after a kernel faulted (an illegal
@@ -320,9 +307,15 @@ impl CudaDevice {
         Err(err)
     }
 
-    /// A fresh encoder for one pass.
+    /// A fresh encoder with the default options.
     pub fn encoder(self: &Arc<Self>) -> CudaEncoder {
-        CudaEncoder::new(self.clone())
+        self.encoder_with(EncoderOptions::default())
+    }
+
+    /// A fresh encoder with `options` (whether it waits after every launch, ...); encoders on one
+    /// device do not share options.
+    pub fn encoder_with(self: &Arc<Self>, options: EncoderOptions) -> CudaEncoder {
+        CudaEncoder::new(self.clone(), options)
     }
 
     /// A zeroed plain allocation. Out of memory, the scratch pool's cached blocks are freed and

@@ -1,0 +1,272 @@
+//! The one interface every backend implements, and what a backend declares about itself.
+//!
+//! - [`Backend`]: memory (allocate, map, write, read), encoders for passes, instantiation of a
+//!   recorded graph, user kernels, step timers, and the backend's [`Capabilities`].
+//! - [`Encoder`] / [`Submission`]: encode / barrier / submit, then wait. Whether an encoder waits
+//!   after every dispatch is one of its [`EncoderOptions`], chosen by the session that opens it,
+//!   never a setting of the shared device.
+//! - [`Replay`]: an instantiated graph: launch / wait / profile.
+//!
+//! Code above `backend/` reads a device only through this interface (the [`Device`] enum picks
+//! the backend in one place, [`Device::backend`]): ops, model and engine never match on devices.
+//!
+//! [`Device`]: super::Device
+//! [`Device::backend`]: super::Device::backend
+
+use std::sync::Arc;
+
+use super::cpu::CpuKernelFn;
+use super::{Allocation, BackendKind, Buffer, Location};
+use crate::error::Result;
+use crate::graph::{Dispatch, DispatchRef, KernelId};
+
+/// What a backend declares about itself: which kernels and sizes suit it, and what its memory
+/// and submissions are like. Each backend has one constant value; the model, the ops and the
+/// engine read these fields instead of asking which device they run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// The most rows a pass may have for the fused block ops (`ops::fused_block`) to be the
+    /// better choice; `None`: every row count. CPU: `None` (its fused kernels normalize each row
+    /// once). CUDA: `Some(1)` (its fused kernels normalize the row in every warp, which a decode
+    /// step hides but a prefill pass pays for each of its outputs, where the separate ops
+    /// normalize once and take the tiled matmul).
+    pub fused_block_max_rows: Option<usize>,
+    /// Chunk length, in KV positions, of the split decode attention. CPU: 256 (long chunks keep
+    /// the per-task overhead low). CUDA: 32 (short chunks give one block per (chunk, head),
+    /// enough blocks to fill the SMs at short contexts).
+    pub decode_attention_chunk: usize,
+    /// Whether decode attention is one dispatch (the block that finishes a head's last chunk
+    /// merges the head) rather than two (a partial pass, then a combine pass). CPU: `false`.
+    /// CUDA: `true` (one launch less in the dependency chain of every layer).
+    pub single_dispatch_decode_attention: bool,
+    /// Whether a submission made before a pass ends runs while the rest is still encoded, so a
+    /// direct session gains from submitting its first dispatches early. CPU: `true` (a worker
+    /// thread runs submissions). CUDA: `false` (launches run as they are encoded).
+    pub early_submit: bool,
+    /// Whether allocations come out of the host's memory, so a model load checks its KV cache
+    /// and scratch against the memory available first. CPU: `true`. CUDA: `false`.
+    pub host_memory: bool,
+    /// Whether user kernels with a CPU function (`ops::custom`) can be registered and run. CPU:
+    /// `true`. CUDA: `false`.
+    pub custom_cpu_kernels: bool,
+    /// How an instantiated graph orders its kernels, which is what the engine reports for a
+    /// replayed step. CPU: [`ReplayOrdering::Barriers`]. CUDA: [`ReplayOrdering::Edges`].
+    pub replay_ordering: ReplayOrdering,
+    /// What [`Backend::step_timer`] measures. CPU: [`StepClock::HostWall`]. CUDA:
+    /// [`StepClock::DeviceEvents`].
+    pub step_clock: StepClock,
+}
+
+impl Capabilities {
+    /// Whether a pass of `rows` rows should record the fused block ops (when the model may use
+    /// them at all): see [`Capabilities::fused_block_max_rows`].
+    pub fn fused_block_for(&self, rows: usize) -> bool {
+        self.fused_block_max_rows.is_none_or(|max| rows <= max)
+    }
+}
+
+/// How an instantiated graph keeps its kernels in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplayOrdering {
+    /// Dependency edges between kernel nodes (a CUDA graph).
+    Edges,
+    /// Barriers between levels of concurrent kernels (the CPU schedule).
+    Barriers,
+}
+
+/// The clock of a step timer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepClock {
+    /// Wall time on the host around the step's work.
+    HostWall,
+    /// Device time between two events recorded around the step's work.
+    DeviceEvents,
+}
+
+/// How an encoder runs what it is given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EncoderOptions {
+    /// Wait for each dispatch to finish before the next is encoded: every dispatch is its own
+    /// submission (per-op synchronized runs, for comparison). Off by default.
+    pub sync_each_dispatch: bool,
+}
+
+/// A backend: a CPU pool or a GPU. Implemented by the handles of [`super::cpu::CpuDevice`] and
+/// [`super::cuda::CudaDevice`]; reached through [`super::Device::backend`].
+pub trait Backend: Send + Sync {
+    /// The backend kind.
+    fn kind(&self) -> BackendKind;
+
+    /// A human-readable name.
+    fn name(&self) -> String;
+
+    /// What the backend declares about itself.
+    fn capabilities(&self) -> &'static Capabilities;
+
+    /// Where this backend's allocations live; a buffer elsewhere is not this backend's.
+    fn home(&self) -> Location;
+
+    /// A zeroed allocation of `bytes` bytes.
+    fn alloc_bytes(&self, bytes: usize) -> Result<Arc<Allocation>>;
+
+    /// An allocation of `bytes` bytes whose contents are undefined (a backend may take it from a
+    /// caching pool).
+    fn alloc_scratch_bytes(&self, bytes: usize) -> Result<Arc<Allocation>>;
+
+    /// The window of `len` bytes at `offset` of a file mapping as a read-only allocation, without
+    /// a copy, when the backend can use host mappings; `None` when it cannot (the caller uploads
+    /// instead). An error when the window does not lie inside the map.
+    fn map_file(
+        &self,
+        map: Arc<memmap2::Mmap>,
+        offset: usize,
+        len: usize,
+    ) -> Result<Option<Arc<Allocation>>>;
+
+    /// Copies `bytes` into `buf` (lengths already checked equal), after the work before it.
+    fn write_bytes(&self, buf: &Buffer, bytes: &[u8]) -> Result<()>;
+
+    /// Copies `buf` to the host, after the work before it.
+    fn read_bytes(&self, buf: &Buffer) -> Result<Vec<u8>>;
+
+    /// A fresh encoder for one pass (or part of one).
+    fn encoder(&self, options: EncoderOptions) -> Box<dyn Encoder>;
+
+    /// Instantiates dispatches whose dependencies are `preds` (entry `i`: the earlier dispatches
+    /// `i` waits for directly) and levels `levels` (two dispatches of one level never conflict)
+    /// into something replayed many times. The caller has checked that every buffer lives on
+    /// this backend and stays valid for the replay's life.
+    fn instantiate(
+        &self,
+        dispatches: Vec<Dispatch>,
+        preds: &[Vec<usize>],
+        levels: &[usize],
+    ) -> Result<Box<dyn Replay>>;
+
+    /// Adds a user kernel's CPU function; an error when another kernel holds its name, or when
+    /// the backend runs no user kernels ([`Capabilities::custom_cpu_kernels`]).
+    fn register_custom(&self, id: KernelId, kernel: CpuKernelFn) -> Result<()>;
+
+    /// Starts timing the work queued from now on ([`Capabilities::step_clock`] says how).
+    fn step_timer(&self) -> Result<Box<dyn StepTimer>>;
+}
+
+/// Encodes dispatches for submission. Barriers separate groups whose dispatches may run at the
+/// same time; a backend whose work runs in order may ignore them.
+pub trait Encoder: Send {
+    /// Adds one dispatch (a backend may start it at once). With
+    /// [`EncoderOptions::sync_each_dispatch`] it has run when this returns.
+    fn encode(&mut self, dispatch: DispatchRef<'_>) -> Result<()>;
+
+    /// Ends the current group: what follows waits for what came before.
+    fn barrier(&mut self);
+
+    /// Dispatches encoded since the last submission.
+    fn encoded(&self) -> usize;
+
+    /// Hands what was encoded since the last submission to the device and returns at once; the
+    /// encoder stays open for more.
+    fn submit(&mut self) -> Result<Box<dyn Submission>>;
+}
+
+/// Work handed to a device.
+pub trait Submission: Send {
+    /// Blocks until the work has run; returns the first error, if any.
+    fn wait(self: Box<Self>) -> Result<()>;
+}
+
+/// One kernel's time in a profiling run of a [`Replay`].
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct KernelTime {
+    /// The CPU pool thread that ran it, or 0 on a GPU (one stream).
+    pub track: usize,
+    /// Start, in microseconds from the start of the run.
+    pub start_us: f64,
+    /// Duration in microseconds.
+    pub dur_us: f64,
+}
+
+/// An instantiated graph, replayed by launching it.
+pub trait Replay: Send + Sync {
+    /// The dispatches, in the order they were instantiated.
+    fn dispatches(&self) -> &[Dispatch];
+
+    /// Starts a replay; a backend may return before it has run ([`Replay::wait`] waits).
+    fn launch(&self) -> Result<()>;
+
+    /// Waits for the last launch.
+    fn wait(&self) -> Result<()>;
+
+    /// A profiling run: the same work, each kernel timed; one entry per dispatch, in order.
+    fn profile(&self) -> Result<Vec<KernelTime>>;
+}
+
+/// Times the work queued between its start and [`StepTimer::stop`].
+pub trait StepTimer {
+    /// Seconds since the start (waits for the work queued so far).
+    fn stop(self: Box<Self>) -> Result<f64>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{capabilities_at, cpu, cuda, Device};
+
+    /// The declarations hold what the model, the ops and the engine did per device before they
+    /// read them: any change here changes plans (and speed) on that backend.
+    #[test]
+    fn the_declarations_keep_each_backends_choices() {
+        let (c, g) = (&cpu::CAPABILITIES, &cuda::CAPABILITIES);
+        // Fused block ops: every pass on the CPU, only one-row passes on CUDA.
+        for rows in [1, 2, 7, 512] {
+            assert!(c.fused_block_for(rows), "cpu, {rows} rows");
+            assert_eq!(g.fused_block_for(rows), rows == 1, "cuda, {rows} rows");
+        }
+        assert_eq!(
+            (c.decode_attention_chunk, g.decode_attention_chunk),
+            (256, 32)
+        );
+        assert!(!c.single_dispatch_decode_attention && g.single_dispatch_decode_attention);
+        assert!(c.early_submit && !g.early_submit);
+        assert!(c.host_memory && !g.host_memory);
+        assert!(c.custom_cpu_kernels && !g.custom_cpu_kernels);
+        assert_eq!(c.replay_ordering, ReplayOrdering::Barriers);
+        assert_eq!(g.replay_ordering, ReplayOrdering::Edges);
+        assert_eq!(c.step_clock, StepClock::HostWall);
+        assert_eq!(g.step_clock, StepClock::DeviceEvents);
+    }
+
+    #[test]
+    fn a_device_and_its_memory_read_the_same_declarations() {
+        let dev = Device::cpu(1).unwrap();
+        assert!(std::ptr::eq(dev.capabilities(), &cpu::CAPABILITIES));
+        assert!(std::ptr::eq(
+            dev.backend().capabilities(),
+            &cpu::CAPABILITIES
+        ));
+        let buf = dev.alloc(crate::DType::F32, &[4]).unwrap();
+        assert_eq!(dev.backend().home(), Location::Host);
+        assert!(std::ptr::eq(
+            capabilities_at(buf.allocation().home()),
+            dev.capabilities()
+        ));
+        assert!(std::ptr::eq(
+            capabilities_at(Location::Cuda(3)),
+            &cuda::CAPABILITIES
+        ));
+        assert_eq!(dev.backend().kind(), BackendKind::Cpu);
+        assert_eq!(dev.name(), "cpu (1 threads)");
+    }
+
+    #[test]
+    fn fused_block_rows_follow_the_declared_maximum() {
+        let caps = |max| Capabilities {
+            fused_block_max_rows: max,
+            ..cpu::CAPABILITIES
+        };
+        assert!(caps(None).fused_block_for(100_000));
+        assert!(caps(Some(4)).fused_block_for(4));
+        assert!(!caps(Some(4)).fused_block_for(5));
+    }
+}

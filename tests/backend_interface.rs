@@ -1,0 +1,149 @@
+//! The backend interface as the layers above it use it: the model plans its passes from the
+//! device's declared capabilities, and waiting after every dispatch is an option of the encoder a
+//! session opens, which other sessions on the same device do not see.
+
+mod common;
+
+use std::sync::Arc;
+
+use onepass::backend::EncoderOptions;
+use onepass::graph::{Arg, ComputeGraph, Scalar};
+use onepass::model::gguf::GgufFile;
+use onepass::model::llama::{Llama, Logits};
+use onepass::{Buffer, DType, Device, Executor, Mode, Plan};
+
+/// Records one pass of `rows` rows of the tiny model on `device`.
+fn record_pass(llama: &Llama, device: &Device, rows: usize) -> ComputeGraph {
+    let mut s = Executor::new(device.clone()).begin(Mode::Recorded);
+    llama.record(&mut s, rows, Logits::Last, false).unwrap();
+    s.into_graph().unwrap()
+}
+
+fn kernel_names(g: &ComputeGraph) -> Vec<&'static str> {
+    g.dispatches().map(|d| d.kernel().name()).collect()
+}
+
+#[test]
+fn the_model_plans_its_passes_from_the_declared_capabilities() {
+    let dir = common::scratch_dir("backend-interface");
+    let path = common::write_tiny(&dir, "tiny.gguf", &common::Tiny::default());
+    let file = Arc::new(GgufFile::open(&path).unwrap());
+    let device = Device::cpu(2).unwrap();
+    let caps = device.capabilities();
+    let llama = Llama::load(file, &device, 96, 8).unwrap();
+
+    // Decode: the split attention with the declared chunk length, in as many dispatches as the
+    // backend declares.
+    let decode = record_pass(&llama, &device, 1);
+    let names = kernel_names(&decode);
+    let partials: Vec<_> = decode
+        .dispatches()
+        .filter(|d| d.kernel().name().starts_with("attention_decode_partial"))
+        .collect();
+    assert_eq!(
+        partials.is_empty(),
+        caps.single_dispatch_decode_attention,
+        "{names:?}"
+    );
+    assert_eq!(partials.len(), common::N_LAYER, "{names:?}");
+    for d in &partials {
+        let at = d.kernel().sig().index_of("chunk_len").unwrap();
+        match d.args()[at] {
+            Arg::Scalar(Scalar::U32(chunk)) => {
+                assert_eq!(chunk as usize, caps.decode_attention_chunk)
+            }
+            ref other => panic!("chunk_len is {other:?}"),
+        }
+    }
+
+    // Fused block ops for each row count the backend prefers them for.
+    for rows in [1, 2, 8] {
+        let names = kernel_names(&record_pass(&llama, &device, rows));
+        let fused = names.iter().any(|n| n.starts_with("norm_qkv_rope"));
+        assert_eq!(fused, caps.fused_block_for(rows), "{rows} rows: {names:?}");
+        assert_eq!(
+            names.iter().any(|n| n.starts_with("norm_gate_up")),
+            fused,
+            "{rows} rows: {names:?}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `out = a + b` for one value per buffer.
+fn add_one(s: &mut onepass::Session, a: &Buffer, b: &Buffer, out: &Buffer) {
+    s.add(a, b, out).unwrap();
+}
+
+#[test]
+fn waiting_after_each_dispatch_belongs_to_the_session_that_asked() {
+    let device = Device::cpu(2).unwrap();
+    let exec = Executor::new(device.clone());
+    let x = device.upload(&[1.0f32, 2.0], &[2]).unwrap();
+    let (plain_out, sync_out, later_out) = (
+        device.alloc(DType::F32, &[2]).unwrap(),
+        device.alloc(DType::F32, &[2]).unwrap(),
+        device.alloc(DType::F32, &[2]).unwrap(),
+    );
+    let sync_each = EncoderOptions {
+        sync_each_dispatch: true,
+    };
+
+    // Two direct sessions on one device, used in turn.
+    let mut plain = exec.begin(Mode::Direct);
+    let mut synced = exec.begin_with(Mode::Direct, sync_each);
+    assert_eq!(plain.options(), EncoderOptions::default());
+    assert_eq!(synced.options(), sync_each);
+    add_one(&mut plain, &x, &x, &plain_out);
+    add_one(&mut synced, &x, &x, &sync_out);
+
+    // The synchronized session's dispatch has run by the time `add` returned; the plain one's is
+    // only encoded (the CPU submits a short direct pass when it finishes).
+    assert_eq!(device.download::<f32>(&sync_out).unwrap(), [2.0, 4.0]);
+    assert_eq!(device.download::<f32>(&plain_out).unwrap(), [0.0, 0.0]);
+
+    // A session opened after the synchronized one is as plain as the first.
+    let mut later = exec.begin(Mode::Direct);
+    add_one(&mut later, &x, &x, &later_out);
+    assert_eq!(device.download::<f32>(&later_out).unwrap(), [0.0, 0.0]);
+
+    synced.add_inplace(&sync_out, &x).unwrap();
+    assert_eq!(device.download::<f32>(&sync_out).unwrap(), [3.0, 6.0]);
+    assert_eq!(device.download::<f32>(&plain_out).unwrap(), [0.0, 0.0]);
+
+    for (s, out, want) in [
+        (plain, &plain_out, [2.0f32, 4.0]),
+        (synced, &sync_out, [3.0, 6.0]),
+        (later, &later_out, [2.0, 4.0]),
+    ] {
+        let report = s.finish(&Plan::SEQUENTIAL).unwrap();
+        assert!(report.dispatches >= 1);
+        assert_eq!(device.download::<f32>(out).unwrap(), want);
+    }
+}
+
+#[test]
+fn a_recorded_session_runs_its_graph_with_its_own_encoder_options() {
+    let device = Device::cpu(2).unwrap();
+    let exec = Executor::new(device.clone());
+    let x = device.upload(&[1.0f32, -2.0, 0.5], &[3]).unwrap();
+    let y = device.alloc(DType::F32, &[3]).unwrap();
+    let z = device.alloc(DType::F32, &[3]).unwrap();
+    for options in [
+        EncoderOptions::default(),
+        EncoderOptions {
+            sync_each_dispatch: true,
+        },
+    ] {
+        let mut s = exec.begin_with(Mode::Recorded, options);
+        s.add(&x, &x, &y).unwrap();
+        s.add(&y, &x, &z).unwrap();
+        let report = s.finish(&Plan::OPTIMIZED).unwrap();
+        assert_eq!(report.dispatches + report.fusions, 2, "{options:?}");
+        assert_eq!(
+            device.download::<f32>(&z).unwrap(),
+            [3.0, -6.0, 1.5],
+            "{options:?}"
+        );
+    }
+}
