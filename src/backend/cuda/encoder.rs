@@ -52,18 +52,15 @@ impl CudaEncoder {
                 self.params.pointers(),
             )
         }
-        .map_err(|e| Error::Kernel {
-            kernel: name,
-            msg: format!(
-                "launch {grid:?} failed: {}",
-                self.device.driver_error("cuLaunchKernel", e)
-            ),
+        .map_err(|e| {
+            self.device
+                .driver_error(&format!("cuLaunchKernel of `{name}` {grid:?}"), e)
         })?;
         self.launches += 1;
         if self.sync_each_launch {
             self.device.synchronize().map_err(|e| Error::Kernel {
                 kernel: name,
-                msg: format!("while running: {e}"),
+                msg: format!("while running: {}", e.with_causes()),
             })?;
         }
         Ok(())

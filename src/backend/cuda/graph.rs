@@ -27,7 +27,7 @@ use crate::graph::{Arg, Dispatch};
 
 /// A raw driver status as a result, through the device (so a fault that breaks the context is
 /// remembered and named in the error).
-fn check(device: &CudaDevice, what: &'static str, r: sys::CUresult) -> Result<()> {
+fn check(device: &CudaDevice, what: &str, r: sys::CUresult) -> Result<()> {
     device.driver(what, r.result())
 }
 
@@ -121,13 +121,10 @@ impl CudaGraph {
             // a valid function handle (kept alive in `_kernels`) and to parameters laid out by
             // `prepare` under the contract of `launch`; the driver copies the parameter values
             // during this call.
-            check(device, "cuGraphAddKernelNode", unsafe {
+            let added = unsafe {
                 sys::cuGraphAddKernelNode_v2(&mut node, this.graph, deps.as_ptr(), deps.len(), &np)
-            })
-            .map_err(|e| Error::Kernel {
-                kernel: name,
-                msg: format!("adding its graph node: {e}"),
-            })?;
+            };
+            check(device, &format!("cuGraphAddKernelNode of `{name}`"), added)?;
             handles.push(node);
             this.edges += deps.len();
             this.nodes += 1;
