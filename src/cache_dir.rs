@@ -3,7 +3,7 @@
 //! user cache directory + `onepass`.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 
@@ -20,11 +20,21 @@ pub fn cache_root_from(env: Option<OsString>, user_cache: Option<PathBuf>) -> Re
     if let Some(dir) = env.filter(|d| !d.is_empty()) {
         return Ok(PathBuf::from(dir));
     }
-    user_cache.map(|d| d.join("onepass")).ok_or_else(|| {
-        Error::InvalidArgument(format!(
-            "no user cache directory is known on this system; set {CACHE_DIR_ENV} or pass --model PATH"
-        ))
-    })
+    user_cache
+        .map(|d| d.join("onepass"))
+        .ok_or_else(no_cache_root)
+}
+
+/// The error for a cache root that is needed where none is known.
+pub fn no_cache_root() -> Error {
+    Error::InvalidArgument(format!(
+        "no user cache directory is known on this system; set {CACHE_DIR_ENV} or pass --model PATH"
+    ))
+}
+
+/// Where compiled CUDA kernels are cached under the cache root `root`.
+pub fn kernel_cache_dir(root: &Path) -> PathBuf {
+    root.join("kernels")
 }
 
 #[cfg(test)]

@@ -72,10 +72,53 @@ pub enum Error {
         /// What is wrong.
         msg: String,
     },
-    /// The CUDA driver, NVRTC or a CUDA call failed.
-    #[error("cuda: {0}")]
-    Cuda(String),
-    /// A backend worker stopped unexpectedly.
+    /// A CUDA driver call failed. The message says what was being done (the call, the size, the
+    /// device where it matters); [`std::error::Error::source`] is the driver's status, so the
+    /// status is printed once, by whoever prints the chain.
+    #[error("CUDA driver: {what}")]
+    Driver {
+        /// What failed, in words, naming the driver call (`cuMemAlloc of 64 bytes (scratch)`).
+        what: String,
+        /// The driver's status.
+        #[source]
+        source: cudarc::driver::DriverError,
+    },
+    /// NVRTC failed to compile a kernel family. The message names the program, the options and
+    /// NVRTC's log; [`std::error::Error::source`] is NVRTC's status.
+    #[error(
+        "NVRTC could not compile {program} (options: {}); log:\n{}",
+        options.join(" "),
+        log.trim_end()
+    )]
+    Compile {
+        /// The program (the family's source file, `rmsnorm.cu`).
+        program: String,
+        /// The options NVRTC was called with.
+        options: Vec<String>,
+        /// NVRTC's program log (empty when it failed before compiling).
+        log: String,
+        /// NVRTC's status.
+        #[source]
+        source: cudarc::nvrtc::result::NvrtcError,
+    },
+    /// A library or device the operation needs is not on this machine (the CUDA driver,
+    /// libnvrtc).
+    #[error("not available: {0}")]
+    Unavailable(String),
+    /// A device is unusable: an earlier kernel fault broke its context, and every later call on
+    /// it fails.
+    #[error(
+        "{device} is unusable: an earlier fault broke its context ({first}); restart the process \
+         to use the GPU again"
+    )]
+    Faulted {
+        /// The device (`cuda:0 (NVIDIA H100 80GB HBM3, sm_90)`).
+        device: String,
+        /// The first fault, in words (the call and the driver's status).
+        first: String,
+    },
+    /// A backend's machinery broke: a worker stopped unexpectedly, a lock was poisoned by a
+    /// panic, a kernel reported through a channel that names no kernel.
     #[error("backend: {0}")]
     Backend(String),
     /// An I/O error, with the path it concerns. The message includes the cause, so the cause is
@@ -111,6 +154,27 @@ impl Error {
         }
     }
 
+    /// Builds an [`Error::Driver`]: `what` failed with the driver status `source`.
+    pub fn driver(what: impl Into<String>, source: cudarc::driver::DriverError) -> Self {
+        Error::Driver {
+            what: what.into(),
+            source,
+        }
+    }
+
+    /// The message followed by each cause below it, `: `-separated, as the command line prints
+    /// an error: for a report or a log line that should carry the driver's or NVRTC's status.
+    pub fn with_causes(&self) -> String {
+        let mut text = self.to_string();
+        let mut cause = std::error::Error::source(self);
+        while let Some(c) = cause {
+            text.push_str(": ");
+            text.push_str(&c.to_string());
+            cause = c.source();
+        }
+        text
+    }
+
     /// The kind of the underlying I/O error, for an [`Error::Io`].
     pub fn io_kind(&self) -> Option<std::io::ErrorKind> {
         match self {
@@ -123,6 +187,28 @@ impl Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn with_causes_appends_each_source_once() {
+        let e = Error::InvalidArgument("plain".into());
+        assert_eq!(e.with_causes(), "invalid argument: plain");
+        let e = Error::Compile {
+            program: "k.cu".into(),
+            options: vec!["--std=c++17".into()],
+            log: "k.cu(1): error: bad\n".into(),
+            source: cudarc::nvrtc::result::NvrtcError(
+                cudarc::nvrtc::sys::nvrtcResult::NVRTC_ERROR_COMPILATION,
+            ),
+        };
+        let text = e.with_causes();
+        assert!(
+            text.starts_with(
+                "NVRTC could not compile k.cu (options: --std=c++17); log:\nk.cu(1): error: bad: "
+            ),
+            "{text}"
+        );
+        assert_eq!(text.matches("NVRTC_ERROR_COMPILATION").count(), 1, "{text}");
+    }
 
     #[test]
     fn io_errors_name_their_cause_once() {

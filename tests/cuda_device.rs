@@ -25,6 +25,7 @@ fn discovery_never_panics() {
     if !present {
         let err = Device::cuda(0).expect_err("no driver");
         assert!(err.to_string().contains("no CUDA driver found"), "{err}");
+        assert!(matches!(err, onepass::Error::Unavailable(_)), "{err:?}");
         assert_eq!(
             Device::auto(1).unwrap().kind(),
             onepass::backend::BackendKind::Cpu

@@ -8,7 +8,8 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::Args;
-use onepass::model::engine::{Engine, RunMode};
+use onepass::config::RunMode;
+use onepass::model::engine::Engine;
 use onepass::model::gguf::GgufFile;
 use onepass::model::llama::{Llama, Logits};
 use onepass::model::synth::{write_synthetic, SynthShape, SynthSpec};
@@ -131,28 +132,31 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.repeat == 0 || args.prompt == 0 {
         anyhow::bail!("--repeat and --prompt must be at least 1");
     }
+    let config = args.run.config();
     let modes = if args.modes.is_empty() {
-        vec![args.run.mode]
+        vec![config.mode]
     } else {
         args.modes.clone()
     };
-    let mut run = args.run.clone();
-    run.ctx = run.ctx.max(args.prompt + args.decode + 2);
+    let ctx = args.run.ctx.max(args.prompt + args.decode + 2);
     // Everything that can fail at once is checked before the model is written or read.
     if let Some(path) = &args.trace {
         check_output_path("--trace", path)?;
     }
-    let device = run.device()?;
+    let device = config.open_device()?;
     let temp = args.like.map(TempModel::write).transpose()?;
     let (file, model_name) = match &temp {
         Some(t) => (
             Arc::new(GgufFile::open(&t.path)?),
             format!("{} Q4_1", t.shape_name),
         ),
-        None => (open_model(&args.model.model)?, args.model.model.clone()),
+        None => (
+            open_model(&args.model.model, &config)?,
+            args.model.model.clone(),
+        ),
     };
-    let llama = Llama::load(file, &device, run.ctx, run.batch)?;
-    let executor = Executor::new(device.clone()).with_config(run.config());
+    let llama = Llama::load(file, &device, ctx, args.run.batch)?;
+    let executor = Executor::new(device.clone()).with_config(config);
     let mut engine = Engine::new(llama, executor, modes[0]);
     let prompt = pseudo_random_prompt(args.prompt, engine.llama().config().vocab as u64);
 

@@ -4,13 +4,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
-use clap::{Args, ValueEnum};
-use onepass::model::engine::{Engine, RunMode};
+use clap::Args;
+use onepass::config::{BackendChoice, RunMode};
+use onepass::model::engine::Engine;
 use onepass::model::fetch;
 use onepass::model::gguf::GgufFile;
 use onepass::model::llama::Llama;
 use onepass::model::tokenizer::Tokenizer;
-use onepass::{Device, Executor, RuntimeConfig};
+use onepass::{Executor, RuntimeConfig};
 
 /// Which model to use.
 #[derive(Args, Debug, Clone)]
@@ -20,18 +21,7 @@ pub struct ModelArgs {
     pub model: String,
 }
 
-/// Which backend runs the work.
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BackendChoice {
-    /// CUDA when a device is present, else the CPU.
-    Auto,
-    /// The CPU reference backend.
-    Cpu,
-    /// An NVIDIA GPU (the first one).
-    Cuda,
-}
-
-/// Backend and optimizer flags.
+/// Backend and optimizer flags (the [`RuntimeConfig`]), and the model's sizes.
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {
     /// Backend.
@@ -65,25 +55,21 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
-    /// The runtime configuration these flags choose.
+    /// The one runtime configuration these flags choose, over what the environment says (the
+    /// cache root, the CUDA headers: [`RuntimeConfig::from_env`]). Commands build it once, open
+    /// its device ([`RuntimeConfig::open_device`]) before any long work, so that a missing
+    /// backend is reported at once, and pass it down.
     pub fn config(&self) -> RuntimeConfig {
         RuntimeConfig {
+            backend: self.backend,
+            threads: self.threads,
+            mode: self.mode,
             fusion: !self.no_fusion,
             reorder: !self.no_reorder,
             lookahead: self.lookahead,
             split: !self.no_split,
-            threads: self.threads,
+            ..RuntimeConfig::from_env()
         }
-    }
-
-    /// The device these flags choose. Commands call this before any long work, so that a missing
-    /// backend is reported at once.
-    pub fn device(&self) -> anyhow::Result<Device> {
-        Ok(match self.backend {
-            BackendChoice::Auto => Device::auto(self.threads)?,
-            BackendChoice::Cpu => Device::cpu(self.threads)?,
-            BackendChoice::Cuda => Device::cuda(0)?,
-        })
     }
 }
 
@@ -152,15 +138,11 @@ pub fn check_output_path(flag: &str, path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The path of the model `spec` names, fetching the default model if needed.
-pub fn model_path(spec: &str) -> anyhow::Result<PathBuf> {
-    let cache = cache_dir()?;
-    Ok(fetch::resolve_model(spec, &cache, true)?)
-}
-
-/// The cache directory: `ONEPASS_CACHE_DIR`, else the user's cache directory.
-pub fn cache_dir() -> anyhow::Result<PathBuf> {
-    Ok(fetch::default_cache_dir()?)
+/// The path of the model `spec` names, fetching the default model into the configuration's
+/// cache if needed.
+pub fn model_path(spec: &str, config: &RuntimeConfig) -> anyhow::Result<PathBuf> {
+    let cache = config.cache_root()?;
+    Ok(fetch::resolve_model(spec, cache, true)?)
 }
 
 /// Writes `bytes` to the file at `path` (given with `flag`), naming the flag and the path on error.
@@ -168,15 +150,16 @@ pub fn write_output(flag: &str, path: &Path, bytes: &[u8]) -> anyhow::Result<()>
     std::fs::write(path, bytes).with_context(|| format!("{flag} {}", path.display()))
 }
 
-/// The default model's path when it is already in the cache (nothing is fetched).
-pub fn cached_default_model() -> Option<PathBuf> {
-    let path = fetch::cached_path(&cache_dir().ok()?, &fetch::SMOLLM2);
+/// The default model's path when it is already in the configuration's cache (nothing is
+/// fetched).
+pub fn cached_default_model(config: &RuntimeConfig) -> Option<PathBuf> {
+    let path = fetch::cached_path(config.cache_root().ok()?, &fetch::SMOLLM2);
     path.is_file().then_some(path)
 }
 
 /// Opens a model file.
-pub fn open_model(spec: &str) -> anyhow::Result<Arc<GgufFile>> {
-    let path = model_path(spec)?;
+pub fn open_model(spec: &str, config: &RuntimeConfig) -> anyhow::Result<Arc<GgufFile>> {
+    let path = model_path(spec, config)?;
     Ok(Arc::new(GgufFile::open(&path)?))
 }
 
@@ -190,16 +173,79 @@ pub struct Loaded {
     pub tokenizer: Tokenizer,
 }
 
-/// Loads the model and tokenizer and builds an engine for `run`.
-pub fn load(model: &ModelArgs, run: &RunArgs) -> anyhow::Result<Loaded> {
-    let file = open_model(&model.model)?;
+/// Loads the model and tokenizer (with `run`'s sizes) and builds an engine that runs as `config`
+/// says.
+pub fn load(model: &ModelArgs, run: &RunArgs, config: &RuntimeConfig) -> anyhow::Result<Loaded> {
+    let file = open_model(&model.model, config)?;
     let tokenizer = Tokenizer::from_gguf(&file)?;
-    let device = run.device()?;
+    let device = config.open_device()?;
     let llama = Llama::load(file.clone(), &device, run.ctx, run.batch)?;
-    let executor = Executor::new(device).with_config(run.config());
+    let mode = config.mode;
+    let executor = Executor::new(device).with_config(config.clone());
     Ok(Loaded {
         file,
-        engine: Engine::new(llama, executor, run.mode),
+        engine: Engine::new(llama, executor, mode),
         tokenizer,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use onepass::{Mode, Plan};
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn config_of(flags: &[&str]) -> RuntimeConfig {
+        let args = std::iter::once("onepass").chain(flags.iter().copied());
+        Flags::try_parse_from(args)
+            .expect("valid flags")
+            .run
+            .config()
+    }
+
+    #[test]
+    fn the_flags_build_one_config_and_it_chooses_the_plan_mode_and_device() {
+        let default = config_of(&[]);
+        assert_eq!(default.backend, BackendChoice::Auto);
+        assert_eq!(default.mode, RunMode::Graph);
+        assert_eq!(default.session_mode(), Mode::Recorded);
+        assert_eq!(default.plan(), Plan::OPTIMIZED);
+        assert_eq!(default.cache_dir, onepass::cache_dir::cache_root().ok());
+
+        let config = config_of(&[
+            "--backend",
+            "cpu",
+            "--threads",
+            "3",
+            "--mode",
+            "direct",
+            "--no-fusion",
+            "--lookahead",
+            "7",
+            "--no-split",
+        ]);
+        assert_eq!(config.session_mode(), Mode::Direct);
+        assert_eq!(
+            config.plan(),
+            Plan {
+                fuse: false,
+                reorder: Some(7),
+                split: false,
+                timing: false,
+            }
+        );
+        assert_eq!(config.open_device().unwrap().name(), "cpu (3 threads)");
+        let plain = config_of(&["--no-fusion", "--no-reorder", "--no-split"]);
+        assert_eq!(plain.plan(), Plan::SEQUENTIAL);
+        assert_eq!(
+            config_of(&["--mode", "per-op-sync"]).mode,
+            RunMode::PerOpSync
+        );
+    }
 }

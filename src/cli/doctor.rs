@@ -65,7 +65,7 @@ pub fn diagnose() -> DoctorReport {
     let (devices, device_error) = if driver_present() {
         match devices() {
             Ok(d) => (d, None),
-            Err(e) => (Vec::new(), Some(e.to_string())),
+            Err(e) => (Vec::new(), Some(e.with_causes())),
         }
     } else {
         (Vec::new(), None)
@@ -87,7 +87,7 @@ pub fn diagnose() -> DoctorReport {
                 kernels_failed += src.kernel_names().len();
                 failures.push(FamilyFailure {
                     family: src.family.to_string(),
-                    error: f.to_string(),
+                    error: f.with_causes(),
                 });
             }
         }

@@ -141,7 +141,8 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         eprintln!("seed {seed} (pass --seed {seed} to repeat this run)");
     }
     let text = prompt_text(args.prompt)?;
-    let mut loaded = load(&args.model, &args.run)?;
+    let config = args.run.config();
+    let mut loaded = load(&args.model, &args.run, &config)?;
     let tok = &loaded.tokenizer;
     let text = if args.chat {
         let template = ChatTemplate::from_gguf(&loaded.file, tok)?
@@ -161,9 +162,8 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     };
     if args.sanitize {
         let llama = loaded.engine.llama();
-        let executor = Executor::new(llama.device().clone()).with_config(args.run.config());
-        let report =
-            prefill_and_sanitize_decode(llama, &executor, &executor.config().plan(), &prompt_ids)?;
+        let executor = Executor::new(llama.device().clone()).with_config(config.clone());
+        let report = prefill_and_sanitize_decode(llama, &executor, &config.plan(), &prompt_ids)?;
         if !report.passed() {
             bail!("{}", report.verdict());
         }

@@ -49,8 +49,9 @@ pub fn run(args: GraphArgs) -> anyhow::Result<()> {
             check_output_path(flag, path)?;
         }
     }
-    let device = args.run.device()?;
-    let file = open_model(&args.model.model)?;
+    let config = args.run.config();
+    let device = config.open_device()?;
+    let file = open_model(&args.model.model, &config)?;
     // The sanitizer prefills a short prompt first, so it needs prefill passes of a few tokens.
     let batch = if args.sanitize {
         SANITIZE_PROMPT_BATCH
@@ -58,7 +59,7 @@ pub fn run(args: GraphArgs) -> anyhow::Result<()> {
         1
     };
     let llama = Llama::load(file.clone(), &device, args.run.ctx, batch)?;
-    let executor = Executor::new(device).with_config(args.run.config());
+    let executor = Executor::new(device).with_config(config);
     let sanitized = if args.sanitize {
         let tokenizer = Tokenizer::from_gguf(&file)?;
         let prompt = tokenizer.encode(SANITIZE_PROMPT, true)?;

@@ -57,9 +57,10 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
         SynthQuant::Q4K => DType::Q4K,
     };
     check_output_path("-o", &args.output)?;
+    let config = onepass::RuntimeConfig::from_env();
     let source = match &args.tokenizer_from {
-        Some(spec) => Some(GgufFile::open(model_path(spec)?)?),
-        None => super::common::cached_default_model().and_then(|p| GgufFile::open(p).ok()),
+        Some(spec) => Some(GgufFile::open(model_path(spec, &config)?)?),
+        None => super::common::cached_default_model(&config).and_then(|p| GgufFile::open(p).ok()),
     };
     if source.is_none() {
         eprintln!("note: the default model is not in the cache; writing a byte-level vocabulary");

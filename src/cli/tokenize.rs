@@ -36,7 +36,7 @@ pub fn quoted_bytes(bytes: &[u8]) -> String {
 
 /// Runs `tokenize`.
 pub fn run(args: TokenizeArgs) -> anyhow::Result<()> {
-    let file = open_model(&args.model.model)?;
+    let file = open_model(&args.model.model, &onepass::RuntimeConfig::from_env())?;
     let tok = Tokenizer::from_gguf(&file)?;
     let ids = tok.encode(&args.text, true)?;
     let mut bytes = Vec::with_capacity(ids.len());

@@ -10,34 +10,8 @@ use crate::model::llama::{Llama, Logits};
 use crate::model::sampler::{Sampler, SamplerConfig};
 use crate::session::{Executor, Mode, Plan};
 
-/// How passes are executed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum RunMode {
-    /// Every pass in a direct session: dispatches encoded as they come, barriers from ranges.
-    Direct,
-    /// Every pass recorded, optimized (fusion, reorder) and then run.
-    Recorded,
-    /// The decode step recorded and optimized once, instantiated (a CUDA graph with dependency
-    /// edges, or a precomputed CPU schedule) and launched for every step.
-    Graph,
-    /// For comparison: every dispatch in its own submission, waited for before the next (CUDA:
-    /// a direct session whose encoder synchronizes after every launch; CPU: one submission per
-    /// dispatch, in program order).
-    PerOpSync,
-}
-
-impl RunMode {
-    /// The mode's name as the CLI spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            RunMode::Direct => "direct",
-            RunMode::Recorded => "recorded",
-            RunMode::Graph => "graph",
-            RunMode::PerOpSync => "per-op-sync",
-        }
-    }
-}
+/// How passes are executed; defined with the rest of the configuration.
+pub use crate::config::RunMode;
 
 /// A model plus the executor and mode that run it.
 pub struct Engine {

@@ -28,7 +28,7 @@ pub struct CubinCache {
 pub fn default_cache_dir() -> Option<PathBuf> {
     crate::cache_dir::cache_root()
         .ok()
-        .map(|d| d.join("kernels"))
+        .map(|d| crate::cache_dir::kernel_cache_dir(&d))
 }
 
 /// The cache key of one compilation, as 64 hex digits.

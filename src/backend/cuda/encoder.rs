@@ -46,7 +46,7 @@ impl CudaEncoder {
         if self.options.sync_each_dispatch {
             self.device.synchronize().map_err(|e| Error::Kernel {
                 kernel: name,
-                msg: format!("while running: {e}"),
+                msg: format!("while running: {}", e.with_causes()),
             })?;
         }
         Ok(())

@@ -76,7 +76,7 @@ pub fn record_error(words: &[u32; RECORD_WORDS]) -> Option<Error> {
     };
     Some(match kernel_named_by(words[0]) {
         Some(kernel) => Error::Kernel { kernel, msg },
-        None => Error::Cuda(format!(
+        None => Error::Backend(format!(
             "a kernel with unknown tag {:#010x} reported: {msg}",
             words[0]
         )),

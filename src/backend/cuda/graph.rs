@@ -28,7 +28,7 @@ use crate::graph::{Arg, Dispatch};
 
 /// A raw driver status as a result, through the device (so a fault that breaks the context is
 /// remembered and named in the error).
-fn check(device: &CudaDevice, what: &'static str, r: sys::CUresult) -> Result<()> {
+fn check(device: &CudaDevice, what: &str, r: sys::CUresult) -> Result<()> {
     device.driver(what, r.result())
 }
 

@@ -85,13 +85,7 @@ impl LaunchParams {
                 &mut self.pointers,
             )
         }
-        .map_err(|e| Error::Kernel {
-            kernel: name,
-            msg: format!(
-                "launch {grid:?} failed: {}",
-                device.driver_error("cuLaunchKernel", e)
-            ),
-        })
+        .map_err(|e| device.driver_error(&format!("cuLaunchKernel of `{name}` {grid:?}"), e))
     }
 
     /// Adds one dispatch as a kernel node of `graph`, depending on `deps`; returns the node and the
@@ -132,12 +126,7 @@ impl LaunchParams {
         let added = unsafe {
             sys::cuGraphAddKernelNode_v2(&mut node, graph, deps.as_ptr(), deps.len(), &np)
         };
-        device
-            .driver("cuGraphAddKernelNode", added.result())
-            .map_err(|e| Error::Kernel {
-                kernel: name,
-                msg: format!("adding its graph node: {e}"),
-            })?;
+        device.driver(&format!("cuGraphAddKernelNode of `{name}`"), added.result())?;
         Ok((node, kernel))
     }
 

@@ -16,9 +16,9 @@ use cudarc::driver::{result, sys, CudaContext};
 
 use crate::error::{Error, Result};
 
-/// Converts a driver error into the crate's error, with what was being done.
+/// Converts a driver error into the crate's [`Error::Driver`], with what was being done.
 pub(crate) fn driver_err(what: &str) -> impl FnOnce(result::DriverError) -> Error + '_ {
-    move |e| Error::Cuda(format!("{what}: {e}"))
+    move |e| Error::driver(what, e)
 }
 
 /// Whether a driver error leaves the context unusable (a kernel faulted: every later call in the
@@ -75,7 +75,7 @@ fn malloc_reclaiming(
     r.map_err(|e| {
         let size = bytes_in_words(bytes);
         if e.0 != sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-            return Error::Cuda(format!("cuMemAlloc of {size} ({what}): {e}"));
+            return Error::driver(format!("cuMemAlloc of {size} ({what})"), e);
         }
         let free = match result::mem_get_info() {
             Ok((free, total)) => format!(
@@ -85,10 +85,13 @@ fn malloc_reclaiming(
             ),
             Err(_) => String::new(),
         };
-        Error::Cuda(format!(
-            "out of device memory: cuMemAlloc of {size} ({what}) on cuda:{} failed{free}",
-            ctx.ordinal()
-        ))
+        Error::driver(
+            format!(
+                "out of device memory: cuMemAlloc of {size} ({what}) on cuda:{} failed{free}",
+                ctx.ordinal()
+            ),
+            e,
+        )
     })
 }
 
@@ -246,7 +249,7 @@ impl ScratchPool {
             let mut free = self
                 .free
                 .lock()
-                .map_err(|_| Error::Cuda("scratch pool lock poisoned".into()))?;
+                .map_err(|_| Error::Backend("scratch pool lock poisoned".into()))?;
             free.get_mut(&class).and_then(Vec::pop)
         };
         let ptr = match reused {
@@ -347,7 +350,32 @@ impl crate::memory::DeviceMemory for CudaMemory {
 
 #[cfg(test)]
 mod tests {
-    use super::{bytes_in_words, is_sticky, result::DriverError, size_class, sys::CUresult};
+    use super::{
+        bytes_in_words, driver_err, is_sticky, result::DriverError, size_class, sys::CUresult,
+    };
+    use crate::error::Error;
+
+    /// A failed driver call becomes [`Error::Driver`]: the message names the call, and the
+    /// driver's status is the typed source (nothing here calls the driver: the status's own text
+    /// needs libcuda, and this machine may have none).
+    #[test]
+    fn driver_failures_keep_the_status_as_a_typed_source() {
+        let status = DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        let err = driver_err("cuMemAlloc of 64 bytes (scratch)")(status);
+        assert!(matches!(&err, Error::Driver { what, .. } if what.contains("cuMemAlloc")));
+        assert_eq!(
+            err.to_string(),
+            "CUDA driver: cuMemAlloc of 64 bytes (scratch)"
+        );
+        let source = std::error::Error::source(&err).expect("a source");
+        assert_eq!(source.downcast_ref::<DriverError>(), Some(&status));
+        let chained = anyhow::Error::from(err);
+        assert_eq!(chained.chain().count(), 2);
+        assert_eq!(
+            chained.root_cause().downcast_ref::<DriverError>(),
+            Some(&status)
+        );
+    }
 
     #[test]
     fn sizes_in_words_and_sticky_errors() {

@@ -10,11 +10,12 @@
 //!   launch and graph-node calls live in `launch.rs`, with their safety contract.
 //! - Kernel-detected bad arguments (a token id outside the vocabulary, ...) land in the device's
 //!   error record and come back as errors from [`CudaDevice::synchronize`] (see [`fault`]).
-//! - Every driver call's failure becomes [`Error::Cuda`] naming the call. Out of memory names the
-//!   size and what the device had free (the scratch pool's cached blocks are freed and the
-//!   allocation tried once more first). A kernel fault (an illegal address, ...) breaks the
-//!   context for good: the error says so, the device remembers it, and every later call on it
-//!   returns an error at once ([`CudaDevice::fault`]) instead of reaching the driver.
+//! - Every driver call's failure becomes [`Error::Driver`] naming the call, with the driver's
+//!   status as its typed source. Out of memory names the size and what the device had free (the
+//!   scratch pool's cached blocks are freed and the allocation tried once more first). A kernel
+//!   fault (an illegal address, ...) breaks the context for good: the error says so, the device
+//!   remembers it, and every later call on it returns [`Error::Faulted`] at once
+//!   ([`CudaDevice::fault`]) instead of reaching the driver.
 
 mod backend;
 mod cache;
@@ -57,7 +58,7 @@ pub fn driver_present() -> bool {
 
 fn require_driver() -> Result<()> {
     if !driver_present() {
-        return Err(Error::Cuda(
+        return Err(Error::Unavailable(
             "no CUDA driver found (libcuda is not on the library path)".into(),
         ));
     }
@@ -166,7 +167,7 @@ impl CudaDevice {
     pub fn new(ordinal: usize, options: &CudaOptions) -> Result<Self> {
         let count = device_count()?;
         if ordinal >= count {
-            return Err(Error::Cuda(format!(
+            return Err(Error::InvalidArgument(format!(
                 "no CUDA device {ordinal} (found {count})"
             )));
         }
@@ -249,11 +250,10 @@ impl CudaDevice {
     fn ensure_usable(&self) -> Result<()> {
         match self.fault.get() {
             None => Ok(()),
-            Some(first) => Err(Error::Cuda(format!(
-                "{} is unusable: an earlier fault broke its context ({first}); restart the \
-                 process to use the GPU again",
-                self.name()
-            ))),
+            Some(first) => Err(Error::Faulted {
+                device: self.name(),
+                first: first.clone(),
+            }),
         }
     }
 
@@ -266,14 +266,23 @@ impl CudaDevice {
     /// The error for a failed driver call (see [`CudaDevice::driver`]).
     pub(crate) fn driver_error(&self, what: &str, e: result::DriverError) -> Error {
         if !is_sticky(&e) {
-            return Error::Cuda(format!("{what}: {e}"));
+            return Error::driver(what, e);
         }
-        let first = self.fault.get_or_init(|| format!("{what}: {e}"));
-        Error::Cuda(format!(
-            "{what}: {e}; a kernel faulted, which leaves the CUDA context of {} unusable (every \
-             later call on it fails; first fault: {first}); restart the process",
-            self.name()
-        ))
+        let this = format!("{what}: {e}");
+        let first = self.fault.get_or_init(|| this.clone());
+        let earlier = if *first == this {
+            String::new()
+        } else {
+            format!("; first fault: {first}")
+        };
+        Error::driver(
+            format!(
+                "{what} on {}: a kernel faulted, which leaves the CUDA context unusable (every \
+                 later call on it fails{earlier}); restart the process",
+                self.name()
+            ),
+            e,
+        )
     }
 
     /// Makes the device's context current on this thread (an error once a fault broke it).

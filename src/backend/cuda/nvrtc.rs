@@ -4,12 +4,13 @@
 //! cudarc loads `libnvrtc` lazily and panics when it is missing, so every entry point here first
 //! checks [`nvrtc_present`].
 
-use std::ffi::{c_char, c_int, CStr, CString};
+use std::ffi::{c_char, c_int, CString};
 use std::path::Path;
 
+use cudarc::nvrtc::result::NvrtcError;
 use cudarc::nvrtc::sys;
 
-use crate::error::Error;
+use crate::error::{Error, Result};
 
 /// Whether `libnvrtc` can be loaded from the library search path.
 pub fn nvrtc_present() -> bool {
@@ -28,38 +29,6 @@ pub fn nvrtc_version() -> Option<(i32, i32)> {
     (r == sys::nvrtcResult::NVRTC_SUCCESS).then_some((major, minor))
 }
 
-/// Why a compilation failed: what NVRTC said and how it was called.
-#[derive(Debug, Clone)]
-pub struct CompileFailure {
-    /// The program (source file) name.
-    pub program: String,
-    /// The NVRTC status in words.
-    pub status: String,
-    /// The options passed to NVRTC.
-    pub options: Vec<String>,
-    /// NVRTC's program log.
-    pub log: String,
-}
-
-impl std::fmt::Display for CompileFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "NVRTC failed to compile {} ({}); options: [{}]; log:\n{}",
-            self.program,
-            self.status,
-            self.options.join(" "),
-            self.log.trim_end()
-        )
-    }
-}
-
-impl From<CompileFailure> for Error {
-    fn from(f: CompileFailure) -> Self {
-        Error::Cuda(f.to_string())
-    }
-}
-
 /// The options onepass compiles every kernel with, for `arch` (e.g. `sm_90`).
 pub fn compile_options(arch: &str, include_dir: Option<&Path>) -> Vec<String> {
     let mut opts = vec![
@@ -73,17 +42,6 @@ pub fn compile_options(arch: &str, include_dir: Option<&Path>) -> Vec<String> {
         opts.push(format!("--include-path={}", dir.display()));
     }
     opts
-}
-
-fn status_text(r: sys::nvrtcResult) -> String {
-    // SAFETY: the library is loaded (callers checked) and the returned pointer is a static string.
-    let p = unsafe { sys::nvrtcGetErrorString(r) };
-    if p.is_null() {
-        format!("{r:?}")
-    } else {
-        // SAFETY: NVRTC returns a NUL-terminated static string.
-        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-    }
 }
 
 /// An NVRTC program that is destroyed when dropped.
@@ -100,32 +58,32 @@ impl Drop for Program {
 
 /// Compiles `source` (named `program` in messages) with `options` and returns the cubin.
 /// The options must name a real architecture (`sm_XX`), or NVRTC has no cubin to give.
-pub fn compile_cubin(
-    program: &str,
-    source: &str,
-    options: &[String],
-) -> std::result::Result<Vec<u8>, CompileFailure> {
-    let fail = |status: String, log: String| CompileFailure {
+///
+/// A failing NVRTC call is an [`Error::Compile`] with NVRTC's log and status; a missing libnvrtc
+/// is [`Error::Unavailable`]; a NUL byte in the source, the name or an option is
+/// [`Error::InvalidArgument`].
+pub fn compile_cubin(program: &str, source: &str, options: &[String]) -> Result<Vec<u8>> {
+    let fail = |r: sys::nvrtcResult, log: String| Error::Compile {
         program: program.to_string(),
-        status,
         options: options.to_vec(),
         log,
+        source: NvrtcError(r),
     };
     if !nvrtc_present() {
-        return Err(fail(
-            "libnvrtc not found on the library path".into(),
-            String::new(),
-        ));
+        return Err(Error::Unavailable(format!(
+            "libnvrtc not found on the library path, so {program} cannot be compiled"
+        )));
     }
-    let src = CString::new(source)
-        .map_err(|_| fail("source contains a NUL byte".into(), String::new()))?;
-    let name = CString::new(program)
-        .map_err(|_| fail("name contains a NUL byte".into(), String::new()))?;
+    let nul = |what: &str| {
+        Error::InvalidArgument(format!("compiling {program}: {what} contains a NUL byte"))
+    };
+    let src = CString::new(source).map_err(|_| nul("the source"))?;
+    let name = CString::new(program).map_err(|_| nul("the program name"))?;
     let c_opts: Vec<CString> = options
         .iter()
         .map(|o| CString::new(o.as_str()))
         .collect::<std::result::Result<_, _>>()
-        .map_err(|_| fail("an option contains a NUL byte".into(), String::new()))?;
+        .map_err(|_| nul("an option"))?;
     let opt_ptrs: Vec<*const c_char> = c_opts.iter().map(|o| o.as_ptr()).collect();
 
     let mut raw = std::ptr::null_mut();
@@ -142,7 +100,7 @@ pub fn compile_cubin(
         )
     };
     if r != sys::nvrtcResult::NVRTC_SUCCESS {
-        return Err(fail(status_text(r), String::new()));
+        return Err(fail(r, String::new()));
     }
     // Declared after `src` and `name`, so it is dropped before them.
     let prog = Program(raw);
@@ -150,25 +108,26 @@ pub fn compile_cubin(
     let r = unsafe { sys::nvrtcCompileProgram(prog.0, opt_ptrs.len() as c_int, opt_ptrs.as_ptr()) };
     let log = program_log(&prog);
     if r != sys::nvrtcResult::NVRTC_SUCCESS {
-        return Err(fail(status_text(r), log));
+        return Err(fail(r, log));
     }
+    let no_cubin = |log: String| format!("{log}\nno cubin: is the architecture a real sm_XX?");
     let mut size = 0usize;
     // SAFETY: `prog` compiled successfully; `size` is valid for writes.
     let r = unsafe { sys::nvrtcGetCUBINSize(prog.0, &mut size) };
-    if r != sys::nvrtcResult::NVRTC_SUCCESS || size == 0 {
-        return Err(fail(
-            format!(
-                "no cubin ({}): is the architecture a real sm_XX?",
-                status_text(r)
-            ),
-            log,
-        ));
+    if r != sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(fail(r, no_cubin(log)));
+    }
+    if size == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "NVRTC gave no cubin for {program} (options: {}): is the architecture a real sm_XX?",
+            options.join(" ")
+        )));
     }
     let mut cubin = vec![0u8; size];
     // SAFETY: `cubin` has the size NVRTC reported.
     let r = unsafe { sys::nvrtcGetCUBIN(prog.0, cubin.as_mut_ptr() as *mut c_char) };
     if r != sys::nvrtcResult::NVRTC_SUCCESS {
-        return Err(fail(status_text(r), log));
+        return Err(fail(r, log));
     }
     Ok(cubin)
 }
@@ -190,4 +149,58 @@ fn program_log(prog: &Program) -> String {
     }
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
     String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A source NVRTC rejects gives [`Error::Compile`]: its message carries NVRTC's log line and
+    /// the options, and its source is NVRTC's status.
+    #[test]
+    #[cfg_attr(not(onepass_nvrtc), ignore = "needs NVRTC: source scripts/cuda-env.sh")]
+    fn a_bad_kernel_is_a_compile_error_with_the_log_and_a_typed_status() {
+        assert!(
+            nvrtc_present(),
+            "the build found libnvrtc; the tests cannot load it"
+        );
+        let options = compile_options("sm_90", None);
+        let err = compile_cubin(
+            "broken.cu",
+            "extern \"C\" __global__ void k() { no_such_function(); }",
+            &options,
+        )
+        .expect_err("the source does not compile");
+        let Error::Compile { program, log, .. } = &err else {
+            panic!("not a compile error: {err:?}");
+        };
+        assert_eq!(program, "broken.cu");
+        let line = log
+            .lines()
+            .find(|l| l.contains("no_such_function"))
+            .unwrap_or_else(|| panic!("the log names no undefined function: {log}"));
+        let text = err.to_string();
+        assert!(
+            text.contains(line),
+            "the message lacks the log line `{line}`: {text}"
+        );
+        assert!(text.contains("--gpu-architecture=sm_90"), "{text}");
+        let status = std::error::Error::source(&err)
+            .and_then(|s| s.downcast_ref::<NvrtcError>())
+            .expect("NVRTC's status as the source");
+        assert_eq!(
+            *status,
+            NvrtcError(sys::nvrtcResult::NVRTC_ERROR_COMPILATION)
+        );
+        assert!(err.with_causes().contains("NVRTC_ERROR_COMPILATION"));
+    }
+
+    #[test]
+    fn nul_bytes_are_invalid_arguments() {
+        if !nvrtc_present() {
+            return;
+        }
+        let err = compile_cubin("nul.cu", "int x;\0", &[]).expect_err("a NUL byte");
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    }
 }

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, DevicePtr};
 
 use super::cache::{cache_key, CubinCache};
-use super::nvrtc::{compile_cubin, compile_options, nvrtc_version, CompileFailure};
+use super::nvrtc::{compile_cubin, compile_options, nvrtc_version};
 use crate::error::{Error, Result};
 use crate::graph::KernelId;
 
@@ -160,7 +160,7 @@ impl KernelCompiler {
     /// stored; a failure to store is logged, not fatal).
     pub fn cubin(&self, src: &KernelSource) -> Result<Vec<u8>> {
         let version = nvrtc_version().ok_or_else(|| {
-            Error::Cuda(
+            Error::Unavailable(
                 "libnvrtc not found: install the CUDA NVRTC library (see the README)".into(),
             )
         })?;
@@ -180,16 +180,13 @@ impl KernelCompiler {
         Ok(cubin)
     }
 
-    /// Compiles one family without the cache (the doctor's and the tests' check).
-    pub fn compile(&self, src: &KernelSource) -> std::result::Result<Vec<u8>, CompileFailure> {
+    /// Compiles one family without the cache (the doctor's and the tests' check); a failure is
+    /// an [`Error::Compile`] with NVRTC's log.
+    pub fn compile(&self, src: &KernelSource) -> Result<Vec<u8>> {
         self.compile_text(src.family, &src.full_text())
     }
 
-    fn compile_text(
-        &self,
-        family: &str,
-        text: &str,
-    ) -> std::result::Result<Vec<u8>, CompileFailure> {
+    fn compile_text(&self, family: &str, text: &str) -> Result<Vec<u8>> {
         compile_cubin(&format!("{family}.cu"), text, &self.options)
     }
 }
@@ -216,7 +213,7 @@ impl Kernel {
         let mut cur = self
             .max_dynamic_shared
             .lock()
-            .map_err(|_| Error::Cuda("kernel lock poisoned".into()))?;
+            .map_err(|_| Error::Backend("kernel lock poisoned".into()))?;
         if bytes > *cur {
             self.function
                 .set_attribute(
@@ -224,9 +221,10 @@ impl Kernel {
                     bytes as i32,
                 )
                 .map_err(|e| {
-                    Error::Cuda(format!(
-                        "raising the shared-memory limit to {bytes} bytes: {e}"
-                    ))
+                    Error::driver(
+                        format!("raising the shared-memory limit to {bytes} bytes"),
+                        e,
+                    )
                 })?;
             *cur = bytes;
         }
@@ -304,10 +302,10 @@ impl KernelRegistry {
         let family = *self.family_of.get(id.name()).ok_or_else(unknown)?;
         let module = self.module(family)?;
         let function = module.load_function(id.name()).map_err(|e| {
-            Error::Cuda(format!(
-                "loading kernel {id} from {}.cu: {e}",
-                SOURCES[family].family
-            ))
+            Error::driver(
+                format!("loading kernel {id} from {}.cu", SOURCES[family].family),
+                e,
+            )
         })?;
         let kernel = Kernel {
             function: Arc::new(function),
@@ -330,37 +328,41 @@ impl KernelRegistry {
         let module = self
             .ctx
             .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
-            .map_err(|e| Error::Cuda(format!("loading the {}.cu cubin: {e}", src.family)))?;
+            .map_err(|e| Error::driver(format!("loading the {}.cu cubin", src.family), e))?;
         if let Some(record) = self.error_record {
-            self.point_at_error_record(&module, record)
-                .map_err(|e| Error::Cuda(format!("{}.cu: {e}", src.family)))?;
+            self.point_at_error_record(&module, src.family, record)?;
         }
         modules.insert(family, module.clone());
         Ok(module)
     }
 
-    /// Writes the error record's address into the module's `op_error_word` global (a synchronous
-    /// copy, done once per module when it is loaded).
-    fn point_at_error_record(&self, module: &Arc<CudaModule>, record: u64) -> Result<()> {
+    /// Writes the error record's address into the `op_error_word` global of `family`'s module
+    /// (a synchronous copy, done once per module when it is loaded).
+    fn point_at_error_record(
+        &self,
+        module: &Arc<CudaModule>,
+        family: &str,
+        record: u64,
+    ) -> Result<()> {
         let stream = self.ctx.default_stream();
         let global = module
             .get_global(super::fault::ERROR_WORD_SYMBOL, &stream)
-            .map_err(|e| Error::Cuda(format!("finding `op_error_word`: {e}")))?;
+            .map_err(|e| Error::driver(format!("{family}.cu: finding `op_error_word`"), e))?;
         let bytes = record.to_le_bytes();
         if global.len() != bytes.len() {
-            return Err(Error::Cuda(format!(
-                "`op_error_word` has {} bytes, expected a pointer",
+            return Err(Error::Backend(format!(
+                "{family}.cu: `op_error_word` has {} bytes, expected a pointer",
                 global.len()
             )));
         }
         let (address, _sync) = global.device_ptr(&stream);
         self.ctx
             .bind_to_thread()
-            .map_err(|e| Error::Cuda(format!("binding the CUDA context: {e}")))?;
+            .map_err(|e| Error::driver("binding the CUDA context", e))?;
         // SAFETY: `address` is the module's 8-byte global, alive while `module` is; the copy is
         // synchronous, so `bytes` outlives it.
         unsafe { cudarc::driver::result::memcpy_htod_sync(address, &bytes) }
-            .map_err(|e| Error::Cuda(format!("setting `op_error_word`: {e}")))
+            .map_err(|e| Error::driver(format!("{family}.cu: setting `op_error_word`"), e))
     }
 
     /// Compiles and loads every family now (instead of at first use).
@@ -370,7 +372,7 @@ impl KernelRegistry {
 }
 
 fn lock_err() -> Error {
-    Error::Cuda("kernel registry lock poisoned".into())
+    Error::Backend("kernel registry lock poisoned".into())
 }
 
 #[cfg(test)]
