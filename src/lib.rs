@@ -2,10 +2,13 @@
 //! (fusion, reordering for concurrency, barriers only where memory ranges conflict) and replays
 //! it as one submission: a CUDA graph on NVIDIA GPUs, a scheduled batch on the CPU backend.
 //!
-//! Layers, from the top: `model` (GGUF, tokenizer, Llama forward pass), [`Session`] (modes,
-//! automatic barriers, `finish(plan)`), `ops` (one file per op family), `graph` (IR and passes),
-//! `backend` (devices, buffers, kernels), `quant` (block formats). Every kernel is declared once
-//! in `kernels` (name, op kind, parameters), and a dispatch whose arguments do not fit its
+//! Layers, from the top (each module imports only those below it; `tests/layers.rs` checks it):
+//! `sanitize`, `model` (GGUF, tokenizer, Llama forward pass, engine), `trace`, `executable`,
+//! [`Session`] (modes, automatic barriers, `finish(plan)`, the op methods), `config` (one
+//! [`RuntimeConfig`]), `ops` (one file per op family), `backend` (one interface over the CPU and
+//! CUDA devices), `graph` (IR and passes, no device and no `unsafe`), `kernels` (every kernel
+//! declared once: name, op kind, parameters), `quant`, `memory` (buffers over any backend's
+//! memory), `cache_dir`, `error`, `dtype`. A dispatch whose arguments do not fit its kernel's
 //! declaration is an error, never a launch.
 //!
 //! # Example

@@ -181,3 +181,38 @@ fn the_readme_names_the_layers_in_order() {
         last += at + needle.len();
     }
 }
+
+#[test]
+fn the_readme_names_every_source_file_and_no_other() {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("read README.md");
+    let start = readme
+        .find("<!-- files -->")
+        .expect("README.md marks its file map");
+    let end = readme.find("<!-- /files -->").expect("end marker");
+    let section = &readme[start..end];
+    let named: BTreeSet<String> = section
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|s| s.ends_with(".rs"))
+        .map(str::to_string)
+        .collect();
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let actual: BTreeSet<String> = files
+        .iter()
+        .map(|p| {
+            p.strip_prefix(src())
+                .expect("under src")
+                .to_string_lossy()
+                .replace('\\', "/")
+        })
+        .collect();
+    let missing: Vec<_> = actual.difference(&named).collect();
+    let stale: Vec<_> = named.difference(&actual).collect();
+    assert!(
+        missing.is_empty() && stale.is_empty(),
+        "README file map: missing {missing:?}, naming files that do not exist {stale:?}"
+    );
+}

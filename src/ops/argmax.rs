@@ -1,4 +1,5 @@
-//! The `argmax` op family: argument checks, dispatch building, and its `Session` methods.
+//! The `argmax` op family: argument checks and dispatch building (the `Session`
+//! methods that record it are in `session/ops.rs`).
 //!
 //! [`argmax`] writes, for each row of `x`, the index of its largest value (greedy sampling on the
 //! device). Ties go to the first index; NaN values are skipped; a row whose largest value is not

@@ -1,4 +1,5 @@
-//! The `copy` op family: argument checks, dispatch building, and its `Session` methods.
+//! The `copy` op family: argument checks and dispatch building (the `Session`
+//! methods that record it are in `session/ops.rs`).
 //!
 //! `copy(src, dst)` copies every element of `src` into `dst`, converting among f32, f16 and bf16
 //! (round to nearest even when narrowing). The two views hold the same number of elements; their

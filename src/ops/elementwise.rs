@@ -1,4 +1,5 @@
-//! The `elementwise` op family: argument checks, dispatch building, and its `Session` methods.
+//! The `elementwise` op family: argument checks and dispatch building (the `Session`
+//! methods that record it are in `session/ops.rs`).
 //!
 //! Binary ops (`add`, `mul`, `swiglu`) take `a`, `b` and `out`; for `add` and `mul`, `b` is either
 //! the same shape as `a` or one row (`[n]` or `[1, n]`, `n` the last dimension of `a`) broadcast

@@ -1,4 +1,5 @@
-//! The `embedding` op family: argument checks, dispatch building, and its `Session` methods.
+//! The `embedding` op family: argument checks and dispatch building (the `Session`
+//! methods that record it are in `session/ops.rs`).
 //!
 //! `embedding(table, ids, out)` gathers rows of a `[vocab, dim]` table (f32, f16, bf16, Q8_0,
 //! Q4_0, Q4_1, Q4_K or Q6_K, blocks along `dim`) by the i32 token ids in a device buffer and writes

@@ -1,4 +1,5 @@
-//! The `kv_cache` op family: argument checks, dispatch building, and its `Session` methods.
+//! The `kv_cache` op family: argument checks and dispatch building (the `Session`
+//! methods that record it are in `session/ops.rs`).
 //!
 //! [`kv_write`] copies new K (or V) rows into a layer's cache at the position held in a device
 //! buffer, so a recorded decode graph serves every step. The cache is declared written as a whole:

@@ -1,4 +1,5 @@
-//! The `matmul` op family: argument checks, dispatch building, and its `Session` methods.
+//! The `matmul` op family: argument checks and dispatch building (the `Session`
+//! methods that record it are in `session/ops.rs`).
 //!
 //! Every product computes `y[r, o] = sum_i x[r, i] * W[o, i]`: activations `x` are f32
 //! `[rows, k]` (any rank, the last dimension is `k`), a weight matrix is `[n, k]` with each row's

@@ -1,4 +1,5 @@
-//! The `norm` op family: argument checks, dispatch building, and its `Session` methods.
+//! The `norm` op family: argument checks and dispatch building (the `Session`
+//! methods that record it are in `session/ops.rs`).
 //!
 //! RMS normalization over the last dimension of `x` (`dim`): every row becomes
 //! `x / sqrt(mean(x^2) + eps)`, times `weight` (one value per column) when there is one.

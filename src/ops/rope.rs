@@ -1,4 +1,5 @@
-//! The `rope` op family: argument checks, dispatch building, and its `Session` methods.
+//! The `rope` op family: argument checks and dispatch building (the `Session`
+//! methods that record it are in `session/ops.rs`).
 //!
 //! Rotary position embedding of `x` (`[rows, n_heads * head_dim]` or `[rows, n_heads, head_dim]`,
 //! f32, f16 or bf16), one position per row read from an i32 device buffer, so a recorded graph

@@ -1,4 +1,5 @@
-//! The `softmax` op family: argument checks, dispatch building, and its `Session` methods.
+//! The `softmax` op family: argument checks and dispatch building (the `Session`
+//! methods that record it are in `session/ops.rs`).
 //!
 //! [`softmax`] computes, per row of `x` (f32 `[.., n]`), `softmax(x * scale + mask)`, numerically
 //! stable (the row maximum is subtracted before `exp`; the sum is accumulated in f64). The
