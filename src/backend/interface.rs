@@ -94,7 +94,7 @@ pub struct EncoderOptions {
 
 /// A backend: a CPU pool or a GPU. Implemented by the handles of [`super::cpu::CpuDevice`] and
 /// [`super::cuda::CudaDevice`]; reached through [`super::Device::backend`].
-pub trait Backend: Send + Sync {
+pub(crate) trait Backend: Send + Sync {
     /// The backend kind.
     fn kind(&self) -> BackendKind;
 
@@ -154,7 +154,7 @@ pub trait Backend: Send + Sync {
 
 /// Encodes dispatches for submission. Barriers separate groups whose dispatches may run at the
 /// same time; a backend whose work runs in order may ignore them.
-pub trait Encoder: Send {
+pub(crate) trait Encoder: Send {
     /// Adds one dispatch (a backend may start it at once). With
     /// [`EncoderOptions::sync_each_dispatch`] it has run when this returns.
     fn encode(&mut self, dispatch: DispatchRef<'_>) -> Result<()>;
@@ -171,7 +171,7 @@ pub trait Encoder: Send {
 }
 
 /// Work handed to a device.
-pub trait Submission: Send {
+pub(crate) trait Submission: Send {
     /// Blocks until the work has run; returns the first error, if any.
     fn wait(self: Box<Self>) -> Result<()>;
 }
@@ -188,7 +188,7 @@ pub struct KernelTime {
 }
 
 /// An instantiated graph, replayed by launching it.
-pub trait Replay: Send + Sync {
+pub(crate) trait Replay: Send + Sync {
     /// The dispatches, in the order they were instantiated.
     fn dispatches(&self) -> &[Dispatch];
 
@@ -203,7 +203,7 @@ pub trait Replay: Send + Sync {
 }
 
 /// Times the work queued between its start and [`StepTimer::stop`].
-pub trait StepTimer {
+pub(crate) trait StepTimer {
     /// Seconds since the start (waits for the work queued so far).
     fn stop(self: Box<Self>) -> Result<f64>;
 }

@@ -9,10 +9,8 @@ mod memory;
 
 pub use crate::dtype::{DType, Element};
 pub use crate::memory::{bytes_of, AllocId, Allocation, Buffer, DeviceMemory, Location, Shape};
-pub use interface::{
-    Backend, Capabilities, Encoder, EncoderOptions, KernelTime, Replay, ReplayOrdering, StepClock,
-    StepTimer, Submission,
-};
+pub(crate) use interface::{Backend, Encoder, Replay, Submission};
+pub use interface::{Capabilities, EncoderOptions, KernelTime, ReplayOrdering, StepClock};
 pub use memory::{HostMemory, MappedMemory, HOST_ALIGN};
 
 use std::sync::Arc;
@@ -75,9 +73,11 @@ impl Device {
         Device::cpu(threads)
     }
 
-    /// The device's backend: the one place that tells the backends apart. Everything else reads
-    /// a device through this interface.
-    pub fn backend(&self) -> &dyn Backend {
+    /// The device's backend: the one place that tells the backends apart. Everything else in the
+    /// crate reads a device through this interface. Crate-internal, as the interface is: its
+    /// `instantiate` trusts the caller's levels (the executable derives them from the conflict
+    /// rule), and a wrong level would let two CPU kernels write the same bytes at once.
+    pub(crate) fn backend(&self) -> &dyn Backend {
         match self {
             Device::Cpu(d) => d,
             Device::Cuda(d) => d,
