@@ -162,16 +162,24 @@ fn the_import_scan_reads_paths_and_groups() {
     assert_eq!(got, ["backend", "graph", "memory", "session"]);
 }
 
-#[test]
-fn the_readme_names_the_layers_in_order() {
+/// The README's text between `<!-- name -->` and `<!-- /name -->`.
+fn readme_section(name: &str) -> String {
     let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
         .expect("read README.md");
+    let open = format!("<!-- {name} -->");
     let start = readme
-        .find("<!-- layers -->")
-        .expect("README.md marks its layer list with <!-- layers -->");
-    let section = &readme[start..];
-    let end = section.find("<!-- /layers -->").expect("end marker");
-    let section = &section[..end];
+        .find(&open)
+        .unwrap_or_else(|| panic!("README.md marks a section with {open}"));
+    let rest = &readme[start..];
+    let end = rest
+        .find(&format!("<!-- /{name} -->"))
+        .unwrap_or_else(|| panic!("README.md ends the section {open}"));
+    rest[..end].to_string()
+}
+
+#[test]
+fn the_readme_names_the_layers_in_order() {
+    let section = readme_section("layers");
     let mut last = 0;
     for module in LAYERS.iter().rev() {
         let needle = format!("`{module}`");
@@ -184,13 +192,7 @@ fn the_readme_names_the_layers_in_order() {
 
 #[test]
 fn the_readme_names_every_source_file_and_no_other() {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .expect("read README.md");
-    let start = readme
-        .find("<!-- files -->")
-        .expect("README.md marks its file map");
-    let end = readme.find("<!-- /files -->").expect("end marker");
-    let section = &readme[start..end];
+    let section = readme_section("files");
     let named: BTreeSet<String> = section
         .split('`')
         .skip(1)
