@@ -120,6 +120,41 @@ pub fn levels(preds: &[Vec<usize>]) -> Vec<usize> {
     level
 }
 
+/// The shape of a graph's dependency DAG, as an instantiated graph would have it: what the
+/// reorder pass and fusion leave for a GPU to run side by side.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DagShape {
+    /// Dependency edges after transitive reduction.
+    pub edges: usize,
+    /// Dispatches on the longest dependency chain (the number of levels).
+    pub critical_path: usize,
+    /// Dispatches of the widest level: the most that may run at the same time.
+    pub widest_level: usize,
+}
+
+impl DagShape {
+    /// The DAG shape of a graph's dispatches (barriers play no part: edges come from ranges).
+    pub fn of(graph: &ComputeGraph) -> DagShape {
+        let dispatches: Vec<Dispatch> = graph.dispatches().map(|d| d.to_dispatch()).collect();
+        DagShape::of_dependencies(&reduced_dependencies(&dispatches))
+    }
+
+    /// The DAG shape of dependencies `preds` (entry `i`: the dispatches `i` waits for directly).
+    pub fn of_dependencies(preds: &[Vec<usize>]) -> DagShape {
+        let level = levels(preds);
+        let critical_path = level.iter().max().map_or(0, |m| m + 1);
+        let mut width = vec![0usize; critical_path];
+        for &l in &level {
+            width[l] += 1;
+        }
+        DagShape {
+            edges: preds.iter().map(Vec::len).sum(),
+            critical_path,
+            widest_level: width.into_iter().max().unwrap_or(0),
+        }
+    }
+}
+
 /// What an executable is made of.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ExecutableStats {
@@ -379,6 +414,37 @@ mod tests {
             d(&dev, &[&b, &c], &[&a]),
         ];
         assert_eq!(reduced_dependencies(&ds), vec![vec![], vec![], vec![0, 1]]);
+    }
+
+    #[test]
+    fn given_a_diamond_and_a_loner_when_shaped_should_count_edges_path_and_width() {
+        let dev = Device::cpu(1).expect("cpu");
+        let buf = |name: &str| dev.alloc(crate::DType::F32, &[4]).expect(name);
+        let (x, y, z, w, e) = (buf("x"), buf("y"), buf("z"), buf("w"), buf("e"));
+        // 0 writes x; 1 and 2 read x; 3 reads what both wrote; 4 stands alone.
+        let ds = vec![
+            d(&dev, &[], &[&x]),
+            d(&dev, &[&x], &[&y]),
+            d(&dev, &[&x], &[&z]),
+            d(&dev, &[&y, &z], &[&w]),
+            d(&dev, &[], &[&e]),
+        ];
+        let shape = DagShape::of_dependencies(&reduced_dependencies(&ds));
+        assert_eq!(
+            shape,
+            DagShape {
+                edges: 4,
+                critical_path: 3,
+                widest_level: 2,
+            }
+        );
+        let mut g = ComputeGraph::new();
+        for dispatch in ds {
+            g.push(dispatch);
+            g.push_barrier();
+        }
+        assert_eq!(DagShape::of(&g), shape);
+        assert_eq!(DagShape::of_dependencies(&[]), DagShape::default());
     }
 
     #[test]

@@ -206,3 +206,29 @@ fn a_sampled_run_without_a_seed_prints_its_random_seed() {
     assert_eq!(again["seed"], first["seed"]);
     assert!(!err.contains("pass --seed"), "{err}");
 }
+
+#[test]
+fn graph_stats_report_the_shape_of_the_dependency_dag() {
+    let m = tiny();
+    for fusion in [&[][..], &["--no-fusion"][..]] {
+        let mut args = vec!["graph", "--json", "--model", &m];
+        args.extend_from_slice(fusion);
+        let out = cli(dir(), &args, b"");
+        assert_eq!(out.code, 0, "{out:?}");
+        let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        let count = |key: &str| v[key].as_u64().unwrap_or_else(|| panic!("{key} in {v}"));
+        let (dispatches, path, widest) = (
+            count("dispatches"),
+            count("critical_path"),
+            count("widest_level"),
+        );
+        // The levels hold every dispatch: at most `widest` in each of `path` levels.
+        assert!(path >= 1 && path <= dispatches, "{v}");
+        assert!(widest >= 1 && path * widest >= dispatches, "{v}");
+        // A dispatch past level 0 waits for at least one other.
+        assert!(count("edges") >= path - 1, "{v}");
+    }
+    let text = cli(dir(), &["graph", "--stats", "--model", &m], b"");
+    assert_eq!(text.code, 0, "{text:?}");
+    assert!(text.stdout.contains("critical path"), "{}", text.stdout);
+}

@@ -4,6 +4,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Args;
+use onepass::executable::DagShape;
 use onepass::graph::export;
 use onepass::model::llama::{Llama, Logits};
 use onepass::model::tokenizer::Tokenizer;
@@ -88,6 +89,7 @@ pub fn run(args: GraphArgs) -> anyhow::Result<()> {
     llama.record(&mut session, 1, Logits::Last, true)?;
     let mut graph = session.into_graph()?;
     let report = Executor::optimize(&mut graph, &executor.config().plan());
+    let dag = DagShape::of(&graph);
     if let Some(path) = &args.dot {
         write_output("--dot", path, export::to_dot(&graph).as_bytes())?;
         eprintln!("wrote {}", path.display());
@@ -109,6 +111,9 @@ pub fn run(args: GraphArgs) -> anyhow::Result<()> {
             "fusions": report.fusions,
             "reordered": report.reordered,
             "groups": groups,
+            "edges": dag.edges,
+            "critical_path": dag.critical_path,
+            "widest_level": dag.widest_level,
         });
         let obj = match (obj, &sanitized) {
             (serde_json::Value::Object(mut map), Some(report)) => {
@@ -140,6 +145,11 @@ pub fn run(args: GraphArgs) -> anyhow::Result<()> {
             .map(|(k, v)| format!("{k}x{v}"))
             .collect();
         writeln!(out, "  group sizes (size x count)  {}", hist.join(" "))?;
+        writeln!(
+            out,
+            "  dependency DAG        {} edges, critical path {} dispatches, widest level {}",
+            dag.edges, dag.critical_path, dag.widest_level
+        )?;
     }
     Ok(())
 }
