@@ -37,7 +37,7 @@ fn product(exec: &Executor, dtype: DType, rows: usize, k: usize, n: usize) -> Co
     let mut s = exec.begin(Mode::Recorded);
     s.matmul(&xb, &wb, &out).expect("matmul");
     let mut g = s.into_graph().expect("graph");
-    Executor::optimize(&mut g, &Plan::SEQUENTIAL);
+    Executor::optimize(&mut g, &Plan::SEQUENTIAL, dev.capabilities());
     g
 }
 

@@ -7,8 +7,10 @@
 //! did not declare, or a dispatch whose declarations are incomplete, gives results that depend on
 //! the schedule or on stale memory. The sanitizer makes such bugs visible:
 //!
-//! 1. **Serial, NaN poison** (the reference): the graph as recorded, one dispatch per submission.
-//!    Before each dispatch, every scratch byte that is dead there is filled with poison.
+//! 1. **Serial, NaN poison** (the reference): the graph as recorded, one dispatch per submission
+//!    (with the patterns fused whose fused kernel the backend declares not bit-exact against the
+//!    plain ops: CUDA's block fusions). Before each dispatch, every scratch byte that is dead
+//!    there is filled with poison.
 //! 2. **Serial, zero poison**: the same, with zero bytes as the poison. If its outputs differ from
 //!    run 1, some kernel read bytes that were dead by the declarations (a `Write` argument it
 //!    actually reads, a read outside its declared views): a *declaration mismatch*.
@@ -55,7 +57,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::backend::{Buffer, DType, Device};
 use crate::error::{Error, Result};
-use crate::graph::{Arg, ComputeGraph, Dispatch, KernelId, Node, Range};
+use crate::graph::{passes, Arg, ComputeGraph, Dispatch, KernelId, Node, Range};
 use crate::model::llama::{Llama, Logits};
 use crate::session::{Executor, Mode, Plan};
 
@@ -200,13 +202,26 @@ pub fn sanitize(
         ));
     }
     let device = executor.device();
-    let serial: Vec<Vec<Dispatch>> = input
-        .graph
+    let caps = device.capabilities();
+    // The reference keeps the plain ops, except where the backend's fused kernel is not
+    // bit-exact against them: those patterns are fused in the reference too (their kernels are
+    // compared against the plain ops, within a tolerance, by their own tests).
+    let mut reference = input.graph.clone();
+    if plan.fuse {
+        let inexact: Vec<_> = caps
+            .fusions
+            .iter()
+            .filter(|u| !u.exact)
+            .map(|u| crate::ops::fusion_rule(u.fusion).up_to_rows(u.max_rows))
+            .collect();
+        passes::fuse(&mut reference, &inexact);
+    }
+    let serial: Vec<Vec<Dispatch>> = reference
         .dispatches()
         .map(|d| vec![d.to_dispatch()])
         .collect();
     let mut optimized_graph = input.graph.clone();
-    let opt = Executor::optimize(&mut optimized_graph, plan);
+    let opt = Executor::optimize(&mut optimized_graph, plan, caps);
     let optimized = groups_of(&optimized_graph);
 
     let scratch = byte_set_of(input.scratch.iter().map(Range::of));

@@ -1,13 +1,14 @@
-//! The backend interface as the layers above it use it: the model plans its passes from the
-//! device's declared capabilities, and waiting after every dispatch is an option of the encoder a
+//! The backend interface as the layers above it use it: the model's passes and the optimizer's
+//! fusions follow the device's declared capabilities, and waiting after every dispatch is an option of the encoder a
 //! session opens, which other sessions on the same device do not see.
 
 mod common;
 
 use std::sync::Arc;
 
-use onepass::backend::EncoderOptions;
+use onepass::backend::{BackendKind, EncoderOptions};
 use onepass::graph::{Arg, ComputeGraph, Scalar};
+use onepass::kernels::Fusion;
 use onepass::model::gguf::GgufFile;
 use onepass::model::llama::{Llama, Logits};
 use onepass::{Buffer, DType, Device, Executor, Mode, Plan};
@@ -56,18 +57,45 @@ fn the_model_plans_its_passes_from_the_declared_capabilities() {
         }
     }
 
-    // Fused block ops for each row count the backend prefers them for.
-    for rows in [1, 2, 8] {
-        let names = kernel_names(&record_pass(&llama, &device, rows));
-        let fused = names.iter().any(|n| n.starts_with("norm_qkv_rope"));
-        assert_eq!(fused, caps.fused_block_for(rows), "{rows} rows: {names:?}");
-        assert_eq!(
-            names.iter().any(|n| n.starts_with("norm_gate_up")),
-            fused,
-            "{rows} rows: {names:?}"
-        );
+    // The model records plain ops only; the optimizer makes the fused block kernels for the
+    // row counts each backend declares (every count on the CPU, one row on CUDA, which a CPU
+    // device standing in for CUDA records and optimizes like CUDA without running anything).
+    let stand_in = Device::cpu_standing_in_for(BackendKind::Cuda, 1).unwrap();
+    let cuda_model = Llama::load(llama_file(&path), &stand_in, 96, 8).unwrap();
+    for (model, dev) in [(&llama, &device), (&cuda_model, &stand_in)] {
+        let caps = dev.capabilities();
+        let max = caps
+            .fusion(Fusion::NormQkvRope)
+            .map(|u| u.max_rows.unwrap_or(usize::MAX));
+        for rows in [1, 2, 8] {
+            let mut g = record_pass(model, dev, rows);
+            let recorded = kernel_names(&g);
+            assert!(
+                !recorded.iter().any(|n| n.starts_with("norm_")),
+                "{recorded:?}"
+            );
+            let report = Executor::optimize(&mut g, &Plan::OPTIMIZED, caps);
+            let names = kernel_names(&g);
+            let fused = names.iter().any(|n| n.starts_with("norm_qkv_rope"));
+            let want = max.is_some_and(|m| rows <= m);
+            assert_eq!(fused, want, "{}, {rows} rows: {names:?}", dev.name());
+            assert_eq!(
+                names.iter().any(|n| n.starts_with("norm_gate_up")),
+                fused,
+                "{rows} rows: {names:?}"
+            );
+            let by_rule = |r: &str| report.fusions_by_rule.get(r).copied().unwrap_or(0);
+            let blocks = if want { common::N_LAYER } else { 0 };
+            assert_eq!(by_rule("rms_norm+qkv+rope+kv_write"), blocks, "{report:?}");
+            assert_eq!(by_rule("rms_norm+gate_up+swiglu"), blocks, "{report:?}");
+            assert_eq!(by_rule("matmul+add"), 2 * common::N_LAYER, "{report:?}");
+        }
     }
     std::fs::remove_dir_all(&dir).ok();
+}
+
+fn llama_file(path: &std::path::Path) -> Arc<GgufFile> {
+    Arc::new(GgufFile::open(path).unwrap())
 }
 
 /// `out = a + b` for one value per buffer.

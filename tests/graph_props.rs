@@ -195,13 +195,13 @@ fn chain_rule() -> FusionRule {
         args.push(ArgRef::u32(tag(a) as u32));
         DispatchSpec::new(untyped_kernel(OpKind::Elementwise), &args, Grid::new(1, 1))
     }
-    FusionRule {
-        name: "props_chain",
-        first: OpKind::Elementwise,
-        second: OpKind::Elementwise,
+    FusionRule::pair(
+        "props_chain",
+        OpKind::Elementwise,
+        OpKind::Elementwise,
         intermediate,
         build,
-    }
+    )
 }
 
 proptest! {
@@ -438,13 +438,13 @@ fn add_scale_build<'a>(
 }
 
 fn add_scale_rule() -> FusionRule {
-    FusionRule {
-        name: "props_add_scale",
-        first: OpKind::Custom { reorderable: true },
-        second: OpKind::Custom { reorderable: true },
-        intermediate: add_scale_intermediate,
-        build: add_scale_build,
-    }
+    FusionRule::pair(
+        "props_add_scale",
+        OpKind::Custom { reorderable: true },
+        OpKind::Custom { reorderable: true },
+        add_scale_intermediate,
+        add_scale_build,
+    )
 }
 
 /// One step of a random program over 4 slots of one allocation (each `LEN` floats): an add of

@@ -383,13 +383,13 @@ fn add_scale_build<'a>(
     )
 }
 
-const ADD_SCALE_RULE: FusionRule = FusionRule {
-    name: "modes_add_scale",
-    first: OpKind::Custom { reorderable: true },
-    second: OpKind::Custom { reorderable: true },
-    intermediate: add_scale_intermediate,
-    build: add_scale_build,
-};
+const ADD_SCALE_RULE: FusionRule = FusionRule::pair(
+    "modes_add_scale",
+    OpKind::Custom { reorderable: true },
+    OpKind::Custom { reorderable: true },
+    add_scale_intermediate,
+    add_scale_build,
+);
 
 // ---------------------------------------------------------------- runs
 

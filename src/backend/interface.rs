@@ -19,6 +19,7 @@ use super::cpu::CpuKernelFn;
 use super::{Allocation, BackendKind, Buffer, Location};
 use crate::error::Result;
 use crate::graph::{Dispatch, DispatchRef, KernelId};
+use crate::kernels::{Fusion, FusionUse};
 
 /// What a backend declares about itself: which kernels and sizes suit it, and what its memory
 /// and submissions are like. Each backend has one constant value; the model, the ops and the
@@ -26,12 +27,15 @@ use crate::graph::{Dispatch, DispatchRef, KernelId};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Capabilities {
-    /// The most rows a pass may have for the fused block ops (`ops::fused_block`) to be the
-    /// better choice; `None`: every row count. CPU: `None` (its fused kernels normalize each row
-    /// once). CUDA: `Some(1)` (its fused kernels normalize the row in every warp, which a decode
-    /// step hides but a prefill pass pays for each of its outputs, where the separate ops
-    /// normalize once and take the tiled matmul).
-    pub fused_block_max_rows: Option<usize>,
+    /// The fused kernels the optimizer makes for this backend out of plain ops, each with the
+    /// most rows it pays for (the rules that make them are in `ops/`; see
+    /// [`Fusion`](crate::kernels::Fusion)). CPU: every fusion at every row count, bit-exact (its
+    /// fused kernels run the plain ops' own loops and normalize each row once). CUDA: `matmul_add`
+    /// and `rms_norm_mul` everywhere, bit-exact; the block fusions (`norm_qkv_rope`,
+    /// `norm_gate_up`) for one row only, within f32 rounding of the plain ops (they normalize the
+    /// row in every warp, which a decode step hides but a prefill pass pays for each of its
+    /// outputs, where the plain ops normalize once and take the tiled matmul).
+    pub fusions: &'static [FusionUse],
     /// Chunk length, in KV positions, of the split decode attention. CPU: 256 (long chunks keep
     /// the per-task overhead low). CUDA: 32 (short chunks give one block per (chunk, head),
     /// enough blocks to fill the SMs at short contexts).
@@ -59,10 +63,9 @@ pub struct Capabilities {
 }
 
 impl Capabilities {
-    /// Whether a pass of `rows` rows should record the fused block ops (when the model may use
-    /// them at all): see [`Capabilities::fused_block_max_rows`].
-    pub fn fused_block_for(&self, rows: usize) -> bool {
-        self.fused_block_max_rows.is_none_or(|max| rows <= max)
+    /// How this backend uses `fusion`, if it uses it at all.
+    pub fn fusion(&self, fusion: Fusion) -> Option<&FusionUse> {
+        self.fusions.iter().find(|u| u.fusion == fusion)
     }
 }
 
@@ -218,10 +221,19 @@ mod tests {
     #[test]
     fn the_declarations_keep_each_backends_choices() {
         let (c, g) = (&cpu::CAPABILITIES, &cuda::CAPABILITIES);
-        // Fused block ops: every pass on the CPU, only one-row passes on CUDA.
-        for rows in [1, 2, 7, 512] {
-            assert!(c.fused_block_for(rows), "cpu, {rows} rows");
-            assert_eq!(g.fused_block_for(rows), rows == 1, "cuda, {rows} rows");
+        // Every fusion at every row count on the CPU, bit-exact; on CUDA the block fusions only
+        // for one-row passes and within rounding, the others everywhere and bit-exact.
+        for f in Fusion::ALL {
+            let u = c.fusion(f).expect("the cpu makes every fusion");
+            assert_eq!((u.max_rows, u.exact), (None, true), "cpu {f:?}");
+            let u = g.fusion(f).expect("cuda makes every fusion");
+            let block = matches!(f, Fusion::NormQkvRope | Fusion::NormGateUp);
+            let want = if block {
+                (Some(1), false)
+            } else {
+                (None, true)
+            };
+            assert_eq!((u.max_rows, u.exact), want, "cuda {f:?}");
         }
         assert_eq!(
             (c.decode_attention_chunk, g.decode_attention_chunk),
@@ -240,33 +252,24 @@ mod tests {
     #[test]
     fn a_device_and_its_memory_read_the_same_declarations() {
         let dev = Device::cpu(1).unwrap();
-        assert!(std::ptr::eq(dev.capabilities(), &cpu::CAPABILITIES));
-        assert!(std::ptr::eq(
-            dev.backend().capabilities(),
-            &cpu::CAPABILITIES
-        ));
+        assert_eq!(dev.capabilities(), &cpu::CAPABILITIES);
+        assert_eq!(dev.backend().capabilities(), &cpu::CAPABILITIES);
         let buf = dev.alloc(crate::DType::F32, &[4]).unwrap();
         assert_eq!(dev.backend().home(), Location::Host);
-        assert!(std::ptr::eq(
-            capabilities_at(buf.allocation().home()),
-            dev.capabilities()
-        ));
-        assert!(std::ptr::eq(
-            capabilities_at(Location::Cuda(3)),
-            &cuda::CAPABILITIES
-        ));
+        assert_eq!(capabilities_at(buf.allocation().home()), dev.capabilities());
+        assert_eq!(capabilities_at(Location::Cuda(3)), &cuda::CAPABILITIES);
         assert_eq!(dev.backend().kind(), BackendKind::Cpu);
         assert_eq!(dev.name(), "cpu (1 threads)");
     }
 
     #[test]
-    fn fused_block_rows_follow_the_declared_maximum() {
-        let caps = |max| Capabilities {
-            fused_block_max_rows: max,
+    fn a_fusion_a_backend_does_not_declare_is_absent() {
+        const ONLY_MATMUL_ADD: &[FusionUse] = &[FusionUse::always(Fusion::MatMulAdd)];
+        let caps = Capabilities {
+            fusions: ONLY_MATMUL_ADD,
             ..cpu::CAPABILITIES
         };
-        assert!(caps(None).fused_block_for(100_000));
-        assert!(caps(Some(4)).fused_block_for(4));
-        assert!(!caps(Some(4)).fused_block_for(5));
+        assert!(caps.fusion(Fusion::MatMulAdd).is_some());
+        assert!(caps.fusion(Fusion::NormQkvRope).is_none());
     }
 }

@@ -140,3 +140,33 @@ impl crate::memory::DeviceMemory for MappedMemory {
         self
     }
 }
+
+/// Memory this process may still take, in bytes: `MemAvailable` of `/proc/meminfo`, lowered to
+/// what the cgroup's `memory.max` leaves when that is smaller. `None` where it is not known
+/// (another system, or no `/proc`).
+pub fn available_host_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let available = parse_mem_available(&meminfo)?;
+    let cgroup = (|| {
+        let max = std::fs::read_to_string("/sys/fs/cgroup/memory.max").ok()?;
+        let current = std::fs::read_to_string("/sys/fs/cgroup/memory.current").ok()?;
+        let max: u64 = max.trim().parse().ok()?; // `max` (no limit) does not parse
+        let current: u64 = current.trim().parse().ok()?;
+        Some(max.saturating_sub(current))
+    })();
+    Some(cgroup.map_or(available, |c| c.min(available)))
+}
+
+/// The `MemAvailable` line of a `/proc/meminfo` text, in bytes.
+pub fn parse_mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?;
+    let mut words = line.split_whitespace();
+    let value: u64 = words.next()?.parse().ok()?;
+    match words.next() {
+        Some("kB") => value.checked_mul(1024),
+        None => Some(value),
+        Some(_) => None,
+    }
+}

@@ -11,7 +11,9 @@ pub use crate::dtype::{DType, Element};
 pub use crate::memory::{bytes_of, AllocId, Allocation, Buffer, DeviceMemory, Location, Shape};
 pub(crate) use interface::{Backend, Encoder, Replay, Submission};
 pub use interface::{Capabilities, EncoderOptions, KernelTime, ReplayOrdering, StepClock};
-pub use memory::{HostMemory, MappedMemory, HOST_ALIGN};
+pub use memory::{
+    available_host_memory, parse_mem_available, HostMemory, MappedMemory, HOST_ALIGN,
+};
 
 use std::sync::Arc;
 
@@ -48,6 +50,15 @@ impl Device {
     /// A CPU device whose thread pool has `threads` workers (0: one per core).
     pub fn cpu(threads: usize) -> Result<Device> {
         Ok(Device::Cpu(Arc::new(cpu::CpuDevice::new(threads)?)))
+    }
+
+    /// A CPU device that records and optimizes passes as a device of `kind` would (its
+    /// declared fusion rules and kernel forms), for inspecting graphs where that hardware is
+    /// absent; see [`cpu::CpuDevice::standing_in_for`].
+    pub fn cpu_standing_in_for(kind: BackendKind, threads: usize) -> Result<Device> {
+        Ok(Device::Cpu(Arc::new(
+            cpu::CpuDevice::new(threads)?.standing_in_for(kind),
+        )))
     }
 
     /// CUDA device `ordinal` with options from the environment ([`cuda::CudaOptions::from_env`]);
@@ -87,6 +98,18 @@ impl Device {
     /// What the device's backend declares about itself.
     pub fn capabilities(&self) -> &'static Capabilities {
         self.backend().capabilities()
+    }
+
+    /// Bytes that new allocations on this device may still take, where the backend can tell
+    /// before allocating: on a backend whose allocations come out of host memory
+    /// ([`Capabilities::host_memory`]), what this process may still take
+    /// ([`available_host_memory`]); `None` elsewhere (a failed allocation is the check there).
+    pub fn allocatable_bytes(&self) -> Option<u64> {
+        if self.capabilities().host_memory {
+            available_host_memory()
+        } else {
+            None
+        }
     }
 
     /// The backend kind.
@@ -177,6 +200,14 @@ impl Device {
     /// Whether a buffer lives on this device.
     pub fn owns(&self, buf: &Buffer) -> bool {
         buf.allocation().home() == self.backend().home()
+    }
+}
+
+/// What the backend of `kind` declares about itself, known without a device of that kind.
+pub fn capabilities_of(kind: BackendKind) -> &'static Capabilities {
+    match kind {
+        BackendKind::Cpu => &cpu::CAPABILITIES,
+        BackendKind::Cuda => &cuda::CAPABILITIES,
     }
 }
 

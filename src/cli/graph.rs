@@ -4,6 +4,8 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Args;
+use onepass::backend::{BackendKind, Device};
+use onepass::config::BackendChoice;
 use onepass::executable::DagShape;
 use onepass::graph::export;
 use onepass::model::llama::{Llama, Logits};
@@ -34,6 +36,10 @@ pub struct GraphArgs {
     /// poisoned, compare the outputs bitwise and print a one-line verdict (exit 1 on mismatch).
     #[arg(long)]
     pub sanitize: bool,
+    /// List the fusion rules of the chosen backend (`--backend cpu|cuda`; no GPU needed) and
+    /// exit.
+    #[arg(long)]
+    pub rules: bool,
     #[command(flatten)]
     pub run: RunArgs,
 }
@@ -51,7 +57,10 @@ pub fn run(args: GraphArgs) -> anyhow::Result<()> {
         }
     }
     let config = args.run.config();
-    let device = config.open_device()?;
+    if args.rules {
+        return print_rules(config.backend, args.json);
+    }
+    let device = open_or_stand_in(&config, args.sanitize)?;
     let file = open_model(&args.model.model, &config)?;
     // The sanitizer prefills a short prompt first, so it needs prefill passes of a few tokens.
     let batch = if args.sanitize {
@@ -88,7 +97,11 @@ pub fn run(args: GraphArgs) -> anyhow::Result<()> {
     let mut session = executor.begin(Mode::Recorded);
     llama.record(&mut session, 1, Logits::Last, true)?;
     let mut graph = session.into_graph()?;
-    let report = Executor::optimize(&mut graph, &executor.config().plan());
+    let report = Executor::optimize(
+        &mut graph,
+        &executor.config().plan(),
+        executor.device().capabilities(),
+    );
     let dag = DagShape::of(&graph);
     if let Some(path) = &args.dot {
         write_output("--dot", path, export::to_dot(&graph).as_bytes())?;
@@ -109,6 +122,7 @@ pub fn run(args: GraphArgs) -> anyhow::Result<()> {
             "barriers_sequential": report.barriers_sequential,
             "barriers_optimized": report.barriers,
             "fusions": report.fusions,
+            "fusions_by_rule": report.fusions_by_rule,
             "reordered": report.reordered,
             "groups": groups,
             "edges": dag.edges,
@@ -126,9 +140,10 @@ pub fn run(args: GraphArgs) -> anyhow::Result<()> {
     } else if args.stats || (args.dot.is_none() && args.svg.is_none()) {
         writeln!(
             out,
-            "decode step of {} ({} layers)",
+            "decode step of {} ({} layers) on {}",
             args.model.model,
-            llama.config().n_layer
+            llama.config().n_layer,
+            executor.device().name()
         )?;
         writeln!(out, "  dispatches            {}", report.dispatches)?;
         writeln!(
@@ -138,6 +153,9 @@ pub fn run(args: GraphArgs) -> anyhow::Result<()> {
         )?;
         writeln!(out, "  barriers, optimized   {}", report.barriers)?;
         writeln!(out, "  fusions               {}", report.fusions)?;
+        for (rule, count) in &report.fusions_by_rule {
+            writeln!(out, "    {rule:<26} {count}")?;
+        }
         writeln!(out, "  dispatches reordered  {}", report.reordered)?;
         let hist: Vec<String> = report
             .group_sizes
@@ -150,6 +168,78 @@ pub fn run(args: GraphArgs) -> anyhow::Result<()> {
             "  dependency DAG        {} edges, critical path {} dispatches, widest level {}",
             dag.edges, dag.critical_path, dag.widest_level
         )?;
+    }
+    Ok(())
+}
+
+/// The device `--backend` asks for; for `--backend cuda` on a machine without a usable GPU, a CPU
+/// device standing in for CUDA (the graph records and optimizes as on CUDA; nothing runs), unless
+/// the command must run the step (`--sanitize`).
+fn open_or_stand_in(config: &onepass::config::RuntimeConfig, runs: bool) -> anyhow::Result<Device> {
+    match config.open_device() {
+        Ok(d) => Ok(d),
+        Err(e) if config.backend == BackendChoice::Cuda && !runs => {
+            eprintln!(
+                "no CUDA device ({e}); recording on the CPU with CUDA's declarations \
+                 (its fusion rules and kernel forms)"
+            );
+            Ok(Device::cpu_standing_in_for(BackendKind::Cuda, 1)?)
+        }
+        Err(e) if config.backend == BackendChoice::Cuda => Err(anyhow::anyhow!(
+            "--sanitize runs the decode step, which needs a CUDA device: {e}"
+        )),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Prints the fusion rules of the backend `choice` names (`auto`: the one this machine opens).
+fn print_rules(choice: BackendChoice, json: bool) -> anyhow::Result<()> {
+    let kind = match choice {
+        BackendChoice::Cpu => BackendKind::Cpu,
+        BackendChoice::Cuda => BackendKind::Cuda,
+        BackendChoice::Auto => onepass::config::RuntimeConfig::default()
+            .open_device()
+            .map_or(BackendKind::Cpu, |d| d.kind()),
+    };
+    let caps = onepass::backend::capabilities_of(kind);
+    let mut out = std::io::stdout().lock();
+    let rows: Vec<serde_json::Value> = caps
+        .fusions
+        .iter()
+        .map(|u| {
+            let rule = onepass::ops::fusion_rule(u.fusion);
+            serde_json::json!({
+                "rule": rule.name,
+                "pattern": rule.describe(),
+                "max_rows": u.max_rows,
+                "exact": u.exact,
+            })
+        })
+        .collect();
+    if json {
+        writeln!(
+            out,
+            "{}",
+            serde_json::json!({ "backend": kind.to_string(), "rules": rows })
+        )?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "fusion rules of the {kind} backend, tried in this order:"
+    )?;
+    for u in caps.fusions {
+        let rule = onepass::ops::fusion_rule(u.fusion);
+        let rows = u
+            .max_rows
+            .map_or("any rows".to_string(), |m| format!("up to {m} rows"));
+        let bits = if u.exact {
+            "bit-exact"
+        } else {
+            "within f32 rounding"
+        };
+        writeln!(out, "  {:<26} {rows}, {bits}", rule.name)?;
+        writeln!(out, "    {}", rule.describe())?;
     }
     Ok(())
 }

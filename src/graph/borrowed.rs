@@ -70,7 +70,7 @@ impl<'a> From<&'a Arg> for ArgRef<'a> {
 }
 
 /// Most arguments a [`DispatchSpec`] holds.
-pub const SPEC_ARGS: usize = 16;
+pub const SPEC_ARGS: usize = 20;
 
 /// A dispatch described with borrowed arguments, not recorded yet: what a fusion rule builds.
 /// The fusion pass records it into the graph by view index (a reference count only where the

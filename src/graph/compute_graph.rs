@@ -204,6 +204,8 @@ struct Arrays {
     range_views: ids::Ids,
     /// The nodes in order: header indices and [`BARRIER`]s.
     order: Vec<u32>,
+    /// Byte ranges whose values nobody reads after the graph ([`ComputeGraph::mark_scratch`]).
+    scratch: Vec<Range>,
 }
 
 /// Bits of [`ComputeGraph`]'s written-allocation filter.
@@ -230,6 +232,7 @@ impl Clone for ComputeGraph {
                 args: self.a.args.clone(),
                 range_views: self.a.range_views.clone(),
                 order: self.a.order.clone(),
+                scratch: self.a.scratch.clone(),
             },
             written: self.written,
             written_version: 0,
@@ -278,6 +281,7 @@ mod spare {
         arrays.spans.clear();
         arrays.range_views.clear();
         arrays.order.clear();
+        arrays.scratch.clear();
         // A thread being torn down, or a slot already filled, frees the arrays instead.
         let _ = ARRAYS.try_with(|a| {
             if let Ok(mut a) = a.try_borrow_mut() {
@@ -665,6 +669,7 @@ impl ComputeGraph {
         self.a.spans.clear();
         self.a.range_views.clear();
         self.a.order.clear();
+        self.a.scratch.clear();
         if self.a.views.len() > 2 * named + 64 {
             self.a.args.reset();
             self.a.views.clear();
@@ -673,6 +678,22 @@ impl ComputeGraph {
             // The views that carry the old stamp must not be taken for the new ones.
             self.stamp = fresh_stamp();
         }
+    }
+
+    /// Declares that nobody reads the bytes of `buf` after the graph has run (an activation, not
+    /// an output): a value the graph leaves there is dead, so fusion may drop the write of an
+    /// intermediate that nothing in the graph reads again. Without it, whatever the graph leaves
+    /// in a buffer counts as read by the caller.
+    pub fn mark_scratch(&mut self, buf: &Buffer) {
+        let r = Range::of(buf);
+        if !self.a.scratch.iter().any(|s| s.covers(&r)) {
+            self.a.scratch.push(r);
+        }
+    }
+
+    /// Whether every byte of `range` lies in one range marked as scratch.
+    pub(crate) fn is_scratch(&self, range: &Range) -> bool {
+        self.a.scratch.iter().any(|s| s.covers(range))
     }
 
     /// Number of nodes (dispatches and barriers).

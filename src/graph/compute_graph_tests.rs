@@ -222,15 +222,15 @@ static SIDE: std::sync::OnceLock<Buffer> = std::sync::OnceLock::new();
 /// A rule that fuses `copy_f32` then a `mul_f32` reading the copy into a kernel that also writes
 /// a side buffer no recorded dispatch names (the rule's own scratch).
 fn side_rule() -> passes::FusionRule {
-    passes::FusionRule {
-        name: "test_side",
-        first: OpKind::Copy,
-        second: OpKind::Mul,
-        intermediate: |a, b| {
+    passes::FusionRule::pair(
+        "test_side",
+        OpKind::Copy,
+        OpKind::Mul,
+        |a, b| {
             let w = a.writes().first()?;
             b.reads().contains(&w).then_some(w)
         },
-        build: |a, b| {
+        |a, b| {
             let missing = || Error::InvalidArgument("test_side: unexpected arguments".into());
             let (src, _) = a.buffer_arg(0).ok_or_else(missing)?;
             let (out, _) = b.buffer_arg(2).ok_or_else(missing)?;
@@ -241,7 +241,7 @@ fn side_rule() -> passes::FusionRule {
                 Grid::new(1, 1),
             )
         },
-    }
+    )
 }
 
 /// The side rule's fused kernel.

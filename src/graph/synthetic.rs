@@ -464,13 +464,13 @@ impl DecodeGraph {
 /// The fusion rule for the synthetic graph: `rms_norm_f32` writing `t`, then `mul_f32` reading
 /// `t` and a weight, becomes one `rms_norm_mul_f32` (input, weight, output, epsilon).
 pub fn norm_mul_rule() -> FusionRule {
-    FusionRule {
-        name: "synthetic_rms_norm_mul",
-        first: OpKind::RmsNorm,
-        second: OpKind::Mul,
-        intermediate: norm_mul_intermediate,
-        build: norm_mul_build,
-    }
+    FusionRule::pair(
+        "synthetic_rms_norm_mul",
+        OpKind::RmsNorm,
+        OpKind::Mul,
+        norm_mul_intermediate,
+        norm_mul_build,
+    )
 }
 
 fn norm_mul_intermediate(a: DispatchRef<'_>, b: DispatchRef<'_>) -> Option<Range> {

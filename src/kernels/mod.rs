@@ -10,11 +10,13 @@
 
 pub mod attention;
 pub mod elementwise;
+mod fusion;
 pub mod matmul;
 pub mod misc;
 pub mod norm;
 mod op;
 
+pub use fusion::{Fusion, FusionUse};
 pub use op::{Access, OpKind, Scalar};
 
 use crate::dtype::DType;

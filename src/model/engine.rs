@@ -121,7 +121,7 @@ impl Engine {
             RunMode::Graph | RunMode::Recorded => self.plan,
             RunMode::Direct | RunMode::PerOpSync => Plan::SEQUENTIAL,
         };
-        let report = Executor::optimize(&mut graph, &plan);
+        let report = Executor::optimize(&mut graph, &plan, self.executor.device().capabilities());
         let exec = self.executor.instantiate(&graph, &self.stable_set())?;
         tracing::info!(?report, stats = ?exec.stats(), "instantiated the decode step");
         Ok(exec)

@@ -12,7 +12,6 @@ use crate::error::{Error, Result};
 use crate::model::budget;
 use crate::model::gguf::GgufFile;
 use crate::ops::attention::AttentionParams;
-use crate::ops::fused_block::QkvRope;
 use crate::ops::rope::{RopeMode, RopeParams};
 use crate::session::Session;
 
@@ -194,19 +193,6 @@ pub enum Logits {
     All,
 }
 
-/// Whether passes record the fused block ops (`ops::fused_block`, on every backend): when RoPE
-/// turns whole heads without frequency factors and each layer's q/k/v and gate/up weights share
-/// a dtype (the KV cache is always f32). Otherwise the separate ops.
-fn uses_fused_block(c: &LlamaConfig, w: &Weights) -> bool {
-    c.rope_dim == c.head_dim
-        && w.rope_freqs.is_none()
-        && w.layers.iter().all(|l| {
-            l.wk.dtype() == l.wq.dtype()
-                && l.wv.dtype() == l.wq.dtype()
-                && l.w_up.dtype() == l.w_gate.dtype()
-        })
-}
-
 /// A loaded model with its KV cache and scratch, ready to record passes.
 pub struct Llama {
     config: LlamaConfig,
@@ -220,7 +206,8 @@ pub struct Llama {
     norm_out: Buffer,
     logits: Buffer,
     next_token: Buffer,
-    fused_block: bool,
+    /// Chunk length of the split decode attention (the backend's choice).
+    decode_chunk: usize,
     _file: Arc<GgufFile>,
 }
 
@@ -241,15 +228,11 @@ impl Llama {
         }
         let max_batch = max_batch.min(max_ctx);
         let params = attention_params(&config);
-        let partial_len = crate::ops::attention::attention_decode_scratch_len(
-            params,
-            max_ctx,
-            device.capabilities().decode_attention_chunk,
-        )?;
-        if device.capabilities().host_memory {
-            let need = budget::cache_and_scratch_bytes(&config, max_ctx, max_batch, partial_len);
-            budget::check_fits(need, budget::available_memory(), max_ctx)?;
-        }
+        let decode_chunk = crate::ops::attention::decode_chunk_len(device);
+        let partial_len =
+            crate::ops::attention::attention_decode_scratch_len(params, max_ctx, decode_chunk)?;
+        let need = budget::cache_and_scratch_bytes(&config, max_ctx, max_batch, partial_len);
+        budget::check_fits(need, device.allocatable_bytes(), max_ctx)?;
         if max_ctx > config.train_ctx {
             tracing::warn!(
                 "a context of {max_ctx} tokens exceeds the {} the model was trained for: \
@@ -258,7 +241,6 @@ impl Llama {
             );
         }
         let weights = load_weights(&file, device, &config)?;
-        let fused_block = uses_fused_block(&config, &weights);
         let mut kv = Vec::with_capacity(config.n_layer);
         for _ in 0..config.n_layer {
             let dims = [config.n_kv_head, max_ctx, config.head_dim];
@@ -282,7 +264,7 @@ impl Llama {
             inputs,
             prefill,
             decode,
-            fused_block,
+            decode_chunk,
             _file: file,
         })
     }
@@ -343,9 +325,6 @@ impl Llama {
     pub fn record(&self, s: &mut Session, rows: usize, logits: Logits, argmax: bool) -> Result<()> {
         let c = &self.config;
         let decode = rows == 1;
-        // The fused block ops where the model allows them and the backend prefers them for this
-        // many rows (`Capabilities::fused_block_max_rows`).
-        let fused_block = self.fused_block && self.device.capabilities().fused_block_for(rows);
         let sc = if decode { &self.decode } else { &self.prefill };
         if rows == 0 || rows > sc.rows {
             return Err(Error::InvalidArgument(format!(
@@ -378,35 +357,14 @@ impl Llama {
         let w = &self.weights;
         s.embedding(&w.embed, &tokens, &x)?;
         for (l, (kc, vc)) in w.layers.iter().zip(&self.kv) {
-            if fused_block {
-                s.norm_qkv_rope(&QkvRope {
-                    x: &x,
-                    norm: &l.attn_norm,
-                    eps: c.norm_eps,
-                    wq: &l.wq,
-                    wk: &l.wk,
-                    wv: &l.wv,
-                    positions: &positions,
-                    step,
-                    q: &q,
-                    k_cache: kc,
-                    v_cache: vc,
-                    n_head: c.n_head,
-                    n_kv_head: c.n_kv_head,
-                    head_dim: c.head_dim,
-                    base: c.rope_base,
-                    mode: RopeMode::Normal,
-                })?;
-            } else {
-                s.rms_norm(&x, &l.attn_norm, &xn, c.norm_eps)?;
-                s.matmul(&xn, &l.wq, &q)?;
-                s.matmul(&xn, &l.wk, &k)?;
-                s.matmul(&xn, &l.wv, &v)?;
-                rope_inplace(s, &q)?;
-                rope_inplace(s, &k)?;
-                s.kv_write(&k, kc, step)?;
-                s.kv_write(&v, vc, step)?;
-            }
+            s.rms_norm(&x, &l.attn_norm, &xn, c.norm_eps)?;
+            s.matmul(&xn, &l.wq, &q)?;
+            s.matmul(&xn, &l.wk, &k)?;
+            s.matmul(&xn, &l.wv, &v)?;
+            rope_inplace(s, &q)?;
+            rope_inplace(s, &k)?;
+            s.kv_write(&k, kc, step)?;
+            s.kv_write(&v, vc, step)?;
             match &sc.partials {
                 Some(partials) if decode => s.attention_decode(
                     &q,
@@ -416,20 +374,16 @@ impl Llama {
                     partials,
                     &attn,
                     attn_params,
-                    self.device.capabilities().decode_attention_chunk,
+                    self.decode_chunk,
                 )?,
                 _ => s.attention(&q, kc, vc, step, &attn, attn_params)?,
             }
             s.matmul(&attn, &l.wo, &proj)?;
             s.add_inplace(&x, &proj)?;
-            if fused_block {
-                s.norm_gate_up(&x, &l.ffn_norm, c.norm_eps, &l.w_gate, &l.w_up, &hidden)?;
-            } else {
-                s.rms_norm(&x, &l.ffn_norm, &xn, c.norm_eps)?;
-                s.matmul(&xn, &l.w_gate, &gate)?;
-                s.matmul(&xn, &l.w_up, &up)?;
-                s.swiglu(&gate, &up, &hidden)?;
-            }
+            s.rms_norm(&x, &l.ffn_norm, &xn, c.norm_eps)?;
+            s.matmul(&xn, &l.w_gate, &gate)?;
+            s.matmul(&xn, &l.w_up, &up)?;
+            s.swiglu(&gate, &up, &hidden)?;
             s.matmul(&hidden, &l.w_down, &proj)?;
             s.add_inplace(&x, &proj)?;
         }
@@ -444,6 +398,11 @@ impl Llama {
         s.matmul(&normed, &w.lm_head, &out)?;
         if argmax {
             s.argmax(&out.rows(count - 1, 1)?, &self.next_token)?;
+        }
+        // Nobody reads the activations after the pass (the residual `x` and the final norm's
+        // output stay readable: `final_hidden_norms` reads them).
+        for b in [&xn, &q, &k, &v, &attn, &proj, &gate, &up, &hidden] {
+            s.mark_scratch(b);
         }
         Ok(())
     }

@@ -108,6 +108,12 @@ impl AttentionParams {
     }
 }
 
+/// The chunk length (KV positions) of the split decode attention on `device`: what its backend
+/// declares ([`Capabilities::decode_attention_chunk`](crate::backend::Capabilities)).
+pub fn decode_chunk_len(device: &crate::backend::Device) -> usize {
+    device.capabilities().decode_attention_chunk
+}
+
 /// Elements (f32) of the scratch buffer [`attention_decode`] needs for a cache of `max_ctx`
 /// positions cut into chunks of `chunk_len`: the records, `ceil(max_ctx / chunk_len) * n_head *
 /// (head_dim + 2)` laid out `[max_chunks, n_head, head_dim + 2]`, then `n_head` words the CUDA
@@ -275,6 +281,27 @@ pub fn attention_decode(
     params: AttentionParams,
     chunk_len: usize,
 ) -> Result<Vec<Dispatch>> {
+    // The backend that owns the buffers declares whether it has the one-dispatch form.
+    let single = capabilities_at(q.allocation().home()).single_dispatch_decode_attention;
+    attention_decode_as(
+        q, k_cache, v_cache, step, partials, out, params, chunk_len, single,
+    )
+}
+
+/// [`attention_decode`] in the one-dispatch form (`single`) or the partial + combine form, as
+/// the recording session's device declares.
+#[allow(clippy::too_many_arguments)] // mirrors `attention_decode`
+pub(crate) fn attention_decode_as(
+    q: &Buffer,
+    k_cache: &Buffer,
+    v_cache: &Buffer,
+    step: &Buffer,
+    partials: &Buffer,
+    out: &Buffer,
+    params: AttentionParams,
+    chunk_len: usize,
+    single: bool,
+) -> Result<Vec<Dispatch>> {
     let c = Check::op("attention_decode");
     let checked = check_common(&c, q, k_cache, v_cache, step, out, &params)?;
     c.require("q", checked.rows == 1, || {
@@ -312,8 +339,7 @@ pub fn attention_decode(
     // 256 threads: eight warps score 32 keys at a time, and a 64-wide head gets sixteen key
     // groups of four dimensions for the V sum (see the CUDA kernel).
     let grid = Grid::new(blocks, 256);
-    // The backend that owns the buffers declares whether it has the one-dispatch form.
-    if capabilities_at(q.allocation().home()).single_dispatch_decode_attention {
+    if single {
         let kernel = KernelId::of(&ka::DECODE[usize::from(f16)]);
         let mut args = inputs.to_vec();
         args.extend([Arg::read_write(partials), Arg::write(out)]);

@@ -372,7 +372,7 @@ fn decode_graph_recorded_once_serves_every_step() {
     s.attention_decode(&q, &k, &v, &step, &partials, &out, c.params(), 16)
         .unwrap();
     let mut graph = s.into_graph().unwrap();
-    let report = Executor::optimize(&mut graph, &Plan::OPTIMIZED);
+    let report = Executor::optimize(&mut graph, &Plan::OPTIMIZED, dev.capabilities());
     assert_eq!((report.dispatches, report.barriers), (2, 1), "{report:?}");
     for pos0 in [0usize, 3, 15, 16, 17, 60, 95] {
         dev.write(&step, &[pos0 as i32]).unwrap();

@@ -14,11 +14,13 @@
 //! loops, so they give the separate ops' bits; on CUDA the sums follow the CUDA matmul's order, so
 //! they agree with the separate ops within f32 rounding. Every buffer must live on the device of
 //! `x`. RoPE here turns the whole head (`rotary_dim == head_dim`) without frequency factors, and
-//! the KV cache is f32; the model uses the separate ops for other configurations.
+//! the KV cache is f32. Models do not call these: they record the separate ops, and the
+//! optimizer's rules ([`super::block_fusion`]) make these where the pattern and the backend's
+//! declaration allow (other configurations keep the separate ops).
 
 use crate::backend::{Buffer, DType};
 use crate::error::{Error, Result};
-use crate::graph::{Arg, Dispatch};
+use crate::graph::{ArgRef, Dispatch, DispatchSpec};
 use crate::kernels::matmul as mm;
 use crate::ops::matmul::for_weight;
 use crate::ops::matmul::WEIGHT_DTYPES;
@@ -112,6 +114,11 @@ fn check_x_norm(check: &Check, x: &Buffer, norm: &Buffer, eps: f32) -> Result<(u
 
 /// The attention input of a block in one dispatch (see the module documentation).
 pub fn norm_qkv_rope(p: &QkvRope<'_>) -> Result<Dispatch> {
+    qkv_rope_spec(p)?.to_dispatch()
+}
+
+/// [`norm_qkv_rope`] as a spec borrowing its buffers (what the fusion rule builds).
+pub(crate) fn qkv_rope_spec<'a>(p: &QkvRope<'a>) -> Result<DispatchSpec<'a>> {
     let check = Check::op(OP_QKV);
     require_one_device(
         &check,
@@ -166,30 +173,30 @@ pub fn norm_qkv_rope(p: &QkvRope<'_>) -> Result<Dispatch> {
     check.dtype("v_cache", p.v_cache, &[DType::F32])?;
     check.dims("v_cache", p.v_cache, p.k_cache.dims())?;
     let pairs = (n_head + 2 * n_kv) * hd / 2;
-    let args = vec![
-        Arg::read(p.x),
-        Arg::read(p.norm),
-        Arg::read(p.wq),
-        Arg::read(p.wk),
-        Arg::read(p.wv),
-        Arg::read(p.positions),
-        Arg::read(p.step),
-        Arg::write(p.q),
-        Arg::read_write(p.k_cache),
-        Arg::read_write(p.v_cache),
-        Arg::f32(p.eps),
-        Arg::u32(to_u32(OP_QKV, "x", dim)?),
-        Arg::u32(to_u32(OP_QKV, "n_head", n_head)?),
-        Arg::u32(to_u32(OP_QKV, "n_kv_head", n_kv)?),
-        Arg::u32(to_u32(OP_QKV, "head_dim", hd)?),
-        Arg::f32(p.base),
-        Arg::u32(match p.mode {
+    let args = [
+        ArgRef::read(p.x),
+        ArgRef::read(p.norm),
+        ArgRef::read(p.wq),
+        ArgRef::read(p.wk),
+        ArgRef::read(p.wv),
+        ArgRef::read(p.positions),
+        ArgRef::read(p.step),
+        ArgRef::write(p.q),
+        ArgRef::read_write(p.k_cache),
+        ArgRef::read_write(p.v_cache),
+        ArgRef::f32(p.eps),
+        ArgRef::u32(to_u32(OP_QKV, "x", dim)?),
+        ArgRef::u32(to_u32(OP_QKV, "n_head", n_head)?),
+        ArgRef::u32(to_u32(OP_QKV, "n_kv_head", n_kv)?),
+        ArgRef::u32(to_u32(OP_QKV, "head_dim", hd)?),
+        ArgRef::f32(p.base),
+        ArgRef::u32(match p.mode {
             RopeMode::Normal => 0,
             RopeMode::NeoX => 1,
         }),
     ];
     let grid = super::matmul::warp_per_output(pairs, rows);
-    Dispatch::new(for_weight(OP_QKV, &mm::NORM_QKV_ROPE, p.wq)?, args, grid)
+    DispatchSpec::new(for_weight(OP_QKV, &mm::NORM_QKV_ROPE, p.wq)?, &args, grid)
 }
 
 /// The MLP input of a block in one dispatch: `hidden = silu(norm(x) Wg) * (norm(x) Wu)` (see the
@@ -203,6 +210,18 @@ pub fn norm_gate_up(
     w_up: &Buffer,
     hidden: &Buffer,
 ) -> Result<Dispatch> {
+    gate_up_spec(x, norm, eps, w_gate, w_up, hidden)?.to_dispatch()
+}
+
+/// [`norm_gate_up`] as a spec borrowing its buffers (what the fusion rule builds).
+pub(crate) fn gate_up_spec<'a>(
+    x: &'a Buffer,
+    norm: &'a Buffer,
+    eps: f32,
+    w_gate: &'a Buffer,
+    w_up: &'a Buffer,
+    hidden: &'a Buffer,
+) -> Result<DispatchSpec<'a>> {
     let check = Check::op(OP_GATE_UP);
     require_one_device(
         &check,
@@ -224,20 +243,20 @@ pub fn norm_gate_up(
     check.dims("w_up", w_up, w_gate.dims())?;
     check.dtype("hidden", hidden, &[DType::F32])?;
     check.dims("hidden", hidden, &[rows, ffn])?;
-    let args = vec![
-        Arg::read(x),
-        Arg::read(norm),
-        Arg::read(w_gate),
-        Arg::read(w_up),
-        Arg::write(hidden),
-        Arg::f32(eps),
-        Arg::u32(to_u32(OP_GATE_UP, "x", dim)?),
-        Arg::u32(to_u32(OP_GATE_UP, "w_gate", ffn)?),
+    let args = [
+        ArgRef::read(x),
+        ArgRef::read(norm),
+        ArgRef::read(w_gate),
+        ArgRef::read(w_up),
+        ArgRef::write(hidden),
+        ArgRef::f32(eps),
+        ArgRef::u32(to_u32(OP_GATE_UP, "x", dim)?),
+        ArgRef::u32(to_u32(OP_GATE_UP, "w_gate", ffn)?),
     ];
     let grid = super::matmul::warp_per_output(ffn, rows);
-    Dispatch::new(
+    DispatchSpec::new(
         for_weight(OP_GATE_UP, &mm::NORM_GATE_UP, w_gate)?,
-        args,
+        &args,
         grid,
     )
 }

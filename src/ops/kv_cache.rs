@@ -134,7 +134,7 @@ mod tests {
         let mut s = executor.begin(Mode::Recorded);
         s.kv_write(&new, &cache, &step).unwrap();
         let mut graph = s.into_graph().unwrap();
-        Executor::optimize(&mut graph, &Plan::SEQUENTIAL);
+        Executor::optimize(&mut graph, &Plan::SEQUENTIAL, dev.capabilities());
         let mut want = vec![0f32; heads * max_ctx * hd];
         for pos in 0..max_ctx {
             let row = random_f32(heads * hd, 1.0, 90 + pos as u64);

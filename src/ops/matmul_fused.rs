@@ -86,13 +86,13 @@ fn build_matmul_add<'a>(mm: DispatchRef<'a>, add: DispatchRef<'a>) -> Result<Dis
 
 /// A matmul followed by an in-place add of its output into another buffer becomes
 /// `matmul_add`.
-pub const MATMUL_ADD_FUSION: FusionRule = FusionRule {
-    name: "matmul+add",
-    first: OpKind::MatMul,
-    second: OpKind::Add,
-    intermediate: matmul_add_intermediate,
-    build: build_matmul_add,
-};
+pub const MATMUL_ADD_FUSION: FusionRule = FusionRule::pair(
+    "matmul+add",
+    OpKind::MatMul,
+    OpKind::Add,
+    matmul_add_intermediate,
+    build_matmul_add,
+);
 
 #[cfg(test)]
 mod tests {

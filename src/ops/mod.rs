@@ -5,6 +5,7 @@
 
 pub mod argmax;
 pub mod attention;
+pub mod block_fusion;
 mod check;
 pub mod copy;
 pub mod custom;
@@ -20,9 +21,25 @@ pub mod softmax;
 
 pub use check::Check;
 
+use crate::backend::Capabilities;
 use crate::graph::passes::FusionRule;
+use crate::kernels::Fusion;
 
-/// The fusion rules the optimizer applies, in order.
-pub fn fusion_rules() -> &'static [FusionRule] {
-    &[norm::RMS_NORM_MUL_FUSION, matmul_fused::MATMUL_ADD_FUSION]
+/// The rule that makes `fusion` out of plain ops.
+pub fn fusion_rule(fusion: Fusion) -> FusionRule {
+    match fusion {
+        Fusion::NormQkvRope => block_fusion::NORM_QKV_ROPE_FUSION,
+        Fusion::NormGateUp => block_fusion::NORM_GATE_UP_FUSION,
+        Fusion::MatMulAdd => matmul_fused::MATMUL_ADD_FUSION,
+        Fusion::RmsNormMul => norm::RMS_NORM_MUL_FUSION,
+    }
+}
+
+/// The rules a backend declares ([`Capabilities::fusions`]), each limited to the rows the
+/// backend says it pays for, in the backend's order.
+pub fn fusion_rules_for(caps: &Capabilities) -> Vec<FusionRule> {
+    caps.fusions
+        .iter()
+        .map(|u| fusion_rule(u.fusion).up_to_rows(u.max_rows))
+        .collect()
 }

@@ -216,13 +216,13 @@ fn build_norm_mul<'a>(norm: DispatchRef<'a>, mul: DispatchRef<'a>) -> Result<Dis
 /// `rms_norm` or `rms_norm_no_scale` followed by a `mul` that reads the norm's output as `a` or
 /// `b` becomes one `rms_norm_mul`. An in-place mul over the norm's output fuses into an
 /// `rms_norm_mul` that writes that output.
-pub const RMS_NORM_MUL_FUSION: FusionRule = FusionRule {
-    name: "rms_norm+mul",
-    first: OpKind::RmsNorm,
-    second: OpKind::Mul,
-    intermediate: norm_mul_intermediate,
-    build: build_norm_mul,
-};
+pub const RMS_NORM_MUL_FUSION: FusionRule = FusionRule::pair(
+    "rms_norm+mul",
+    OpKind::RmsNorm,
+    OpKind::Mul,
+    norm_mul_intermediate,
+    build_norm_mul,
+);
 
 #[cfg(test)]
 mod tests {

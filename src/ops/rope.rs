@@ -249,7 +249,7 @@ mod tests {
         let mut s = executor.begin(Mode::Recorded);
         s.rope(&x, &positions, &out, &params).unwrap();
         let mut graph = s.into_graph().unwrap();
-        Executor::optimize(&mut graph, &Plan::SEQUENTIAL);
+        Executor::optimize(&mut graph, &Plan::SEQUENTIAL, dev.capabilities());
         for step in [[5i32, 6], [900, 901], [31_000, 31_001]] {
             dev.write(&positions, &step).unwrap();
             executor.run(&graph, false).unwrap();

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::backend::{Buffer, Device, Encoder, EncoderOptions, Submission};
+use crate::backend::{Buffer, Capabilities, Device, Encoder, EncoderOptions, Submission};
 use crate::config::RuntimeConfig;
 pub use crate::config::{Mode, Plan};
 use crate::error::{Error, Result};
@@ -22,8 +22,10 @@ pub struct FinishReport {
     pub barriers: usize,
     /// Barriers the same dispatches would need in program order, before any pass.
     pub barriers_sequential: usize,
-    /// Pairs of dispatches fused into one.
+    /// Patterns of dispatches fused into one.
     pub fusions: usize,
+    /// Fusions per rule name.
+    pub fusions_by_rule: BTreeMap<&'static str, usize>,
     /// Dispatches the reorder pass moved.
     pub reordered: usize,
     /// Concurrent-group size -> number of groups of that size.
@@ -80,19 +82,21 @@ impl Executor {
         Session::new(self.clone(), mode, options)
     }
 
-    /// Optimizes a recorded graph as `plan` says (fuse, reorder, place barriers) and reports.
-    pub fn optimize(graph: &mut ComputeGraph, plan: &Plan) -> FinishReport {
+    /// Optimizes a recorded graph as `plan` says (fuse with the fusion rules the backend of
+    /// `caps` declares, reorder, place barriers) and reports.
+    pub fn optimize(graph: &mut ComputeGraph, plan: &Plan, caps: &Capabilities) -> FinishReport {
         let barriers_sequential = passes::program_order_barriers(graph);
         let rules = if plan.fuse {
-            crate::ops::fusion_rules()
+            crate::ops::fusion_rules_for(caps)
         } else {
-            &[]
+            Vec::new()
         };
         let passes::Optimized {
             fusions,
+            fusions_by_rule,
             reordered,
             barriers,
-        } = passes::optimize(graph, rules, plan.reorder.unwrap_or(0));
+        } = passes::optimize(graph, &rules, plan.reorder.unwrap_or(0));
         tracing::debug!(
             dispatches = graph.dispatch_count(),
             barriers,
@@ -106,6 +110,7 @@ impl Executor {
             barriers,
             barriers_sequential,
             fusions,
+            fusions_by_rule: fusions_by_rule.into_iter().collect(),
             reordered,
             group_sizes: histogram(&graph.group_sizes()),
             ..FinishReport::default()
@@ -291,6 +296,15 @@ impl Session {
         }
     }
 
+    /// Declares that nobody reads `buf` after this pass (see [`ComputeGraph::mark_scratch`]):
+    /// the optimizer may then drop a write to it that nothing in the pass reads again. A direct
+    /// session runs every dispatch as recorded, so there it changes nothing.
+    pub fn mark_scratch(&mut self, buf: &Buffer) {
+        if self.direct.is_none() {
+            self.graph.mark_scratch(buf);
+        }
+    }
+
     /// Ends a recorded session without running it, handing over its graph (for inspection,
     /// export, or replay with [`Executor::run`]). A direct session has no graph: an error.
     pub fn into_graph(self) -> Result<ComputeGraph> {
@@ -334,7 +348,7 @@ impl Session {
             None => {
                 let start = Instant::now();
                 let mut graph = std::mem::take(&mut self.graph);
-                let mut report = Executor::optimize(&mut graph, plan);
+                let mut report = Executor::optimize(&mut graph, plan, self.device.capabilities());
                 let optimize_time = start.elapsed();
                 let times = self.executor.run_with(&graph, plan.split, self.options)?;
                 report.submissions = times.submissions;

@@ -48,8 +48,11 @@ mod attention {
             params: AttentionParams,
             chunk_len: usize,
         ) -> Result<()> {
-            for d in attention_decode(q, k_cache, v_cache, step, partials, out, params, chunk_len)?
-            {
+            let single = self.device.capabilities().single_dispatch_decode_attention;
+            let dispatches = crate::ops::attention::attention_decode_as(
+                q, k_cache, v_cache, step, partials, out, params, chunk_len, single,
+            )?;
+            for d in dispatches {
                 self.push(d)?;
             }
             Ok(())

@@ -17,10 +17,16 @@ use crate::backend::interface::{
 use crate::backend::{Allocation, BackendKind, Buffer, Location};
 use crate::error::{Error, Result};
 use crate::graph::{Dispatch, KernelId};
+use crate::kernels::{Fusion, FusionUse};
 
 /// What the CPU backend declares (see each field of [`Capabilities`] for the reasons).
 pub const CAPABILITIES: Capabilities = Capabilities {
-    fused_block_max_rows: None,
+    fusions: &[
+        FusionUse::always(Fusion::NormQkvRope),
+        FusionUse::always(Fusion::NormGateUp),
+        FusionUse::always(Fusion::MatMulAdd),
+        FusionUse::always(Fusion::RmsNormMul),
+    ],
     decode_attention_chunk: 256,
     single_dispatch_decode_attention: false,
     early_submit: true,
@@ -36,11 +42,19 @@ impl Backend for Arc<CpuDevice> {
     }
 
     fn name(&self) -> String {
-        format!("cpu ({} threads)", self.threads())
+        if self.declares() != BackendKind::Cpu {
+            format!(
+                "cpu ({} threads) standing in for {}",
+                self.threads(),
+                self.declares()
+            )
+        } else {
+            format!("cpu ({} threads)", self.threads())
+        }
     }
 
     fn capabilities(&self) -> &'static Capabilities {
-        &CAPABILITIES
+        crate::backend::capabilities_of(self.declares())
     }
 
     fn home(&self) -> Location {

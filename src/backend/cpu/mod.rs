@@ -103,6 +103,9 @@ pub struct CpuDevice {
     worker: worker::Worker,
     /// Keeps host copies off memory that kernels may be using ([`run`]).
     memory: Arc<run::MemoryLock>,
+    /// The backend whose declarations it reports: the CPU's own, or those of the backend it
+    /// stands in for ([`CpuDevice::standing_in_for`]).
+    declares: crate::backend::BackendKind,
 }
 
 impl CpuDevice {
@@ -131,7 +134,22 @@ impl CpuDevice {
             registry: Arc::new(RwLock::new(registry)),
             worker,
             memory,
+            declares: crate::backend::BackendKind::Cpu,
         })
+    }
+
+    /// The same device reporting the declarations of the backend `kind`, so that passes record
+    /// and optimize as on that backend (its fusion rules, its decode attention form) where that
+    /// backend's hardware is absent: for inspecting graphs (`graph --backend cuda` without a
+    /// GPU). Running such passes fails on the first kernel the CPU does not have.
+    pub fn standing_in_for(mut self, kind: crate::backend::BackendKind) -> Self {
+        self.declares = kind;
+        self
+    }
+
+    /// The backend whose declarations it reports (`Cpu` unless it stands in for another).
+    pub fn declares(&self) -> crate::backend::BackendKind {
+        self.declares
     }
 
     /// Number of pool threads.

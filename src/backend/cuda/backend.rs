@@ -12,10 +12,24 @@ use crate::backend::interface::{
 use crate::backend::{Allocation, BackendKind, Buffer, Location};
 use crate::error::{Error, Result};
 use crate::graph::{Dispatch, KernelId};
+use crate::kernels::{Fusion, FusionUse};
 
 /// What the CUDA backend declares (see each field of [`Capabilities`] for the reasons).
 pub const CAPABILITIES: Capabilities = Capabilities {
-    fused_block_max_rows: Some(1),
+    fusions: &[
+        FusionUse {
+            fusion: Fusion::NormQkvRope,
+            max_rows: Some(1),
+            exact: false,
+        },
+        FusionUse {
+            fusion: Fusion::NormGateUp,
+            max_rows: Some(1),
+            exact: false,
+        },
+        FusionUse::always(Fusion::MatMulAdd),
+        FusionUse::always(Fusion::RmsNormMul),
+    ],
     decode_attention_chunk: 32,
     single_dispatch_decode_attention: true,
     early_submit: false,

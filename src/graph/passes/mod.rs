@@ -8,7 +8,9 @@ mod optimize;
 mod reorder;
 
 pub use barriers::{place_barriers, program_order_barriers, split_index};
-pub use fuse::{fuse, FusionRule};
+pub use fuse::{
+    fuse, At, Found, FusionRule, Fusions, Matcher, Pattern, MAX_PATTERN_NODES, PATTERN_WINDOW,
+};
 pub use optimize::{optimize, Optimized};
 pub use reorder::{reorder, DEFAULT_LOOKAHEAD};
 

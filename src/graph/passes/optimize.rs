@@ -11,10 +11,12 @@ use crate::graph::footprint::Footprint;
 use crate::graph::ComputeGraph;
 
 /// What [`optimize`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Optimized {
-    /// Pairs of dispatches fused into one.
+    /// Patterns of dispatches fused into one.
     pub fusions: usize,
+    /// Fusions per rule name.
+    pub fusions_by_rule: Vec<(&'static str, usize)>,
     /// Dispatches that ended at a different index (after fusion).
     pub reordered: usize,
     /// Barriers placed.
@@ -25,7 +27,7 @@ pub struct Optimized {
 /// and places barriers, dropping the graph's old barriers.
 pub fn optimize(graph: &mut ComputeGraph, rules: &[FusionRule], lookahead: usize) -> Optimized {
     graph.drop_barriers();
-    let fusions = fuse_dispatches(graph, rules);
+    let fused = fuse_dispatches(graph, rules);
     graph.refresh_overlaps();
     let fp = Footprint::new(graph);
     let (reordered, cuts) = if lookahead > 0 && fp.len() >= 2 {
@@ -37,7 +39,8 @@ pub fn optimize(graph: &mut ComputeGraph, rules: &[FusionRule], lookahead: usize
     };
     insert_barriers(graph.order_mut(), &cuts);
     Optimized {
-        fusions,
+        fusions: fused.total,
+        fusions_by_rule: fused.by_rule,
         reordered,
         barriers: cuts.len(),
     }

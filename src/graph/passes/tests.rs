@@ -331,13 +331,13 @@ fn norm_mul_build<'a>(a: DispatchRef<'a>, b: DispatchRef<'a>) -> Result<Dispatch
 }
 
 fn rules() -> Vec<FusionRule> {
-    vec![FusionRule {
-        name: "test_norm_mul",
-        first: OpKind::RmsNorm,
-        second: OpKind::Mul,
-        intermediate: norm_mul_intermediate,
-        build: norm_mul_build,
-    }]
+    vec![FusionRule::pair(
+        "test_norm_mul",
+        OpKind::RmsNorm,
+        OpKind::Mul,
+        norm_mul_intermediate,
+        norm_mul_build,
+    )]
 }
 
 struct FuseBufs {
@@ -429,7 +429,7 @@ fn given_norm_mul_when_only_part_is_overwritten_before_a_read_should_not_fuse() 
 }
 
 #[test]
-fn given_a_dispatch_between_norm_and_mul_when_fusing_should_not_fuse() {
+fn given_an_independent_dispatch_between_norm_and_mul_when_fusing_should_fuse_past_it() {
     let dev = device();
     let m = Mem::new(&dev);
     let b = fuse_bufs(&m);
@@ -439,8 +439,30 @@ fn given_a_dispatch_between_norm_and_mul_when_fusing_should_not_fuse() {
         d(2, OpKind::Mul, &[&b.t, &b.w], &[&b.y]),
         d(3, EW, &[], &[&b.t]),
     ]);
-    assert_eq!(fuse(&mut g, &rules()), 0);
-    assert_eq!(order(&g), vec![1, 9, 2, 3]);
+    assert_eq!(fuse(&mut g, &rules()), 1);
+    // The fused dispatch takes the place of the mul, the pattern's last dispatch.
+    assert_eq!(order(&g), vec![9, 102, 3]);
+}
+
+#[test]
+fn given_a_write_of_the_norms_input_between_norm_and_mul_when_fusing_should_not_fuse() {
+    let dev = device();
+    let m = Mem::new(&dev);
+    let b = fuse_bufs(&m);
+    for between in [
+        d(9, EW, &[], &[&b.x]),
+        d(9, EW, &[&b.t], &[&b.z]),
+        d(9, EW, &[], &[&b.t.view(0, DType::F32, &[1]).expect("view")]),
+    ] {
+        let mut g = graph(vec![
+            d(1, OpKind::RmsNorm, &[&b.x], &[&b.t]),
+            between,
+            d(2, OpKind::Mul, &[&b.t, &b.w], &[&b.y]),
+            d(3, EW, &[], &[&b.t]),
+        ]);
+        assert_eq!(fuse(&mut g, &rules()), 0);
+        assert_eq!(order(&g), vec![1, 9, 2, 3]);
+    }
 }
 
 #[test]

@@ -1,0 +1,51 @@
+//! The fused kernels a backend can ask the optimizer to make, named as types so that a backend's
+//! declaration ([`Capabilities::fusions`](crate::backend::Capabilities::fusions)) can list them
+//! without knowing the rules that make them (the rules live in `ops/`, above the backends).
+
+/// A fused kernel family, made by one fusion rule out of plain ops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Fusion {
+    /// `rms_norm` and the three q/k/v products that read it, RoPE on q and k, and the k and v
+    /// rows written into the KV cache: one `norm_qkv_rope`.
+    NormQkvRope,
+    /// `rms_norm`, the gate and up products that read it and SwiGLU: one `norm_gate_up`.
+    NormGateUp,
+    /// A product and the in-place residual add of its output: one `matmul_add`.
+    MatMulAdd,
+    /// `rms_norm` and a multiply of its output: one `rms_norm_mul`.
+    RmsNormMul,
+}
+
+impl Fusion {
+    /// Every fusion, in the order the optimizer tries them where two share an anchor.
+    pub const ALL: [Fusion; 4] = [
+        Fusion::NormQkvRope,
+        Fusion::NormGateUp,
+        Fusion::MatMulAdd,
+        Fusion::RmsNormMul,
+    ];
+}
+
+/// One fusion a backend applies, and where.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FusionUse {
+    /// The fused kernel family.
+    pub fusion: Fusion,
+    /// The most rows (tokens) of a pass for which the fused kernel pays; `None`: every pass.
+    pub max_rows: Option<usize>,
+    /// Whether the backend's fused kernel gives the bits of the plain ops it replaces (the
+    /// schedule sanitizer compares such fusions bitwise; the others are compared against the
+    /// plain ops by their kernel tests, within a stated tolerance).
+    pub exact: bool,
+}
+
+impl FusionUse {
+    /// `fusion` for every pass, bit-exact.
+    pub const fn always(fusion: Fusion) -> FusionUse {
+        FusionUse {
+            fusion,
+            max_rows: None,
+            exact: true,
+        }
+    }
+}
