@@ -232,3 +232,40 @@ fn graph_stats_report_the_shape_of_the_dependency_dag() {
     assert_eq!(text.code, 0, "{text:?}");
     assert!(text.stdout.contains("critical path"), "{}", text.stdout);
 }
+
+#[test]
+fn graph_reports_the_fusions_each_backend_declares_without_its_hardware() {
+    let m = tiny();
+    // On either backend (CUDA is stood in for by the CPU where no GPU is), the tiny model's
+    // blocks fuse into the attention input, the MLP input and two products with their adds.
+    for backend in ["cpu", "cuda"] {
+        let args = ["graph", "--json", "--model", &m, "--backend", backend];
+        let out = cli(dir(), &args, b"");
+        assert_eq!(out.code, 0, "{out:?}");
+        let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        let by_rule = &v["fusions_by_rule"];
+        for (rule, per_layer) in [
+            ("rms_norm+qkv+rope+kv_write", 1),
+            ("rms_norm+gate_up+swiglu", 1),
+            ("matmul+add", 2),
+        ] {
+            let want = (per_layer * common::N_LAYER) as u64;
+            assert_eq!(by_rule[rule].as_u64(), Some(want), "{backend}: {v}");
+        }
+    }
+    // The rules of a backend, listed without a model or a device.
+    let out = cli(dir(), &["graph", "--rules", "--backend", "cuda"], b"");
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(
+        out.stdout.contains("rms_norm+qkv+rope+kv_write") && out.stdout.contains("up to 1 rows"),
+        "{}",
+        out.stdout
+    );
+    let json = cli(
+        dir(),
+        &["graph", "--rules", "--json", "--backend", "cpu"],
+        b"",
+    );
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(v["rules"].as_array().map(Vec::len), Some(4), "{v}");
+}
