@@ -369,6 +369,42 @@ fn matmul_family() {
     }
 }
 
+/// The one-row (decode) form at the real model shapes, where the 32-value block formats take the
+/// staged path (rows of whole 16-byte words; two outputs a warp), and at odd sizes: an odd number
+/// of outputs (the last warp's second row is its first), and rows whose last step is partial
+/// (k = 768 and 4352: 24 and 136 blocks, steps of 16).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn matmul_vector_form_at_real_shapes() {
+    let dev = cuda_device();
+    let shapes = [
+        (4096usize, 4096usize),
+        (1023, 14336),
+        (2048, 2048),
+        (7, 768),
+        (5, 4352),
+        (576, 1536),
+    ];
+    for (s, &(n, k)) in shapes.iter().enumerate() {
+        for (j, &dt) in [DType::Q4_0, DType::Q4_1, DType::Q8_0].iter().enumerate() {
+            let w = weight_tensor(dt, n, k, 900 + (10 * s + j) as u64);
+            let x = random_tensor(DType::F32, &[1, k], 1.0, 950 + s as u64);
+            // Sums of up to 14336 products (the sum of magnitudes up to about 3600) in another order
+            // than the CPU's, whose one-row Q4_1/Q8_0 path rounds the activations to 22 bits: f32
+            // rounding and that rounding stay under 3e-6 of the sum of magnitudes.
+            compare(
+                &format!("matmul {dt} {n}x{k} rows 1"),
+                &dev,
+                &[x, w],
+                &[(DType::F32, vec![1, n])],
+                1e-2,
+                1e-4,
+                &|s, i, o| s.matmul(&i[0], &i[1], &o[0]),
+            );
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn matmul_id_family() {

@@ -1,5 +1,6 @@
-//! The instantiated decode step (graph mode) against direct mode: the same tokens and bitwise the
-//! same logits over 64 greedy steps, with the KV length crossing a split-attention chunk, on the
+//! The instantiated decode step (graph mode) against recorded and direct mode: the same tokens and
+//! bitwise the same logits over 64 greedy steps (against direct mode within f32 rounding where the
+//! backend's fused kernels are not bit-exact), with the KV length crossing a split-attention chunk, on the
 //! CPU (a small Llama written here) and on CUDA (a synthetic SmolLM2-shaped Q4_1 model; ignored by
 //! default, it fails where there is no GPU). The graph must be instantiated exactly once for all
 //! the steps.
@@ -132,30 +133,68 @@ fn run(file: &Arc<GgufFile>, device: Device, mode: RunMode, prompt: &[u32]) -> R
     out
 }
 
-fn check_modes(file: &Arc<GgufFile>, device: &Device, prompt: &[u32]) {
+/// Steps whose logits differ bitwise between two runs, with the largest difference seen.
+fn differing_steps(a: &Run, b: &Run) -> (usize, f32) {
+    let mut steps = 0;
+    let mut worst = 0f32;
+    for (x, y) in a.logits.iter().zip(&b.logits) {
+        if x != y {
+            steps += 1;
+        }
+        for (p, q) in x.iter().zip(y) {
+            worst = worst.max((f32::from_bits(*p) - f32::from_bits(*q)).abs());
+        }
+    }
+    (steps, worst)
+}
+
+/// Graph replay against the same optimized step launched on a stream (recorded mode), and the
+/// per-op-synchronized run against direct mode (the same unoptimized ops): bitwise equal. Graph
+/// mode against direct mode: bitwise where the backend declares every fusion bit-exact (the CPU);
+/// where it declares some within f32 rounding (CUDA's block fusions, `Capabilities::fusions`),
+/// the same tokens and logits within `inexact_tol * (1 + max |logit|)` of direct mode's.
+fn check_modes(file: &Arc<GgufFile>, device: &Device, prompt: &[u32], inexact_tol: f32) {
     let direct = run(file, device.clone(), RunMode::Direct, prompt);
     assert!(
         direct.logits.iter().all(|l| l.iter().any(|&b| b != 0)),
         "direct mode wrote no logits"
     );
-    for mode in [RunMode::Graph, RunMode::Recorded, RunMode::PerOpSync] {
-        let other = run(file, device.clone(), mode, prompt);
-        assert_eq!(
-            other.tokens, direct.tokens,
-            "{mode:?}: tokens differ from direct mode"
+    let graph = run(file, device.clone(), RunMode::Graph, prompt);
+    assert_eq!(
+        graph.instantiations, 1,
+        "graph mode instantiated the step more than once"
+    );
+    let recorded = run(file, device.clone(), RunMode::Recorded, prompt);
+    let per_op = run(file, device.clone(), RunMode::PerOpSync, prompt);
+    assert_eq!((recorded.instantiations, per_op.instantiations), (0, 0));
+    for (name, a, b) in [
+        ("graph vs recorded", &graph, &recorded),
+        ("per-op-sync vs direct", &per_op, &direct),
+    ] {
+        assert_eq!(a.tokens, b.tokens, "{name}: tokens differ");
+        assert_eq!(differing_steps(a, b).0, 0, "{name}: logits differ bitwise");
+    }
+    assert_eq!(
+        graph.tokens, direct.tokens,
+        "graph vs direct: tokens differ"
+    );
+    let (steps, worst) = differing_steps(&graph, &direct);
+    if device.capabilities().fusions.iter().all(|u| u.exact) {
+        assert_eq!(steps, 0, "graph vs direct: logits differ bitwise");
+    } else {
+        let scale = direct
+            .logits
+            .iter()
+            .flatten()
+            .fold(0f32, |m, &b| m.max(f32::from_bits(b).abs()));
+        eprintln!(
+            "graph vs direct: {steps} of {STEPS} steps differ, by at most {worst:.3e} (max |logit| \
+             {scale:.3})"
         );
-        for (i, (a, b)) in other.logits.iter().zip(&direct.logits).enumerate() {
-            let diff = a.iter().zip(b).filter(|(x, y)| x != y).count();
-            assert_eq!(
-                diff, 0,
-                "{mode:?} step {i}: {diff} logits differ bitwise from direct mode"
-            );
-        }
-        let expected = if mode == RunMode::Graph { 1 } else { 0 };
-        assert_eq!(
-            other.instantiations, expected,
-            "{mode:?}: decode step instantiated {} times",
-            other.instantiations
+        let tol = inexact_tol * (1.0 + scale);
+        assert!(
+            worst <= tol,
+            "graph vs direct: logits differ by {worst:.3e} > {tol:.3e}"
         );
     }
 }
@@ -170,7 +209,7 @@ fn cpu_graph_replay_matches_direct_mode_bitwise_over_64_steps() {
         .iter()
         .map(|v| ((v + 1.0) * 127.0) as u32 % 256)
         .collect();
-    check_modes(&file, &Device::cpu(2).expect("cpu"), &prompt);
+    check_modes(&file, &Device::cpu(2).expect("cpu"), &prompt, 0.0);
     let _ = std::fs::remove_file(&path);
 }
 
@@ -191,7 +230,9 @@ fn cuda_graph_replay_matches_direct_mode_bitwise_over_64_steps() {
         .iter()
         .map(|v| ((v + 1.0) * 20000.0) as u32 % 49152)
         .collect();
-    check_modes(&file, &device, &prompt);
+    // The fused block kernels agree with the separate ops within f32 rounding; through 30 layers
+    // and 64 steps that stays under 2e-3 of the logits' scale (cuda_e2e's bound against the CPU).
+    check_modes(&file, &device, &prompt, 2e-3);
     let _ = std::fs::remove_file(&path);
 }
 

@@ -112,6 +112,28 @@ fn check_x_norm(check: &Check, x: &Buffer, norm: &Buffer, eps: f32) -> Result<(u
     Ok((rows, dim))
 }
 
+/// Most bytes of dynamic shared memory a fused kernel asks for (the CUDA default limit).
+const MAX_SHARED_ROW: usize = 48 * 1024;
+/// Shorter rows are normalized per warp (a SmolLM2-sized step measured no gain from sharing).
+const MIN_SHARED_ROW: usize = 4 * 1024;
+/// Shared memory after the row: the weight stage (`MM_STAGE_WARPS * MM_STAGE_MAX_WORDS * 16` in
+/// `backend/cuda/kernels/matmul.cu`) and one 16-byte word for the row's scale.
+const WEIGHT_STAGE: usize = 4 * 68 * 16 + 16;
+
+/// The GPU launch shape of the fused kernels: one warp per output (pair), and for a one-row pass
+/// of a long enough row `dim` floats of shared memory and a weight stage, where the CUDA kernels
+/// normalize the row once per block instead of once per warp and read the weights through the
+/// stage (the same values either way).
+fn fused_grid(outputs: usize, rows: usize, dim: usize) -> crate::graph::Grid {
+    let grid = super::matmul::warp_per_output(outputs, rows);
+    let bytes = dim * 4 + WEIGHT_STAGE;
+    if rows == 1 && dim * 4 >= MIN_SHARED_ROW && bytes <= MAX_SHARED_ROW {
+        grid.with_shared(bytes as u32)
+    } else {
+        grid
+    }
+}
+
 /// The attention input of a block in one dispatch (see the module documentation).
 pub fn norm_qkv_rope(p: &QkvRope<'_>) -> Result<Dispatch> {
     qkv_rope_spec(p)?.to_dispatch()
@@ -195,7 +217,7 @@ pub(crate) fn qkv_rope_spec<'a>(p: &QkvRope<'a>) -> Result<DispatchSpec<'a>> {
             RopeMode::NeoX => 1,
         }),
     ];
-    let grid = super::matmul::warp_per_output(pairs, rows);
+    let grid = fused_grid(pairs, rows, dim);
     DispatchSpec::new(for_weight(OP_QKV, &mm::NORM_QKV_ROPE, p.wq)?, &args, grid)
 }
 
@@ -253,7 +275,7 @@ pub(crate) fn gate_up_spec<'a>(
         ArgRef::u32(to_u32(OP_GATE_UP, "x", dim)?),
         ArgRef::u32(to_u32(OP_GATE_UP, "w_gate", ffn)?),
     ];
-    let grid = super::matmul::warp_per_output(ffn, rows);
+    let grid = fused_grid(ffn, rows, dim);
     DispatchSpec::new(
         for_weight(OP_GATE_UP, &mm::NORM_GATE_UP, w_gate)?,
         &args,

@@ -131,6 +131,106 @@ __device__ __forceinline__ float mm_dot_blocks(X x, const uint8_t* wrow, uint32_
     return op_warp_sum(acc);
 }
 
+// ---- The staged vector form: R weight rows of a 32-value block format against one activation
+// row, each step copying 16 blocks of every row into the warp's shared memory with 16-byte loads
+// (the next step's loads in flight while this one is summed). Each lane sums the same quarters in
+// the same order as `mm_dot_blocks`, so the results are that function's bits; what changes is how
+// many bytes a warp has in flight (benches/cuda/matvec_q4_0.cu measured the forms). Needs rows at
+// 16-byte aligned addresses whose length is a whole number of 16-byte words, and blocks of
+// MM_STAGE_WARPS warps (the shared memory is sized for them).
+#define MM_STAGE_WARPS 4
+#define MM_STAGE_GROUPS 2
+#define MM_STAGE_MAX_WORDS (2 * MM_STAGE_GROUPS * 8 * 34 / 16)
+// Shorter rows keep the direct form (a SmolLM2-sized step measured no gain from staging).
+#define MM_STAGE_MIN_ROW_BYTES 1024
+
+template <int FMT>
+__device__ __forceinline__ constexpr uint32_t mm_block_bytes() {
+    return FMT == OP_FMT_Q8_0 ? 34u : (FMT == OP_FMT_Q4_1 ? 20u : 18u);
+}
+
+// Whether `mm_dot_staged` takes these rows (warp-uniform).
+template <int FMT, int R>
+__device__ __forceinline__ bool mm_stage_ok(const uint8_t* const (&rows)[R], uint64_t row_bytes) {
+    bool ok = blockDim.x == 32 * MM_STAGE_WARPS && blockDim.y == 1 && row_bytes % 16 == 0 &&
+              row_bytes >= MM_STAGE_MIN_ROW_BYTES;
+#pragma unroll
+    for (int r = 0; r < R; ++r) ok = ok && ((uint64_t)rows[r] & 15u) == 0;
+    return ok;
+}
+
+// `stage` is MM_STAGE_WARPS * MM_STAGE_MAX_WORDS words of the block's shared memory.
+template <int FMT, int R, typename X>
+__device__ __forceinline__ void mm_dot_staged(X x, const uint8_t* const (&rows)[R], uint32_t k,
+                                              int lane, uint4* stage, float (&acc)[R]) {
+    constexpr uint32_t BB = mm_block_bytes<FMT>();
+    constexpr int SPAN = MM_STAGE_GROUPS * 8 * BB / 16;  // 16-byte words of one row a step
+    constexpr int WORDS = R * SPAN;
+    constexpr int PER_LANE = (WORDS + 31) / 32;
+    static_assert(WORDS <= MM_STAGE_MAX_WORDS, "stage too small");
+    uint4* st = stage + ((threadIdx.x >> 5) % MM_STAGE_WARPS) * MM_STAGE_MAX_WORDS;
+    const uint32_t blocks = k / 32, per_step = 8 * MM_STAGE_GROUPS;
+    const uint32_t steps = (blocks + per_step - 1) / per_step, t = lane & 3;
+    const uint64_t row_words = (uint64_t)blocks * BB / 16;
+    uint4 next[PER_LANE];
+    auto load = [&](uint32_t s) {
+#pragma unroll
+        for (int j = 0; j < PER_LANE; ++j) {
+            const int i = lane + 32 * j;
+            const uint64_t word = (uint64_t)s * SPAN + i % SPAN;
+            if (i < WORDS && word < row_words)
+                next[j] = __ldg((const uint4*)rows[i / SPAN] + word);
+        }
+    };
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    load(0);
+    for (uint32_t s = 0; s < steps; ++s) {
+#pragma unroll
+        for (int j = 0; j < PER_LANE; ++j) {
+            if (lane + 32 * j < WORDS) st[lane + 32 * j] = next[j];
+        }
+        __syncwarp();
+        if (s + 1 < steps) load(s + 1);
+        const uint8_t* staged = (const uint8_t*)st;
+#pragma unroll
+        for (int u = 0; u < MM_STAGE_GROUPS; ++u) {
+            const uint32_t bl = 8 * u + (lane >> 2), b = s * per_step + bl;
+            if (b < blocks) {
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    const MmQuarter w = mm_load_quarter<FMT>(staged + r * SPAN * 16, bl, t);
+                    acc[r] += mm_apply_quarter<FMT>(x, w, b, t);
+                }
+            }
+        }
+        __syncwarp();
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = op_warp_sum(acc[r]);
+}
+
+// Two rows' dots: staged where a stage is given and the rows allow it, else `mm_dot_blocks` or
+// `mm_dot` per row (the same bits either way for the block formats).
+template <int FMT, typename X>
+__device__ __forceinline__ void mm_dot_pair(X x, const uint8_t* a, const uint8_t* b, uint32_t k,
+                                            uint64_t row_bytes, int lane, bool blocks,
+                                            uint4* stage, float& va, float& vb) {
+    const uint8_t* const rows[2] = {a, b};
+    if (blocks && stage != nullptr && mm_stage_ok<FMT, 2>(rows, row_bytes)) {
+        float acc[2];
+        mm_dot_staged<FMT, 2>(x, rows, k, lane, stage, acc);
+        va = acc[0];
+        vb = acc[1];
+    } else if (blocks) {
+        va = mm_dot_blocks<FMT>(x, a, k, lane);
+        vb = mm_dot_blocks<FMT>(x, b, k, lane);
+    } else {
+        va = mm_dot<FMT>(x, a, k, lane);
+        vb = mm_dot<FMT>(x, b, k, lane);
+    }
+}
+
 // Rows of activations one warp takes together in the matrix (prefill) form: each weight value is
 // read once and used for up to MM_ROWS rows, each row summed in the vector form's order. The
 // host sizes its grids with the same number (`ops::matmul::MM_ROWS`).
@@ -531,28 +631,81 @@ __device__ __forceinline__ XNorm fb_norm_row(const float* xr, const float* w, ui
     return XNorm{xr, w, (float)(1.0 / sqrt(ss / (double)k + (double)eps))};
 }
 
-template <int FMT>
-__device__ __forceinline__ float fb_dot(XNorm x, const uint8_t* wrow, uint32_t k, int lane,
-                                        bool blocks) {
-    return blocks ? mm_dot_blocks<FMT>(x, wrow, k, lane) : mm_dot<FMT>(x, wrow, k, lane);
+// The normalized row in shared memory, written once per block: what a one-row pass reads when
+// the host gives the kernel k floats of dynamic shared memory (and after them the weight stage of
+// `mm_dot_staged`: without that memory the kernel uses none, as before). Warp 0 computes `inv` as
+// `fb_norm_row` does and every value as `XNorm::at` does, so the sums see the same values; the
+// block reads x and the norm weight once instead of once per warp.
+struct XShared {
+    const float* s;
+    __device__ __forceinline__ float at(uint64_t i) const { return s[i]; }
+    __device__ __forceinline__ float4 at4(uint64_t i) const { return *(const float4*)(s + i); }
+    __device__ __forceinline__ bool aligned16() const { return true; }
+};
+
+// Row r of the activations as the fused kernels read it: normalized per warp.
+struct FbPerWarp {
+    const float* x;
+    const float* nw;
+    uint32_t k;
+    float eps;
+    int lane;
+    // No shared memory: no staging.
+    __device__ __forceinline__ uint4* stage() const { return nullptr; }
+    __device__ __forceinline__ XNorm operator()(uint64_t r) const {
+        return fb_norm_row(x + r * k, nw, k, eps, lane);
+    }
+};
+// The one row, normalized once per block into shared memory.
+struct FbShared {
+    const float* s;
+    uint32_t k;
+    __device__ __forceinline__ XShared operator()(uint64_t) const { return XShared{s}; }
+    // The weight stage follows the row in the dynamic shared memory.
+    __device__ __forceinline__ uint4* stage() const { return (uint4*)(s + k); }
+};
+
+// Whether a pass of `rows` rows takes the shared row (block-uniform): one row, k floats of
+// dynamic shared memory, x and the weight 16-byte aligned with k a multiple of 4.
+__device__ __forceinline__ bool fb_shared_ok(uint64_t rows, const float* x, const float* nw,
+                                             uint32_t k) {
+    return rows == 1 && blockDim.y == 1 && k % 4 == 0 &&
+           mm_dynamic_smem() >= 4u * k + 16u * MM_STAGE_WARPS * MM_STAGE_MAX_WORDS + 16u &&
+           (((uint64_t)x | (uint64_t)nw) & 15u) == 0;
 }
+
+// Writes the normalized row into the block's dynamic shared memory and returns it.
+__device__ __forceinline__ const float* fb_shared_row(const float* x, const float* nw, uint32_t k,
+                                                      float eps) {
+    extern __shared__ __align__(16) float fb_smem[];
+    // inv after the row and the stage (no static shared memory: a kernel launched without
+    // dynamic shared memory uses none).
+    float* inv = fb_smem + k + 4 * MM_STAGE_WARPS * MM_STAGE_MAX_WORDS;
+    if (threadIdx.x < 32) {
+        const XNorm xn = fb_norm_row(x, nw, k, eps, threadIdx.x & 31);
+        if (threadIdx.x == 0) *inv = xn.inv;
+    }
+    __syncthreads();
+    const XNorm xn = XNorm{x, nw, *inv};
+    for (uint32_t i = 4 * threadIdx.x; i < k; i += 4 * blockDim.x) {
+        *(float4*)(fb_smem + i) = xn.at4(i);
+    }
+    __syncthreads();
+    return fb_smem;
+}
+
 
 // q = rope(norm(x) Wq), k_cache[pos] = rope(norm(x) Wk), v_cache[pos] = norm(x) Wv for each row,
 // one warp per output pair (the two values one rotation mixes; mode 0 pairs (2i, 2i + 1), mode 1
 // (i, i + head_dim / 2)), the whole head rotating, angles as the rope kernel computes them (f64
 // pow and sincos, the rotation in f32). Row r is position positions[r] and is written to cache
 // row step[0] + r (a position outside the cache is a kernel error, nothing written).
-template <int FMT>
-__device__ void norm_qkv_rope(const float* x, const float* nw, const uint8_t* wq,
+template <int FMT, typename RowX>
+__device__ void norm_qkv_rope_rows(RowX row_x, const uint8_t* wq,
                               const uint8_t* wk, const uint8_t* wv, const int32_t* positions,
-                              const int32_t* step, float* q, float* kc, float* vc, float eps,
-                              uint32_t k, uint32_t n_head, uint32_t n_kv, uint32_t hd, float base,
-                              uint32_t mode, uint64_t n_x, uint64_t n_nw, uint64_t n_pos,
-                              uint64_t n_step, uint64_t n_q, uint64_t n_kc, uint64_t n_vc,
-                              uint32_t tag) {
-    OP_REQUIRE(k != 0 && k % op_block_elems(FMT) == 0 && hd != 0 && hd % 2 == 0 && n_nw == k &&
-               n_step != 0 && mode <= 1 && n_x == n_pos * k && n_q == n_pos * n_head * hd &&
-               n_kc == n_vc && n_kv != 0 && n_kc % ((uint64_t)n_kv * hd) == 0);
+                              const int32_t* step, float* q, float* kc, float* vc, uint32_t k,
+                              uint32_t n_head, uint32_t n_kv, uint32_t hd, float base,
+                              uint32_t mode, uint64_t n_pos, uint64_t n_kc, uint32_t tag) {
     const uint64_t rows = n_pos, max_ctx = n_kc / ((uint64_t)n_kv * hd);
     const int64_t pos0 = step[0];
     if (pos0 < 0 || (uint64_t)pos0 + rows > max_ctx) {
@@ -581,10 +734,12 @@ __device__ void norm_qkv_rope(const float* x, const float* nw, const uint8_t* wq
         }
         const uint32_t h = (uint32_t)(p / half), i = (uint32_t)(p % half);
         const uint32_t d0 = mode == 1 ? i : 2 * i, d1 = mode == 1 ? i + half : 2 * i + 1;
-        const XNorm xn = fb_norm_row(x + r * k, nw, k, eps, lane);
+        const auto xn = row_x(r);
         const bool blocks = even && mm_blocks_ok<FMT>(xn, wq, k);
-        float a = fb_dot<FMT>(xn, w + ((uint64_t)h * hd + d0) * row_bytes, k, lane, blocks);
-        float b = fb_dot<FMT>(xn, w + ((uint64_t)h * hd + d1) * row_bytes, k, lane, blocks);
+        float a, b;
+        mm_dot_pair<FMT>(xn, w + ((uint64_t)h * hd + d0) * row_bytes,
+                         w + ((uint64_t)h * hd + d1) * row_bytes, k, row_bytes, lane, blocks,
+                         row_x.stage(), a, b);
         if (lane != 0) continue;
         if (which < 2) {
             const double inv_freq = pow((double)base, -2.0 * (double)i / (double)hd);
@@ -607,24 +762,59 @@ __device__ void norm_qkv_rope(const float* x, const float* nw, const uint8_t* wq
     }
 }
 
+template <int FMT>
+__device__ void norm_qkv_rope(const float* x, const float* nw, const uint8_t* wq,
+                              const uint8_t* wk, const uint8_t* wv, const int32_t* positions,
+                              const int32_t* step, float* q, float* kc, float* vc, float eps,
+                              uint32_t k, uint32_t n_head, uint32_t n_kv, uint32_t hd, float base,
+                              uint32_t mode, uint64_t n_x, uint64_t n_nw, uint64_t n_pos,
+                              uint64_t n_step, uint64_t n_q, uint64_t n_kc, uint64_t n_vc,
+                              uint32_t tag) {
+    OP_REQUIRE(k != 0 && k % op_block_elems(FMT) == 0 && hd != 0 && hd % 2 == 0 && n_nw == k &&
+               n_step != 0 && mode <= 1 && n_x == n_pos * k && n_q == n_pos * n_head * hd &&
+               n_kc == n_vc && n_kv != 0 && n_kc % ((uint64_t)n_kv * hd) == 0);
+    if (fb_shared_ok(n_pos, x, nw, k)) {
+        const FbShared row{fb_shared_row(x, nw, k, eps), k};
+        norm_qkv_rope_rows<FMT>(row, wq, wk, wv, positions, step, q, kc, vc, k, n_head, n_kv, hd,
+                                base, mode, n_pos, n_kc, tag);
+    } else {
+        const FbPerWarp row{x, nw, k, eps, (int)(threadIdx.x & 31)};
+        norm_qkv_rope_rows<FMT>(row, wq, wk, wv, positions, step, q, kc, vc, k, n_head, n_kv, hd,
+                                base, mode, n_pos, n_kc, tag);
+    }
+}
+
 // hidden = silu(norm(x) Wg) * (norm(x) Wu), one warp per output value; silu as the elementwise
 // kernel writes it.
+template <int FMT, typename RowX>
+__device__ void norm_gate_up_rows(RowX row_x, const uint8_t* wg, const uint8_t* wu, float* hidden,
+                                  uint32_t k, uint32_t n, uint64_t n_hidden) {
+    const uint64_t row_bytes = op_row_bytes(FMT, k);
+    const int lane = threadIdx.x & 31;
+    const bool even = (((uint64_t)wg | (uint64_t)wu) & 1u) == 0;
+    for (uint64_t t = mm_warp_id(); t < n_hidden; t += mm_warp_count()) {
+        const uint64_t r = t / n, o = t % n;
+        const auto xn = row_x(r);
+        const bool blocks = even && mm_blocks_ok<FMT>(xn, wg, k);
+        float g, u;
+        mm_dot_pair<FMT>(xn, wg + o * row_bytes, wu + o * row_bytes, k, row_bytes, lane, blocks,
+                         row_x.stage(), g, u);
+        if (lane == 0) hidden[t] = g / (1.0f + expf(-g)) * u;
+    }
+}
+
 template <int FMT>
 __device__ void norm_gate_up(const float* x, const float* nw, const uint8_t* wg, const uint8_t* wu,
                              float* hidden, float eps, uint32_t k, uint32_t n, uint64_t n_x,
                              uint64_t n_nw, uint64_t n_hidden, uint32_t tag) {
     OP_REQUIRE(k != 0 && k % op_block_elems(FMT) == 0 && n_nw == k && n_x % k == 0 &&
                n_hidden == n_x / k * n);
-    const uint64_t row_bytes = op_row_bytes(FMT, k);
-    const int lane = threadIdx.x & 31;
-    const bool even = (((uint64_t)wg | (uint64_t)wu) & 1u) == 0;
-    for (uint64_t t = mm_warp_id(); t < n_hidden; t += mm_warp_count()) {
-        const uint64_t r = t / n, o = t % n;
-        const XNorm xn = fb_norm_row(x + r * k, nw, k, eps, lane);
-        const bool blocks = even && mm_blocks_ok<FMT>(xn, wg, k);
-        const float g = fb_dot<FMT>(xn, wg + o * row_bytes, k, lane, blocks);
-        const float u = fb_dot<FMT>(xn, wu + o * row_bytes, k, lane, blocks);
-        if (lane == 0) hidden[t] = g / (1.0f + expf(-g)) * u;
+    if (fb_shared_ok(n_x / k, x, nw, k)) {
+        const FbShared row{fb_shared_row(x, nw, k, eps), k};
+        norm_gate_up_rows<FMT>(row, wg, wu, hidden, k, n, n_hidden);
+    } else {
+        const FbPerWarp row{x, nw, k, eps, (int)(threadIdx.x & 31)};
+        norm_gate_up_rows<FMT>(row, wg, wu, hidden, k, n, n_hidden);
     }
 }
 
