@@ -590,8 +590,9 @@ __device__ void matmul_affine(const float* x, const uint32_t* w, const S* scales
 MATMUL_AFFINE_KERNEL(matmul_affine_f32, float)
 MATMUL_AFFINE_KERNEL(matmul_affine_f16, __half)
 
-// ---- Fused decoder-block products (src/ops/fused_block.rs; the model records them on a GPU for
-// decode steps only: every warp normalizes its row, which a prefill pass would pay per output) ----
+// ---- Fused decoder-block products (src/ops/fused_block.rs; the optimizer makes them on a GPU for
+// decode steps only: each block (one-row passes with shared memory) or warp normalizes the row,
+// which a prefill pass would pay per output) ----
 // The activation row is RMS-normalized as it is read: each warp sums the squares of its row in
 // f64 (each lane its share, then a shuffle tree), inv = 1 / sqrt(ss / k + eps) rounded to f32, and value
 // i is (x[i] * inv) * norm[i], the rms_norm kernel's float order.
