@@ -187,6 +187,11 @@ pub struct KernelTiming {
     pub start_us: f64,
     /// Duration in microseconds (GPU time from events on CUDA, wall time on the CPU).
     pub dur_us: f64,
+    /// Bytes of the buffers the dispatch only reads plus those it only writes (a buffer read and
+    /// written in place is left out: an accumulator, or a KV cache of which a fused kernel writes
+    /// one row). For the products that is what they move; attention, gathers and cache writes
+    /// declare a whole cache or table of which they touch a part known only at run time.
+    pub bytes: u64,
 }
 
 /// A graph instantiated for one device, replayed by [`Executable::run`].
@@ -300,6 +305,11 @@ impl Executable {
 
     fn timing(&self, i: usize, track: usize, start_us: f64, dur_us: f64) -> KernelTiming {
         let d = &self.dispatches()[i];
+        let bytes = (0..d.args().len())
+            .filter_map(|a| d.buffer_arg(a))
+            .filter(|(_, access)| *access != crate::kernels::Access::ReadWrite)
+            .map(|(b, _)| b.len_bytes() as u64)
+            .sum();
         KernelTiming {
             index: i,
             kernel: d.kernel().name(),
@@ -308,6 +318,7 @@ impl Executable {
             track,
             start_us,
             dur_us,
+            bytes,
         }
     }
 }

@@ -60,22 +60,35 @@ pub struct OpTime {
     pub count: usize,
     /// Their summed time in microseconds.
     pub total_us: f64,
+    /// Their summed declared bytes ([`KernelTiming::bytes`]).
+    pub bytes: u64,
+}
+
+impl OpTime {
+    /// Achieved GB/s over the declared bytes, where those are what the kernels move: `None` for
+    /// attention, gathers and cache writes, which declare a whole cache or table.
+    pub fn gb_per_s(&self) -> Option<f64> {
+        let bounded = matches!(self.op, "attention" | "kv_write" | "gather");
+        (!bounded && self.total_us > 0.0).then(|| self.bytes as f64 / self.total_us / 1e3)
+    }
 }
 
 /// Summed kernel time per op kind, largest first.
 pub fn op_summary(kernels: &[KernelTiming]) -> Vec<OpTime> {
-    let mut by_op: BTreeMap<&'static str, (usize, f64)> = BTreeMap::new();
+    let mut by_op: BTreeMap<&'static str, (usize, f64, u64)> = BTreeMap::new();
     for k in kernels {
-        let e = by_op.entry(k.op).or_insert((0, 0.0));
+        let e = by_op.entry(k.op).or_insert((0, 0.0, 0));
         e.0 += 1;
         e.1 += k.dur_us;
+        e.2 += k.bytes;
     }
     let mut v: Vec<OpTime> = by_op
         .into_iter()
-        .map(|(op, (count, total_us))| OpTime {
+        .map(|(op, (count, total_us, bytes))| OpTime {
             op,
             count,
             total_us,
+            bytes,
         })
         .collect();
     v.sort_by(|a, b| b.total_us.total_cmp(&a.total_us).then(a.op.cmp(b.op)));
@@ -95,6 +108,7 @@ mod tests {
             track: index % 2,
             start_us: start,
             dur_us: dur,
+            bytes: 1000,
         }
     }
 
@@ -124,5 +138,9 @@ mod tests {
         assert_eq!(s.len(), 2);
         assert_eq!((s[0].op, s[0].count, s[0].total_us), ("matmul", 1, 4.0));
         assert_eq!((s[1].op, s[1].count, s[1].total_us), ("add", 2, 3.0));
+        // 2000 bytes in 3 us: 0.667 GB/s; attention declares its whole cache, so no figure.
+        assert!((s[1].gb_per_s().unwrap() - 2.0 / 3.0).abs() < 1e-9);
+        let a = op_summary(&[k(0, "attention", 0.0, 1.0)]);
+        assert_eq!(a[0].gb_per_s(), None);
     }
 }

@@ -269,3 +269,40 @@ fn graph_reports_the_fusions_each_backend_declares_without_its_hardware() {
     let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
     assert_eq!(v["rules"].as_array().map(Vec::len), Some(4), "{v}");
 }
+
+#[test]
+fn bench_takes_the_synthetic_format_and_reports_bandwidth_per_op_kind() {
+    let args = [
+        "bench",
+        "--like",
+        "smollm2",
+        "--quant",
+        "q8_0",
+        "--backend",
+        "cpu",
+        "--json",
+        "-p",
+        "2",
+        "-n",
+        "1",
+        "--repeat",
+        "1",
+    ];
+    let out = cli(dir(), &args, b"");
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(out.stderr.contains("q8_0"), "{}", out.stderr);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let per_op = v[0]["per_op"].as_array().expect("per_op");
+    let op = |name: &str| per_op.iter().find(|o| o["op"] == name).cloned();
+    let matmul = op("matmul").expect("a matmul entry");
+    assert!(
+        matmul["gb_per_s"].as_f64().is_some_and(|g| g > 0.0),
+        "{matmul}"
+    );
+    // Attention declares its whole cache: no bandwidth figure.
+    assert!(op("attention").expect("attention")["gb_per_s"].is_null());
+    // The format needs a synthetic model to apply to.
+    let out = cli(dir(), &["bench", "--quant", "q4_0"], b"");
+    assert_ne!(out.code, 0);
+    assert!(out.stderr.contains("--like"), "{}", out.stderr);
+}

@@ -17,15 +17,19 @@ use onepass::trace::{op_summary, write_chrome_trace, Timeline};
 use onepass::{DType, Executor};
 
 use super::common::{check_output_path, count, open_model, ModelArgs, RunArgs};
+use super::synth::SynthQuant;
 
 /// Flags of `bench`.
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Instead of `--model`, a synthetic Q4_1 model of this shape, written to a temporary file.
+    /// Instead of `--model`, a synthetic model of this shape, written to a temporary file.
     #[arg(long, value_enum)]
     pub like: Option<SynthShape>,
+    /// Format of the synthetic model's matrices (with `--like`).
+    #[arg(long, value_enum, default_value_t = SynthQuant::Q4_1, requires = "like")]
+    pub quant: SynthQuant,
     /// Modes to measure, comma-separated (default: the `--mode` flag's).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub modes: Vec<RunMode>,
@@ -88,6 +92,19 @@ struct ModeResult {
     edges_or_barriers_per_token: usize,
     /// Device time of one decode step (CUDA events; wall time on the CPU), median, microseconds.
     gpu_us_per_token: f64,
+    /// One profiled decode step (kernels timed one by one), per op kind.
+    per_op: Vec<OpJson>,
+}
+
+/// One op kind of a profiled decode step.
+#[derive(Debug, Clone, serde::Serialize)]
+struct OpJson {
+    op: &'static str,
+    kernels: usize,
+    total_us: f64,
+    /// Bytes of the buffers only read or only written, over the time; `None` for attention,
+    /// gathers and cache writes (they declare a whole cache or table).
+    gb_per_s: Option<f64>,
 }
 
 /// A synthetic model in a temporary directory, removed on drop.
@@ -98,19 +115,19 @@ struct TempModel {
 }
 
 impl TempModel {
-    fn write(shape: SynthShape) -> anyhow::Result<Self> {
+    fn write(shape: SynthShape, quant: DType) -> anyhow::Result<Self> {
         let dir = std::env::temp_dir().join(format!("onepass-bench-{}", std::process::id()));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let path = dir.join("synthetic.gguf");
         let spec = SynthSpec {
             shape,
-            quant: DType::Q4_1,
+            quant,
             seed: 0,
         };
         let t = Instant::now();
         write_synthetic(&spec, None, &path, &mut |_, _| {})?;
         eprintln!(
-            "wrote a synthetic {shape:?} Q4_1 model in {:.1} s",
+            "wrote a synthetic {shape:?} {quant} model in {:.1} s",
             t.elapsed().as_secs_f64()
         );
         Ok(TempModel {
@@ -144,11 +161,15 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         check_output_path("--trace", path)?;
     }
     let device = config.open_device()?;
-    let temp = args.like.map(TempModel::write).transpose()?;
+    let quant = args.quant.dtype();
+    let temp = args
+        .like
+        .map(|shape| TempModel::write(shape, quant))
+        .transpose()?;
     let (file, model_name) = match &temp {
         Some(t) => (
             Arc::new(GgufFile::open(&t.path)?),
-            format!("{} Q4_1", t.shape_name),
+            format!("{} {quant}", t.shape_name),
         ),
         None => (
             open_model(&args.model.model, &config)?,
@@ -164,15 +185,23 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let mut timelines = Vec::new();
     for &mode in &modes {
         engine.set_mode(mode);
-        results.push(measure(&mut engine, &prompt, &args)?);
-        if args.trace.is_some() || mode == *modes.last().unwrap_or(&mode) {
-            let pos = prompt.len();
-            let kernels = engine.profile_decode(prompt[pos - 1], pos, true)?;
-            timelines.push(Timeline {
-                name: format!("decode step, {} mode", mode.name()),
-                kernels,
-            });
-        }
+        let mut result = measure(&mut engine, &prompt, &args)?;
+        let pos = prompt.len();
+        let kernels = engine.profile_decode(prompt[pos - 1], pos, true)?;
+        result.per_op = op_summary(&kernels)
+            .iter()
+            .map(|op| OpJson {
+                op: op.op,
+                kernels: op.count,
+                total_us: op.total_us,
+                gb_per_s: op.gb_per_s(),
+            })
+            .collect();
+        results.push(result);
+        timelines.push(Timeline {
+            name: format!("decode step, {} mode", mode.name()),
+            kernels,
+        });
     }
     if let Some(path) = &args.trace {
         write_chrome_trace(path, &timelines)?;
@@ -226,15 +255,24 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         let total: f64 = t.kernels.iter().map(|k| k.dur_us).sum();
         writeln!(out, "\nper-op time of one profiled decode step ({}; kernels timed one by one): {total:.1} us", t.name)?;
         for op in op_summary(&t.kernels) {
+            let rate = op
+                .gb_per_s()
+                .map_or("-".to_string(), |g| format!("{g:.0} GB/s"));
             writeln!(
                 out,
-                "  {:<14} {:>5} kernels {:>10.1} us {:>6.1}%",
+                "  {:<14} {:>5} kernels {:>10.1} us {:>6.1}% {:>11}",
                 op.op,
                 op.count,
                 op.total_us,
-                100.0 * op.total_us / total.max(1e-9)
+                100.0 * op.total_us / total.max(1e-9),
+                rate
             )?;
         }
+        writeln!(
+            out,
+            "  (GB/s: bytes of the buffers only read or only written, over the time; attention, \
+             gathers and cache writes touch a run-time part of what they declare: -)"
+        )?;
     }
     Ok(())
 }
@@ -297,5 +335,6 @@ fn measure(engine: &mut Engine, prompt: &[u32], args: &BenchArgs) -> anyhow::Res
         kernels_per_token: pass.kernels,
         edges_or_barriers_per_token: pass.edges_or_barriers,
         gpu_us_per_token: step.median * 1e6,
+        per_op: Vec::new(),
     })
 }

@@ -27,6 +27,18 @@ pub enum SynthQuant {
     Q4K,
 }
 
+impl SynthQuant {
+    /// The weight dtype.
+    pub fn dtype(self) -> DType {
+        match self {
+            SynthQuant::Q4_0 => DType::Q4_0,
+            SynthQuant::Q4_1 => DType::Q4_1,
+            SynthQuant::Q8_0 => DType::Q8_0,
+            SynthQuant::Q4K => DType::Q4K,
+        }
+    }
+}
+
 /// Flags of `synth`.
 #[derive(Args, Debug)]
 pub struct SynthArgs {
@@ -50,12 +62,7 @@ pub struct SynthArgs {
 
 /// Runs `synth`.
 pub fn run(args: SynthArgs) -> anyhow::Result<()> {
-    let quant = match args.quant {
-        SynthQuant::Q4_0 => DType::Q4_0,
-        SynthQuant::Q4_1 => DType::Q4_1,
-        SynthQuant::Q8_0 => DType::Q8_0,
-        SynthQuant::Q4K => DType::Q4K,
-    };
+    let quant = args.quant.dtype();
     check_output_path("-o", &args.output)?;
     let config = onepass::RuntimeConfig::from_env();
     let source = match &args.tokenizer_from {
