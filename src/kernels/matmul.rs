@@ -75,38 +75,63 @@ pub static MATMUL_AFFINE: [KernelSig; 2] = [
     affine!("matmul_affine_f16", one(DType::F16)),
 ];
 
+/// The parameters of the attention-input kernels.
+macro_rules! qkv_rope_params {
+    ($w:ident) => {
+        [
+            Param::read("x", F32),
+            Param::read("norm", F32),
+            Param::read("wq", $w),
+            Param::read("wk", $w),
+            Param::read("wv", $w),
+            Param::read("positions", I32),
+            Param::read("step", I32),
+            Param::write("q", F32),
+            Param::read_write("k_cache", F32),
+            Param::read_write("v_cache", F32),
+            Param::f32("eps"),
+            Param::u32("dim"),
+            Param::u32("n_head"),
+            Param::u32("n_kv_head"),
+            Param::u32("head_dim"),
+            Param::f32("base"),
+            Param::u32("mode"),
+        ]
+    };
+}
+
+/// The parameters of the MLP-input kernels.
+macro_rules! gate_up_params {
+    ($w:ident) => {
+        [
+            Param::read("x", F32),
+            Param::read("norm", F32),
+            Param::read("w_gate", $w),
+            Param::read("w_up", $w),
+            Param::write("hidden", F32),
+            Param::f32("eps"),
+            Param::u32("dim"),
+            Param::u32("ffn"),
+        ]
+    };
+}
+
 /// The attention input of a block: norm, q/k/v products, RoPE, and the K and V rows written
 /// into the caches: x, norm, wq, wk, wv, positions, step, q, k_cache, v_cache, eps, dim,
 /// n_head, n_kv_head, head_dim, base, mode.
-pub static NORM_QKV_ROPE: [KernelSig; 8] = per_format!(OpKind::MatMul; "norm_qkv_rope"; |W| [
-    Param::read("x", F32),
-    Param::read("norm", F32),
-    Param::read("wq", W),
-    Param::read("wk", W),
-    Param::read("wv", W),
-    Param::read("positions", I32),
-    Param::read("step", I32),
-    Param::write("q", F32),
-    Param::read_write("k_cache", F32),
-    Param::read_write("v_cache", F32),
-    Param::f32("eps"),
-    Param::u32("dim"),
-    Param::u32("n_head"),
-    Param::u32("n_kv_head"),
-    Param::u32("head_dim"),
-    Param::f32("base"),
-    Param::u32("mode"),
-]);
+pub static NORM_QKV_ROPE: [KernelSig; 8] =
+    per_format!(OpKind::MatMul; "norm_qkv_rope"; |W| qkv_rope_params!(W));
+
+/// [`NORM_QKV_ROPE`] for one row with the row normalized once per block in shared memory (the
+/// CUDA form for long rows; the same values, the same bits).
+pub static NORM_QKV_ROPE_SHARED: [KernelSig; 8] =
+    per_format!(OpKind::MatMul; "norm_qkv_rope_shared"; |W| qkv_rope_params!(W));
 
 /// The MLP input of a block, `hidden = silu(norm(x) w_gate) * (norm(x) w_up)`: x, norm, w_gate,
 /// w_up, hidden, eps, dim, ffn.
-pub static NORM_GATE_UP: [KernelSig; 8] = per_format!(OpKind::MatMul; "norm_gate_up"; |W| [
-    Param::read("x", F32),
-    Param::read("norm", F32),
-    Param::read("w_gate", W),
-    Param::read("w_up", W),
-    Param::write("hidden", F32),
-    Param::f32("eps"),
-    Param::u32("dim"),
-    Param::u32("ffn"),
-]);
+pub static NORM_GATE_UP: [KernelSig; 8] =
+    per_format!(OpKind::MatMul; "norm_gate_up"; |W| gate_up_params!(W));
+
+/// [`NORM_GATE_UP`] for one row with the row normalized once per block in shared memory.
+pub static NORM_GATE_UP_SHARED: [KernelSig; 8] =
+    per_format!(OpKind::MatMul; "norm_gate_up_shared"; |W| gate_up_params!(W));

@@ -120,17 +120,17 @@ const MIN_SHARED_ROW: usize = 4 * 1024;
 /// `backend/cuda/kernels/matmul.cu`) and one 16-byte word for the row's scale.
 const WEIGHT_STAGE: usize = 4 * 68 * 16 + 16;
 
-/// The GPU launch shape of the fused kernels: one warp per output (pair), and for a one-row pass
-/// of a long enough row `dim` floats of shared memory and a weight stage, where the CUDA kernels
-/// normalize the row once per block instead of once per warp and read the weights through the
-/// stage (the same values either way).
-fn fused_grid(outputs: usize, rows: usize, dim: usize) -> crate::graph::Grid {
+/// Whether a pass of `rows` rows of width `dim` takes the shared-memory form of the fused kernels
+/// (`*_shared`: the CUDA kernels normalize the row once per block into shared memory and read the
+/// weights through a shared-memory stage; the same values either way), and its launch shape: one
+/// warp per output (pair), with that memory for the shared form.
+fn fused_launch(outputs: usize, rows: usize, dim: usize) -> (bool, crate::graph::Grid) {
     let grid = super::matmul::warp_per_output(outputs, rows);
     let bytes = dim * 4 + WEIGHT_STAGE;
     if rows == 1 && dim * 4 >= MIN_SHARED_ROW && bytes <= MAX_SHARED_ROW {
-        grid.with_shared(bytes as u32)
+        (true, grid.with_shared(bytes as u32))
     } else {
-        grid
+        (false, grid)
     }
 }
 
@@ -217,8 +217,13 @@ pub(crate) fn qkv_rope_spec<'a>(p: &QkvRope<'a>) -> Result<DispatchSpec<'a>> {
             RopeMode::NeoX => 1,
         }),
     ];
-    let grid = fused_grid(pairs, rows, dim);
-    DispatchSpec::new(for_weight(OP_QKV, &mm::NORM_QKV_ROPE, p.wq)?, &args, grid)
+    let (shared, grid) = fused_launch(pairs, rows, dim);
+    let family = if shared {
+        &mm::NORM_QKV_ROPE_SHARED
+    } else {
+        &mm::NORM_QKV_ROPE
+    };
+    DispatchSpec::new(for_weight(OP_QKV, family, p.wq)?, &args, grid)
 }
 
 /// The MLP input of a block in one dispatch: `hidden = silu(norm(x) Wg) * (norm(x) Wu)` (see the
@@ -275,12 +280,13 @@ pub(crate) fn gate_up_spec<'a>(
         ArgRef::u32(to_u32(OP_GATE_UP, "x", dim)?),
         ArgRef::u32(to_u32(OP_GATE_UP, "w_gate", ffn)?),
     ];
-    let grid = fused_grid(ffn, rows, dim);
-    DispatchSpec::new(
-        for_weight(OP_GATE_UP, &mm::NORM_GATE_UP, w_gate)?,
-        &args,
-        grid,
-    )
+    let (shared, grid) = fused_launch(ffn, rows, dim);
+    let family = if shared {
+        &mm::NORM_GATE_UP_SHARED
+    } else {
+        &mm::NORM_GATE_UP
+    };
+    DispatchSpec::new(for_weight(OP_GATE_UP, family, w_gate)?, &args, grid)
 }
 
 #[cfg(test)]

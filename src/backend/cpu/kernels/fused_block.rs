@@ -40,6 +40,9 @@ use crate::quant::QK_K;
 pub(super) fn register(registry: &mut CpuRegistry) {
     registry.family(&mm::NORM_QKV_ROPE, [norm_qkv_rope_kernel; 8]);
     registry.family(&mm::NORM_GATE_UP, [norm_gate_up_kernel; 8]);
+    // The one-row shared-memory forms are CUDA launch forms of the same function.
+    registry.family(&mm::NORM_QKV_ROPE_SHARED, [norm_qkv_rope_kernel; 8]);
+    registry.family(&mm::NORM_GATE_UP_SHARED, [norm_gate_up_kernel; 8]);
     registry.family(&mm::MATMUL_ADD, [matmul_add_kernel; 8]);
 }
 

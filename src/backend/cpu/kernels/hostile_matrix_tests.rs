@@ -280,7 +280,7 @@ impl Qkv<'_> {
 
 #[test]
 fn fused_qkv_kernels_refuse_hostile_heads_positions_and_modes() {
-    for sig in &mm::NORM_QKV_ROPE {
+    for sig in mm::NORM_QKV_ROPE.iter().chain(&mm::NORM_QKV_ROPE_SHARED) {
         let ok = Qkv {
             rows: 1,
             dim: 256,
@@ -349,7 +349,7 @@ fn fused_qkv_kernels_refuse_hostile_heads_positions_and_modes() {
 
 #[test]
 fn fused_gate_up_kernels_refuse_hostile_sizes() {
-    for sig in &mm::NORM_GATE_UP {
+    for sig in mm::NORM_GATE_UP.iter().chain(&mm::NORM_GATE_UP_SHARED) {
         let call = |rows: usize, hidden: usize, dim: u32, ffn: u32| {
             Call::new(sig)
                 .buf("x", &[rows * 256])

@@ -254,7 +254,9 @@ fn families() -> Vec<&'static [KernelSig]> {
         &mm::MATMUL_ID,
         &mm::MATMUL_AFFINE,
         &mm::NORM_QKV_ROPE,
+        &mm::NORM_QKV_ROPE_SHARED,
         &mm::NORM_GATE_UP,
+        &mm::NORM_GATE_UP_SHARED,
     ]
 }
 

@@ -763,7 +763,9 @@ __device__ void norm_qkv_rope_rows(RowX row_x, const uint8_t* wq,
     }
 }
 
-template <int FMT>
+// SHARED: the `_shared` kernels (the row in shared memory where the launch gives it; the plain
+// kernels never take that path, so their code is what it was before it existed).
+template <int FMT, bool SHARED>
 __device__ void norm_qkv_rope(const float* x, const float* nw, const uint8_t* wq,
                               const uint8_t* wk, const uint8_t* wv, const int32_t* positions,
                               const int32_t* step, float* q, float* kc, float* vc, float eps,
@@ -774,7 +776,7 @@ __device__ void norm_qkv_rope(const float* x, const float* nw, const uint8_t* wq
     OP_REQUIRE(k != 0 && k % op_block_elems(FMT) == 0 && hd != 0 && hd % 2 == 0 && n_nw == k &&
                n_step != 0 && mode <= 1 && n_x == n_pos * k && n_q == n_pos * n_head * hd &&
                n_kc == n_vc && n_kv != 0 && n_kc % ((uint64_t)n_kv * hd) == 0);
-    if (fb_shared_ok(n_pos, x, nw, k)) {
+    if (SHARED && fb_shared_ok(n_pos, x, nw, k)) {
         const FbShared row{fb_shared_row(x, nw, k, eps), k};
         norm_qkv_rope_rows<FMT>(row, wq, wk, wv, positions, step, q, kc, vc, k, n_head, n_kv, hd,
                                 base, mode, n_pos, n_kc, tag);
@@ -804,13 +806,13 @@ __device__ void norm_gate_up_rows(RowX row_x, const uint8_t* wg, const uint8_t* 
     }
 }
 
-template <int FMT>
+template <int FMT, bool SHARED>
 __device__ void norm_gate_up(const float* x, const float* nw, const uint8_t* wg, const uint8_t* wu,
                              float* hidden, float eps, uint32_t k, uint32_t n, uint64_t n_x,
                              uint64_t n_nw, uint64_t n_hidden, uint32_t tag) {
     OP_REQUIRE(k != 0 && k % op_block_elems(FMT) == 0 && n_nw == k && n_x % k == 0 &&
                n_hidden == n_x / k * n);
-    if (fb_shared_ok(n_x / k, x, nw, k)) {
+    if (SHARED && fb_shared_ok(n_x / k, x, nw, k)) {
         const FbShared row{fb_shared_row(x, nw, k, eps), k};
         norm_gate_up_rows<FMT>(row, wg, wu, hidden, k, n, n_hidden);
     } else {
@@ -819,37 +821,53 @@ __device__ void norm_gate_up(const float* x, const float* nw, const uint8_t* wg,
     }
 }
 
-#define NORM_QKV_ROPE_KERNEL(NAME, FMT)                                                             \
+#define NORM_QKV_ROPE_KERNEL(NAME, FMT, SH)                                                          \
     extern "C" __global__ void NAME(                                                                \
         const float* x, const float* nw, const uint8_t* wq, const uint8_t* wk, const uint8_t* wv,    \
         const int32_t* positions, const int32_t* step, float* q, float* kc, float* vc, float eps,    \
         uint32_t k, uint32_t n_head, uint32_t n_kv, uint32_t hd, float base, uint32_t mode,          \
         uint64_t n_x, uint64_t n_nw, uint64_t n_wq, uint64_t n_wk, uint64_t n_wv, uint64_t n_pos,    \
         uint64_t n_step, uint64_t n_q, uint64_t n_kc, uint64_t n_vc) {                               \
-        norm_qkv_rope<FMT>(x, nw, wq, wk, wv, positions, step, q, kc, vc, eps, k, n_head, n_kv, hd, \
+        norm_qkv_rope<FMT, SH>(x, nw, wq, wk, wv, positions, step, q, kc, vc, eps, k, n_head, n_kv, hd, \
                            base, mode, n_x, n_nw, n_pos, n_step, n_q, n_kc, n_vc, op_tag(#NAME));   \
     }
-#define NORM_GATE_UP_KERNEL(NAME, FMT)                                                              \
+#define NORM_GATE_UP_KERNEL(NAME, FMT, SH)                                                           \
     extern "C" __global__ void NAME(const float* x, const float* nw, const uint8_t* wg,              \
                                     const uint8_t* wu, float* hidden, float eps, uint32_t k,          \
                                     uint32_t n, uint64_t n_x, uint64_t n_nw, uint64_t n_wg,           \
                                     uint64_t n_wu, uint64_t n_hidden) {                               \
-        norm_gate_up<FMT>(x, nw, wg, wu, hidden, eps, k, n, n_x, n_nw, n_hidden, op_tag(#NAME));    \
+        norm_gate_up<FMT, SH>(x, nw, wg, wu, hidden, eps, k, n, n_x, n_nw, n_hidden, op_tag(#NAME));    \
     }
 
-NORM_QKV_ROPE_KERNEL(norm_qkv_rope_f32, OP_FMT_F32)
-NORM_QKV_ROPE_KERNEL(norm_qkv_rope_f16, OP_FMT_F16)
-NORM_QKV_ROPE_KERNEL(norm_qkv_rope_bf16, OP_FMT_BF16)
-NORM_QKV_ROPE_KERNEL(norm_qkv_rope_q4_0, OP_FMT_Q4_0)
-NORM_QKV_ROPE_KERNEL(norm_qkv_rope_q4_1, OP_FMT_Q4_1)
-NORM_QKV_ROPE_KERNEL(norm_qkv_rope_q8_0, OP_FMT_Q8_0)
-NORM_QKV_ROPE_KERNEL(norm_qkv_rope_q4_k, OP_FMT_Q4_K)
-NORM_QKV_ROPE_KERNEL(norm_qkv_rope_q6_k, OP_FMT_Q6_K)
-NORM_GATE_UP_KERNEL(norm_gate_up_f32, OP_FMT_F32)
-NORM_GATE_UP_KERNEL(norm_gate_up_f16, OP_FMT_F16)
-NORM_GATE_UP_KERNEL(norm_gate_up_bf16, OP_FMT_BF16)
-NORM_GATE_UP_KERNEL(norm_gate_up_q4_0, OP_FMT_Q4_0)
-NORM_GATE_UP_KERNEL(norm_gate_up_q4_1, OP_FMT_Q4_1)
-NORM_GATE_UP_KERNEL(norm_gate_up_q8_0, OP_FMT_Q8_0)
-NORM_GATE_UP_KERNEL(norm_gate_up_q4_k, OP_FMT_Q4_K)
-NORM_GATE_UP_KERNEL(norm_gate_up_q6_k, OP_FMT_Q6_K)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_f32, OP_FMT_F32, false)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_f16, OP_FMT_F16, false)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_bf16, OP_FMT_BF16, false)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_q4_0, OP_FMT_Q4_0, false)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_q4_1, OP_FMT_Q4_1, false)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_q8_0, OP_FMT_Q8_0, false)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_q4_k, OP_FMT_Q4_K, false)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_q6_k, OP_FMT_Q6_K, false)
+NORM_GATE_UP_KERNEL(norm_gate_up_f32, OP_FMT_F32, false)
+NORM_GATE_UP_KERNEL(norm_gate_up_f16, OP_FMT_F16, false)
+NORM_GATE_UP_KERNEL(norm_gate_up_bf16, OP_FMT_BF16, false)
+NORM_GATE_UP_KERNEL(norm_gate_up_q4_0, OP_FMT_Q4_0, false)
+NORM_GATE_UP_KERNEL(norm_gate_up_q4_1, OP_FMT_Q4_1, false)
+NORM_GATE_UP_KERNEL(norm_gate_up_q8_0, OP_FMT_Q8_0, false)
+NORM_GATE_UP_KERNEL(norm_gate_up_q4_k, OP_FMT_Q4_K, false)
+NORM_GATE_UP_KERNEL(norm_gate_up_q6_k, OP_FMT_Q6_K, false)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_shared_f32, OP_FMT_F32, true)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_shared_f16, OP_FMT_F16, true)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_shared_bf16, OP_FMT_BF16, true)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_shared_q4_0, OP_FMT_Q4_0, true)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_shared_q4_1, OP_FMT_Q4_1, true)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_shared_q8_0, OP_FMT_Q8_0, true)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_shared_q4_k, OP_FMT_Q4_K, true)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_shared_q6_k, OP_FMT_Q6_K, true)
+NORM_GATE_UP_KERNEL(norm_gate_up_shared_f32, OP_FMT_F32, true)
+NORM_GATE_UP_KERNEL(norm_gate_up_shared_f16, OP_FMT_F16, true)
+NORM_GATE_UP_KERNEL(norm_gate_up_shared_bf16, OP_FMT_BF16, true)
+NORM_GATE_UP_KERNEL(norm_gate_up_shared_q4_0, OP_FMT_Q4_0, true)
+NORM_GATE_UP_KERNEL(norm_gate_up_shared_q4_1, OP_FMT_Q4_1, true)
+NORM_GATE_UP_KERNEL(norm_gate_up_shared_q8_0, OP_FMT_Q8_0, true)
+NORM_GATE_UP_KERNEL(norm_gate_up_shared_q4_k, OP_FMT_Q4_K, true)
+NORM_GATE_UP_KERNEL(norm_gate_up_shared_q6_k, OP_FMT_Q6_K, true)
