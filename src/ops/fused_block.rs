@@ -17,6 +17,11 @@
 //! the KV cache is f32. Models do not call these: they record the separate ops, and the
 //! optimizer's rules ([`super::block_fusion`]) make these where the pattern and the backend's
 //! declaration allow (other configurations keep the separate ops).
+//!
+//! A one-row pass of at least 1024 activations takes the `_shared` kernels: on CUDA each block
+//! normalizes the row once into shared memory and reads the weight rows of its output pairs
+//! through a shared-memory stage (the same values and sums, so the same bits as the plain
+//! kernels); the CPU runs the same functions under both names. `docs/kernels.md` has the figures.
 
 use crate::backend::{Buffer, DType};
 use crate::error::{Error, Result};
