@@ -261,9 +261,10 @@ pub(super) fn fuse_dispatches(graph: &mut ComputeGraph, rules: &[FusionRule]) ->
         if h == GONE || anchors & (1 << graph.op_at(h).code()) == 0 {
             continue;
         }
-        let Some((rule, nodes)) = first_match(rules, graph, &order, i, &mut fused) else {
+        let Some((rule, found, len)) = first_match(rules, graph, &order, i, &mut fused) else {
             continue;
         };
+        let nodes = &found[..len];
         let Ok(new) = graph.add_detached(&fused) else {
             continue;
         };
@@ -280,14 +281,15 @@ pub(super) fn fuse_dispatches(graph: &mut ComputeGraph, rules: &[FusionRule]) ->
 }
 
 /// The first rule that matches at order position `i` and whose replacement is sound: its name
-/// and pattern positions, with the fused dispatch left in `out`, resolved against the graph.
+/// and pattern positions (the first `len` of the array, in order), with the fused dispatch left
+/// in `out`, resolved against the graph.
 fn first_match(
     rules: &[FusionRule],
     graph: &ComputeGraph,
     order: &[u32],
     i: usize,
     out: &mut Resolved,
-) -> Option<(&'static str, Vec<At>)> {
+) -> Option<(&'static str, [At; MAX_PATTERN_NODES], usize)> {
     let op = graph.op_at(order[i]);
     let m = Matcher {
         graph,
@@ -303,7 +305,7 @@ fn first_match(
         }
         if sound(graph, order, &found) {
             graph.resolve_into(&found.fused, out);
-            return Some((rule.name, found.nodes().to_vec()));
+            return Some((rule.name, found.nodes, found.len));
         }
     }
     None
