@@ -83,10 +83,11 @@ fn elementwise_family() {
         let out = vec![(dt, vec![rows, cols])];
         let none: Vec<(DType, Vec<usize>)> = Vec::new();
         type Bin = fn(&mut Session, &Buffer, &Buffer, &Buffer) -> Result<()>;
-        let binaries: [(&str, Bin); 3] = [
+        let binaries: [(&str, Bin); 4] = [
             ("add", |s, a, b, o| s.add(a, b, o)),
             ("mul", |s, a, b, o| s.mul(a, b, o)),
             ("swiglu", |s, a, b, o| s.swiglu(a, b, o)),
+            ("geglu", |s, a, b, o| s.geglu(a, b, o)),
         ];
         for (name, f) in binaries {
             compare(
@@ -107,7 +108,8 @@ fn elementwise_family() {
                 rtol,
                 &|s, i, _| f(s, &i[0], &i[1], &i[0]),
             );
-            if name != "swiglu" {
+            // The gated activations do not broadcast.
+            if !name.ends_with("glu") {
                 compare(
                     &format!("{name} row {dt}"),
                     &dev,

@@ -16,7 +16,7 @@ use onepass::{Executor, RuntimeConfig};
 /// Which model to use.
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// A GGUF file, or `smollm2` for the default model (fetched on first use).
+    /// A GGUF file, or a known model fetched on first use: `smollm2` (the default) or `gemma3`.
     #[arg(long, default_value = "smollm2")]
     pub model: String,
 }

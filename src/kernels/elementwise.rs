@@ -69,6 +69,20 @@ binary!(
     "swiglu_f16_inplace",
     "swiglu_bf16_inplace"
 );
+binary!(
+    "gelu_tanh(gate) * up",
+    GEGLU,
+    GEGLU_INPLACE,
+    OpKind::Elementwise,
+    "gate",
+    "up",
+    "geglu_f32",
+    "geglu_f16",
+    "geglu_bf16",
+    "geglu_f32_inplace",
+    "geglu_f16_inplace",
+    "geglu_bf16_inplace"
+);
 
 macro_rules! unary {
     ($doc:literal, $out:ident, $inplace:ident,

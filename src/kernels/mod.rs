@@ -486,6 +486,8 @@ pub fn all() -> Vec<&'static KernelSig> {
         &elementwise::MUL_INPLACE,
         &elementwise::SWIGLU,
         &elementwise::SWIGLU_INPLACE,
+        &elementwise::GEGLU,
+        &elementwise::GEGLU_INPLACE,
         &elementwise::SCALE,
         &elementwise::SCALE_INPLACE,
         &elementwise::SOFTCAP,

@@ -1,7 +1,7 @@
 //! The `elementwise` op family: argument checks and dispatch building (the `Session`
 //! methods that record it are in `session/ops.rs`).
 //!
-//! Binary ops (`add`, `mul`, `swiglu`) take `a`, `b` and `out`; for `add` and `mul`, `b` is either
+//! Binary ops (`add`, `mul`, `swiglu`, `geglu`) take `a`, `b` and `out`; for `add` and `mul`, `b` is either
 //! the same shape as `a` or one row (`[n]` or `[1, n]`, `n` the last dimension of `a`) broadcast
 //! over every row of `a`. Unary ops (`scale`, `gelu_tanh`, `gelu_erf`, `silu`, `softcap`) take `x`
 //! and `out`. Every op accepts f32, f16 and bf16 (all its buffers of one dtype) and computes in f32.
@@ -225,6 +225,13 @@ const SWIGLU: BinarySpec = BinarySpec {
     a_name: "gate",
     b_name: "up",
 };
+const GEGLU: BinarySpec = BinarySpec {
+    op: "geglu",
+    kernels: both(&ew::GEGLU, &ew::GEGLU_INPLACE),
+    binary_kind: BinaryKind::Ordered,
+    a_name: "gate",
+    b_name: "up",
+};
 const SCALE: Kernels = both(&ew::SCALE, &ew::SCALE_INPLACE);
 const GELU_TANH: Kernels = both(&ew::GELU_TANH, &ew::GELU_TANH_INPLACE);
 const GELU_ERF: Kernels = both(&ew::GELU_ERF, &ew::GELU_ERF_INPLACE);
@@ -246,6 +253,12 @@ pub fn mul(a: &Buffer, b: &Buffer, out: &Buffer) -> Result<Dispatch> {
 /// `out = silu(gate) * up`, all three of one shape. `out` may be `gate` itself (in place).
 pub fn swiglu(gate: &Buffer, up: &Buffer, out: &Buffer) -> Result<Dispatch> {
     binary(&SWIGLU, gate, up, out)
+}
+
+/// `out = gelu_tanh(gate) * up` (the gated feed-forward of Gemma), all three of one shape.
+/// `out` may be `gate` itself (in place).
+pub fn geglu(gate: &Buffer, up: &Buffer, out: &Buffer) -> Result<Dispatch> {
+    binary(&GEGLU, gate, up, out)
 }
 
 /// `out = x * s`. `out` may be `x` itself (in place).
@@ -510,6 +523,19 @@ mod tests {
                 "swiglu",
                 |s, g, u, o| s.swiglu(g, u, o),
                 |g, u| silu_ref(g) * u,
+                false,
+                out_at,
+            );
+        }
+    }
+
+    #[test]
+    fn geglu_matches_reference() {
+        for out_at in [OutAt::Fresh, OutAt::A] {
+            check_binary(
+                "geglu",
+                |s, g, u, o| s.geglu(g, u, o),
+                |g, u| gelu_tanh_ref(g) * u,
                 false,
                 out_at,
             );

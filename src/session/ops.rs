@@ -121,6 +121,11 @@ mod elementwise {
             self.push(swiglu(gate, up, out)?)
         }
 
+        /// `out = gelu_tanh(gate) * up` (see [`geglu`]).
+        pub fn geglu(&mut self, gate: &Buffer, up: &Buffer, out: &Buffer) -> Result<()> {
+            self.push(geglu(gate, up, out)?)
+        }
+
         /// `out = x * s` (see [`scale`]).
         pub fn scale(&mut self, x: &Buffer, s: f32, out: &Buffer) -> Result<()> {
             self.push(scale(x, s, out)?)

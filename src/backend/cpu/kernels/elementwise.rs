@@ -1,4 +1,4 @@
-//! CPU kernels of the `elementwise` op family: add, mul and SwiGLU (binary, with a row vector
+//! CPU kernels of the `elementwise` op family: add, mul, SwiGLU and GeGLU (binary, with a row vector
 //! broadcast over rows), and scale, GELU (tanh and erf forms), SiLU and softcap (unary).
 //!
 //! Values are loaded as f32, computed in f32 and stored in the buffer's dtype.
@@ -31,6 +31,7 @@ trait UnaryOp {
 struct Add;
 struct Mul;
 struct Swiglu;
+struct Geglu;
 struct Scale;
 struct GeluTanh;
 struct GeluErf;
@@ -55,6 +56,13 @@ impl BinaryOp for Swiglu {
     #[inline(always)]
     fn apply(gate: f32, up: f32) -> f32 {
         silu(gate) * up
+    }
+}
+
+impl BinaryOp for Geglu {
+    #[inline(always)]
+    fn apply(gate: f32, up: f32) -> f32 {
+        GeluTanh::apply(gate, 0.0) * up
     }
 }
 
@@ -272,6 +280,7 @@ pub(super) fn register(registry: &mut CpuRegistry) {
     register_float_op!(registry, ADD, ADD_INPLACE, binary, Add);
     register_float_op!(registry, MUL, MUL_INPLACE, binary, Mul);
     register_float_op!(registry, SWIGLU, SWIGLU_INPLACE, binary, Swiglu);
+    register_float_op!(registry, GEGLU, GEGLU_INPLACE, binary, Geglu);
     register_float_op!(registry, SCALE, SCALE_INPLACE, unary, Scale);
     register_float_op!(registry, GELU_TANH, GELU_TANH_INPLACE, unary, GeluTanh);
     register_float_op!(registry, GELU_ERF, GELU_ERF_INPLACE, unary, GeluErf);

@@ -232,6 +232,8 @@ fn families() -> Vec<&'static [KernelSig]> {
         &ew::MUL_INPLACE,
         &ew::SWIGLU,
         &ew::SWIGLU_INPLACE,
+        &ew::GEGLU,
+        &ew::GEGLU_INPLACE,
         &ew::SCALE,
         &ew::SCALE_INPLACE,
         &ew::SOFTCAP,

@@ -1,4 +1,4 @@
-// The `elementwise` family: add, mul, SwiGLU (binary; `b` full or one row broadcast over rows)
+// The `elementwise` family: add, mul, SwiGLU, GeGLU (binary; `b` full or one row broadcast over rows)
 // and scale, GELU (tanh, erf), SiLU, softcap (unary), each out of place and in place, for f32,
 // f16 and bf16. Same argument order and semantics as the CPU kernels
 // (src/backend/cpu/kernels/elementwise.rs): values are loaded as f32, computed in f32 (GELU-erf
@@ -16,6 +16,9 @@ struct OpGeluTanh {
         const float k = 0.7978846f;
         return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
     }
+};
+struct OpGeglu {
+    __device__ static float apply(float g, float u) { return OpGeluTanh::apply(g, 0.0f) * u; }
 };
 // erfc(z) for z >= 0: Abramowitz and Stegun 7.1.26 in f64, as the CPU kernel.
 __device__ __forceinline__ double ew_erfc_nonneg(double z) {
@@ -94,6 +97,12 @@ BINARY_KERNEL(swiglu_bf16, __nv_bfloat16, OpSwiglu)
 BINARY_INPLACE_KERNEL(swiglu_f32_inplace, float, OpSwiglu)
 BINARY_INPLACE_KERNEL(swiglu_f16_inplace, __half, OpSwiglu)
 BINARY_INPLACE_KERNEL(swiglu_bf16_inplace, __nv_bfloat16, OpSwiglu)
+BINARY_KERNEL(geglu_f32, float, OpGeglu)
+BINARY_KERNEL(geglu_f16, __half, OpGeglu)
+BINARY_KERNEL(geglu_bf16, __nv_bfloat16, OpGeglu)
+BINARY_INPLACE_KERNEL(geglu_f32_inplace, float, OpGeglu)
+BINARY_INPLACE_KERNEL(geglu_f16_inplace, __half, OpGeglu)
+BINARY_INPLACE_KERNEL(geglu_bf16_inplace, __nv_bfloat16, OpGeglu)
 UNARY_PARAM_KERNEL(scale_f32, float, OpScale)
 UNARY_PARAM_KERNEL(scale_f16, __half, OpScale)
 UNARY_PARAM_KERNEL(scale_bf16, __nv_bfloat16, OpScale)
