@@ -58,7 +58,7 @@ use std::collections::{HashMap, HashSet};
 use crate::backend::{Buffer, DType, Device};
 use crate::error::{Error, Result};
 use crate::graph::{passes, Arg, ComputeGraph, Dispatch, KernelId, Node, Range};
-use crate::model::llama::{Llama, Logits};
+use crate::model::transformer::{Logits, Transformer};
 use crate::session::{Executor, Mode, Plan};
 
 mod byte_set;
@@ -297,7 +297,7 @@ pub fn sanitize(
 /// argmax) and sanitizes it. Scratch: the model's decode activations and partials; outputs: the
 /// logits, the next token and every layer's K and V cache.
 pub fn sanitize_decode_step(
-    llama: &Llama,
+    llama: &Transformer,
     executor: &Executor,
     plan: &Plan,
     token: u32,
@@ -323,7 +323,7 @@ pub fn sanitize_decode_step(
 /// Runs `prompt` through `llama` from position 0 (direct sessions, in passes of at most
 /// `max_batch` tokens), then sanitizes the decode step of the token the prefill predicts.
 pub fn prefill_and_sanitize_decode(
-    llama: &Llama,
+    llama: &Transformer,
     executor: &Executor,
     plan: &Plan,
     prompt: &[u32],

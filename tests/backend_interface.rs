@@ -10,11 +10,11 @@ use onepass::backend::{BackendKind, EncoderOptions};
 use onepass::graph::{Arg, ComputeGraph, Scalar};
 use onepass::kernels::Fusion;
 use onepass::model::gguf::GgufFile;
-use onepass::model::llama::{Llama, Logits};
+use onepass::model::transformer::{Logits, Transformer};
 use onepass::{Buffer, DType, Device, Executor, Mode, Plan};
 
 /// Records one pass of `rows` rows of the tiny model on `device`.
-fn record_pass(llama: &Llama, device: &Device, rows: usize) -> ComputeGraph {
+fn record_pass(llama: &Transformer, device: &Device, rows: usize) -> ComputeGraph {
     let mut s = Executor::new(device.clone()).begin(Mode::Recorded);
     llama.record(&mut s, rows, Logits::Last, false).unwrap();
     s.into_graph().unwrap()
@@ -31,7 +31,7 @@ fn the_model_plans_its_passes_from_the_declared_capabilities() {
     let file = Arc::new(GgufFile::open(&path).unwrap());
     let device = Device::cpu(2).unwrap();
     let caps = device.capabilities();
-    let llama = Llama::load(file, &device, 96, 8).unwrap();
+    let llama = Transformer::load(file, &device, 96, 8).unwrap();
 
     // Decode: the split attention with the declared chunk length, in as many dispatches as the
     // backend declares.
@@ -61,7 +61,7 @@ fn the_model_plans_its_passes_from_the_declared_capabilities() {
     // row counts each backend declares (every count on the CPU, one row on CUDA, which a CPU
     // device standing in for CUDA records and optimizes like CUDA without running anything).
     let stand_in = Device::cpu_standing_in_for(BackendKind::Cuda, 1).unwrap();
-    let cuda_model = Llama::load(llama_file(&path), &stand_in, 96, 8).unwrap();
+    let cuda_model = Transformer::load(llama_file(&path), &stand_in, 96, 8).unwrap();
     for (model, dev) in [(&llama, &device), (&cuda_model, &stand_in)] {
         let caps = dev.capabilities();
         let max = caps

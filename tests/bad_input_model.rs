@@ -13,8 +13,8 @@ use std::sync::{Arc, OnceLock};
 
 use onepass::model::engine::{Engine, RunMode};
 use onepass::model::gguf::GgufFile;
-use onepass::model::llama::{Llama, Logits};
 use onepass::model::sampler::SamplerConfig;
+use onepass::model::transformer::{Logits, Transformer};
 use onepass::{Device, Executor, Result};
 
 mod common;
@@ -51,7 +51,7 @@ fn tiny_model_path() -> &'static Path {
 
 fn tiny_engine(max_ctx: usize, max_batch: usize) -> Engine {
     let file = Arc::new(GgufFile::open(tiny_model_path()).unwrap());
-    let llama = Llama::load(file, dev(), max_ctx, max_batch).unwrap();
+    let llama = Transformer::load(file, dev(), max_ctx, max_batch).unwrap();
     Engine::new(llama, Executor::new(dev().clone()), RunMode::Graph)
 }
 
@@ -67,7 +67,7 @@ fn expect_err<T: std::fmt::Debug>(r: Result<T>, needle: &str) {
 #[test]
 fn out_of_vocabulary_and_bad_passes_in_set_inputs() {
     let engine = tiny_engine(16, 8);
-    let llama = engine.llama();
+    let llama = engine.model();
     let vocab = llama.config().vocab as u32;
     assert_eq!(vocab as usize, tiny_tokens().len());
     llama.set_inputs(&[0, vocab - 1], 0).unwrap();
@@ -84,7 +84,7 @@ fn out_of_vocabulary_and_bad_passes_in_set_inputs() {
 fn engine_rejects_overflow_empty_prompts_and_bad_ids() {
     let mut engine = tiny_engine(16, 8);
     let greedy = SamplerConfig::default();
-    let vocab = engine.llama().config().vocab as u32;
+    let vocab = engine.model().config().vocab as u32;
     let none = |_| Ok(());
     expect_err(
         engine.generate(&[5; 10], 8, &greedy, &[], none),

@@ -12,8 +12,8 @@ use std::sync::{Arc, OnceLock};
 use onepass::model::budget::available_memory;
 use onepass::model::engine::{Engine, RunMode};
 use onepass::model::gguf::GgufFile;
-use onepass::model::llama::Llama;
 use onepass::model::sampler::{SamplerConfig, NO_FINITE_LOGIT};
+use onepass::model::transformer::Transformer;
 use onepass::{Device, Executor};
 
 mod common;
@@ -38,8 +38,8 @@ fn s(p: &Path) -> String {
     p.display().to_string()
 }
 
-fn load(path: &Path, ctx: usize) -> onepass::Result<Llama> {
-    Llama::load(Arc::new(GgufFile::open(path)?), dev(), ctx, 8)
+fn load(path: &Path, ctx: usize) -> onepass::Result<Transformer> {
+    Transformer::load(Arc::new(GgufFile::open(path)?), dev(), ctx, 8)
 }
 
 #[test]

@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use onepass::model::engine::{Engine, RunMode};
 use onepass::model::gguf::GgufFile;
-use onepass::model::llama::{Llama, Logits};
 use onepass::model::synth::{write_synthetic, SynthShape, SynthSpec};
+use onepass::model::transformer::{Logits, Transformer};
 use onepass::{DType, Device, Executor};
 
 const STEPS: usize = 32;
@@ -44,7 +44,8 @@ fn top2_gap(v: &[f32]) -> f32 {
 
 /// Prefill, then `STEPS` greedy steps: the tokens and every step's logits.
 fn greedy(file: &Arc<GgufFile>, device: Device, mode: RunMode) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let llama = Llama::load(file.clone(), &device, PROMPT.len() + STEPS + 1, 64).expect("load");
+    let llama =
+        Transformer::load(file.clone(), &device, PROMPT.len() + STEPS + 1, 64).expect("load");
     let mut engine = Engine::new(llama, Executor::new(device), mode);
     engine.prefill(&PROMPT, Logits::Last).expect("prefill");
     let first = engine.logits(1).expect("logits");

@@ -132,8 +132,8 @@ fn out_of_memory_frees_the_scratch_pool_and_retries() {
 #[ignore = "needs a CUDA GPU"]
 fn model_whose_kv_cache_cannot_fit_is_an_error() {
     use onepass::model::gguf::GgufFile;
-    use onepass::model::llama::Llama;
     use onepass::model::synth::{write_synthetic, SynthShape, SynthSpec};
+    use onepass::model::transformer::Transformer;
     let (dev, _) = cuda_device();
     let dir = std::env::temp_dir().join(format!("onepass-cuda-faults-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
@@ -147,7 +147,7 @@ fn model_whose_kv_cache_cannot_fit_is_an_error() {
     let file = Arc::new(GgufFile::open(&path).expect("open the synthetic model"));
     let _turn = BIG_MEMORY.lock().unwrap_or_else(|e| e.into_inner());
     // 3 KV heads of 64 values in f32: 768 bytes per position, so 2^30 positions is 768 GiB.
-    let err = match Llama::load(file, &dev, 1 << 30, 1) {
+    let err = match Transformer::load(file, &dev, 1 << 30, 1) {
         Ok(_) => panic!("a 768 GiB KV cache loaded"),
         Err(e) => e.to_string(),
     };

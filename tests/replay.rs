@@ -13,7 +13,7 @@ use std::sync::Arc;
 use onepass::model::engine::{Engine, RunMode};
 use onepass::model::gguf::GgufFile;
 use onepass::model::gguf_write::GgufWriter;
-use onepass::model::llama::{Llama, Logits};
+use onepass::model::transformer::{Logits, Transformer};
 use onepass::{DType, Device, Executor};
 
 const STEPS: usize = 64;
@@ -97,7 +97,7 @@ struct Run {
 
 fn run(file: &Arc<GgufFile>, device: Device, mode: RunMode, prompt: &[u32]) -> Run {
     let ctx = prompt.len() + STEPS + 1;
-    let llama = Llama::load(file.clone(), &device, ctx, 64).expect("load");
+    let llama = Transformer::load(file.clone(), &device, ctx, 64).expect("load");
     let mut engine = Engine::new(llama, Executor::new(device), mode);
     engine.prefill(prompt, Logits::Last).expect("prefill");
     let first = engine.logits(1).expect("logits");
@@ -242,7 +242,7 @@ fn cpu_profiled_step_times_every_kernel_and_traces_them() {
     write_small_llama(&path);
     let file = Arc::new(GgufFile::open(&path).expect("open"));
     let device = Device::cpu(2).expect("cpu");
-    let llama = Llama::load(file, &device, 64, 16).expect("load");
+    let llama = Transformer::load(file, &device, 64, 16).expect("load");
     let mut engine = Engine::new(llama, Executor::new(device), RunMode::Graph);
     engine.prefill(&[1, 2, 3], Logits::Last).expect("prefill");
     engine.decode(4, 3, true).expect("decode");

@@ -10,8 +10,8 @@ use onepass::backend::cpu::KernelArgs;
 use onepass::graph::{Arg, Grid};
 use onepass::model::fetch;
 use onepass::model::gguf::GgufFile;
-use onepass::model::llama::Llama;
 use onepass::model::tokenizer::Tokenizer;
+use onepass::model::transformer::Transformer;
 use onepass::ops::custom::CustomKernel;
 use onepass::sanitize::{prefill_and_sanitize_decode, sanitize, SanitizeInput, POISON_F32};
 use onepass::{Buffer, DType, Device, Executor, Mode, Plan};
@@ -345,7 +345,7 @@ fn given_the_smollm2_decode_graph_when_sanitized_on_the_cpu_should_pass() {
     let file = Arc::new(GgufFile::open(&path).expect("open model"));
     let tokenizer = Tokenizer::from_gguf(&file).expect("tokenizer");
     let dev = Device::cpu(0).expect("cpu");
-    let llama = Llama::load(file, &dev, 96, 16).expect("load");
+    let llama = Transformer::load(file, &dev, 96, 16).expect("load");
     let exec = Executor::new(dev);
     let prompt = tokenizer
         .encode("The sanitizer replays one decode step.", true)

@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use onepass::model::engine::{Engine, RunMode};
 use onepass::model::gguf::GgufFile;
-use onepass::model::llama::{Llama, Logits};
 use onepass::model::sampler::SamplerConfig;
 use onepass::model::tokenizer::Tokenizer;
+use onepass::model::transformer::{Logits, Transformer};
 use onepass::{Device, Executor, RuntimeConfig};
 use serde_json::Value;
 
@@ -52,7 +52,7 @@ fn model() -> &'static Model {
 
 fn engine(mode: RunMode, config: RuntimeConfig) -> Engine {
     let device = Device::cpu(0).expect("cpu device");
-    let llama = Llama::load(model().file.clone(), &device, 512, 512).expect("load llama");
+    let llama = Transformer::load(model().file.clone(), &device, 512, 512).expect("load llama");
     Engine::new(llama, Executor::new(device).with_config(config), mode)
 }
 
@@ -125,7 +125,7 @@ fn last_logits_and_hidden_norms_of_every_prompt() {
         let (diff, at) = max_abs(&got, &want);
         assert!(diff <= LOGIT_TOL, "{name}: max |diff| {diff} at token {at}");
         let norms = e
-            .llama()
+            .model()
             .final_hidden_norms(prompt.len(), Logits::Last)
             .unwrap();
         let before = p["final_hidden_l2_norm_last_pos"]["before_final_rmsnorm"]

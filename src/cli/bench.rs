@@ -11,8 +11,8 @@ use clap::Args;
 use onepass::config::RunMode;
 use onepass::model::engine::Engine;
 use onepass::model::gguf::GgufFile;
-use onepass::model::llama::{Llama, Logits};
 use onepass::model::synth::{write_synthetic, SynthShape, SynthSpec};
+use onepass::model::transformer::{Logits, Transformer};
 use onepass::trace::{op_summary, write_chrome_trace, Timeline};
 use onepass::{DType, Executor};
 
@@ -176,10 +176,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             args.model.model.clone(),
         ),
     };
-    let llama = Llama::load(file, &device, ctx, args.run.batch)?;
+    let llama = Transformer::load(file, &device, ctx, args.run.batch)?;
     let executor = Executor::new(device.clone()).with_config(config);
     let mut engine = Engine::new(llama, executor, modes[0]);
-    let prompt = pseudo_random_prompt(args.prompt, engine.llama().config().vocab as u64);
+    let prompt = pseudo_random_prompt(args.prompt, engine.model().config().vocab as u64);
 
     let mut results = Vec::new();
     let mut timelines = Vec::new();

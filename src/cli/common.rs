@@ -9,8 +9,8 @@ use onepass::config::{BackendChoice, RunMode};
 use onepass::model::engine::Engine;
 use onepass::model::fetch;
 use onepass::model::gguf::GgufFile;
-use onepass::model::llama::Llama;
 use onepass::model::tokenizer::Tokenizer;
+use onepass::model::transformer::Transformer;
 use onepass::{Executor, RuntimeConfig};
 
 /// Which model to use.
@@ -179,7 +179,7 @@ pub fn load(model: &ModelArgs, run: &RunArgs, config: &RuntimeConfig) -> anyhow:
     let file = open_model(&model.model, config)?;
     let tokenizer = Tokenizer::from_gguf(&file)?;
     let device = config.open_device()?;
-    let llama = Llama::load(file.clone(), &device, run.ctx, run.batch)?;
+    let llama = Transformer::load(file.clone(), &device, run.ctx, run.batch)?;
     let mode = config.mode;
     let executor = Executor::new(device).with_config(config.clone());
     Ok(Loaded {

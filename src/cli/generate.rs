@@ -7,8 +7,8 @@ use anyhow::{bail, Context};
 use clap::Args;
 use onepass::model::chat::{ChatMessage, ChatTemplate};
 use onepass::model::engine::GenerateStats;
-use onepass::model::llama::Logits;
 use onepass::model::sampler::SamplerConfig;
+use onepass::model::transformer::Logits;
 use onepass::sanitize::prefill_and_sanitize_decode;
 use onepass::Executor;
 
@@ -161,7 +161,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         tok.eog_ids().to_vec()
     };
     if args.sanitize {
-        let llama = loaded.engine.llama();
+        let llama = loaded.engine.model();
         let executor = Executor::new(llama.device().clone()).with_config(config.clone());
         let report = prefill_and_sanitize_decode(llama, &executor, &config.plan(), &prompt_ids)?;
         if !report.passed() {
@@ -198,7 +198,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             .copied()
             .unwrap_or(prompt_ids[prompt_ids.len() - 1]);
         let pos = (stats.prompt_ids.len() + stats.generated_ids.len()).saturating_sub(1);
-        if pos < engine.llama().max_ctx() {
+        if pos < engine.model().max_ctx() {
             let kernels = engine.profile_decode(last, pos, true)?;
             let name = format!(
                 "decode step at position {pos}, {} mode",
@@ -246,7 +246,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         stats.prompt_tok_s,
         stats.generated_ids.len(),
         stats.decode_tok_s,
-        engine.llama().device().name(),
+        engine.model().device().name(),
         engine.mode().name(),
     );
     Ok(())

@@ -8,8 +8,8 @@ use onepass::backend::{BackendKind, Device};
 use onepass::config::BackendChoice;
 use onepass::executable::DagShape;
 use onepass::graph::export;
-use onepass::model::llama::{Llama, Logits};
 use onepass::model::tokenizer::Tokenizer;
+use onepass::model::transformer::{Logits, Transformer};
 use onepass::sanitize::prefill_and_sanitize_decode;
 use onepass::{Executor, Mode};
 
@@ -68,7 +68,7 @@ pub fn run(args: GraphArgs) -> anyhow::Result<()> {
     } else {
         1
     };
-    let llama = Llama::load(file.clone(), &device, args.run.ctx, batch)?;
+    let llama = Transformer::load(file.clone(), &device, args.run.ctx, batch)?;
     let executor = Executor::new(device).with_config(config);
     let sanitized = if args.sanitize {
         let tokenizer = Tokenizer::from_gguf(&file)?;

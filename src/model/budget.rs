@@ -3,7 +3,7 @@
 //! is allocated instead of being killed by the kernel's out-of-memory killer halfway through.
 
 use crate::error::{Error, Result};
-use crate::model::llama::LlamaConfig;
+use crate::model::arch::ModelConfig;
 
 /// Bytes of one f32 or i32 element.
 const WORD: u128 = 4;
@@ -13,7 +13,7 @@ const WORD: u128 = 4;
 /// attention scratch. Weights are not counted (on the CPU they are a mapping of the file, which
 /// the kernel can page in and out). Computed in `u128`, so no size overflows.
 pub fn cache_and_scratch_bytes(
-    c: &LlamaConfig,
+    c: &ModelConfig,
     max_ctx: usize,
     max_batch: usize,
     decode_partials: usize,
@@ -23,8 +23,10 @@ pub fn cache_and_scratch_bytes(
     let kv_width = n(c.n_kv_head) * n(c.head_dim);
     let q_width = n(c.n_head) * n(c.head_dim);
     let kv = 2 * n(c.n_layer) * kv_width * n(max_ctx);
-    // x, xn, proj; q, attn; k, v; gate, up, hidden (one set per prefill row, one for decode).
-    let scratch_row = 3 * n(c.dim) + 2 * q_width + 2 * kv_width + 3 * n(c.ffn_dim);
+    // x, xn, proj; q, attn; k, v; gate, up, hidden (one set per prefill row, one for decode);
+    // the queries and keys before their per-head norm where the family has one.
+    let qk_raw = if c.qk_norm { q_width + kv_width } else { 0 };
+    let scratch_row = 3 * n(c.dim) + 2 * q_width + 2 * kv_width + 3 * n(c.ffn_dim) + qk_raw;
     let scratch = (rows + 1) * scratch_row + n(decode_partials);
     let outputs = rows * (n(c.dim) + n(c.vocab)) + 1;
     let inputs = 1 + 2 * rows;
@@ -66,8 +68,9 @@ pub fn check_fits(need: u128, available: Option<u64>, max_ctx: usize) -> Result<
 mod tests {
     use super::*;
 
-    fn config() -> LlamaConfig {
-        LlamaConfig {
+    fn config() -> ModelConfig {
+        ModelConfig {
+            family: crate::model::arch::Family::Llama,
             n_layer: 30,
             dim: 576,
             n_head: 9,
@@ -77,8 +80,15 @@ mod tests {
             vocab: 49152,
             rope_base: 10000.0,
             rope_dim: 64,
+            rope_mode: crate::ops::rope::RopeMode::Normal,
             norm_eps: 1e-5,
             train_ctx: 8192,
+            attn_scale: 0.125,
+            activation: crate::model::arch::Activation::Silu,
+            qk_norm: false,
+            post_norms: false,
+            embed_scale: None,
+            sliding: None,
         }
     }
 

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use crate::backend::{EncoderOptions, ReplayOrdering};
 use crate::error::{Error, Result};
 use crate::executable::{Executable, KernelTiming, StableSet};
-use crate::model::llama::{Llama, Logits};
 use crate::model::sampler::{Sampler, SamplerConfig};
+use crate::model::transformer::{Logits, Transformer};
 use crate::session::{Executor, Mode, Plan};
 
 /// How passes are executed; defined with the rest of the configuration.
@@ -15,7 +15,7 @@ pub use crate::config::RunMode;
 
 /// A model plus the executor and mode that run it.
 pub struct Engine {
-    llama: Llama,
+    model: Transformer,
     executor: Executor,
     mode: RunMode,
     plan: Plan,
@@ -58,11 +58,11 @@ pub struct GenerateStats {
 }
 
 impl Engine {
-    /// An engine running `llama` with `executor` in `mode`.
-    pub fn new(llama: Llama, executor: Executor, mode: RunMode) -> Self {
+    /// An engine running `model` with `executor` in `mode`.
+    pub fn new(model: Transformer, executor: Executor, mode: RunMode) -> Self {
         let plan = executor.config().plan();
         Engine {
-            llama,
+            model,
             executor,
             mode,
             plan,
@@ -107,7 +107,7 @@ impl Engine {
 
     /// The allocations the model keeps for its whole life, which an instantiated step may use.
     pub fn stable_set(&self) -> StableSet {
-        let named = self.llama.stable_buffers();
+        let named = self.model.stable_buffers();
         StableSet::from_named(named.iter().map(|(n, b)| (n.as_str(), b)))
     }
 
@@ -115,7 +115,7 @@ impl Engine {
     /// engine's mode does and instantiates it.
     pub fn instantiate_decode(&self, argmax: bool) -> Result<Executable> {
         let mut s = self.executor.begin(Mode::Recorded);
-        self.llama.record(&mut s, 1, Logits::Last, argmax)?;
+        self.model.record(&mut s, 1, Logits::Last, argmax)?;
         let mut graph = s.into_graph()?;
         let plan = match self.mode {
             RunMode::Graph | RunMode::Recorded => self.plan,
@@ -135,7 +135,7 @@ impl Engine {
         pos: usize,
         argmax: bool,
     ) -> Result<Vec<KernelTiming>> {
-        self.llama.set_inputs(&[token], pos)?;
+        self.model.set_inputs(&[token], pos)?;
         match &self.decode_exec {
             Some((exec, a)) if *a == argmax && self.mode == RunMode::Graph => exec.profile(),
             _ => self.instantiate_decode(argmax)?.profile(),
@@ -143,8 +143,8 @@ impl Engine {
     }
 
     /// The model.
-    pub fn llama(&self) -> &Llama {
-        &self.llama
+    pub fn model(&self) -> &Transformer {
+        &self.model
     }
 
     /// The execution mode.
@@ -161,22 +161,22 @@ impl Engine {
                 "the prompt is empty: give at least one token".into(),
             ));
         }
-        if tokens.len() > self.llama.max_ctx() {
+        if tokens.len() > self.model.max_ctx() {
             return Err(Error::InvalidArgument(format!(
                 "the prompt has {} tokens, more than the context of {}",
                 tokens.len(),
-                self.llama.max_ctx()
+                self.model.max_ctx()
             )));
         }
-        if logits == Logits::All && tokens.len() > self.llama.max_batch() {
+        if logits == Logits::All && tokens.len() > self.model.max_batch() {
             return Err(Error::InvalidArgument(format!(
                 "logits of every position need the prompt in one pass of at most {} tokens",
-                self.llama.max_batch()
+                self.model.max_batch()
             )));
         }
         let mut pos = 0;
-        for chunk in tokens.chunks(self.llama.max_batch()) {
-            self.llama.set_inputs(chunk, pos)?;
+        for chunk in tokens.chunks(self.model.max_batch()) {
+            self.model.set_inputs(chunk, pos)?;
             let last = pos + chunk.len() == tokens.len();
             self.run_pass(chunk.len(), if last { logits } else { Logits::Last }, false)?;
             pos += chunk.len();
@@ -188,7 +188,7 @@ impl Engine {
     /// token is computed on the device and returned; otherwise `None` and the logits are left in
     /// the logits buffer.
     pub fn decode(&mut self, token: u32, pos: usize, argmax: bool) -> Result<Option<u32>> {
-        self.llama.set_inputs(&[token], pos)?;
+        self.model.set_inputs(&[token], pos)?;
         if self.mode == RunMode::Graph && !matches!(&self.decode_exec, Some((_, a)) if *a == argmax)
         {
             // Built once (and again only if the caller switches between greedy and sampled steps):
@@ -223,7 +223,7 @@ impl Engine {
         if argmax {
             // The only read-back of a greedy step: the token's 4 bytes (it waits for the launch).
             let device = self.executor.device();
-            let id = device.download::<i32>(self.llama.next_token_buffer())?[0];
+            let id = device.download::<i32>(self.model.next_token_buffer())?[0];
             if id < 0 {
                 // The largest logit is not finite (the device argmax gives -1): the host's greedy
                 // choice over the finite logits decides, or fails as sampling does when there is
@@ -231,7 +231,7 @@ impl Engine {
                 let mut greedy = Sampler::new(SamplerConfig::default())?;
                 return Ok(Some(greedy.sample(&self.logits(1)?, &[])?));
             }
-            let vocab = self.llama.config().vocab;
+            let vocab = self.model.config().vocab;
             let index = usize::try_from(id)
                 .ok()
                 .filter(|&i| i < vocab)
@@ -261,7 +261,7 @@ impl Engine {
                 sync_each_dispatch: true,
             };
             let mut s = self.executor.begin_with(Mode::Direct, sync_each);
-            self.llama.record(&mut s, rows, logits, argmax)?;
+            self.model.record(&mut s, rows, logits, argmax)?;
             let report = s.finish(&self.plan)?;
             self.last_pass = PassStats {
                 kernels: report.dispatches,
@@ -270,7 +270,7 @@ impl Engine {
             return Ok(());
         }
         let mut s = self.executor.begin(mode);
-        self.llama.record(&mut s, rows, logits, argmax)?;
+        self.model.record(&mut s, rows, logits, argmax)?;
         let report = s.finish(&self.plan)?;
         self.last_pass = PassStats {
             kernels: report.dispatches,
@@ -283,7 +283,7 @@ impl Engine {
     pub fn logits(&self, rows: usize) -> Result<Vec<f32>> {
         self.executor
             .device()
-            .download(&self.llama.logits_buffer(rows)?)
+            .download(&self.model.logits_buffer(rows)?)
     }
 
     /// Generates up to `max_tokens` tokens after `prompt`, calling `on_token` with each new token
@@ -297,11 +297,11 @@ impl Engine {
         mut on_token: impl FnMut(u32) -> Result<()>,
     ) -> Result<GenerateStats> {
         let mut sampler = Sampler::new(sampler.clone())?;
-        if prompt.len() + max_tokens > self.llama.max_ctx() + 1 {
+        if prompt.len() + max_tokens > self.model.max_ctx() + 1 {
             return Err(Error::InvalidArgument(format!(
                 "prompt ({} tokens) plus {max_tokens} new tokens exceeds the context of {} tokens",
                 prompt.len(),
-                self.llama.max_ctx()
+                self.model.max_ctx()
             )));
         }
         let t0 = Instant::now();

@@ -1,13 +1,18 @@
-//! Models: GGUF reading, tokenizer, chat templates, fetching the default model, the Llama-family
-//! forward pass, sampling, and the synthetic-model writer.
+//! Models: GGUF reading, tokenizer, chat templates, fetching the known models, the transformer
+//! skeleton and its families (Llama, Gemma 3, Qwen 3), sampling, and the synthetic-model writer.
 
+pub mod arch;
 pub mod budget;
 pub mod chat;
 pub mod engine;
 pub mod fetch;
+pub mod gemma3;
 pub mod gguf;
 pub mod gguf_write;
 pub mod llama;
+pub mod qwen3;
 pub mod sampler;
 pub mod synth;
 pub mod tokenizer;
+pub mod transformer;
+pub(crate) mod weights;

@@ -22,7 +22,8 @@ use crate::ops::Check;
 pub const MAX_ROTARY_DIM: usize = 1024;
 
 /// Which values of a head form the rotated pairs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum RopeMode {
     /// Adjacent pairs `(x[2i], x[2i + 1])`: the GGUF llama layout.
     Normal,

@@ -1,0 +1,540 @@
+//! The decoder-only transformer skeleton every family shares, built only from `Session` ops: a
+//! [`ModelConfig`] says which norms, activation, RoPE layout and attention windows a family uses,
+//! and [`Transformer::record`] records a forward pass from it.
+//!
+//! Weights stay where the backend wants them (zero-copy views of the mapped file on the CPU).
+//! The KV cache is preallocated for the whole context. Everything that changes from one step to the
+//! next (token ids, positions, the first position of the pass) lives in small device buffers, so a
+//! recorded decode step is valid for every step.
+
+use std::sync::Arc;
+
+use crate::backend::{Buffer, DType, Device};
+use crate::error::{Error, Result};
+use crate::model::arch::{Activation, ModelConfig};
+use crate::model::budget;
+use crate::model::gguf::GgufFile;
+use crate::model::weights::{self, Weights};
+use crate::ops::attention::AttentionParams;
+use crate::ops::rope::RopeParams;
+use crate::session::Session;
+
+/// Scratch activations for passes of up to `rows` tokens.
+struct Scratch {
+    rows: usize,
+    x: Buffer,
+    xn: Buffer,
+    q: Buffer,
+    k: Buffer,
+    v: Buffer,
+    attn: Buffer,
+    proj: Buffer,
+    gate: Buffer,
+    up: Buffer,
+    hidden: Buffer,
+    /// Queries and keys before their per-head norm (families with `qk_norm`).
+    qk_raw: Option<(Buffer, Buffer)>,
+    partials: Option<Buffer>,
+}
+
+/// The per-step values, in device memory.
+/// The per-pass values, as views of one i32 allocation laid out `[step, tokens.., positions..]`
+/// (one host-to-device copy per pass writes them all).
+struct StepInputs {
+    all: Buffer,
+    tokens: Buffer,
+    positions: Buffer,
+    step: Buffer,
+}
+
+impl StepInputs {
+    fn new(device: &Device, max_batch: usize) -> Result<Self> {
+        let all = device.alloc(DType::I32, &[1 + 2 * max_batch])?;
+        Ok(StepInputs {
+            step: all.view(0, DType::I32, &[1])?,
+            tokens: all.view(4, DType::I32, &[max_batch])?,
+            positions: all.view(4 * (1 + max_batch), DType::I32, &[max_batch])?,
+            all,
+        })
+    }
+
+    /// The values of a pass of `ids` starting at `pos0`, as the prefix of `all` to write.
+    fn write(&self, device: &Device, ids: &[i32], pos0: usize) -> Result<()> {
+        let max_batch = self.tokens.elems();
+        let rows = ids.len();
+        let mut words = vec![0i32; 1 + max_batch + rows];
+        words[0] = pos0 as i32;
+        words[1..1 + rows].copy_from_slice(ids);
+        for (r, w) in words[1 + max_batch..].iter_mut().enumerate() {
+            *w = (pos0 + r) as i32;
+        }
+        device.write(&self.all.view(0, DType::I32, &[words.len()])?, &words)
+    }
+}
+
+/// Which rows of a pass produce logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last row (what generation needs).
+    Last,
+    /// Every row (for tests and scoring).
+    All,
+}
+
+/// A loaded model with its KV cache and scratch, ready to record passes.
+pub struct Transformer {
+    config: ModelConfig,
+    device: Device,
+    weights: Weights,
+    kv: Vec<(Buffer, Buffer)>,
+    max_ctx: usize,
+    inputs: StepInputs,
+    prefill: Scratch,
+    decode: Scratch,
+    norm_out: Buffer,
+    logits: Buffer,
+    next_token: Buffer,
+    /// Chunk length of the split decode attention (the backend's choice).
+    decode_chunk: usize,
+    _file: Arc<GgufFile>,
+}
+
+impl Transformer {
+    /// Loads a model for `device` with a KV cache of `max_ctx` positions and prefill passes of up
+    /// to `max_batch` tokens.
+    pub fn load(
+        file: Arc<GgufFile>,
+        device: &Device,
+        max_ctx: usize,
+        max_batch: usize,
+    ) -> Result<Self> {
+        let config = ModelConfig::from_gguf(&file)?;
+        check_supported(&config)?;
+        if max_ctx == 0 || max_batch == 0 {
+            return Err(Error::InvalidArgument(
+                "context and batch sizes must be at least 1".into(),
+            ));
+        }
+        let max_batch = max_batch.min(max_ctx);
+        let params = config.full_attention();
+        let decode_chunk = crate::ops::attention::decode_chunk_len(device);
+        let partial_len =
+            crate::ops::attention::attention_decode_scratch_len(params, max_ctx, decode_chunk)?;
+        let need = budget::cache_and_scratch_bytes(&config, max_ctx, max_batch, partial_len);
+        budget::check_fits(need, device.allocatable_bytes(), max_ctx)?;
+        if max_ctx > config.train_ctx {
+            tracing::warn!(
+                "a context of {max_ctx} tokens exceeds the {} the model was trained for: \
+                 positions past it may give poor text",
+                config.train_ctx
+            );
+        }
+        let weights = weights::load(&file, device, &config)?;
+        let mut kv = Vec::with_capacity(config.n_layer);
+        for _ in 0..config.n_layer {
+            let dims = [config.n_kv_head, max_ctx, config.head_dim];
+            kv.push((
+                device.alloc(DType::F32, &dims)?,
+                device.alloc(DType::F32, &dims)?,
+            ));
+        }
+        let inputs = StepInputs::new(device, max_batch)?;
+        let prefill = Scratch::new(device, &config, max_batch, None)?;
+        let decode = Scratch::new(device, &config, 1, Some(partial_len))?;
+        Ok(Transformer {
+            norm_out: device.alloc(DType::F32, &[max_batch, config.dim])?,
+            logits: device.alloc(DType::F32, &[max_batch, config.vocab])?,
+            next_token: device.alloc(DType::I32, &[1])?,
+            config,
+            device: device.clone(),
+            weights,
+            kv,
+            max_ctx,
+            inputs,
+            prefill,
+            decode,
+            decode_chunk,
+            _file: file,
+        })
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The device the model runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Positions the KV cache holds.
+    pub fn max_ctx(&self) -> usize {
+        self.max_ctx
+    }
+
+    /// Most tokens one prefill pass takes.
+    pub fn max_batch(&self) -> usize {
+        self.prefill.rows
+    }
+
+    /// Writes the per-step inputs for a pass over `tokens` starting at position `pos0`.
+    pub fn set_inputs(&self, tokens: &[u32], pos0: usize) -> Result<()> {
+        let rows = tokens.len();
+        if rows == 0 || rows > self.max_batch() {
+            return Err(Error::InvalidArgument(format!(
+                "a pass takes 1 to {} tokens, got {rows}",
+                self.max_batch()
+            )));
+        }
+        if pos0.checked_add(rows).is_none_or(|end| end > self.max_ctx) {
+            return Err(Error::InvalidArgument(format!(
+                "context overflow: positions {pos0}..{} exceed the context of {} tokens",
+                pos0.saturating_add(rows),
+                self.max_ctx
+            )));
+        }
+        let mut ids = Vec::with_capacity(rows);
+        for &t in tokens {
+            if t as usize >= self.config.vocab {
+                return Err(Error::InvalidArgument(format!(
+                    "token id {t} is out of range for a vocabulary of {}",
+                    self.config.vocab
+                )));
+            }
+            ids.push(t as i32);
+        }
+        self.inputs.write(&self.device, &ids, pos0)
+    }
+
+    /// Records one forward pass over `rows` tokens (inputs set by [`Transformer::set_inputs`]) into a
+    /// session. Decode passes (`rows == 1`) use the split decode attention and their own scratch, so
+    /// a recorded decode step can be replayed for every later step. With `argmax`, the pass ends by
+    /// writing the most likely next token (of the last row) into [`Transformer::next_token_buffer`].
+    pub fn record(&self, s: &mut Session, rows: usize, logits: Logits, argmax: bool) -> Result<()> {
+        let c = &self.config;
+        let decode = rows == 1;
+        let sc = if decode { &self.decode } else { &self.prefill };
+        if rows == 0 || rows > sc.rows {
+            return Err(Error::InvalidArgument(format!(
+                "a pass takes 1 to {} rows, got {rows}",
+                sc.rows
+            )));
+        }
+        let view = |b: &Buffer| b.rows(0, rows);
+        let (x, xn, q, k, v) = (
+            view(&sc.x)?,
+            view(&sc.xn)?,
+            view(&sc.q)?,
+            view(&sc.k)?,
+            view(&sc.v)?,
+        );
+        let (attn, proj) = (view(&sc.attn)?, view(&sc.proj)?);
+        let (gate, up, hidden) = (view(&sc.gate)?, view(&sc.up)?, view(&sc.hidden)?);
+        let tokens = self.inputs.tokens.rows(0, rows)?;
+        let positions = self.inputs.positions.rows(0, rows)?;
+        let step = &self.inputs.step;
+        let w = &self.weights;
+        s.embedding(&w.embed, &tokens, &x)?;
+        if let Some(scale) = c.embed_scale {
+            s.scale(&x, scale, &x)?;
+        }
+        let qk_raw = match &sc.qk_raw {
+            Some((qr, kr)) => Some((qr.rows(0, rows)?, kr.rows(0, rows)?)),
+            None => None,
+        };
+        // Per-head views: one row per head, for the query and key norms.
+        let heads = |t: &Buffer, n: usize| t.reshape(&[rows * n, c.head_dim]);
+        for (i, (l, (kc, vc))) in w.layers.iter().zip(&self.kv).enumerate() {
+            let layer = c.layer_attention(i);
+            let rope = RopeParams {
+                mode: c.rope_mode,
+                head_dim: c.head_dim,
+                rotary_dim: c.rope_dim,
+                base: layer.rope_base,
+                freq_factors: w.rope_freqs.as_ref(),
+            };
+            let attn_params = attention_params(c, layer.window)?;
+            s.rms_norm(&x, &l.attn_norm, &xn, c.norm_eps)?;
+            match (&l.qk_norm, &qk_raw) {
+                (Some((q_norm, k_norm)), Some((q_raw, k_raw))) => {
+                    s.matmul(&xn, &l.wq, q_raw)?;
+                    s.matmul(&xn, &l.wk, k_raw)?;
+                    s.matmul(&xn, &l.wv, &v)?;
+                    let (q_heads, k_heads) = (heads(&q, c.n_head)?, heads(&k, c.n_kv_head)?);
+                    s.rms_norm(&heads(q_raw, c.n_head)?, q_norm, &q_heads, c.norm_eps)?;
+                    s.rms_norm(&heads(k_raw, c.n_kv_head)?, k_norm, &k_heads, c.norm_eps)?;
+                }
+                _ => {
+                    s.matmul(&xn, &l.wq, &q)?;
+                    s.matmul(&xn, &l.wk, &k)?;
+                    s.matmul(&xn, &l.wv, &v)?;
+                }
+            }
+            s.rope(&q, &positions, &q, &rope)?;
+            s.rope(&k, &positions, &k, &rope)?;
+            s.kv_write(&k, kc, step)?;
+            s.kv_write(&v, vc, step)?;
+            match &sc.partials {
+                Some(partials) if decode => s.attention_decode(
+                    &q,
+                    kc,
+                    vc,
+                    step,
+                    partials,
+                    &attn,
+                    attn_params,
+                    self.decode_chunk,
+                )?,
+                _ => s.attention(&q, kc, vc, step, &attn, attn_params)?,
+            }
+            s.matmul(&attn, &l.wo, &proj)?;
+            residual_add(s, &x, &proj, l.post_norms.as_ref().map(|p| &p.0), &xn, c)?;
+            s.rms_norm(&x, &l.ffn_norm, &xn, c.norm_eps)?;
+            s.matmul(&xn, &l.w_gate, &gate)?;
+            s.matmul(&xn, &l.w_up, &up)?;
+            match c.activation {
+                Activation::Silu => s.swiglu(&gate, &up, &hidden)?,
+                Activation::GeluTanh => s.geglu(&gate, &up, &hidden)?,
+            }
+            s.matmul(&hidden, &l.w_down, &proj)?;
+            residual_add(s, &x, &proj, l.post_norms.as_ref().map(|p| &p.1), &xn, c)?;
+        }
+        let (first, count) = match logits {
+            Logits::Last => (rows - 1, 1),
+            Logits::All => (0, rows),
+        };
+        let x_out = x.rows(first, count)?;
+        let normed = self.norm_out.rows(0, count)?;
+        let out = self.logits.rows(0, count)?;
+        s.rms_norm(&x_out, &w.out_norm, &normed, c.norm_eps)?;
+        s.matmul(&normed, &w.lm_head, &out)?;
+        if argmax {
+            s.argmax(&out.rows(count - 1, 1)?, &self.next_token)?;
+        }
+        // Nobody reads the activations after the pass (the residual `x` and the final norm's
+        // output stay readable: `final_hidden_norms` reads them).
+        for b in [&xn, &q, &k, &v, &attn, &proj, &gate, &up, &hidden] {
+            s.mark_scratch(b);
+        }
+        if let Some((q_raw, k_raw)) = &qk_raw {
+            s.mark_scratch(q_raw);
+            s.mark_scratch(k_raw);
+        }
+        Ok(())
+    }
+
+    /// The logits the last pass wrote: `[rows, vocab]` for [`Logits::All`], else `[1, vocab]`.
+    pub fn logits_buffer(&self, rows: usize) -> Result<Buffer> {
+        self.logits.rows(0, rows)
+    }
+
+    /// Euclidean norms of the last position's hidden vector before and after the final RMSNorm,
+    /// as the last pass left them (computed in f64 on the host).
+    pub fn final_hidden_norms(&self, rows: usize, logits: Logits) -> Result<(f64, f64)> {
+        let sc = if rows == 1 {
+            &self.decode
+        } else {
+            &self.prefill
+        };
+        let before = self.device.download::<f32>(&sc.x.rows(rows - 1, 1)?)?;
+        let count = if logits == Logits::All { rows } else { 1 };
+        let after = self
+            .device
+            .download::<f32>(&self.norm_out.rows(count - 1, 1)?)?;
+        let norm = |v: &[f32]| {
+            v.iter()
+                .map(|&x| (x as f64) * (x as f64))
+                .sum::<f64>()
+                .sqrt()
+        };
+        Ok((norm(&before), norm(&after)))
+    }
+
+    /// The i32 buffer an `argmax` pass writes the next token into.
+    pub fn next_token_buffer(&self) -> &Buffer {
+        &self.next_token
+    }
+
+    /// Every buffer the model owns for its whole life, named: weights, KV cache, step inputs,
+    /// scratch, logits. A recorded pass touches only these, so they are what an instantiated graph
+    /// may rely on (`crate::executable::StableSet`).
+    pub fn stable_buffers(&self) -> Vec<(String, Buffer)> {
+        let w = &self.weights;
+        let mut v = vec![
+            ("token_embd".to_string(), w.embed.clone()),
+            ("output_norm".into(), w.out_norm.clone()),
+        ];
+        v.push(("lm_head".into(), w.lm_head.clone()));
+        if let Some(f) = &w.rope_freqs {
+            v.push(("rope_freqs".into(), f.clone()));
+        }
+        for (i, l) in w.layers.iter().enumerate() {
+            for (n, b) in l.named() {
+                v.push((format!("blk.{i}.{n}"), b.clone()));
+            }
+        }
+        for (i, (k, c)) in self.kv.iter().enumerate() {
+            v.push((format!("blk.{i}.k_cache"), k.clone()));
+            v.push((format!("blk.{i}.v_cache"), c.clone()));
+        }
+        let inputs = &self.inputs;
+        v.push(("tokens".into(), inputs.tokens.clone()));
+        v.push(("positions".into(), inputs.positions.clone()));
+        v.push(("step".into(), inputs.step.clone()));
+        for (which, sc) in [("prefill", &self.prefill), ("decode", &self.decode)] {
+            let bufs = [
+                &sc.x, &sc.xn, &sc.q, &sc.k, &sc.v, &sc.attn, &sc.proj, &sc.gate, &sc.up,
+                &sc.hidden,
+            ];
+            let names = [
+                "x", "xn", "q", "k", "v", "attn", "proj", "gate", "up", "hidden",
+            ];
+            for (n, b) in names.iter().zip(bufs) {
+                v.push((format!("{which}.{n}"), b.clone()));
+            }
+            if let Some((q_raw, k_raw)) = &sc.qk_raw {
+                v.push((format!("{which}.q_raw"), q_raw.clone()));
+                v.push((format!("{which}.k_raw"), k_raw.clone()));
+            }
+            if let Some(p) = &sc.partials {
+                v.push((format!("{which}.partials"), p.clone()));
+            }
+        }
+        v.push(("norm_out".into(), self.norm_out.clone()));
+        v.push(("logits".into(), self.logits.clone()));
+        v.push(("next_token".into(), self.next_token.clone()));
+        v
+    }
+
+    /// The device buffers holding the per-step values (token ids, positions, first position).
+    pub fn step_buffers(&self) -> [&Buffer; 3] {
+        [
+            &self.inputs.tokens,
+            &self.inputs.positions,
+            &self.inputs.step,
+        ]
+    }
+
+    // Accessors for the schedule sanitizer (`crate::sanitize`).
+
+    /// The buffers a pass of `rows` tokens uses as scratch (activations, attention partials, the
+    /// final norm): their contents mean nothing between passes.
+    pub fn scratch_buffers(&self, rows: usize) -> Vec<Buffer> {
+        let sc = if rows == 1 {
+            &self.decode
+        } else {
+            &self.prefill
+        };
+        let mut v = vec![
+            sc.x.clone(),
+            sc.xn.clone(),
+            sc.q.clone(),
+            sc.k.clone(),
+            sc.v.clone(),
+            sc.attn.clone(),
+            sc.proj.clone(),
+            sc.gate.clone(),
+            sc.up.clone(),
+            sc.hidden.clone(),
+        ];
+        if let Some((q_raw, k_raw)) = &sc.qk_raw {
+            v.push(q_raw.clone());
+            v.push(k_raw.clone());
+        }
+        // The attention records only: the counters after them stay zero between passes.
+        let params = self.config.full_attention();
+        v.extend(
+            sc.partials
+                .as_ref()
+                .and_then(|p| crate::ops::attention::attention_decode_records(p, params).ok()),
+        );
+        v.push(self.norm_out.clone());
+        v
+    }
+
+    /// What a pass of `rows` tokens leaves for its caller, named: its logits, the next token (with
+    /// `argmax`) and every layer's K and V cache.
+    pub fn output_buffers(
+        &self,
+        rows: usize,
+        logits: Logits,
+        argmax: bool,
+    ) -> Result<Vec<(String, Buffer)>> {
+        let count = if logits == Logits::All { rows } else { 1 };
+        let mut out = vec![("logits".to_string(), self.logits.rows(0, count)?)];
+        if argmax {
+            out.push(("next_token".to_string(), self.next_token.clone()));
+        }
+        for (i, (k, v)) in self.kv.iter().enumerate() {
+            out.push((format!("blk.{i}.k_cache"), k.clone()));
+            out.push((format!("blk.{i}.v_cache"), v.clone()));
+        }
+        Ok(out)
+    }
+}
+
+/// The attention parameters of a layer with sliding window `window`.
+fn attention_params(c: &ModelConfig, window: Option<usize>) -> Result<AttentionParams> {
+    match window {
+        None => Ok(c.full_attention()),
+        Some(w) => Err(Error::Unsupported(format!(
+            "sliding-window attention (a window of {w} positions) is not supported yet"
+        ))),
+    }
+}
+
+/// Refuses, before anything is allocated, a configuration whose pieces the skeleton lacks.
+fn check_supported(c: &ModelConfig) -> Result<()> {
+    match c.sliding {
+        Some(s) => attention_params(c, Some(s.window)).map(|_| ()),
+        None => Ok(()),
+    }
+}
+
+/// `x += out`, or `x += rms_norm(out) * post_norm` for families that normalize a block's output
+/// before the residual add (the norm writes into `tmp`).
+fn residual_add(
+    s: &mut Session,
+    x: &Buffer,
+    out: &Buffer,
+    post_norm: Option<&Buffer>,
+    tmp: &Buffer,
+    c: &ModelConfig,
+) -> Result<()> {
+    match post_norm {
+        Some(weight) => {
+            s.rms_norm(out, weight, tmp, c.norm_eps)?;
+            s.add_inplace(x, tmp)
+        }
+        None => s.add_inplace(x, out),
+    }
+}
+
+impl Scratch {
+    fn new(device: &Device, c: &ModelConfig, rows: usize, partials: Option<usize>) -> Result<Self> {
+        let f = |width: usize| device.alloc(DType::F32, &[rows, width]);
+        Ok(Scratch {
+            rows,
+            x: f(c.dim)?,
+            xn: f(c.dim)?,
+            q: f(c.q_width())?,
+            k: f(c.kv_width())?,
+            v: f(c.kv_width())?,
+            attn: f(c.q_width())?,
+            proj: f(c.dim)?,
+            gate: f(c.ffn_dim)?,
+            up: f(c.ffn_dim)?,
+            hidden: f(c.ffn_dim)?,
+            qk_raw: if c.qk_norm {
+                Some((f(c.q_width())?, f(c.kv_width())?))
+            } else {
+                None
+            },
+            partials: match partials {
+                Some(n) => Some(device.alloc(DType::F32, &[n])?),
+                None => None,
+            },
+        })
+    }
+}
