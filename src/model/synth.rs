@@ -1,8 +1,10 @@
-//! Synthetic models: a GGUF of a known Llama shape with random weights, for speed work on
-//! machines where the real weights cannot go (speed does not depend on weight values).
+//! Synthetic models: a GGUF of a known shape (Llama, Gemma 3 or Qwen 3 family) with random
+//! weights, for speed work on machines where the real weights cannot go (speed does not depend on
+//! weight values) and for tests of the families' forward passes.
 //!
-//! Weights are uniform in `±sqrt(3 / fan_in)` (unit variance through each product), norm weights
-//! are 1, so activations stay bounded. Tensors are produced and quantized while the file is written,
+//! Weights are uniform in `±sqrt(3 / fan_in)` (unit variance through each product). Llama norm
+//! weights are 1; the other families' norm weights are uniform in `[0.75, 1.25]`, so a test can
+//! tell which norm went where. Activations stay bounded. Tensors are produced and quantized while the file is written,
 //! so even an 8B shape never sits in memory whole.
 
 use std::path::Path;
@@ -11,6 +13,7 @@ use rayon::prelude::*;
 
 use crate::backend::DType;
 use crate::error::{Error, Result};
+use crate::model::arch::Family;
 use crate::model::gguf::{Array, GgufFile, Value, ValueType};
 use crate::model::gguf_write::GgufWriter;
 
@@ -26,6 +29,13 @@ pub enum SynthShape {
     /// Llama 3.1 8B: 32 layers, hidden 4096, 32/8 heads, FFN 14336, vocabulary 128256.
     #[value(name = "llama-3.1-8b")]
     Llama31_8b,
+    /// Gemma 3 270M: 18 layers, hidden 640, 4/1 heads of 256, FFN 2048, vocabulary 262144,
+    /// sliding window 512 on five of every six layers.
+    #[value(name = "gemma3-270m")]
+    Gemma3_270m,
+    /// Qwen3 0.6B: 28 layers, hidden 1024, 16/8 heads of 128, FFN 3072, vocabulary 151936.
+    #[value(name = "qwen3-0.6b")]
+    Qwen3_0_6b,
 }
 
 /// The hyperparameters of a shape.
@@ -33,6 +43,8 @@ pub enum SynthShape {
 pub struct ShapeParams {
     /// Name written into `general.name`.
     pub name: &'static str,
+    /// The family (`general.architecture`).
+    pub family: Family,
     /// Transformer blocks.
     pub n_layer: usize,
     /// Hidden size.
@@ -41,6 +53,8 @@ pub struct ShapeParams {
     pub n_head: usize,
     /// Key/value heads.
     pub n_kv_head: usize,
+    /// Size of one head.
+    pub head_dim: usize,
     /// Feed-forward size.
     pub ffn_dim: usize,
     /// Vocabulary size.
@@ -51,6 +65,8 @@ pub struct ShapeParams {
     pub ctx: usize,
     /// Whether the LM head is the embedding.
     pub tied: bool,
+    /// The sliding window of the local layers (Gemma 3).
+    pub window: Option<usize>,
 }
 
 impl SynthShape {
@@ -59,39 +75,78 @@ impl SynthShape {
         match self {
             SynthShape::SmolLm2 => ShapeParams {
                 name: "synthetic SmolLM2-135M",
+                family: Family::Llama,
                 n_layer: 30,
                 dim: 576,
                 n_head: 9,
                 n_kv_head: 3,
+                head_dim: 64,
                 ffn_dim: 1536,
                 vocab: 49152,
                 rope_base: 100000.0,
                 ctx: 8192,
                 tied: true,
+                window: None,
             },
             SynthShape::Llama32_1b => ShapeParams {
                 name: "synthetic Llama-3.2-1B",
+                family: Family::Llama,
                 n_layer: 16,
                 dim: 2048,
                 n_head: 32,
                 n_kv_head: 8,
+                head_dim: 64,
                 ffn_dim: 8192,
                 vocab: 128256,
                 rope_base: 500000.0,
                 ctx: 131072,
                 tied: true,
+                window: None,
             },
             SynthShape::Llama31_8b => ShapeParams {
                 name: "synthetic Llama-3.1-8B",
+                family: Family::Llama,
                 n_layer: 32,
                 dim: 4096,
                 n_head: 32,
                 n_kv_head: 8,
+                head_dim: 128,
                 ffn_dim: 14336,
                 vocab: 128256,
                 rope_base: 500000.0,
                 ctx: 131072,
                 tied: false,
+                window: None,
+            },
+            SynthShape::Gemma3_270m => ShapeParams {
+                name: "synthetic Gemma-3-270M",
+                family: Family::Gemma3,
+                n_layer: 18,
+                dim: 640,
+                n_head: 4,
+                n_kv_head: 1,
+                head_dim: 256,
+                ffn_dim: 2048,
+                vocab: 262144,
+                rope_base: 1_000_000.0,
+                ctx: 32768,
+                tied: true,
+                window: Some(512),
+            },
+            SynthShape::Qwen3_0_6b => ShapeParams {
+                name: "synthetic Qwen3-0.6B",
+                family: Family::Qwen3,
+                n_layer: 28,
+                dim: 1024,
+                n_head: 16,
+                n_kv_head: 8,
+                head_dim: 128,
+                ffn_dim: 3072,
+                vocab: 151936,
+                rope_base: 1_000_000.0,
+                ctx: 40960,
+                tied: true,
+                window: None,
             },
         }
     }
@@ -117,45 +172,72 @@ pub fn write_synthetic(
     out: &Path,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<()> {
-    if !matches!(
+    write_synthetic_shape(
+        &spec.shape.params(),
         spec.quant,
-        DType::Q4_0 | DType::Q4_1 | DType::Q8_0 | DType::Q4K
-    ) {
+        spec.seed,
+        tokenizer_from,
+        out,
+        progress,
+    )
+}
+
+/// [`write_synthetic`] for any hyperparameters `p` (tests write small models of each family this
+/// way). The head size must be even and the widths whole blocks of `quant`.
+pub fn write_synthetic_shape(
+    p: &ShapeParams,
+    quant: DType,
+    seed: u64,
+    tokenizer_from: Option<&GgufFile>,
+    out: &Path,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<()> {
+    if !matches!(quant, DType::Q4_0 | DType::Q4_1 | DType::Q8_0 | DType::Q4K) {
         return Err(Error::InvalidArgument(format!(
             "synth writes q4_0, q4_1, q8_0 or q4_k matrices, not {}",
-            spec.quant
+            quant
         )));
     }
-    let p = spec.shape.params();
-    let head_dim = p.dim / p.n_head;
+    let head_dim = p.head_dim;
     let mut w = GgufWriter::new();
-    w.add_str("general.architecture", "llama")?;
+    let arch = p.family.architecture();
+    let key = |k: &str| format!("{arch}.{k}");
+    w.add_str("general.architecture", arch)?;
     w.add_str("general.name", p.name)?;
-    w.add_u32("general.file_type", file_type(spec.quant))?;
-    w.add_u32("llama.context_length", p.ctx as u32)?;
-    w.add_u32("llama.embedding_length", p.dim as u32)?;
-    w.add_u32("llama.block_count", p.n_layer as u32)?;
-    w.add_u32("llama.feed_forward_length", p.ffn_dim as u32)?;
-    w.add_u32("llama.rope.dimension_count", head_dim as u32)?;
-    w.add_u32("llama.attention.head_count", p.n_head as u32)?;
-    w.add_u32("llama.attention.head_count_kv", p.n_kv_head as u32)?;
-    w.add_f32("llama.attention.layer_norm_rms_epsilon", 1e-5)?;
-    w.add_f32("llama.rope.freq_base", p.rope_base)?;
-    w.add_u32("llama.vocab_size", p.vocab as u32)?;
+    w.add_u32("general.file_type", file_type(quant))?;
+    w.add_u32(&key("context_length"), p.ctx as u32)?;
+    w.add_u32(&key("embedding_length"), p.dim as u32)?;
+    w.add_u32(&key("block_count"), p.n_layer as u32)?;
+    w.add_u32(&key("feed_forward_length"), p.ffn_dim as u32)?;
+    w.add_u32(&key("rope.dimension_count"), head_dim as u32)?;
+    w.add_u32(&key("attention.head_count"), p.n_head as u32)?;
+    w.add_u32(&key("attention.head_count_kv"), p.n_kv_head as u32)?;
+    w.add_u32(&key("attention.key_length"), head_dim as u32)?;
+    w.add_u32(&key("attention.value_length"), head_dim as u32)?;
+    let eps = if p.family == Family::Llama {
+        1e-5
+    } else {
+        1e-6
+    };
+    w.add_f32(&key("attention.layer_norm_rms_epsilon"), eps)?;
+    w.add_f32(&key("rope.freq_base"), p.rope_base)?;
+    if let Some(window) = p.window {
+        w.add_u32(&key("attention.sliding_window"), window as u32)?;
+    }
+    w.add_u32(&key("vocab_size"), p.vocab as u32)?;
     add_tokenizer(&mut w, tokenizer_from, p.vocab)?;
 
-    let seed = spec.seed;
-    let mut index = 0u64;
-    let mut next_id = || {
-        index += 1;
-        seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ index
+    let index = std::cell::Cell::new(0u64);
+    let next_id = || {
+        index.set(index.get() + 1);
+        seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ index.get()
     };
     // Q4_K needs rows that are whole 256-value super-blocks; other widths fall back to Q4_1.
     let mat_type = |cols: usize| {
-        if spec.quant == DType::Q4K && !cols.is_multiple_of(256) {
+        if quant == DType::Q4K && !cols.is_multiple_of(256) {
             DType::Q4_1
         } else {
-            spec.quant
+            quant
         }
     };
     let (d, hd, f) = (p.dim, head_dim, p.ffn_dim);
@@ -165,9 +247,22 @@ pub fn write_synthetic(
         DType::Q8_0,
         random_matrix(next_id(), d, DType::Q8_0, 1.0),
     )?;
+    // Llama norms are 1; the other families' are random, so a misplaced norm shows.
+    let plain_norms = p.family == Family::Llama;
+    let norm = |len: usize| -> crate::model::gguf_write::TensorProducer<'static> {
+        if plain_norms {
+            ones()
+        } else {
+            random_norm(next_id(), len)
+        }
+    };
     for i in 0..p.n_layer {
         let n = |s: &str| format!("blk.{i}.{s}.weight");
-        w.add_tensor_with(&n("attn_norm"), &[d], DType::F32, ones())?;
+        w.add_tensor_with(&n("attn_norm"), &[d], DType::F32, norm(d))?;
+        if p.family != Family::Llama {
+            w.add_tensor_with(&n("attn_q_norm"), &[hd], DType::F32, norm(hd))?;
+            w.add_tensor_with(&n("attn_k_norm"), &[hd], DType::F32, norm(hd))?;
+        }
         for (name, rows, cols) in [
             ("attn_q", p.n_head * hd, d),
             ("attn_k", p.n_kv_head * hd, d),
@@ -182,7 +277,11 @@ pub fn write_synthetic(
                 random_matrix(next_id(), cols, t, fan_in_scale(cols)),
             )?;
         }
-        w.add_tensor_with(&n("ffn_norm"), &[d], DType::F32, ones())?;
+        if p.family == Family::Gemma3 {
+            w.add_tensor_with(&n("post_attention_norm"), &[d], DType::F32, norm(d))?;
+            w.add_tensor_with(&n("post_ffw_norm"), &[d], DType::F32, norm(d))?;
+        }
+        w.add_tensor_with(&n("ffn_norm"), &[d], DType::F32, norm(d))?;
         for (name, rows, cols) in [("ffn_gate", f, d), ("ffn_up", f, d), ("ffn_down", d, f)] {
             let t = mat_type(cols);
             w.add_tensor_with(
@@ -193,7 +292,7 @@ pub fn write_synthetic(
             )?;
         }
     }
-    w.add_tensor_with("output_norm.weight", &[d], DType::F32, ones())?;
+    w.add_tensor_with("output_norm.weight", &[d], DType::F32, norm(d))?;
     if !p.tied {
         let t = mat_type(d);
         w.add_tensor_with(
@@ -229,6 +328,33 @@ fn ones<'a>() -> crate::model::gguf_write::TensorProducer<'a> {
     })
 }
 
+/// A producer of `len` f32 norm weights uniform in `[0.75, 1.25]`.
+fn random_norm<'a>(seed: u64, len: usize) -> crate::model::gguf_write::TensorProducer<'a> {
+    Box::new(move |bytes: &mut [u8]| {
+        let values = uniform_row(seed, len, 0.25);
+        for (c, v) in bytes.chunks_exact_mut(4).zip(values) {
+            c.copy_from_slice(&(1.0 + v).to_le_bytes());
+        }
+        Ok(())
+    })
+}
+
+/// `len` values uniform in `±scale` from the splitmix64 stream of `seed`.
+fn uniform_row(seed: u64, len: usize, scale: f32) -> Vec<f32> {
+    let mut state = seed;
+    (0..len)
+        .map(|_| {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            let unit = (z >> 40) as f32 / (1u64 << 24) as f32;
+            (unit * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
 /// A producer of a `[rows, cols]` matrix of `dtype` with values uniform in `±scale`, each row from
 /// its own seeded stream so rows are made in parallel and the file is the same on every run.
 fn random_matrix<'a>(
@@ -245,18 +371,8 @@ fn random_matrix<'a>(
             .par_chunks_mut(row_bytes)
             .enumerate()
             .try_for_each(|(r, out)| {
-                let mut state = seed ^ (r as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
-                let values: Vec<f32> = (0..cols)
-                    .map(|_| {
-                        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-                        let mut z = state;
-                        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-                        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-                        z ^= z >> 31;
-                        let unit = (z >> 40) as f32 / (1u64 << 24) as f32;
-                        (unit * 2.0 - 1.0) * scale
-                    })
-                    .collect();
+                let row_seed = seed ^ (r as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
+                let values = uniform_row(row_seed, cols, scale);
                 let q = crate::quant::quantize(dtype, &values)?;
                 out.copy_from_slice(&q);
                 Ok(())
