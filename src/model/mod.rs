@@ -1,5 +1,6 @@
-//! Models: GGUF reading, tokenizer, chat templates, fetching the known models, the transformer
-//! skeleton and its families (Llama, Gemma 3, Qwen 3), sampling, and the synthetic-model writer.
+//! Models: GGUF reading, tokenizers (byte-level BPE, `gpt2`; SentencePiece, `llama`, in
+//! `tokenizer_spm`), chat templates, fetching the known models, the transformer skeleton and its
+//! families (Llama, Gemma 3, Qwen 3), sampling, and the synthetic-model writer.
 
 pub mod arch;
 pub mod budget;
@@ -14,5 +15,6 @@ pub mod qwen3;
 pub mod sampler;
 pub mod synth;
 pub mod tokenizer;
+pub mod tokenizer_spm;
 pub mod transformer;
 pub(crate) mod weights;

@@ -1,14 +1,17 @@
-//! The model's tokenizer, built from GGUF metadata on top of the `tokenizers` crate.
+//! The model's tokenizer, built from GGUF metadata.
 //!
-//! Supported: `tokenizer.ggml.model = "gpt2"` (byte-level BPE) with the pre-tokenizers
+//! Supported: `tokenizer.ggml.model = "llama"`, the SentencePiece-style BPE with byte fallback of
+//! Llama 2 and Gemma (in [`crate::model::tokenizer_spm`]), and `tokenizer.ggml.model = "gpt2"`
+//! (byte-level BPE, on top of the `tokenizers` crate) with the pre-tokenizers
 //! `smollm` (every digit on its own, then the GPT-2 split pattern), `llama-bpe` / `llama3` /
 //! `llama-v3` (the Llama-3 split pattern; merges ignored for words already in the vocabulary) and
 //! `gpt-2` / `default` (the GPT-2 pattern alone). Tokens of token_type 3 (control) become special
 //! tokens, tokens of type 4 (user-defined) are matched whole in the text as ordinary added tokens.
 //!
-//! Decoding is done here from the byte-level token strings (the same bytes the `tokenizers`
-//! ByteLevel decoder produces), so that [`StreamDecoder`] can hand out text exactly at UTF-8
-//! character boundaries while tokens arrive one by one.
+//! Decoding is done here from the token strings (for byte-level BPE the same bytes the
+//! `tokenizers` ByteLevel decoder produces; for SentencePiece `▁` is a space and `<0xXX>` a byte),
+//! so that [`StreamDecoder`] can hand out text exactly at UTF-8 character boundaries while tokens
+//! arrive one by one.
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -23,6 +26,7 @@ use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
 
 use crate::error::{Error, Result};
 use crate::model::gguf::GgufFile;
+use crate::model::tokenizer_spm::{self, SpmModel};
 
 /// The Llama-3 pre-tokenizer split pattern (also used by llama.cpp for `llama-bpe`).
 const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -51,6 +55,9 @@ pub enum PreTokenizer {
     Llama3,
     /// `gpt-2` (or `default`): the GPT-2 pattern.
     Gpt2,
+    /// None: a SentencePiece tokenizer (`tokenizer.ggml.model = "llama"`) merges over the whole
+    /// text, `tokenizer.ggml.pre` aside.
+    SentencePiece,
 }
 
 impl PreTokenizer {
@@ -83,24 +90,43 @@ impl PreTokenizer {
                 ]))
             }
             PreTokenizer::Gpt2 => PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true)),
+            PreTokenizer::SentencePiece => {
+                return Err("SentencePiece has no byte-level pre-tokenizer".into())
+            }
         })
     }
 }
 
-/// A byte-level BPE tokenizer read from a GGUF file.
+/// A tokenizer read from a GGUF file: byte-level BPE or SentencePiece.
 #[derive(Clone)]
 pub struct Tokenizer {
-    /// Splits special tokens written in the text out as single tokens.
-    with_special: tokenizers::Tokenizer,
-    /// The same, but special-token text is tokenized as ordinary text (built on first use).
-    without_special: OnceLock<std::result::Result<tokenizers::Tokenizer, String>>,
+    model: Model,
     tokens: Vec<String>,
     special: Vec<bool>,
     pre: PreTokenizer,
     bos: Option<u32>,
     eos: Option<u32>,
     add_bos: bool,
+    add_eos: bool,
     eog: Vec<u32>,
+}
+
+/// How a text becomes ids.
+#[derive(Clone)]
+enum Model {
+    /// `gpt2`: byte-level BPE through the `tokenizers` crate.
+    ByteLevel(Box<ByteLevelModel>),
+    /// `llama`: SentencePiece-style BPE.
+    SentencePiece(Box<SpmModel>),
+}
+
+/// The byte-level BPE, as the `tokenizers` crate runs it.
+#[derive(Clone)]
+struct ByteLevelModel {
+    /// Splits special tokens written in the text out as single tokens.
+    with_special: tokenizers::Tokenizer,
+    /// The same, but special-token text is tokenized as ordinary text (built on first use).
+    without_special: OnceLock<std::result::Result<tokenizers::Tokenizer, String>>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -111,6 +137,7 @@ impl std::fmt::Debug for Tokenizer {
             .field("bos", &self.bos)
             .field("eos", &self.eos)
             .field("add_bos", &self.add_bos)
+            .field("add_eos", &self.add_eos)
             .field("eog", &self.eog)
             .finish()
     }
@@ -120,17 +147,23 @@ impl Tokenizer {
     /// Builds the tokenizer from the `tokenizer.ggml.*` metadata of a GGUF file.
     pub fn from_gguf(gguf: &GgufFile) -> Result<Tokenizer> {
         let kind = gguf.get_str("tokenizer.ggml.model")?;
-        if kind != "gpt2" {
-            return Err(gguf.err(format!(
-                "tokenizer.ggml.model = `{kind}` is not supported (only `gpt2`, byte-level BPE)"
-            )));
-        }
-        let pre_name = gguf.opt_str("tokenizer.ggml.pre")?.unwrap_or("default");
-        let pre = PreTokenizer::from_name(pre_name).ok_or_else(|| {
-            gguf.err(format!(
-                "tokenizer.ggml.pre = `{pre_name}` is not supported (supported: smollm, llama-bpe, gpt-2)"
-            ))
-        })?;
+        let pre = match kind {
+            "llama" => PreTokenizer::SentencePiece,
+            "gpt2" => {
+                let pre_name = gguf.opt_str("tokenizer.ggml.pre")?.unwrap_or("default");
+                PreTokenizer::from_name(pre_name).ok_or_else(|| {
+                    gguf.err(format!(
+                        "tokenizer.ggml.pre = `{pre_name}` is not supported (supported: smollm, llama-bpe, gpt-2)"
+                    ))
+                })?
+            }
+            _ => {
+                return Err(gguf.err(format!(
+                    "tokenizer.ggml.model = `{kind}` is not supported (supported: `gpt2`, \
+                     byte-level BPE, and `llama`, SentencePiece)"
+                )))
+            }
+        };
         let tokens: Vec<String> = gguf
             .get_str_array("tokenizer.ggml.tokens")?
             .into_iter()
@@ -150,16 +183,6 @@ impl Tokenizer {
                 types.len()
             )));
         }
-        let merges = gguf
-            .get_str_array("tokenizer.ggml.merges")?
-            .into_iter()
-            .enumerate()
-            .map(|(i, m)| {
-                m.split_once(' ').map(|(a, b)| (a.to_owned(), b.to_owned())).ok_or_else(|| {
-                    gguf.err(format!("tokenizer.ggml.merges[{i}] = `{m}` is not two tokens separated by a space"))
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
         let id_key = |key: &str| -> Result<Option<u32>> {
             match gguf.opt_u32(key)? {
                 Some(id) if id as usize >= n => Err(gguf.err(format!(
@@ -171,49 +194,28 @@ impl Tokenizer {
         let bos = id_key("tokenizer.ggml.bos_token_id")?;
         let eos = id_key("tokenizer.ggml.eos_token_id")?;
         let unk = id_key("tokenizer.ggml.unknown_token_id")?;
+        let (model, special) = if pre == PreTokenizer::SentencePiece {
+            let spm = SpmModel::from_gguf(gguf, &tokens, &types, unk)?;
+            let special = types
+                .iter()
+                .map(|&t| tokenizer_spm::is_special_type(t))
+                .collect();
+            (Model::SentencePiece(Box::new(spm)), special)
+        } else {
+            let model = byte_level_model(gguf, &tokens, &types, pre, unk)?;
+            let special = types.iter().map(|&t| t == TOKEN_TYPE_CONTROL).collect();
+            (model, special)
+        };
+        // Llama-3 and SentencePiece models add a BOS unless they say otherwise.
         let add_bos = gguf
             .opt_bool("tokenizer.ggml.add_bos_token")?
-            .unwrap_or(pre == PreTokenizer::Llama3);
-
-        let mut vocab = Vocab::default();
-        for (id, t) in tokens.iter().enumerate() {
-            vocab.entry(t.clone()).or_insert(id as u32);
-        }
-        let mut builder = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .ignore_merges(pre == PreTokenizer::Llama3);
-        if let Some(unk) = unk {
-            builder = builder.unk_token(tokens[unk as usize].clone());
-        }
-        let model = builder
-            .build()
-            .map_err(|e| gguf.err(format!("building the BPE model: {e}")))?;
-        let mut inner = tokenizers::Tokenizer::new(model);
-        inner.with_pre_tokenizer(Some(pre.build().map_err(|e| gguf.err(e))?));
-        inner.with_decoder(Some(ByteLevelDecoder::default()));
-        let special: Vec<bool> = types.iter().map(|&t| t == TOKEN_TYPE_CONTROL).collect();
-        let added = |ty: i32, is_special: bool| -> Vec<AddedToken> {
-            tokens
-                .iter()
-                .zip(&types)
-                .filter(|&(_, &t)| t == ty)
-                .map(|(s, _)| AddedToken::from(s.clone(), is_special).normalized(false))
-                .collect()
-        };
-        inner
-            .add_special_tokens(added(TOKEN_TYPE_CONTROL, true))
-            .and_then(|_| inner.add_tokens(added(TOKEN_TYPE_USER_DEFINED, false)))
-            .map_err(|e| gguf.err(format!("adding the special tokens: {e}")))?;
-        for (id, t) in tokens.iter().enumerate() {
-            if types[id] == TOKEN_TYPE_CONTROL || types[id] == TOKEN_TYPE_USER_DEFINED {
-                let got = inner.token_to_id(t);
-                if got != Some(id as u32) && vocab_first(&tokens, t) == Some(id) {
-                    return Err(gguf.err(format!(
-                        "added token `{t}` (id {id}) resolved to id {got:?}"
-                    )));
-                }
-            }
-        }
+            .unwrap_or(matches!(
+                pre,
+                PreTokenizer::Llama3 | PreTokenizer::SentencePiece
+            ));
+        let add_eos = gguf
+            .opt_bool("tokenizer.ggml.add_eos_token")?
+            .unwrap_or(false);
 
         let mut eog: Vec<u32> = eos.into_iter().collect();
         for key in ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
@@ -228,14 +230,14 @@ impl Tokenizer {
         eog.dedup();
 
         Ok(Tokenizer {
-            with_special: inner,
-            without_special: OnceLock::new(),
+            model,
             tokens,
             special,
             pre,
             bos,
             eos,
             add_bos,
+            add_eos,
             eog,
         })
     }
@@ -243,7 +245,8 @@ impl Tokenizer {
     /// Tokenizes `text`. With `parse_special`, special-token text such as `<|im_start|>` becomes
     /// that single token; without, it is tokenized as ordinary text. When the model asks for a BOS
     /// token ([`Tokenizer::add_bos`]) one is put in front, unless the ids already start with it
-    /// (as after a chat template that writes the BOS text itself).
+    /// (as after a chat template that writes the BOS text itself); likewise an EOS at the end
+    /// when it asks for one ([`Tokenizer::add_eos`]).
     pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>> {
         let mut ids = self.encode_plain(text, parse_special)?;
         if let (true, Some(bos)) = (self.add_bos, self.bos) {
@@ -251,16 +254,31 @@ impl Tokenizer {
                 ids.insert(0, bos);
             }
         }
+        if let (true, Some(eos)) = (self.add_eos, self.eos) {
+            if ids.last() != Some(&eos) {
+                ids.push(eos);
+            }
+        }
         Ok(ids)
     }
 
-    /// Tokenizes `text` without ever adding a BOS token.
+    /// Tokenizes `text` without ever adding a BOS or EOS token. A SentencePiece model that asks
+    /// for a space prefix (`tokenizer.ggml.add_space_prefix`) still gets it: it is part of how
+    /// such a model reads a text.
     pub fn encode_plain(&self, text: &str, parse_special: bool) -> Result<Vec<u32>> {
+        let (with_special, without_special) = match &self.model {
+            Model::SentencePiece(spm) => {
+                let mut ids = Vec::with_capacity(text.len() / 3 + 1);
+                spm.encode(text, parse_special, &mut ids)?;
+                return Ok(ids);
+            }
+            Model::ByteLevel(m) => (&m.with_special, &m.without_special),
+        };
         let tokenizer = if parse_special {
-            &self.with_special
+            with_special
         } else {
-            let built = self.without_special.get_or_init(|| {
-                let mut t = self.with_special.clone();
+            let built = without_special.get_or_init(|| {
+                let mut t = with_special.clone();
                 t.set_encode_special_tokens(true);
                 Ok(t)
             });
@@ -302,6 +320,8 @@ impl Tokenizer {
         })?;
         if self.is_special(id) {
             out.extend_from_slice(text.as_bytes());
+        } else if let Model::SentencePiece(spm) = &self.model {
+            spm.push_piece_bytes(id, text, out);
         } else {
             for c in text.chars() {
                 match byte_of_char(c) {
@@ -322,14 +342,18 @@ impl Tokenizer {
         }
     }
 
-    /// The vocabulary string of a token (byte-level form: `Ġ` for a space), if the id exists.
+    /// The vocabulary string of a token as the GGUF stores it (byte-level BPE: `Ġ` for a space;
+    /// SentencePiece: `▁` for a space, `<0xXX>` for a byte), if the id exists.
     pub fn token_str(&self, id: u32) -> Option<&str> {
         self.tokens.get(id as usize).map(String::as_str)
     }
 
     /// The id of a vocabulary string, if present.
     pub fn token_id(&self, text: &str) -> Option<u32> {
-        self.with_special.token_to_id(text)
+        match &self.model {
+            Model::ByteLevel(m) => m.with_special.token_to_id(text),
+            Model::SentencePiece(spm) => spm.token_id(&self.tokens, text),
+        }
     }
 
     /// The number of tokens in the vocabulary.
@@ -337,12 +361,13 @@ impl Tokenizer {
         self.tokens.len()
     }
 
-    /// Whether the token is a special (control) token.
+    /// Whether the token is a special token: a control token (token_type 3), and for
+    /// SentencePiece models also the unknown token (type 2).
     pub fn is_special(&self, id: u32) -> bool {
         self.special.get(id as usize).copied().unwrap_or(false)
     }
 
-    /// The pre-tokenizer in use.
+    /// The pre-tokenizer in use ([`PreTokenizer::SentencePiece`] for SentencePiece models).
     pub fn pre_tokenizer(&self) -> PreTokenizer {
         self.pre
     }
@@ -362,6 +387,22 @@ impl Tokenizer {
         self.add_bos
     }
 
+    /// Whether [`Tokenizer::encode`] puts an EOS token at the end (`tokenizer.ggml.add_eos_token`).
+    pub fn add_eos(&self) -> bool {
+        self.add_eos
+    }
+
+    /// Whether a SentencePiece model puts a space in front of a text
+    /// (`tokenizer.ggml.add_space_prefix`); false for byte-level BPE. [`Tokenizer::decode`]
+    /// keeps that space: ids are decoded piece by piece, the same whether they start a text or
+    /// continue one.
+    pub fn add_space_prefix(&self) -> bool {
+        match &self.model {
+            Model::SentencePiece(spm) => spm.add_space_prefix(),
+            Model::ByteLevel(_) => false,
+        }
+    }
+
     /// The tokens that end a generation: EOS, EOT/EOM ids when given, and `<|im_end|>`,
     /// `<|eot_id|>`, `<|endoftext|>` and similar where the vocabulary has them; sorted.
     pub fn eog_ids(&self) -> &[u32] {
@@ -372,6 +413,73 @@ impl Tokenizer {
     pub fn is_eog(&self, id: u32) -> bool {
         self.eog.binary_search(&id).is_ok()
     }
+}
+
+/// The byte-level BPE of a `gpt2` vocabulary: its merges, the pre-tokenizer, control tokens
+/// (type 3) as special tokens and user-defined ones (type 4) as added tokens.
+fn byte_level_model(
+    gguf: &GgufFile,
+    tokens: &[String],
+    types: &[i32],
+    pre: PreTokenizer,
+    unk: Option<u32>,
+) -> Result<Model> {
+    let merges = gguf
+        .get_str_array("tokenizer.ggml.merges")?
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| {
+            m.split_once(' ')
+                .map(|(a, b)| (a.to_owned(), b.to_owned()))
+                .ok_or_else(|| {
+                    gguf.err(format!(
+                        "tokenizer.ggml.merges[{i}] = `{m}` is not two tokens separated by a space"
+                    ))
+                })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut vocab = Vocab::default();
+    for (id, t) in tokens.iter().enumerate() {
+        vocab.entry(t.clone()).or_insert(id as u32);
+    }
+    let mut builder = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .ignore_merges(pre == PreTokenizer::Llama3);
+    if let Some(unk) = unk {
+        builder = builder.unk_token(tokens[unk as usize].clone());
+    }
+    let model = builder
+        .build()
+        .map_err(|e| gguf.err(format!("building the BPE model: {e}")))?;
+    let mut inner = tokenizers::Tokenizer::new(model);
+    inner.with_pre_tokenizer(Some(pre.build().map_err(|e| gguf.err(e))?));
+    inner.with_decoder(Some(ByteLevelDecoder::default()));
+    let added = |ty: i32, is_special: bool| -> Vec<AddedToken> {
+        tokens
+            .iter()
+            .zip(types)
+            .filter(|&(_, &t)| t == ty)
+            .map(|(s, _)| AddedToken::from(s.clone(), is_special).normalized(false))
+            .collect()
+    };
+    inner
+        .add_special_tokens(added(TOKEN_TYPE_CONTROL, true))
+        .and_then(|_| inner.add_tokens(added(TOKEN_TYPE_USER_DEFINED, false)))
+        .map_err(|e| gguf.err(format!("adding the special tokens: {e}")))?;
+    for (id, t) in tokens.iter().enumerate() {
+        if types[id] == TOKEN_TYPE_CONTROL || types[id] == TOKEN_TYPE_USER_DEFINED {
+            let got = inner.token_to_id(t);
+            if got != Some(id as u32) && vocab_first(tokens, t) == Some(id) {
+                return Err(gguf.err(format!(
+                    "added token `{t}` (id {id}) resolved to id {got:?}"
+                )));
+            }
+        }
+    }
+    Ok(Model::ByteLevel(Box::new(ByteLevelModel {
+        with_special: inner,
+        without_special: OnceLock::new(),
+    })))
 }
 
 fn vocab_first(tokens: &[String], text: &str) -> Option<usize> {
@@ -573,7 +681,7 @@ mod tests {
         type Edit = Box<dyn FnOnce(&mut GgufWriter<'_>)>;
         let cases: Vec<(Edit, &str)> = vec![
             (
-                Box::new(|w| drop(w.add_str("tokenizer.ggml.model", "llama"))),
+                Box::new(|w| drop(w.add_str("tokenizer.ggml.model", "t5"))),
                 "tokenizer.ggml.model",
             ),
             (
