@@ -601,6 +601,9 @@ fn cases() -> Vec<Case> {
         c!("attention", "params", |q, kc, vc, step| {
             attention::attention(&q, &kc, &vc, &step, &f32b(&[2, 32]), p.with_scale(f32::NAN))
         }),
+        c!("attention", "params", |q, kc, vc, step| {
+            attention::attention(&q, &kc, &vc, &step, &f32b(&[2, 32]), p.with_window(0))
+        }),
         c!("attention_decode", "q", |q, kc, vc, step, parts| {
             attention::attention_decode(&q, &kc, &vc, &step, &parts, &f32b(&[2, 32]), p, 4)
         }),

@@ -1,6 +1,7 @@
 //! The `attention` family's kernels, one per KV-cache dtype (f32, f16, in that order). Queries,
 //! outputs and partial results are f32; `step` holds the pass's first position (read at run
-//! time, so one recorded pass serves every step).
+//! time, so one recorded pass serves every step). Every kernel takes the sliding window as the u32
+//! scalar `window` (0 = none): the query at position `i` sees keys `i + 1 - window..=i`.
 
 use super::OpKind;
 use super::{one, DTypes, KernelSig, Param};
@@ -24,13 +25,14 @@ macro_rules! attention_params {
             Param::u32("head_dim"),
             Param::f32("scale"),
             Param::f32("softcap"),
+            Param::u32("window"),
             $($tail),*
         ]
     };
 }
 
-/// Prefill attention with a causal mask: q, k_cache, v_cache, step, out, n_head, n_kv_head,
-/// head_dim, scale, softcap.
+/// Prefill attention with a causal mask (and the window, if any): q, k_cache, v_cache, step, out,
+/// n_head, n_kv_head, head_dim, scale, softcap, window.
 pub static ATTENTION: [KernelSig; 2] = [
     KernelSig::new(
         "attention_f32",
@@ -45,8 +47,8 @@ pub static ATTENTION: [KernelSig; 2] = [
 ];
 
 /// Decode attention in one launch (the CUDA backend's): the block that finishes a head's last
-/// chunk merges the head. q, k_cache, v_cache, step, partials, out, the scoring scalars,
-/// chunk_len, chunks.
+/// chunk merges the head. q, k_cache, v_cache, step, partials, out, the scoring scalars (window
+/// included), chunk_len, chunks.
 pub static DECODE: [KernelSig; 2] = [
     KernelSig::new(
         "attention_decode_f32",
@@ -64,8 +66,9 @@ pub static DECODE: [KernelSig; 2] = [
     ),
 ];
 
-/// The first half of split decode attention: one partial result per head and KV chunk.
-/// q, k_cache, v_cache, step, records, the scoring scalars, chunk_len, chunks.
+/// The first half of split decode attention: one partial result per head and KV chunk holding a
+/// key of the window. q, k_cache, v_cache, step, records, the scoring scalars (window included),
+/// chunk_len, chunks.
 pub static DECODE_PARTIAL: [KernelSig; 2] = [
     KernelSig::new(
         "attention_decode_partial_f32",
@@ -81,8 +84,8 @@ pub static DECODE_PARTIAL: [KernelSig; 2] = [
     ),
 ];
 
-/// The second half of split decode attention, merging the chunks of each head: records, step,
-/// out, n_head, head_dim, chunk_len, chunks.
+/// The second half of split decode attention, merging the chunks of each head that hold a key of
+/// the window: records, step, out, n_head, head_dim, chunk_len, chunks, window.
 pub static DECODE_COMBINE: KernelSig = KernelSig::new(
     "attention_decode_combine",
     OpKind::Attention,
@@ -94,5 +97,6 @@ pub static DECODE_COMBINE: KernelSig = KernelSig::new(
         Param::u32("head_dim"),
         Param::u32("chunk_len"),
         Param::u32("chunks"),
+        Param::u32("window"),
     ],
 );

@@ -1,12 +1,13 @@
 //! The `attention` op family: causal scaled dot-product attention of query rows against one
-//! layer's KV cache, with grouped-query heads and an optional softcap.
+//! layer's KV cache, with grouped-query heads, an optional softcap and an optional sliding window.
 //!
 //! Layouts: `q` and `out` are f32 `[rows, n_head * head_dim]`; the K and V caches are
 //! `[n_kv_head, max_ctx, head_dim]`, f32 or f16, and already hold the rows of this pass (written
 //! by `kv_write`); `step` is an i32 buffer whose element 0 is `pos0`, the absolute position of the
-//! first query row. Query row `r` sits at position `pos0 + r` and attends to cache positions
-//! `0..=pos0 + r`; query head `h` uses KV head `h / (n_head / n_kv_head)`. Scores are
-//! `scale * q.k`, then `cap * tanh(score / cap)` when a softcap is set, then a softmax.
+//! first query row. Query row `r` sits at position `i = pos0 + r` and attends to cache positions
+//! `0..=i`, or with a sliding window of `W` positions to `i + 1 - W..=i` (the last `W` positions,
+//! itself included; fewer near the start); query head `h` uses KV head `h / (n_head / n_kv_head)`.
+//! Scores are `scale * q.k`, then `cap * tanh(score / cap)` when a softcap is set, then a softmax.
 //!
 //! The KV length is read from `step` inside the kernels, never passed as a scalar, so a recorded
 //! decode graph serves every step. A `pos0` that is negative or puts the last row past `max_ctx`
@@ -16,7 +17,11 @@
 //! - [`attention`]: prefill, any number of rows, one dispatch;
 //! - [`attention_decode`]: one row, the KV length split into chunks processed in parallel and
 //!   then combined (two dispatches and a caller-allocated scratch buffer, see
-//!   [`attention_decode_scratch_len`]).
+//!   [`attention_decode_scratch_len`]). With a window, the chunks that lie entirely before it are
+//!   neither computed nor combined (decided in the kernels from `step`), so a step costs
+//!   `O(window)`, not `O(position)`.
+//!
+//! The window travels to every kernel as a u32 scalar `window`, 0 meaning none.
 
 use crate::backend::{capabilities_at, Buffer, DType};
 use crate::error::{Error, Result};
@@ -40,6 +45,9 @@ pub struct AttentionParams {
     pub scale: f32,
     /// When set, scores become `cap * tanh(score / cap)` before the softmax; `cap > 0`.
     pub softcap: Option<f32>,
+    /// Sliding window: when set to `W > 0`, the query at position `i` sees only keys `j` with
+    /// `i - W < j <= i` (Gemma's sliding layers); `None` sees every key up to `i`.
+    pub window: Option<usize>,
 }
 
 impl AttentionParams {
@@ -51,6 +59,7 @@ impl AttentionParams {
             head_dim,
             scale: 1.0 / (head_dim.max(1) as f32).sqrt(),
             softcap: None,
+            window: None,
         }
     }
 
@@ -64,6 +73,21 @@ impl AttentionParams {
     pub fn with_softcap(mut self, cap: f32) -> Self {
         self.softcap = Some(cap);
         self
+    }
+
+    /// The same parameters with a sliding window of `window` positions: the query at position
+    /// `i` sees keys `i + 1 - window..=i`. A window of 0 is refused when the op is built; one at
+    /// least the cache length changes nothing.
+    pub fn with_window(mut self, window: usize) -> Self {
+        self.window = Some(window);
+        self
+    }
+
+    /// The window as the kernels take it: 0 for none. Windows past `u32::MAX` (larger than any
+    /// position an i32 `step` can address, so the same as none) travel as `u32::MAX`.
+    fn window_arg(&self) -> u32 {
+        self.window
+            .map_or(0, |w| u32::try_from(w).unwrap_or(u32::MAX))
     }
 
     /// Values in one row of `q` and `out`: `n_head * head_dim`.
@@ -104,6 +128,9 @@ impl AttentionParams {
                 format!("softcap {cap} must be finite and positive")
             })?;
         }
+        c.require("params", self.window != Some(0), || {
+            "window 0 sees no key; give a positive window, or none for full attention".into()
+        })?;
         Ok(())
     }
 }
@@ -220,20 +247,22 @@ fn to_u32(op: &'static str, arg: &'static str, v: usize) -> Result<u32> {
 }
 
 /// The scalar arguments shared by the prefill and partial kernels.
-fn score_args(params: &AttentionParams) -> [Arg; 5] {
+fn score_args(params: &AttentionParams) -> [Arg; 6] {
     [
         Arg::u32(params.n_head as u32),
         Arg::u32(params.n_kv_head as u32),
         Arg::u32(params.head_dim as u32),
         Arg::f32(params.scale),
         Arg::f32(params.softcap.unwrap_or(0.0)),
+        Arg::u32(params.window_arg()),
     ]
 }
 
-/// Prefill attention: `out[r, h] = softmax(scale * q[r, h] . K[0..=pos0 + r]) V` for every query
-/// row `r` and head `h`, reading `pos0` from `step` at run time. `q` and `out` are f32
-/// `[rows, n_head * head_dim]` (same shape); the caches are `[n_kv_head, max_ctx, head_dim]`, both
-/// f32 or both f16. One dispatch, [`OpKind::Attention`].
+/// Prefill attention: `out[r, h] = softmax(scale * q[r, h] . K[lo..=pos0 + r]) V` for every query
+/// row `r` and head `h`, reading `pos0` from `step` at run time; `lo` is 0, or with a window `W`
+/// `max(0, pos0 + r + 1 - W)` (per row, so a pass may start at any position: chunked prompts).
+/// `q` and `out` are f32 `[rows, n_head * head_dim]` (same shape); the caches are
+/// `[n_kv_head, max_ctx, head_dim]`, both f32 or both f16. One dispatch, [`OpKind::Attention`].
 pub fn attention(
     q: &Buffer,
     k_cache: &Buffer,
@@ -265,7 +294,9 @@ pub fn attention(
 /// each chunk of `chunk_len` positions and each head, the running maximum, the sum of
 /// exponentials and the weighted V sum into `partials`; a combine pass merges them into `out`.
 /// Both passes read `pos0` from `step`, so the number of chunks used follows the KV length at run
-/// time. `q` and `out` are f32 `[1, n_head * head_dim]`; `partials` is f32 with exactly
+/// time; with a window, the chunks entirely before the window's first key are skipped by both
+/// (their records are neither written nor read) and the chunk holding that key is masked. `q` and
+/// `out` are f32 `[1, n_head * head_dim]`; `partials` is f32 with exactly
 /// [`attention_decode_scratch_len`] elements (any shape). On the CPU two dispatches, the partial
 /// and the combine; on CUDA one (`attention_decode_<t>`: the block that finishes a head's last
 /// chunk merges the head), which is one launch less in the dependency chain of every layer. All
@@ -321,10 +352,15 @@ pub(crate) fn attention_decode_as(
     c.dtype("partials", partials, &[DType::F32])?;
     let need = attention_decode_scratch_len(params, checked.max_ctx, chunk_len)?;
     c.elems("partials", partials, need)?;
+    // With a window of W keys, at most ceil(W / chunk_len) + 1 chunks hold a key of it; the
+    // kernels loop over their work items, so a grid that large covers every step.
+    let live = params.window.map_or(chunks, |w| {
+        chunks.min(w.div_ceil(chunk_len).saturating_add(1))
+    });
     let blocks = to_u32(
         "attention_decode",
         "chunk_len",
-        chunks.saturating_mul(params.n_head),
+        live.saturating_mul(params.n_head),
     )?;
     let f16 = checked.cache == DType::F16;
     let inputs = [
@@ -362,6 +398,7 @@ pub(crate) fn attention_decode_as(
             Arg::u32(params.head_dim as u32),
             Arg::u32(chunk),
             Arg::u32(chunks_u32),
+            Arg::u32(params.window_arg()),
         ],
         Grid::new(params.n_head as u32, 128),
     )?;
@@ -371,3 +408,7 @@ pub(crate) fn attention_decode_as(
 #[cfg(test)]
 #[path = "attention_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "attention_window_tests.rs"]
+mod window_tests;

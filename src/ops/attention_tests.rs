@@ -1,4 +1,5 @@
-//! Tests of the `attention` op family against a naive float64 reference.
+//! Tests of the `attention` op family against a naive float64 reference. The sliding window has
+//! its own tests (`attention_window_tests.rs`), which use the helpers here.
 
 use half::f16;
 
@@ -7,32 +8,42 @@ use crate::testutil::{assert_close, random_f32};
 use crate::{Device, Executor, Mode, Plan};
 
 /// Outputs are weighted means of values in [-1, 1]; f32 accumulation stays well inside this.
-const ATOL: f32 = 1e-5;
+pub(super) const ATOL: f32 = 1e-5;
 
 /// One test configuration.
 #[derive(Debug, Clone, Copy)]
-struct Case {
-    n_head: usize,
-    n_kv_head: usize,
-    head_dim: usize,
-    max_ctx: usize,
-    pos0: usize,
-    rows: usize,
-    f16_cache: bool,
-    softcap: Option<f32>,
-    seed: u64,
+pub(super) struct Case {
+    pub(super) n_head: usize,
+    pub(super) n_kv_head: usize,
+    pub(super) head_dim: usize,
+    pub(super) max_ctx: usize,
+    pub(super) pos0: usize,
+    pub(super) rows: usize,
+    pub(super) f16_cache: bool,
+    pub(super) softcap: Option<f32>,
+    /// The scale, when not the default `1 / sqrt(head_dim)`.
+    pub(super) scale: Option<f32>,
+    /// The sliding window, if any.
+    pub(super) window: Option<usize>,
+    pub(super) seed: u64,
 }
 
 impl Case {
-    fn params(&self) -> AttentionParams {
-        let p = AttentionParams::new(self.n_head, self.n_kv_head, self.head_dim);
-        match self.softcap {
-            Some(cap) => p.with_softcap(cap),
-            None => p,
+    pub(super) fn params(&self) -> AttentionParams {
+        let mut p = AttentionParams::new(self.n_head, self.n_kv_head, self.head_dim);
+        if let Some(cap) = self.softcap {
+            p = p.with_softcap(cap);
         }
+        if let Some(scale) = self.scale {
+            p = p.with_scale(scale);
+        }
+        if let Some(w) = self.window {
+            p = p.with_window(w);
+        }
+        p
     }
 
-    fn width(&self) -> usize {
+    pub(super) fn width(&self) -> usize {
         self.n_head * self.head_dim
     }
 
@@ -44,13 +55,13 @@ impl Case {
 /// Random inputs; the caches hold values exactly representable in the cache dtype (f16-rounded
 /// for an f16 cache), and are filled at every position, so reading past the causal limit
 /// would change the result.
-struct Inputs {
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
+pub(super) struct Inputs {
+    pub(super) q: Vec<f32>,
+    pub(super) k: Vec<f32>,
+    pub(super) v: Vec<f32>,
 }
 
-fn inputs(c: &Case) -> Inputs {
+pub(super) fn inputs(c: &Case) -> Inputs {
     let cache = c.n_kv_head * c.max_ctx * c.head_dim;
     let round = |x: Vec<f32>| -> Vec<f32> {
         if c.f16_cache {
@@ -66,21 +77,29 @@ fn inputs(c: &Case) -> Inputs {
     }
 }
 
-/// Naive float64 `softmax(scale * Q K^T + causal mask) V`, with the softcap when set.
-fn reference(c: &Case, inp: &Inputs) -> Vec<f32> {
+/// Naive float64 `softmax(scale * Q K^T + causal mask) V`, with the softcap and the sliding
+/// window when set: row `r` (position `i = pos0 + r`) sees keys `i + 1 - W..=i` of a window `W`,
+/// else `0..=i`.
+pub(super) fn reference(c: &Case, inp: &Inputs) -> Vec<f32> {
     let hd = c.head_dim;
     let group = c.n_head / c.n_kv_head;
+    let scale = c.params().scale as f64;
     let mut out = vec![0.0f32; c.rows * c.width()];
     for r in 0..c.rows {
+        let pos = c.pos0 + r;
+        let first = c.window.map_or(0, |w| (pos + 1).saturating_sub(w));
         for h in 0..c.n_head {
             let kv = h / group;
             let q = &inp.q[r * c.width() + h * hd..][..hd];
-            let row = |m: &[f32], j: usize| m[(kv * c.max_ctx + j) * hd..][..hd].to_vec();
-            let scores: Vec<f64> = (0..=c.pos0 + r)
+            let at = |j: usize| (kv * c.max_ctx + j) * hd..(kv * c.max_ctx + j + 1) * hd;
+            let scores: Vec<f64> = (first..=pos)
                 .map(|j| {
-                    let k = row(&inp.k, j);
-                    let dot: f64 = q.iter().zip(&k).map(|(a, b)| *a as f64 * *b as f64).sum();
-                    let s = dot * c.params().scale as f64;
+                    let dot: f64 = q
+                        .iter()
+                        .zip(&inp.k[at(j)])
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum();
+                    let s = dot * scale;
                     match c.softcap {
                         Some(cap) => cap as f64 * (s / cap as f64).tanh(),
                         None => s,
@@ -90,13 +109,14 @@ fn reference(c: &Case, inp: &Inputs) -> Vec<f32> {
             let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let w: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
             let total: f64 = w.iter().sum();
-            for d in 0..hd {
-                let acc: f64 = w
-                    .iter()
-                    .enumerate()
-                    .map(|(j, w)| w * row(&inp.v, j)[d] as f64)
-                    .sum();
-                out[r * c.width() + h * hd + d] = (acc / total) as f32;
+            let mut acc = vec![0.0f64; hd];
+            for (j, w) in (first..=pos).zip(&w) {
+                for (a, x) in acc.iter_mut().zip(&inp.v[at(j)]) {
+                    *a += w * *x as f64;
+                }
+            }
+            for (o, a) in out[r * c.width() + h * hd..][..hd].iter_mut().zip(&acc) {
+                *o = (a / total) as f32;
             }
         }
     }
@@ -113,7 +133,7 @@ fn upload_cache(dev: &Device, c: &Case, vals: &[f32]) -> Buffer {
 }
 
 /// Device buffers of one case: q, k, v, step, out.
-fn buffers(dev: &Device, c: &Case, inp: &Inputs, pos0: i32) -> [Buffer; 5] {
+pub(super) fn buffers(dev: &Device, c: &Case, inp: &Inputs, pos0: i32) -> [Buffer; 5] {
     [
         dev.upload(&inp.q, &[c.rows, c.width()]).unwrap(),
         upload_cache(dev, c, &inp.k),
@@ -123,7 +143,7 @@ fn buffers(dev: &Device, c: &Case, inp: &Inputs, pos0: i32) -> [Buffer; 5] {
     ]
 }
 
-fn run_prefill(dev: &Device, c: &Case, inp: &Inputs, mode: Mode) -> Result<Vec<f32>> {
+pub(super) fn run_prefill(dev: &Device, c: &Case, inp: &Inputs, mode: Mode) -> Result<Vec<f32>> {
     let [q, k, v, step, out] = buffers(dev, c, inp, c.pos0 as i32);
     let mut s = Executor::new(dev.clone()).begin(mode);
     s.attention(&q, &k, &v, &step, &out, c.params())?;
@@ -149,6 +169,8 @@ fn cases(rows: &[usize], pos0s: &[usize], max_ctx: usize) -> Vec<Case> {
                             rows,
                             f16_cache,
                             softcap,
+                            scale: None,
+                            window: None,
                             seed,
                         });
                     }
@@ -305,12 +327,12 @@ fn prefill_out_of_range_position_is_a_kernel_error() {
     }
 }
 
-fn scratch(dev: &Device, c: &Case, chunk_len: usize) -> Buffer {
+pub(super) fn scratch(dev: &Device, c: &Case, chunk_len: usize) -> Buffer {
     let len = attention_decode_scratch_len(c.params(), c.max_ctx, chunk_len).unwrap();
     dev.alloc(DType::F32, &[len]).unwrap()
 }
 
-fn run_decode(
+pub(super) fn run_decode(
     dev: &Device,
     c: &Case,
     inp: &Inputs,

@@ -1,5 +1,6 @@
 //! CPU kernels of the `attention` op family: causal scaled dot-product attention of query rows
-//! against one layer's KV cache, with grouped-query heads and an optional softcap.
+//! against one layer's KV cache, with grouped-query heads, an optional softcap and an optional
+//! sliding window.
 //!
 //! - `attention_{f32,f16}` (prefill, any number of rows): one work item per (row, KV head); the
 //!   item computes every query head of that KV head's group with an online softmax over blocks of
@@ -7,15 +8,18 @@
 //! - `attention_decode_partial_{f32,f16}` and `attention_decode_combine` (decode, one row): the KV
 //!   length is cut into chunks; the partial pass writes, per (chunk, head), the running maximum,
 //!   the sum of exponentials and the unnormalized weighted V sum; the combine pass merges them.
+//!   With a window, only the chunks holding a key of the window are computed and combined.
 //!
 //! Argument order (built by `ops::attention`):
-//! - prefill: `q, k_cache, v_cache, step, out, n_head, n_kv_head, head_dim, scale, softcap`;
+//! - prefill: `q, k_cache, v_cache, step, out, n_head, n_kv_head, head_dim, scale, softcap,
+//!   window`;
 //! - partial: `q, k_cache, v_cache, step, partials, n_head, n_kv_head, head_dim, scale, softcap,
-//!   chunk_len, max_chunks`;
-//! - combine: `partials, step, out, n_head, head_dim, chunk_len, max_chunks`.
+//!   window, chunk_len, max_chunks`;
+//! - combine: `partials, step, out, n_head, head_dim, chunk_len, max_chunks, window`.
 //!
-//! `softcap` is 0 when off. The KV length is never a scalar: every kernel reads `pos0` from the
-//! step buffer at run time, so one recorded decode graph serves every step.
+//! `softcap` and `window` are 0 when off; with a window `W`, the query at position `i` sees keys
+//! `i + 1 - W..=i` (those that exist). The KV length is never a scalar: every kernel reads `pos0`
+//! from the step buffer at run time, so one recorded decode graph serves every step.
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -97,10 +101,12 @@ struct Geometry {
     max_ctx: usize,
     scale: f32,
     softcap: Option<f32>,
+    /// Sliding window in positions, if any.
+    window: Option<usize>,
 }
 
 impl Geometry {
-    /// Reads the five scalars starting at `ARG_N_HEAD` and checks them against the shapes of the
+    /// Reads the six scalars starting at `ARG_N_HEAD` and checks them against the shapes of the
     /// K and V caches (`[n_kv_head, max_ctx, head_dim]`, both).
     fn read(args: &KernelArgs<'_>) -> Result<Geometry> {
         let n_head = args.usize(ARG_N_HEAD)?;
@@ -108,6 +114,7 @@ impl Geometry {
         let head_dim = args.usize(ARG_N_HEAD + 2)?;
         let scale = args.f32(ARG_N_HEAD + 3)?;
         let cap = args.f32(ARG_N_HEAD + 4)?;
+        let window = args.usize(ARG_N_HEAD + 5)?;
         if n_head == 0 || n_kv_head == 0 || head_dim == 0 || n_head % n_kv_head != 0 {
             return Err(kernel_err(
                 args,
@@ -143,7 +150,13 @@ impl Geometry {
             max_ctx: dims[1],
             scale,
             softcap: (cap != 0.0).then_some(cap),
+            window: (window != 0).then_some(window),
         })
+    }
+
+    /// The first key the query at position `pos` sees.
+    fn first_key(&self, pos: usize) -> usize {
+        first_key(pos, self.window)
     }
 
     /// Elements of one KV head's slab of the cache.
@@ -291,7 +304,13 @@ fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     }
 }
 
-/// Prefill: `out[r, h] = softmax(q[r, h] . K[0..=pos0+r] * scale) V` per query row and head.
+/// The first key the query at position `pos` sees with `window` (none: 0).
+fn first_key(pos: usize, window: Option<usize>) -> usize {
+    window.map_or(0, |w| (pos + 1).saturating_sub(w))
+}
+
+/// Prefill: `out[r, h] = softmax(q[r, h] . K[lo..=pos0+r] * scale) V` per query row and head,
+/// `lo` the row's first key (0 without a window).
 fn attention_prefill<T: CacheElem>(args: &KernelArgs<'_>) -> Result<()> {
     let geo = Geometry::read(args)?;
     let q = args.input::<f32>(ARG_Q)?;
@@ -325,7 +344,9 @@ fn attention_prefill<T: CacheElem>(args: &KernelArgs<'_>) -> Result<()> {
         SCRATCH.with(|cell| {
             let mut st = cell.borrow_mut();
             st.reset(geo.group, geo.head_dim);
-            st.accumulate(&geo, qh, &k[slab.clone()], &v[slab], 0..pos0 + row + 1);
+            let pos = pos0 + row;
+            let keys = geo.first_key(pos)..pos + 1;
+            st.accumulate(&geo, qh, &k[slab.clone()], &v[slab], keys);
             for ((o, acc), sum) in o
                 .chunks_exact_mut(geo.head_dim)
                 .zip(st.acc.chunks_exact(geo.head_dim))
@@ -340,11 +361,12 @@ fn attention_prefill<T: CacheElem>(args: &KernelArgs<'_>) -> Result<()> {
 }
 
 /// Decode, first pass: one partial record `[max, sum, acc[head_dim]]` per (chunk, head), laid out
-/// `[max_chunks, n_head, head_dim + 2]`; only the chunks covering `0..=pos0` are written.
+/// `[max_chunks, n_head, head_dim + 2]`; only the chunks holding a key the query sees (`0..=pos0`,
+/// or the window's part of it) are written, each over those of its keys.
 fn attention_decode_partial<T: CacheElem>(args: &KernelArgs<'_>) -> Result<()> {
     let geo = Geometry::read(args)?;
-    let chunk_len = args.usize(ARG_N_HEAD + 5)?;
-    let max_chunks = args.usize(ARG_N_HEAD + 6)?;
+    let chunk_len = args.usize(ARG_N_HEAD + 6)?;
+    let max_chunks = args.usize(ARG_N_HEAD + 7)?;
     let q = args.input::<f32>(ARG_Q)?;
     let k = args.input::<T>(ARG_K)?;
     let v = args.input::<T>(ARG_V)?;
@@ -359,19 +381,21 @@ fn attention_decode_partial<T: CacheElem>(args: &KernelArgs<'_>) -> Result<()> {
         &[("n_head", geo.n_head), ("head_dim", hd)],
     )?;
     check_partials(args, partials.len(), geo.n_head, hd, chunk_len, max_chunks)?;
-    // Keys `0..kv_len`, all inside the cache (`kv_len <= max_ctx`), in `chunks <= max_chunks`
-    // chunks: the records written below lie inside `partials`.
+    // Keys `lo..kv_len`, all inside the cache (`kv_len <= max_ctx`), in chunks
+    // `first..chunks` (`chunks <= max_chunks`): the records written below lie inside `partials`.
     let pos0 = read_pos0(args, ARG_STEP, 1, geo.max_ctx)?;
     let kv_len = pos0 + 1;
     let chunks = used_chunks(args, kv_len, chunk_len, max_chunks)?;
+    let lo = geo.first_key(pos0);
+    let first = lo / chunk_len;
     let unit = geo.group * rec;
     let stride = geo.kv_stride();
-    partials[..chunks * geo.n_head * rec]
+    partials[first * geo.n_head * rec..chunks * geo.n_head * rec]
         .par_chunks_mut(unit)
         .enumerate()
         .for_each(|(item, recs)| {
-            let (chunk, kv) = (item / geo.n_kv_head, item % geo.n_kv_head);
-            let keys = chunk * chunk_len..((chunk + 1) * chunk_len).min(kv_len);
+            let (chunk, kv) = (first + item / geo.n_kv_head, item % geo.n_kv_head);
+            let keys = (chunk * chunk_len).max(lo)..((chunk + 1) * chunk_len).min(kv_len);
             let qh = &q[kv * geo.group * hd..(kv + 1) * geo.group * hd];
             let slab = kv * stride..(kv + 1) * stride;
             #[cfg(target_arch = "x86_64")]
@@ -413,7 +437,8 @@ fn attention_decode_partial<T: CacheElem>(args: &KernelArgs<'_>) -> Result<()> {
     Ok(())
 }
 
-/// Decode, second pass: merges the partial records of each head into its output row.
+/// Decode, second pass: merges the partial records of each head into its output row: those of
+/// the chunks the partial pass wrote (the ones holding a key of the window).
 fn attention_decode_combine(args: &KernelArgs<'_>) -> Result<()> {
     let partials = args.input::<f32>(0)?;
     let out = args.output::<f32>(2)?;
@@ -421,6 +446,7 @@ fn attention_decode_combine(args: &KernelArgs<'_>) -> Result<()> {
     let hd = args.usize(4)?;
     let chunk_len = args.usize(5)?;
     let max_chunks = args.usize(6)?;
+    let window = args.usize(7)?;
     if n_head == 0 || hd == 0 {
         return Err(kernel_err(
             args,
@@ -434,19 +460,21 @@ fn attention_decode_combine(args: &KernelArgs<'_>) -> Result<()> {
         &[("n_head", n_head), ("head_dim", hd)],
     )?;
     check_partials(args, partials.len(), n_head, hd, chunk_len, max_chunks)?;
-    // The records of chunks `0..chunks` (`chunks <= max_chunks`) lie inside `partials`.
+    // The records of chunks `first..chunks` (`chunks <= max_chunks`) lie inside `partials`; each
+    // holds at least one key (the window's first key lies in chunk `first`).
     let positions = max_chunks.saturating_mul(chunk_len);
     let pos0 = read_pos0(args, 1, 1, positions)?;
     let chunks = used_chunks(args, pos0 + 1, chunk_len, max_chunks)?;
+    let first = first_key(pos0, (window != 0).then_some(window)) / chunk_len;
     let rec = hd + 2;
     out.par_chunks_mut(hd).enumerate().for_each(|(h, o)| {
         let record = |c: usize| &partials[(c * n_head + h) * rec..(c * n_head + h + 1) * rec];
-        let max = (0..chunks)
+        let max = (first..chunks)
             .map(|c| record(c)[0])
             .fold(f32::NEG_INFINITY, f32::max);
         o.fill(0.0);
         let mut total = 0.0f32;
-        for c in 0..chunks {
+        for c in first..chunks {
             let r = record(c);
             let w = (r[0] - max).exp();
             total += w * r[1];

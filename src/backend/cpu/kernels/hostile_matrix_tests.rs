@@ -374,13 +374,15 @@ fn fused_gate_up_kernels_refuse_hostile_sizes() {
     }
 }
 
-/// The scoring scalars of an attention call with `n_head` query and `n_kv` key/value heads.
+/// The scoring scalars of an attention call with `n_head` query and `n_kv` key/value heads (no
+/// window).
 fn heads(c: Call, n_head: u32, n_kv: u32, hd: u32) -> Call {
     c.u32("n_head", n_head)
         .u32("n_kv_head", n_kv)
         .u32("head_dim", hd)
         .f32("scale", 0.35)
         .f32("softcap", 0.0)
+        .u32("window", 0)
 }
 
 #[test]
@@ -405,6 +407,10 @@ fn prefill_attention_refuses_hostile_heads_and_positions() {
         call(&[4], ok).accepted();
         call(&[0], ok).f32("softcap", 30.0).accepted();
         call(&[0], ok).f32("scale", f32::NAN).accepted();
+        // Every window is meaningful: 1 (each row sees itself), inside, past the cache.
+        for w in [1, 3, 6, MAX] {
+            call(&[4], ok).u32("window", w).accepted();
+        }
         call(&[0], (0, 2, 8)).refused("n_head = 0");
         call(&[0], (4, 0, 8)).refused("n_kv_head = 0");
         call(&[0], (4, 2, 0)).refused("head_dim = 0");
@@ -451,6 +457,18 @@ fn decode_attention_partials_refuse_hostile_chunks_and_positions() {
         // The head sizes of the AVX-512 form (on CPUs that have it).
         call(&[20], (2, 1, 32), 4 * 2 * 34).accepted();
         call(&[39], (4, 2, 64), 4 * 4 * 66).accepted();
+        // Windows starting inside a chunk, on a chunk boundary, or covering everything.
+        for w in [1, 5, 8, 24, 40, MAX] {
+            call(&[39], ok, recs).u32("window", w).accepted();
+            call(&[39], (4, 2, 64), 4 * 4 * 66)
+                .u32("window", w)
+                .accepted();
+        }
+        // A window never lets a position past the records through.
+        call(&[39], ok, recs)
+            .u32("window", 8)
+            .u32("chunks", 2)
+            .refused("chunks = 2");
         call(&[20], ok, recs)
             .u32("chunk_len", 0)
             .refused("chunk_len = 0");
@@ -491,10 +509,17 @@ fn decode_attention_combines_refuse_hostile_chunks_and_positions() {
             .u32("head_dim", hd)
             .u32("chunk_len", chunk_len)
             .u32("chunks", chunks)
+            .u32("window", 0)
     };
     let ok = (4, 8, 16, 4);
     call(&[20], 160, 32, ok).accepted();
     call(&[63], 160, 32, ok).accepted();
+    for w in [1, 16, 17, 64, MAX] {
+        call(&[63], 160, 32, ok).u32("window", w).accepted();
+    }
+    call(&[64], 160, 32, ok)
+        .u32("window", 1)
+        .refused("pos0 = 64");
     call(&[20], 160, 32, (0, 8, 16, 4)).refused("n_head = 0");
     call(&[20], 160, 32, (4, 0, 16, 4)).refused("head_dim = 0");
     call(&[20], 160, 32, (4, 8, 0, 4)).refused("chunk_len = 0");

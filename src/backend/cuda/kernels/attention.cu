@@ -1,21 +1,38 @@
 // The `attention` family: causal scaled dot-product attention of f32 query rows against one
 // layer's KV cache [n_kv_head, max_ctx, head_dim] (f32 or f16), grouped-query heads, optional
-// softcap (0 = off), pos0 read from the step buffer at run time. Same arguments as the CPU kernels
-// (src/backend/cpu/kernels/attention.rs):
-//   attention_<t>:                q, k, v, step, out, n_head, n_kv_head, head_dim, scale, softcap
+// softcap (0 = off), optional sliding window (0 = off: the query at position i sees keys
+// i + 1 - window ..= i), pos0 read from the step buffer at run time. Same arguments as the CPU
+// kernels (src/backend/cpu/kernels/attention.rs):
+//   attention_<t>:                q, k, v, step, out, n_head, n_kv_head, head_dim, scale, softcap,
+//                                 window
 //   attention_decode_partial_<t>: q, k, v, step, partials, n_head, n_kv_head, head_dim, scale,
-//                                 softcap, chunk_len, max_chunks
-//   attention_decode_combine:     partials, step, out, n_head, head_dim, chunk_len, max_chunks
+//                                 softcap, window, chunk_len, max_chunks
+//   attention_decode_combine:     partials, step, out, n_head, head_dim, chunk_len, max_chunks,
+//                                 window
 //   attention_decode_<t>:         q, k, v, step, partials, out, then the partial's scalars: both
 //                                 passes in one launch (CUDA only, see `attention_partial`)
 // Partial records are [max, sum, acc[head_dim]] laid out [max_chunks, n_head, head_dim + 2]; the
-// one-launch form keeps n_head u32 counters after them.
+// one-launch form keeps n_head u32 counters after them. With a window, only the chunks holding a
+// key of it (`attn_live_chunks`) are computed and combined; the others' records are untouched.
 // One block per (row or chunk, head), keys in tiles of ATTN_MAX_TILE with an online softmax.
 // Limits: head_dim <= 256, blockDim.x <= 256 and a multiple of 32.
 
 #define ATTN_MAX_HD 256
 #define ATTN_MAX_TILE 256
 #define ATTN_ACC 8  // head_dim <= ATTN_ACC * blockDim.x
+
+// The first key the query at position `pos` sees: 0, or with a window the last `window`
+// positions up to `pos`.
+__device__ __forceinline__ uint64_t attn_first_key(uint64_t pos, uint32_t window) {
+    return window != 0 && pos + 1 > window ? pos + 1 - window : 0;
+}
+
+// The chunks of a decode step at position pos0 that hold a key the query sees: first..chunks.
+__device__ __forceinline__ void attn_live_chunks(uint64_t pos0, uint32_t window, uint32_t chunk_len,
+                                                 uint64_t& first, uint64_t& chunks) {
+    first = attn_first_key(pos0, window) / chunk_len;
+    chunks = (pos0 + chunk_len) / chunk_len;
+}
 
 // Sums a score over the eight lanes that share a key (every lane of the warp calls it) and stores
 // the scaled, optionally soft-capped score of key j of the tile.
@@ -190,8 +207,9 @@ __device__ void attn_fold_vec(const float* qs, const T* k, const T* v, uint32_t 
 template <typename T>
 __device__ void attention_prefill(const float* q, const T* k, const T* v, const int32_t* step,
                                   float* out, uint32_t n_head, uint32_t n_kv_head, uint32_t hd,
-                                  float scale, float softcap, uint64_t n_q, uint64_t n_k,
-                                  uint64_t n_v, uint64_t n_step, uint64_t n_out, uint32_t tag) {
+                                  float scale, float softcap, uint32_t window, uint64_t n_q,
+                                  uint64_t n_k, uint64_t n_v, uint64_t n_step, uint64_t n_out,
+                                  uint32_t tag) {
     __shared__ float qs[ATTN_MAX_HD];
     __shared__ float ps[ATTN_MAX_TILE];
     __shared__ float vsum[4 * ATTN_MAX_TILE];
@@ -217,19 +235,21 @@ __device__ void attention_prefill(const float* q, const T* k, const T* v, const 
         float m = -__int_as_float(0x7f800000), l = 0.0f;
         const T* ks = k + (uint64_t)kv * max_ctx * hd;
         const T* vs = v + (uint64_t)kv * max_ctx * hd;
+        const uint64_t pos = (uint64_t)pos0 + r, lo = attn_first_key(pos, window);
         if (attn_vec_ok(ks, vs, hd))
-            attn_fold_vec<T>(qs, ks, vs, hd, 0, (uint64_t)pos0 + r + 1, scale, softcap, ps, vsum, m, l);
+            attn_fold_vec<T>(qs, ks, vs, hd, lo, pos + 1, scale, softcap, ps, vsum, m, l);
         else
-            attn_fold<T>(qs, ks, vs, hd, 0, (uint64_t)pos0 + r + 1, scale, softcap, ps, vsum, m, l);
+            attn_fold<T>(qs, ks, vs, hd, lo, pos + 1, scale, softcap, ps, vsum, m, l);
         const float inv = 1.0f / l;
         for (uint32_t dd = threadIdx.x; dd < hd; dd += blockDim.x) out[item * hd + dd] = vsum[dd] * inv;
     }
 }
 
-// Merges the records of `chunks` chunks of head h into out[h * hd ..]. Every thread of the block
-// calls it (blockDim.x a multiple of 32): each warp finds the maximum and the weighted sum with
-// its lanes over the chunks, then each thread sums its dimensions over the chunks, the loads of
-// several chunks in flight. Loads go through L2 (`__ldcg`): in the one-launch kernel, other
+// Merges the records of `chunks` chunks of head h, starting at `partials` (the records of the
+// first live chunk), into out[h * hd ..]. Every thread of the block calls it (blockDim.x a
+// multiple of 32): each warp finds the maximum and the weighted sum with its lanes over the
+// chunks, then each thread sums its dimensions over the chunks, the loads of several chunks in
+// flight. Loads go through L2 (`__ldcg`): in the one-launch kernel, other
 // blocks wrote the records.
 __device__ void attn_combine_head(const float* partials, uint64_t chunks, uint32_t n_head,
                                   uint32_t h, uint32_t hd, float* out) {
@@ -259,15 +279,19 @@ __device__ void attn_combine_head(const float* partials, uint64_t chunks, uint32
 // The partial pass; with `out`, also the combine, in one launch: after writing its record, a
 // block takes a ticket from its head's counter (u32 words after the records, zero between
 // launches); the block that takes the last ticket resets the counter and merges the head's
-// records into `out`. A counter found at or past the chunk count is a kernel error (a scratch
-// that was not zeroed, or shared with something else).
+// records into `out`. A counter found at or past the live chunk count is a kernel error (a
+// scratch that was not zeroed, or shared with something else). Work items are the (live chunk,
+// head) pairs: with a window, the chunks before the one holding the window's first key are
+// skipped (their records neither written nor read), and that chunk is masked (its keys start at
+// the first key), so a step costs O(window) whatever pos0; the grid needs only
+// ceil(window / chunk_len) + 1 chunks' blocks.
 template <typename T>
 __device__ void attention_partial(const float* q, const T* k, const T* v, const int32_t* step,
                                   float* partials, float* out, uint32_t n_head, uint32_t n_kv_head,
-                                  uint32_t hd, float scale, float softcap, uint32_t chunk_len,
-                                  uint32_t max_chunks, uint64_t n_q, uint64_t n_k, uint64_t n_v,
-                                  uint64_t n_step, uint64_t n_partials, uint64_t n_out,
-                                  uint32_t tag) {
+                                  uint32_t hd, float scale, float softcap, uint32_t window,
+                                  uint32_t chunk_len, uint32_t max_chunks, uint64_t n_q,
+                                  uint64_t n_k, uint64_t n_v, uint64_t n_step, uint64_t n_partials,
+                                  uint64_t n_out, uint32_t tag) {
     __shared__ float qs[ATTN_MAX_HD];
     __shared__ float ps[ATTN_MAX_TILE];
     __shared__ float vsum[4 * ATTN_MAX_TILE];
@@ -285,29 +309,31 @@ __device__ void attention_partial(const float* q, const T* k, const T* v, const 
         op_fail(tag, OP_ERR_POS0, pos0, max_ctx, 1);
         return;
     }
-    const uint64_t kv_len = (uint64_t)pos0 + 1;
-    const uint64_t chunks = (kv_len + chunk_len - 1) / chunk_len;
+    const uint64_t kv_len = (uint64_t)pos0 + 1, lo = attn_first_key((uint64_t)pos0, window);
+    uint64_t first, chunks;
+    attn_live_chunks((uint64_t)pos0, window, chunk_len, first, chunks);
     if (chunks > max_chunks) {
         op_fail(tag, OP_ERR_CHUNKS, (int64_t)kv_len, max_chunks, chunk_len);
         return;
     }
+    const uint64_t live = chunks - first;
     const uint32_t group = n_head / n_kv_head;
-    OP_ROW_LOOP(item, chunks * n_head) {
-        const uint64_t chunk = item / n_head;
+    OP_ROW_LOOP(item, live * n_head) {
+        const uint64_t chunk = first + item / n_head;
         const uint32_t h = (uint32_t)(item % n_head), kv = h / group;
         __syncthreads();
         for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = q[(uint64_t)h * hd + i];
         __syncthreads();
         float m = -__int_as_float(0x7f800000), l = 0.0f;
-        const uint64_t begin = chunk * chunk_len;
-        const uint64_t end = begin + chunk_len < kv_len ? begin + chunk_len : kv_len;
+        const uint64_t begin = chunk * chunk_len > lo ? chunk * chunk_len : lo;
+        const uint64_t end = (chunk + 1) * chunk_len < kv_len ? (chunk + 1) * chunk_len : kv_len;
         const T* ks = k + (uint64_t)kv * max_ctx * hd;
         const T* vs = v + (uint64_t)kv * max_ctx * hd;
         if (attn_vec_ok(ks, vs, hd))
             attn_fold_vec<T>(qs, ks, vs, hd, begin, end, scale, softcap, ps, vsum, m, l);
         else
             attn_fold<T>(qs, ks, vs, hd, begin, end, scale, softcap, ps, vsum, m, l);
-        float* rec = partials + item * (hd + 2);
+        float* rec = partials + (chunk * n_head + h) * (hd + 2);
         if (threadIdx.x == 0) {
             rec[0] = m;
             rec[1] = l;
@@ -319,14 +345,14 @@ __device__ void attention_partial(const float* q, const T* k, const T* v, const 
         if (threadIdx.x == 0) {
             uint32_t* counter = (uint32_t*)(partials + records) + h;
             const uint32_t ticket = atomicAdd(counter, 1u);
-            last = ticket + 1 == chunks;
-            if (ticket >= chunks) op_fail(tag, OP_ERR_SCRATCH, ticket, chunks, h);
+            last = ticket + 1 == live;
+            if (ticket >= live) op_fail(tag, OP_ERR_SCRATCH, ticket, live, h);
             if (last) *counter = 0;
         }
         __syncthreads();
         if (last) {
             __threadfence();
-            attn_combine_head(partials, chunks, n_head, h, hd, out);
+            attn_combine_head(partials + first * n_head * (hd + 2), live, n_head, h, hd, out);
         }
     }
 }
@@ -334,29 +360,31 @@ __device__ void attention_partial(const float* q, const T* k, const T* v, const 
 #define ATTENTION_KERNEL(NAME, T)                                                                   \
     extern "C" __global__ void NAME(const float* q, const T* k, const T* v, const int32_t* step,      \
                                     float* out, uint32_t n_head, uint32_t n_kv_head, uint32_t hd,     \
-                                    float scale, float softcap, uint64_t n_q, uint64_t n_k,           \
-                                    uint64_t n_v, uint64_t n_step, uint64_t n_out) {                  \
-        attention_prefill<T>(q, k, v, step, out, n_head, n_kv_head, hd, scale, softcap, n_q, n_k,     \
-                             n_v, n_step, n_out, op_tag(#NAME));                                   \
+                                    float scale, float softcap, uint32_t window, uint64_t n_q,        \
+                                    uint64_t n_k, uint64_t n_v, uint64_t n_step, uint64_t n_out) {    \
+        attention_prefill<T>(q, k, v, step, out, n_head, n_kv_head, hd, scale, softcap, window, n_q,  \
+                             n_k, n_v, n_step, n_out, op_tag(#NAME));                                 \
     }
 #define ATTENTION_PARTIAL_KERNEL(NAME, T)                                                           \
     extern "C" __global__ void NAME(const float* q, const T* k, const T* v, const int32_t* step,      \
                                     float* partials, uint32_t n_head, uint32_t n_kv_head,             \
-                                    uint32_t hd, float scale, float softcap, uint32_t chunk_len,      \
-                                    uint32_t max_chunks, uint64_t n_q, uint64_t n_k, uint64_t n_v,    \
-                                    uint64_t n_step, uint64_t n_partials) {                           \
+                                    uint32_t hd, float scale, float softcap, uint32_t window,         \
+                                    uint32_t chunk_len, uint32_t max_chunks, uint64_t n_q,            \
+                                    uint64_t n_k, uint64_t n_v, uint64_t n_step,                      \
+                                    uint64_t n_partials) {                                            \
         attention_partial<T>(q, k, v, step, partials, nullptr, n_head, n_kv_head, hd, scale,          \
-                             softcap, chunk_len, max_chunks, n_q, n_k, n_v, n_step, n_partials, 0,    \
-                             op_tag(#NAME));                                                          \
+                             softcap, window, chunk_len, max_chunks, n_q, n_k, n_v, n_step,           \
+                             n_partials, 0, op_tag(#NAME));                                           \
     }
 #define ATTENTION_DECODE_KERNEL(NAME, T)                                                            \
     extern "C" __global__ void NAME(const float* q, const T* k, const T* v, const int32_t* step,      \
                                     float* partials, float* out, uint32_t n_head, uint32_t n_kv_head, \
-                                    uint32_t hd, float scale, float softcap, uint32_t chunk_len,      \
-                                    uint32_t max_chunks, uint64_t n_q, uint64_t n_k, uint64_t n_v,    \
-                                    uint64_t n_step, uint64_t n_partials, uint64_t n_out) {           \
+                                    uint32_t hd, float scale, float softcap, uint32_t window,         \
+                                    uint32_t chunk_len, uint32_t max_chunks, uint64_t n_q,            \
+                                    uint64_t n_k, uint64_t n_v, uint64_t n_step, uint64_t n_partials, \
+                                    uint64_t n_out) {                                                 \
         attention_partial<T>(q, k, v, step, partials, out, n_head, n_kv_head, hd, scale, softcap,     \
-                             chunk_len, max_chunks, n_q, n_k, n_v, n_step, n_partials, n_out,         \
+                             window, chunk_len, max_chunks, n_q, n_k, n_v, n_step, n_partials, n_out, \
                              op_tag(#NAME));                                                          \
     }
 
@@ -370,8 +398,8 @@ ATTENTION_DECODE_KERNEL(attention_decode_f16, __half)
 extern "C" __global__ void attention_decode_combine(const float* partials, const int32_t* step,
                                                     float* out, uint32_t n_head, uint32_t hd,
                                                     uint32_t chunk_len, uint32_t max_chunks,
-                                                    uint64_t n_partials, uint64_t n_step,
-                                                    uint64_t n_out) {
+                                                    uint32_t window, uint64_t n_partials,
+                                                    uint64_t n_step, uint64_t n_out) {
     const uint32_t tag = op_tag("attention_decode_combine");
     OP_REQUIRE(n_head != 0 && hd != 0 && chunk_len != 0 && n_step != 0 &&
                n_out == (uint64_t)n_head * hd &&
@@ -381,6 +409,8 @@ extern "C" __global__ void attention_decode_combine(const float* partials, const
         op_fail(tag, OP_ERR_CHUNKS, pos0 + 1, max_chunks, chunk_len);
         return;
     }
-    const uint64_t chunks = ((uint64_t)pos0 + chunk_len) / chunk_len;
-    OP_ROW_LOOP(h, n_head) attn_combine_head(partials, chunks, n_head, (uint32_t)h, hd, out);
+    uint64_t first, chunks;
+    attn_live_chunks((uint64_t)pos0, window, chunk_len, first, chunks);
+    const float* live = partials + first * n_head * (hd + 2);
+    OP_ROW_LOOP(h, n_head) attn_combine_head(live, chunks - first, n_head, (uint32_t)h, hd, out);
 }
