@@ -109,7 +109,6 @@ impl Transformer {
         max_batch: usize,
     ) -> Result<Self> {
         let config = ModelConfig::from_gguf(&file)?;
-        check_supported(&config)?;
         if max_ctx == 0 || max_batch == 0 {
             return Err(Error::InvalidArgument(
                 "context and batch sizes must be at least 1".into(),
@@ -254,7 +253,7 @@ impl Transformer {
                 base: layer.rope_base,
                 freq_factors: w.rope_freqs.as_ref(),
             };
-            let attn_params = attention_params(c, layer.window)?;
+            let attn_params = attention_params(c, layer.window);
             s.rms_norm(&x, &l.attn_norm, &xn, c.norm_eps)?;
             match (&l.qk_norm, &qk_raw) {
                 (Some((q_norm, k_norm)), Some((q_raw, k_raw))) => {
@@ -475,20 +474,10 @@ impl Transformer {
 }
 
 /// The attention parameters of a layer with sliding window `window`.
-fn attention_params(c: &ModelConfig, window: Option<usize>) -> Result<AttentionParams> {
+fn attention_params(c: &ModelConfig, window: Option<usize>) -> AttentionParams {
     match window {
-        None => Ok(c.full_attention()),
-        Some(w) => Err(Error::Unsupported(format!(
-            "sliding-window attention (a window of {w} positions) is not supported yet"
-        ))),
-    }
-}
-
-/// Refuses, before anything is allocated, a configuration whose pieces the skeleton lacks.
-fn check_supported(c: &ModelConfig) -> Result<()> {
-    match c.sliding {
-        Some(s) => attention_params(c, Some(s.window)).map(|_| ()),
-        None => Ok(()),
+        None => c.full_attention(),
+        Some(w) => c.full_attention().with_window(w),
     }
 }
 
