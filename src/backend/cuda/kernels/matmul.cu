@@ -8,10 +8,10 @@
 //                  out, rows, k, n, bits, group (MLX affine: W[o, i] = scale * q + bias)
 // Sums in f32, in three forms chosen by the row count (the host sizes the grid to match):
 // - one row (decode): one warp per output value (grid-stride over warps). For the 32-value block
-//   formats (q4_0, q4_1, q8_0) with a 16-byte aligned x, four lanes share a block and read it as
-//   whole words (`mm_dot_blocks`); every other case reads one element per lane (`mm_dot`). Both
-//   are in matmul_blocks.cuh, compiled in front of this file (the fused block kernels use them
-//   too).
+//   formats (q4_0, q4_1, q5_0, q8_0) with a 16-byte aligned x, four lanes share a block and read
+//   it as whole words (`mm_dot_blocks`); every other case reads one element per lane (`mm_dot`).
+//   Both are in matmul_blocks.cuh, compiled in front of this file (the fused block kernels use
+//   them too).
 // - 2 to 15 rows: one warp per output value and group of MM_ROWS rows, each weight value read once
 //   for the group.
 // - 16 rows and more (prefill, given MM_TILE_SMEM bytes of dynamic shared memory): the tiled form
@@ -87,9 +87,27 @@ template <int FMT>
 __device__ __forceinline__ void mm_stage_weights(const uint8_t* row, uint32_t k0, uint32_t h,
                                                  bool live, uint32_t k, bool words,
                                                  float (&v)[16]) {
-    constexpr bool block32 = FMT == OP_FMT_Q4_0 || FMT == OP_FMT_Q4_1 || FMT == OP_FMT_Q8_0;
+    constexpr bool block32 =
+        FMT == OP_FMT_Q4_0 || FMT == OP_FMT_Q4_1 || FMT == OP_FMT_Q5_0 || FMT == OP_FMT_Q8_0;
     if (block32 && live && words) {
         const uint32_t b = k0 / 32;
+        if (FMT == OP_FMT_Q5_0) {
+            const uint8_t* p = row + (uint64_t)b * 22;
+            const float d = mm_half_at(p);
+            // The fifth bits of values 16h.. from bit 0.
+            const uint32_t qh = mm_u32_at(p + 2) >> (16 * h);
+#pragma unroll
+            for (int wd = 0; wd < 4; ++wd) {
+                const uint32_t q = mm_u32_at(p + 6 + 4 * wd);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const uint32_t nib = (q >> (8 * e + 4 * h)) & 15u;
+                    const uint32_t bit = (qh >> (4 * wd + e)) & 1u;
+                    v[4 * wd + e] = d * (float)((int)(nib | (bit << 4)) - 16);
+                }
+            }
+            return;
+        }
         if (FMT == OP_FMT_Q8_0) {
             const uint8_t* p = row + (uint64_t)b * 34;
             const float d = mm_half_at(p);
@@ -298,6 +316,7 @@ MATMUL_KERNEL(matmul_f16, OP_FMT_F16)
 MATMUL_KERNEL(matmul_bf16, OP_FMT_BF16)
 MATMUL_KERNEL(matmul_q4_0, OP_FMT_Q4_0)
 MATMUL_KERNEL(matmul_q4_1, OP_FMT_Q4_1)
+MATMUL_KERNEL(matmul_q5_0, OP_FMT_Q5_0)
 MATMUL_KERNEL(matmul_q8_0, OP_FMT_Q8_0)
 MATMUL_KERNEL(matmul_q4_k, OP_FMT_Q4_K)
 MATMUL_KERNEL(matmul_q6_k, OP_FMT_Q6_K)
@@ -306,6 +325,7 @@ MATMUL_ADD_KERNEL(matmul_add_f16, OP_FMT_F16)
 MATMUL_ADD_KERNEL(matmul_add_bf16, OP_FMT_BF16)
 MATMUL_ADD_KERNEL(matmul_add_q4_0, OP_FMT_Q4_0)
 MATMUL_ADD_KERNEL(matmul_add_q4_1, OP_FMT_Q4_1)
+MATMUL_ADD_KERNEL(matmul_add_q5_0, OP_FMT_Q5_0)
 MATMUL_ADD_KERNEL(matmul_add_q8_0, OP_FMT_Q8_0)
 MATMUL_ADD_KERNEL(matmul_add_q4_k, OP_FMT_Q4_K)
 MATMUL_ADD_KERNEL(matmul_add_q6_k, OP_FMT_Q6_K)
@@ -314,6 +334,7 @@ MATMUL_ID_KERNEL(matmul_id_f16, OP_FMT_F16)
 MATMUL_ID_KERNEL(matmul_id_bf16, OP_FMT_BF16)
 MATMUL_ID_KERNEL(matmul_id_q4_0, OP_FMT_Q4_0)
 MATMUL_ID_KERNEL(matmul_id_q4_1, OP_FMT_Q4_1)
+MATMUL_ID_KERNEL(matmul_id_q5_0, OP_FMT_Q5_0)
 MATMUL_ID_KERNEL(matmul_id_q8_0, OP_FMT_Q8_0)
 MATMUL_ID_KERNEL(matmul_id_q4_k, OP_FMT_Q4_K)
 MATMUL_ID_KERNEL(matmul_id_q6_k, OP_FMT_Q6_K)

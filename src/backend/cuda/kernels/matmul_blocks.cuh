@@ -44,6 +44,20 @@ __device__ __forceinline__ float mm_nibble_dot(uint32_t q, float4 lo, float4 hi)
     return s;
 }
 
+// mm_nibble_dot for q5_0: sum of lo[i] * (q_i - 16) + hi[i] * (q_(16+i) - 16), where q_i is the
+// low nibble of byte i of q with bit i of h above it and q_(16+i) the high nibble with bit 16 + i.
+__device__ __forceinline__ float mm_q5_dot(uint32_t q, uint32_t h, float4 lo, float4 hi) {
+    float s = lo.x * (float)((int)((q & 15u) | ((h << 4) & 16u)) - 16);
+    s += lo.y * (float)((int)(((q >> 8) & 15u) | ((h << 3) & 16u)) - 16);
+    s += lo.z * (float)((int)(((q >> 16) & 15u) | ((h << 2) & 16u)) - 16);
+    s += lo.w * (float)((int)(((q >> 24) & 15u) | ((h << 1) & 16u)) - 16);
+    s += hi.x * (float)((int)(((q >> 4) & 15u) | ((h >> 12) & 16u)) - 16);
+    s += hi.y * (float)((int)(((q >> 12) & 15u) | ((h >> 13) & 16u)) - 16);
+    s += hi.z * (float)((int)(((q >> 20) & 15u) | ((h >> 14) & 16u)) - 16);
+    s += hi.w * (float)((int)((q >> 28) | ((h >> 15) & 16u)) - 16);
+    return s;
+}
+
 // sum of a[i] * (signed byte i of q).
 __device__ __forceinline__ float mm_i8_dot(uint32_t q, float4 a) {
     return a.x * (float)(int8_t)(q & 0xffu) + a.y * (float)(int8_t)((q >> 8) & 0xffu) +
@@ -51,8 +65,10 @@ __device__ __forceinline__ float mm_i8_dot(uint32_t q, float4 a) {
 }
 
 // The weight words of quarter `t` (0..4) of block `b` of a row: 4-bit formats take quant bytes
-// [4t, 4t + 4) (values 4t..4t+3 and 16+4t..16+4t+3) and the scale (and q4_1's minimum), q8_0 takes
-// bytes [8t, 8t + 8) and the scale. Loaded once, applied to one activation row or several.
+// [4t, 4t + 4) (values 4t..4t+3 and 16+4t..16+4t+3) and the scale (and q4_1's minimum), q5_0 the
+// same quant bytes, the scale and its fifth bits shifted so that the quarter's are bits 0..3 and
+// 16..19, q8_0 takes bytes [8t, 8t + 8) and the scale. Loaded once, applied to one activation row
+// or several.
 struct MmQuarter {
     uint32_t q0, q1;
     float d, m;
@@ -67,6 +83,12 @@ __device__ __forceinline__ MmQuarter mm_load_quarter(const uint8_t* row, uint32_
         w.q0 = mm_u32_at(p + 2 + 8 * t);
         w.q1 = mm_u32_at(p + 6 + 8 * t);
         w.m = 0.0f;
+    } else if (FMT == OP_FMT_Q5_0) {  // value = d * (q - 16)
+        const uint8_t* p = row + (uint64_t)b * 22;
+        w.d = mm_half_at(p);
+        w.m = 0.0f;
+        w.q0 = mm_u32_at(p + 6 + 4 * t);
+        w.q1 = mm_u32_at(p + 2) >> (4 * t);
     } else if (FMT == OP_FMT_Q4_1) {
         const uint8_t* p = row + (uint64_t)b * 20;
         w.d = mm_half_at(p);
@@ -92,6 +114,7 @@ __device__ __forceinline__ float mm_apply_quarter(X x, MmQuarter w, uint32_t b, 
         return w.d * (mm_i8_dot(w.q0, a) + mm_i8_dot(w.q1, c));
     }
     const float4 lo = x.at4(xb + 4 * t), hi = x.at4(xb + 16 + 4 * t);
+    if (FMT == OP_FMT_Q5_0) return w.d * mm_q5_dot(w.q0, w.q1, lo, hi);
     const float sx = (lo.x + lo.y) + (lo.z + lo.w) + (hi.x + hi.y) + (hi.z + hi.w);
     if (FMT == OP_FMT_Q4_1) return w.d * mm_nibble_dot(w.q0, lo, hi) + w.m * sx;
     return w.d * (mm_nibble_dot(w.q0, lo, hi) - 8.0f * sx);
@@ -106,8 +129,9 @@ __device__ __forceinline__ float mm_block_quarter(X x, const uint8_t* row, uint3
 // even address.
 template <int FMT, typename X>
 __device__ __forceinline__ bool mm_blocks_ok(X x, const uint8_t* w, uint32_t k) {
-    return (FMT == OP_FMT_Q4_0 || FMT == OP_FMT_Q4_1 || FMT == OP_FMT_Q8_0) && x.aligned16() &&
-           k % 32 == 0 && ((uint64_t)w & 1u) == 0;
+    return (FMT == OP_FMT_Q4_0 || FMT == OP_FMT_Q4_1 || FMT == OP_FMT_Q5_0 ||
+            FMT == OP_FMT_Q8_0) &&
+           x.aligned16() && k % 32 == 0 && ((uint64_t)w & 1u) == 0;
 }
 
 template <int FMT, typename X>
@@ -135,7 +159,7 @@ __device__ __forceinline__ float mm_dot_blocks(X x, const uint8_t* wrow, uint32_
 
 template <int FMT>
 __device__ __forceinline__ constexpr uint32_t mm_block_bytes() {
-    return FMT == OP_FMT_Q8_0 ? 34u : (FMT == OP_FMT_Q4_1 ? 20u : 18u);
+    return FMT == OP_FMT_Q8_0 ? 34u : (FMT == OP_FMT_Q5_0 ? 22u : (FMT == OP_FMT_Q4_1 ? 20u : 18u));
 }
 
 // Whether `mm_dot_staged` takes these rows (warp-uniform).
