@@ -19,6 +19,8 @@ pub enum DType {
     Q4_0,
     /// GGML Q4_1: 32 values, f16 scale + f16 min + 16 bytes of 4-bit quants.
     Q4_1,
+    /// GGML Q5_0: 32 values, f16 scale + 4 bytes of fifth bits + 16 bytes of low 4-bit quants.
+    Q5_0,
     /// GGML Q8_0: 32 values, f16 scale + 32 signed bytes.
     Q8_0,
     /// GGML Q4_K: 256-value super-block with 6-bit sub-block scales and mins.
@@ -31,7 +33,7 @@ impl DType {
     /// Values per block (1 for plain types).
     pub const fn block_elems(self) -> usize {
         match self {
-            DType::Q4_0 | DType::Q4_1 | DType::Q8_0 => 32,
+            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0 => 32,
             DType::Q4K | DType::Q6K => 256,
             _ => 1,
         }
@@ -45,6 +47,7 @@ impl DType {
             DType::U8 => 1,
             DType::Q4_0 => 18,
             DType::Q4_1 => 20,
+            DType::Q5_0 => 22,
             DType::Q8_0 => 34,
             DType::Q4K => 144,
             DType::Q6K => 210,
@@ -81,6 +84,7 @@ impl DType {
             DType::U8 => "u8",
             DType::Q4_0 => "q4_0",
             DType::Q4_1 => "q4_1",
+            DType::Q5_0 => "q5_0",
             DType::Q8_0 => "q8_0",
             DType::Q4K => "q4_k",
             DType::Q6K => "q6_k",
@@ -126,6 +130,8 @@ mod tests {
     #[test]
     fn block_sizes_match_ggml() {
         assert_eq!(DType::Q4_1.bytes_for(64), Some(40));
+        assert_eq!(DType::Q5_0.bytes_for(640), Some(440));
+        assert_eq!(DType::Q5_0.bytes_for(48), None);
         assert_eq!(DType::Q6K.bytes_for(512), Some(420));
         assert_eq!(DType::Q8_0.bytes_for(33), None);
         assert_eq!(DType::F16.bytes_for(3), Some(6));

@@ -225,7 +225,13 @@ const NAMES: [&str; 4] = ["q", "k_cache", "v_cache", "hidden"];
 #[test]
 fn fused_block_ops_give_the_separate_ops_bits_on_the_cpu() {
     let dev = Device::cpu(2).unwrap();
-    for dtype in [DType::Q4_1, DType::Q8_0, DType::Q4K, DType::F16] {
+    for dtype in [
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q8_0,
+        DType::Q4K,
+        DType::F16,
+    ] {
         for rows in [1usize, 3, 13] {
             let v = values(rows);
             for mode in [RopeMode::Normal, RopeMode::NeoX] {

@@ -70,6 +70,7 @@ fn fused_matmul_add_gives_the_unfused_bits() {
         DType::Q4_1,
         DType::Q8_0,
         DType::Q4_0,
+        DType::Q5_0,
         DType::Q4K,
         DType::F32,
         DType::F16,
@@ -204,7 +205,13 @@ fn outputs(dev: &Device, b: &Block) -> Vec<Vec<f32>> {
 fn fused_block_ops_match_the_separate_ops_on_the_cpu() {
     let gpu = cuda_device();
     let cpu = Device::cpu(2).unwrap();
-    for dtype in [DType::Q4_1, DType::Q8_0, DType::Q4K, DType::F16] {
+    for dtype in [
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q8_0,
+        DType::Q4K,
+        DType::F16,
+    ] {
         for rows in [1usize, 3] {
             for mode in [RopeMode::Normal, RopeMode::NeoX] {
                 let what = format!("{dtype} rows {rows} {mode:?}");

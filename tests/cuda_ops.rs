@@ -390,7 +390,10 @@ fn matmul_vector_form_at_real_shapes() {
         (576, 1536),
     ];
     for (s, &(n, k)) in shapes.iter().enumerate() {
-        for (j, &dt) in [DType::Q4_0, DType::Q4_1, DType::Q8_0].iter().enumerate() {
+        for (j, &dt) in [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0]
+            .iter()
+            .enumerate()
+        {
             let w = weight_tensor(dt, n, k, 900 + (10 * s + j) as u64);
             let x = random_tensor(DType::F32, &[1, k], 1.0, 950 + s as u64);
             // Sums of up to 14336 products (the sum of magnitudes up to about 3600) in another order
@@ -428,9 +431,15 @@ fn fused_block_ops_at_real_widths() {
     .iter()
     .enumerate()
     {
-        for (j, &dt) in [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::F16]
-            .iter()
-            .enumerate()
+        for (j, &dt) in [
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q8_0,
+            DType::F16,
+            DType::Q5_0,
+        ]
+        .iter()
+        .enumerate()
         {
             let seed = 1000 + (10 * c + j) as u64;
             let x = random_tensor(DType::F32, &[1, dim], 1.0, seed);

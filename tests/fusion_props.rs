@@ -83,7 +83,8 @@ fn case() -> impl Strategy<Value = Case> {
             Just(DType::F32),
             Just(DType::F16),
             Just(DType::Q8_0),
-            Just(DType::Q4_1)
+            Just(DType::Q4_1),
+            Just(DType::Q5_0)
         ],
         any::<bool>(),
         any::<u64>(),

@@ -183,8 +183,8 @@ fn base_file() -> Vec<u8> {
     w.add_tensor("w.q4_0", &[64], DType::Q4_0, q4).unwrap();
     let ids: Vec<u8> = (0..3i32).flat_map(|i| (i - 1).to_le_bytes()).collect();
     w.add_tensor("ids", &[3], DType::I32, ids).unwrap();
-    let q5: Vec<u8> = (0..22).map(|i| i as u8).collect();
-    w.add_tensor_ggml("w.q5_0", &[32], GgmlType(6), q5).unwrap();
+    let q5: Vec<u8> = (0..24).map(|i| i as u8).collect();
+    w.add_tensor_ggml("w.q5_1", &[32], GgmlType(7), q5).unwrap();
     w.add_tensor("w.bf16", &[1, 1, 2, 2], DType::BF16, vec![1u8; 8])
         .unwrap();
     w.to_bytes().unwrap()
@@ -566,7 +566,7 @@ fn names_from_the_file_never_break_an_error_line() {
     // A tensor name with a newline, of a type onepass cannot compute with: the file loads, and
     // asking for the dtype is a one-line error.
     let mut w = GgufWriter::new();
-    w.add_tensor_ggml("t\nq5", &[32], GgmlType(6), vec![0u8; 22])
+    w.add_tensor_ggml("t\nq5", &[32], GgmlType(7), vec![0u8; 24])
         .unwrap();
     let f = GgufFile::from_bytes(&w.to_bytes().unwrap(), "t.gguf").unwrap();
     let e = f.tensors()[0].dtype().unwrap_err().to_string();

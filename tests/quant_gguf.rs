@@ -1,4 +1,4 @@
-//! Our GGML dequantizers (and the Q4_0 / Q4_1 / Q8_0 quantizers) against the Python `gguf`
+//! Our GGML dequantizers (and the Q4_0 / Q4_1 / Q5_0 / Q8_0 quantizers) against the Python `gguf`
 //! package, through the fixtures that `scripts/make_quant_fixture.py` wrote into
 //! `tests/fixtures/quant/`. Exact equality is expected: both sides compute the same f32
 //! expressions in the same order (`d * q + m`, `(d * sc) * q - dmin * m`, ...), so every value
@@ -50,6 +50,7 @@ fn dequantize_matches_gguf_for_every_format() {
     for (name, dtype) in [
         ("q4_0", DType::Q4_0),
         ("q4_1", DType::Q4_1),
+        ("q5_0", DType::Q5_0),
         ("q8_0", DType::Q8_0),
         ("q4_k", DType::Q4K),
         ("q6_k", DType::Q6K),
@@ -72,6 +73,7 @@ fn quantize_matches_gguf_reference_quantizers() {
     for (name, dtype) in [
         ("q4_0", DType::Q4_0),
         ("q4_1", DType::Q4_1),
+        ("q5_0", DType::Q5_0),
         ("q8_0", DType::Q8_0),
     ] {
         let src = f32s(&fixture(&format!("{name}.src.f32")));

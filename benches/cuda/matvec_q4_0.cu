@@ -2,8 +2,8 @@
 // for trying kernel variants on the GPU machine without the Rust build:
 //   nvcc -O3 -arch=sm_90 -o matvec benches/cuda/matvec_q4_0.cu && ./matvec
 // Variants:
-//   v0: the kernel in src/backend/cuda/kernels/matmul.cu (one warp per output; four lanes share a
-//       block; weight words read as 16-bit loads).
+//   v0: the kernel in src/backend/cuda/kernels/matmul_blocks.cuh (one warp per output; four lanes
+//       share a block; weight words read as 16-bit loads).
 //   v2<R, U>: one warp per R outputs (grid-stride; "gN" launches N blocks per SM); each step the
 //       warp reads U groups of 8 blocks (144 bytes, 16-byte aligned since rows are) of each of its
 //       R rows with 16-byte loads into registers, stages them in shared memory, and computes from

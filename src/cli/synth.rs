@@ -19,6 +19,9 @@ pub enum SynthQuant {
     /// GGML Q4_1 (the default model's format).
     #[value(name = "q4_1")]
     Q4_1,
+    /// GGML Q5_0.
+    #[value(name = "q5_0")]
+    Q5_0,
     /// GGML Q8_0.
     #[value(name = "q8_0")]
     Q8_0,
@@ -33,6 +36,7 @@ impl SynthQuant {
         match self {
             SynthQuant::Q4_0 => DType::Q4_0,
             SynthQuant::Q4_1 => DType::Q4_1,
+            SynthQuant::Q5_0 => DType::Q5_0,
             SynthQuant::Q8_0 => DType::Q8_0,
             SynthQuant::Q4K => DType::Q4K,
         }

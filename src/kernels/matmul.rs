@@ -13,7 +13,7 @@ const F32: DTypes = one(DType::F32);
 const I32: DTypes = one(DType::I32);
 
 /// `out[r, o] = x[r] . w[o]`: x, w, out, rows, k, n.
-pub static MATMUL: [KernelSig; 8] = per_format!(OpKind::MatMul; "matmul"; |W| [
+pub static MATMUL: [KernelSig; 9] = per_format!(OpKind::MatMul; "matmul"; |W| [
     Param::read("x", F32),
     Param::read("w", W),
     Param::write("out", F32),
@@ -23,7 +23,7 @@ pub static MATMUL: [KernelSig; 8] = per_format!(OpKind::MatMul; "matmul"; |W| [
 ]);
 
 /// `acc[r, o] += x[r] . w[o]`: x, w, acc, rows, k, n (a product and its residual add, fused).
-pub static MATMUL_ADD: [KernelSig; 8] = per_format!(OpKind::MatMul; "matmul_add"; |W| [
+pub static MATMUL_ADD: [KernelSig; 9] = per_format!(OpKind::MatMul; "matmul_add"; |W| [
     Param::read("x", F32),
     Param::read("w", W),
     Param::read_write("acc", F32),
@@ -34,7 +34,7 @@ pub static MATMUL_ADD: [KernelSig; 8] = per_format!(OpKind::MatMul; "matmul_add"
 
 /// Expert products, `out[r, s] = x[r] . w[ids[r, s]]`: x, w, ids, out, rows, k, n, slots,
 /// experts.
-pub static MATMUL_ID: [KernelSig; 8] = per_format!(OpKind::MatMulId; "matmul_id"; |W| [
+pub static MATMUL_ID: [KernelSig; 9] = per_format!(OpKind::MatMulId; "matmul_id"; |W| [
     Param::read("x", F32),
     Param::read("w", W),
     Param::read("ids", I32),
@@ -119,19 +119,19 @@ macro_rules! gate_up_params {
 /// The attention input of a block: norm, q/k/v products, RoPE, and the K and V rows written
 /// into the caches: x, norm, wq, wk, wv, positions, step, q, k_cache, v_cache, eps, dim,
 /// n_head, n_kv_head, head_dim, base, mode.
-pub static NORM_QKV_ROPE: [KernelSig; 8] =
+pub static NORM_QKV_ROPE: [KernelSig; 9] =
     per_format!(OpKind::MatMul; "norm_qkv_rope"; |W| qkv_rope_params!(W));
 
 /// [`NORM_QKV_ROPE`] for one row with the row normalized once per block in shared memory (the
 /// CUDA form for long rows; the same values, the same bits).
-pub static NORM_QKV_ROPE_SHARED: [KernelSig; 8] =
+pub static NORM_QKV_ROPE_SHARED: [KernelSig; 9] =
     per_format!(OpKind::MatMul; "norm_qkv_rope_shared"; |W| qkv_rope_params!(W));
 
 /// The MLP input of a block, `hidden = silu(norm(x) w_gate) * (norm(x) w_up)`: x, norm, w_gate,
 /// w_up, hidden, eps, dim, ffn.
-pub static NORM_GATE_UP: [KernelSig; 8] =
+pub static NORM_GATE_UP: [KernelSig; 9] =
     per_format!(OpKind::MatMul; "norm_gate_up"; |W| gate_up_params!(W));
 
 /// [`NORM_GATE_UP`] for one row with the row normalized once per block in shared memory.
-pub static NORM_GATE_UP_SHARED: [KernelSig; 8] =
+pub static NORM_GATE_UP_SHARED: [KernelSig; 9] =
     per_format!(OpKind::MatMul; "norm_gate_up_shared"; |W| gate_up_params!(W));

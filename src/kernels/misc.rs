@@ -49,7 +49,7 @@ pub static COPY: [KernelSig; 9] = [
 
 /// Rows of a table (any weight format) gathered by id and dequantized to f32: table, ids, out,
 /// vocab, dim. One kernel per format, in the order of [`WEIGHT_FORMATS`](super::WEIGHT_FORMATS).
-pub static EMBEDDING: [KernelSig; 8] = per_format!(OpKind::Gather; "embedding"; |W| [
+pub static EMBEDDING: [KernelSig; 9] = per_format!(OpKind::Gather; "embedding"; |W| [
     Param::read("table", W),
     Param::read("ids", I32),
     Param::write("out", F32),

@@ -69,7 +69,7 @@ impl std::fmt::Debug for DTypes {
     }
 }
 
-const ALL_DTYPES: [DType; 11] = [
+const ALL_DTYPES: [DType; 12] = [
     DType::F32,
     DType::F16,
     DType::BF16,
@@ -78,6 +78,7 @@ const ALL_DTYPES: [DType; 11] = [
     DType::U8,
     DType::Q4_0,
     DType::Q4_1,
+    DType::Q5_0,
     DType::Q8_0,
     DType::Q4K,
     DType::Q6K,
@@ -380,12 +381,13 @@ impl std::fmt::Display for KernelId {
 pub const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
 /// The weight formats of the matrix families, in the order they list their kernels.
-pub const WEIGHT_FORMATS: [DType; 8] = [
+pub const WEIGHT_FORMATS: [DType; 9] = [
     DType::F32,
     DType::F16,
     DType::BF16,
     DType::Q4_0,
     DType::Q4_1,
+    DType::Q5_0,
     DType::Q8_0,
     DType::Q4K,
     DType::Q6K,
@@ -444,6 +446,7 @@ macro_rules! per_format {
             $crate::kernels::per_format!(@one $op, $prefix, "bf16", BF16, $w, $params),
             $crate::kernels::per_format!(@one $op, $prefix, "q4_0", Q4_0, $w, $params),
             $crate::kernels::per_format!(@one $op, $prefix, "q4_1", Q4_1, $w, $params),
+            $crate::kernels::per_format!(@one $op, $prefix, "q5_0", Q5_0, $w, $params),
             $crate::kernels::per_format!(@one $op, $prefix, "q8_0", Q8_0, $w, $params),
             $crate::kernels::per_format!(@one $op, $prefix, "q4_k", Q4K, $w, $params),
             $crate::kernels::per_format!(@one $op, $prefix, "q6_k", Q6K, $w, $params),

@@ -48,6 +48,8 @@ impl GgmlType {
     pub const Q4_0: GgmlType = GgmlType(2);
     /// `Q4_1`.
     pub const Q4_1: GgmlType = GgmlType(3);
+    /// `Q5_0`.
+    pub const Q5_0: GgmlType = GgmlType(6);
     /// `Q8_0`.
     pub const Q8_0: GgmlType = GgmlType(8);
     /// `Q4_K`.
@@ -112,6 +114,7 @@ impl GgmlType {
             1 => DType::F16,
             2 => DType::Q4_0,
             3 => DType::Q4_1,
+            6 => DType::Q5_0,
             8 => DType::Q8_0,
             12 => DType::Q4K,
             14 => DType::Q6K,
@@ -130,6 +133,7 @@ impl GgmlType {
             DType::I32 => GgmlType(26),
             DType::Q4_0 => GgmlType::Q4_0,
             DType::Q4_1 => GgmlType::Q4_1,
+            DType::Q5_0 => GgmlType::Q5_0,
             DType::Q8_0 => GgmlType::Q8_0,
             DType::Q4K => GgmlType::Q4_K,
             DType::Q6K => GgmlType::Q6_K,

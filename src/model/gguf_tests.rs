@@ -398,12 +398,36 @@ fn rejects_bad_tensor_infos() {
 
 #[test]
 fn known_but_unsupported_ggml_types_load() {
-    // Q5_0 (type 6): its size is known, so the file loads; only asking for its dtype fails.
-    let f = open(&Raw::new().tensor("q5", &[64], 6, 0).data(44).bytes()).unwrap();
+    // Q5_1 (type 7): its size is known, so the file loads; only asking for its dtype fails.
+    let f = open(&Raw::new().tensor("q5", &[64], 7, 0).data(48).bytes()).unwrap();
     let t = f.tensor("q5").unwrap();
-    assert_eq!(t.n_bytes, 44);
+    assert_eq!(t.n_bytes, 48);
     let err = t.dtype().unwrap_err().to_string();
-    assert!(err.contains("q5") && err.contains("Q5_0"), "{err}");
+    assert!(err.contains("q5") && err.contains("Q5_1"), "{err}");
+}
+
+#[test]
+fn q5_0_tensors_read_as_q5_0_and_write_as_type_6() {
+    // Hand-made: type 6, 2 rows of 32 values in 2 blocks of 22 bytes.
+    let f = open(&Raw::new().tensor("h", &[32, 2], 6, 0).data(44).bytes()).unwrap();
+    let t = f.tensor("h").unwrap();
+    assert_eq!((t.dtype().unwrap(), t.n_bytes), (DType::Q5_0, 44));
+    assert_eq!(t.ggml_type, GgmlType::Q5_0);
+    // Written by the writer and read back: the same type id and bytes.
+    let mut w = GgufWriter::new();
+    let blocks: Vec<u8> = (0..3 * 22).map(|i| (i * 29 % 251) as u8).collect();
+    w.add_tensor("w", &[3, 32], DType::Q5_0, blocks.clone())
+        .unwrap();
+    let f = open(&w.to_bytes().unwrap()).unwrap();
+    let t = f.tensor("w").unwrap();
+    assert_eq!(
+        (t.ggml_type, t.dtype().unwrap()),
+        (GgmlType(6), DType::Q5_0)
+    );
+    assert_eq!(t.dims_row_major(), [3, 32]);
+    assert_eq!(f.tensor_bytes(t).unwrap(), &blocks[..]);
+    assert_eq!(GgmlType::from_dtype(DType::Q5_0), Some(GgmlType::Q5_0));
+    assert_eq!(GgmlType::Q5_0.layout(), Some(("Q5_0", 32, 22)));
 }
 
 #[test]

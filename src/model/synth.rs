@@ -157,7 +157,7 @@ impl SynthShape {
 pub struct SynthSpec {
     /// The shape.
     pub shape: SynthShape,
-    /// The matrices' format (Q4_0, Q4_1, Q8_0 or Q4_K).
+    /// The matrices' format (Q4_0, Q4_1, Q5_0, Q8_0 or Q4_K).
     pub quant: DType,
     /// Seed of the weights.
     pub seed: u64,
@@ -192,9 +192,12 @@ pub fn write_synthetic_shape(
     out: &Path,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<()> {
-    if !matches!(quant, DType::Q4_0 | DType::Q4_1 | DType::Q8_0 | DType::Q4K) {
+    if !matches!(
+        quant,
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0 | DType::Q4K
+    ) {
         return Err(Error::InvalidArgument(format!(
-            "synth writes q4_0, q4_1, q8_0 or q4_k matrices, not {}",
+            "synth writes q4_0, q4_1, q5_0, q8_0 or q4_k matrices, not {}",
             quant
         )));
     }
@@ -311,6 +314,7 @@ fn file_type(quant: DType) -> u32 {
         DType::Q4_0 => 2,
         DType::Q4_1 => 3,
         DType::Q8_0 => 7,
+        DType::Q5_0 => 8,
         _ => 15, // Q4_K_M
     }
 }
@@ -505,5 +509,43 @@ fn byte_level_char(b: u32) -> char {
             })
             .count() as u32;
         char::from_u32(256 + rank).unwrap_or('?')
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The matrices of every format synth writes: seeded values uniform in `±scale`, quantized
+    /// (none all zero, rows distinct), dequantize to values within `scale` plus one
+    /// quantization step (Q4_0's and Q5_0's largest value is exact, the others round within a
+    /// step of at most `2 * scale / 15`); the file type is GGML's code for the format.
+    #[test]
+    fn random_matrices_of_every_format_stay_within_their_scale() {
+        let (rows, cols, scale) = (3usize, 512usize, 0.25f32);
+        for (dtype, ftype) in [
+            (DType::Q4_0, 2),
+            (DType::Q4_1, 3),
+            (DType::Q5_0, 8),
+            (DType::Q8_0, 7),
+            (DType::Q4K, 15),
+        ] {
+            let row_bytes = dtype.bytes_for(cols).unwrap();
+            let mut bytes = vec![0u8; rows * row_bytes];
+            random_matrix(11, cols, dtype, scale)(&mut bytes).unwrap();
+            let values = crate::quant::dequantize(dtype, &bytes).unwrap();
+            let bound = scale * (1.0 + 2.0 / 15.0);
+            assert!(
+                values.iter().all(|v| v.abs() <= bound),
+                "{dtype}: a value beyond {bound}"
+            );
+            assert!(values.iter().filter(|v| **v != 0.0).count() > values.len() / 2);
+            assert_ne!(
+                bytes[..row_bytes],
+                bytes[row_bytes..2 * row_bytes],
+                "{dtype}"
+            );
+            assert_eq!(file_type(dtype), ftype, "{dtype}");
+        }
     }
 }

@@ -2,9 +2,9 @@
 //! methods that record it are in `session/ops.rs`).
 //!
 //! `embedding(table, ids, out)` gathers rows of a `[vocab, dim]` table (f32, f16, bf16, Q8_0,
-//! Q4_0, Q4_1, Q4_K or Q6_K, blocks along `dim`) by the i32 token ids in a device buffer and writes
-//! them dequantized as f32 `[rows, dim]`. The ids are read when the dispatch runs, so a recorded
-//! graph serves every step; an id outside `0..vocab` is a kernel error naming it.
+//! Q4_0, Q4_1, Q5_0, Q4_K or Q6_K, blocks along `dim`) by the i32 token ids in a device buffer and
+//! writes them dequantized as f32 `[rows, dim]`. The ids are read when the dispatch runs, so a
+//! recorded graph serves every step; an id outside `0..vocab` is a kernel error naming it.
 
 use crate::backend::{Buffer, DType};
 use crate::error::Result;
@@ -14,13 +14,14 @@ use crate::ops::matmul::for_weight;
 use crate::ops::Check;
 
 /// Table dtypes [`embedding`] accepts.
-pub const TABLE_DTYPES: [DType; 8] = [
+pub const TABLE_DTYPES: [DType; 9] = [
     DType::F32,
     DType::F16,
     DType::BF16,
     DType::Q8_0,
     DType::Q4_0,
     DType::Q4_1,
+    DType::Q5_0,
     DType::Q4K,
     DType::Q6K,
 ];

@@ -122,7 +122,7 @@ const MAX_SHARED_ROW: usize = 48 * 1024;
 /// Shorter rows are normalized per warp (a SmolLM2-sized step measured no gain from sharing).
 const MIN_SHARED_ROW: usize = 4 * 1024;
 /// Shared memory after the row: the weight stage (`MM_STAGE_WARPS * MM_STAGE_MAX_WORDS * 16` in
-/// `backend/cuda/kernels/matmul.cu`) and one 16-byte word for the row's scale.
+/// `backend/cuda/kernels/matmul_blocks.cuh`) and one 16-byte word for the row's scale.
 const WEIGHT_STAGE: usize = 4 * 68 * 16 + 16;
 
 /// Whether a pass of `rows` rows of width `dim` takes the shared-memory form of the fused kernels

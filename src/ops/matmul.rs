@@ -14,9 +14,10 @@ use crate::ops::Check;
 use crate::quant::AffineParams;
 
 /// Weight dtypes [`matmul`] and [`matmul_id`] accept.
-pub const WEIGHT_DTYPES: [DType; 8] = [
+pub const WEIGHT_DTYPES: [DType; 9] = [
     DType::Q4_0,
     DType::Q4_1,
+    DType::Q5_0,
     DType::Q8_0,
     DType::Q4K,
     DType::Q6K,
@@ -29,7 +30,7 @@ pub const WEIGHT_DTYPES: [DType; 8] = [
 /// The kernel of `family` (one per weight format) for `w`'s dtype.
 pub(crate) fn for_weight(
     op: &'static str,
-    family: &'static [KernelSig; 8],
+    family: &'static [KernelSig; 9],
     w: &Buffer,
 ) -> Result<KernelId> {
     kernels::pick(op, family, &kernels::WEIGHT_FORMATS, w.dtype())

@@ -136,7 +136,14 @@ mod tests {
     /// the tile path), which are within f32 rounding of an f64 reference.
     #[test]
     fn given_cpu_buffers_when_optimized_should_fuse_matmul_add_with_the_same_bits() {
-        for dtype in [DType::Q4_1, DType::Q8_0, DType::Q4K, DType::F16, DType::F32] {
+        for dtype in [
+            DType::Q4_1,
+            DType::Q5_0,
+            DType::Q8_0,
+            DType::Q4K,
+            DType::F16,
+            DType::F32,
+        ] {
             for rows in [1usize, 3, 13] {
                 let what = format!("{dtype} rows {rows}");
                 let (fused, fusions, dispatches) =

@@ -92,6 +92,26 @@ fn matmul_other_formats_odd_shapes() {
     }
 }
 
+/// Q5_0 at odd sizes (one block, an odd number of blocks, one output, output counts that are not
+/// a multiple of the CPU's 16-column tile) and at the Gemma 3 270M shapes (q 1024x640, k and v
+/// 256x640, gate and up 2048x640): one row (the vector form's fused dequantize-and-dot) and 3 and
+/// 17 rows (the packed-tile form).
+#[test]
+fn matmul_q5_0_odd_and_real_shapes() {
+    for (k, n) in [
+        (32, 5),
+        (96, 1),
+        (608, 33),
+        (640, 1024),
+        (640, 256),
+        (640, 2048),
+    ] {
+        for rows in [1, 3, 17] {
+            run_matmul(DType::Q5_0, rows, k, n, (k * 13 + n + rows) as u64);
+        }
+    }
+}
+
 #[test]
 fn matmul_recorded_and_3d_activations() {
     let dev = device();
@@ -169,7 +189,13 @@ fn matmul_affine_matches_reference() {
 #[test]
 fn matmul_id_routes_rows_to_experts() {
     let dev = device();
-    for dtype in [DType::Q4_1, DType::Q8_0, DType::F32, DType::Q4K] {
+    for dtype in [
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q8_0,
+        DType::F32,
+        DType::Q4K,
+    ] {
         let (experts, k, n, rows, slots) = (4, 256, 7, 3, 2);
         let wv = random_f32(experts * n * k, 0.5, 90);
         let wb = quantize(dtype, &wv).unwrap();

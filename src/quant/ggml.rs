@@ -1,4 +1,4 @@
-//! The 32-value GGML block formats Q4_0, Q4_1 and Q8_0: layouts bit-exact with GGML's, host
+//! The 32-value GGML block formats Q4_0, Q4_1, Q5_0 and Q8_0: layouts bit-exact with GGML's, host
 //! quantization (round to nearest as GGML's reference quantizer does) and dequantization.
 //!
 //! Every struct is `#[repr(C)]` with byte-array fields only, so its alignment is 1 and a slice of
@@ -42,6 +42,19 @@ pub struct BlockQ4_1 {
     /// Minimum (offset), IEEE half.
     pub m: [u8; 2],
     /// Packed 4-bit quants.
+    pub qs: [u8; QK / 2],
+}
+
+/// GGML Q5_0: `x = d * (q - 16)` with 5-bit `q`: the low four bits packed as in Q4_0, the fifth
+/// bit of value `j` in bit `j` of the little-endian word `qh`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockQ5_0 {
+    /// Scale, IEEE half.
+    pub d: [u8; 2],
+    /// The fifth bits, one per value (a little-endian u32).
+    pub qh: [u8; 4],
+    /// Packed low four bits of the quants.
     pub qs: [u8; QK / 2],
 }
 
@@ -125,6 +138,63 @@ impl BlockQ4_1 {
     }
 }
 
+impl BlockQ5_0 {
+    /// The block's 32 quants less 16 (`q - 16`, in `-16..16`), in value order.
+    #[inline]
+    pub fn signed_quants(&self) -> [i8; QK] {
+        // The fifth bits as 0x10 bytes, eight values per byte of `qh` (a table lookup each).
+        let mut high = [0u8; QK];
+        for (h, &byte) in high.chunks_exact_mut(8).zip(&self.qh) {
+            h.copy_from_slice(&FIFTH_BITS[byte as usize].to_le_bytes());
+        }
+        let mut q = [0i8; QK];
+        for j in 0..QK / 2 {
+            let b = self.qs[j];
+            q[j] = ((b & 0x0F) | high[j]) as i8 - 16;
+            q[j + QK / 2] = ((b >> 4) | high[j + QK / 2]) as i8 - 16;
+        }
+        q
+    }
+
+    /// Writes the block's 32 values into `out`.
+    #[inline]
+    pub fn dequantize(&self, out: &mut [f32; QK]) {
+        let d = f16_bits_to_f32(self.d);
+        for (o, &q) in out.iter_mut().zip(&self.signed_quants()) {
+            *o = d * q as f32;
+        }
+    }
+
+    /// Quantizes 32 values as GGML's reference does: `d = v / -16` where `v` is the value of
+    /// largest magnitude, `q = min(31, trunc(x / d + 16.5))`.
+    pub fn quantize(x: &[f32; QK]) -> Self {
+        let mut amax = 0.0f32;
+        let mut max = 0.0f32;
+        for &v in x {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        let d = max / -16.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let mut qs = [0u8; QK / 2];
+        let mut qh = 0u32;
+        for j in 0..QK / 2 {
+            let lo = quant5((x[j] * id + 16.5).trunc());
+            let hi = quant5((x[j + QK / 2] * id + 16.5).trunc());
+            qs[j] = (lo & 0x0F) | ((hi & 0x0F) << 4);
+            qh |= u32::from(lo >> 4) << j;
+            qh |= u32::from(hi >> 4) << (j + QK / 2);
+        }
+        BlockQ5_0 {
+            d: f32_to_f16_bits(d),
+            qh: qh.to_le_bytes(),
+            qs,
+        }
+    }
+}
+
 impl BlockQ8_0 {
     /// Writes the block's 32 values into `out`.
     #[inline]
@@ -156,4 +226,28 @@ impl BlockQ8_0 {
 #[inline]
 fn nibble(v: f32) -> u8 {
     v.clamp(0.0, 15.0) as u8
+}
+
+/// Byte `b` of a Q5_0 block's `qh` spread over eight bytes (little-endian): byte `i` is `0x10`
+/// where bit `i` of `b` is set, else 0.
+const FIFTH_BITS: [u64; 256] = {
+    let mut table = [0u64; 256];
+    let mut b = 0;
+    while b < 256 {
+        let mut i = 0;
+        while i < 8 {
+            if (b >> i) & 1 == 1 {
+                table[b] |= 0x10 << (8 * i);
+            }
+            i += 1;
+        }
+        b += 1;
+    }
+    table
+};
+
+/// Clamps a truncated quant to `0..=31` (GGML's `MIN(31, ...)` with the cast's saturation at 0).
+#[inline]
+fn quant5(v: f32) -> u8 {
+    v.clamp(0.0, 31.0) as u8
 }

@@ -10,7 +10,7 @@ pub mod ggml;
 pub mod kquants;
 
 pub use affine::{dequantize_affine_row, quantize_affine, AffineMatrix, AffineParams};
-pub use ggml::{BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
+pub use ggml::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0, QK};
 pub use kquants::{BlockQ4K, BlockQ6K, QK_K};
 
 use crate::dtype::DType;
@@ -25,6 +25,7 @@ pub const fn is_weight_dtype(dtype: DType) -> bool {
             | DType::BF16
             | DType::Q4_0
             | DType::Q4_1
+            | DType::Q5_0
             | DType::Q8_0
             | DType::Q4K
             | DType::Q6K
@@ -73,6 +74,7 @@ pub(crate) fn dequantize_unchecked(dtype: DType, bytes: &[u8], out: &mut [f32]) 
         }
         DType::Q4_0 => blocks::<BlockQ4_0, QK>(bytes, out, BlockQ4_0::dequantize),
         DType::Q4_1 => blocks::<BlockQ4_1, QK>(bytes, out, BlockQ4_1::dequantize),
+        DType::Q5_0 => blocks::<BlockQ5_0, QK>(bytes, out, BlockQ5_0::dequantize),
         DType::Q8_0 => blocks::<BlockQ8_0, QK>(bytes, out, BlockQ8_0::dequantize),
         DType::Q4K => blocks::<BlockQ4K, QK_K>(bytes, out, BlockQ4K::dequantize),
         DType::Q6K => blocks::<BlockQ6K, QK_K>(bytes, out, BlockQ6K::dequantize),
@@ -112,7 +114,7 @@ pub fn dequantize(dtype: DType, bytes: &[u8]) -> Result<Vec<f32>> {
 }
 
 /// Quantizes f32 values (a whole number of blocks) into `dtype`'s bytes: round to nearest as
-/// GGML's reference quantizers do for Q4_0, Q4_1 and Q8_0 (bit-exact with them), a simpler
+/// GGML's reference quantizers do for Q4_0, Q4_1, Q5_0 and Q8_0 (bit-exact with them), a simpler
 /// search-free quantizer for Q4_K and Q6_K, plain conversion for the float types.
 pub fn quantize(dtype: DType, values: &[f32]) -> Result<Vec<u8>> {
     if !is_weight_dtype(dtype) {
@@ -146,6 +148,7 @@ pub fn quantize(dtype: DType, values: &[f32]) -> Result<Vec<u8>> {
             .collect(),
         DType::Q4_0 => each::<BlockQ4_0, QK>(values, BlockQ4_0::quantize),
         DType::Q4_1 => each::<BlockQ4_1, QK>(values, BlockQ4_1::quantize),
+        DType::Q5_0 => each::<BlockQ5_0, QK>(values, BlockQ5_0::quantize),
         DType::Q8_0 => each::<BlockQ8_0, QK>(values, BlockQ8_0::quantize),
         DType::Q4K => each::<BlockQ4K, QK_K>(values, BlockQ4K::quantize),
         DType::Q6K => each::<BlockQ6K, QK_K>(values, BlockQ6K::quantize),

@@ -11,6 +11,8 @@ fn amax(x: &[f32]) -> f32 {
 fn block_structs_have_ggml_sizes() {
     assert_eq!(std::mem::size_of::<BlockQ4_0>(), DType::Q4_0.block_bytes());
     assert_eq!(std::mem::size_of::<BlockQ4_1>(), DType::Q4_1.block_bytes());
+    assert_eq!(std::mem::size_of::<BlockQ5_0>(), DType::Q5_0.block_bytes());
+    assert_eq!(std::mem::align_of::<BlockQ5_0>(), 1);
     assert_eq!(std::mem::size_of::<BlockQ8_0>(), DType::Q8_0.block_bytes());
     assert_eq!(std::mem::size_of::<BlockQ4K>(), DType::Q4K.block_bytes());
     assert_eq!(std::mem::size_of::<BlockQ6K>(), DType::Q6K.block_bytes());
@@ -47,6 +49,51 @@ fn q4_0_round_trip_within_one_step() {
                 (a - c).abs() <= bound,
                 "block {b} value {i}: {a} vs {c}, bound {bound}"
             );
+        }
+    }
+}
+
+/// Q5_0: one step `d = amax / 16` (the value opposite the largest one may clamp at q = 31) plus
+/// the f16 rounding of `d` (at most `2^-11 d`) times `|q - 16| <= 16`; we assert
+/// `amax / 16 * (1 + 16 / 2048)`.
+#[test]
+fn q5_0_round_trip_within_one_step() {
+    let x = random_f32(32 * 40, 2.0, 19);
+    let y = dequantize(DType::Q5_0, &quantize(DType::Q5_0, &x).unwrap()).unwrap();
+    for (b, (xb, yb)) in x.chunks(32).zip(y.chunks(32)).enumerate() {
+        let bound = amax(xb) / 16.0 * (1.0 + 16.0 / 2048.0);
+        for (i, (a, c)) in xb.iter().zip(yb).enumerate() {
+            assert!(
+                (a - c).abs() <= bound,
+                "block {b} value {i}: {a} vs {c}, bound {bound}"
+            );
+        }
+    }
+}
+
+/// Q5_0's layout: value `j` is `d * ((low nibble of qs[j] | bit j of qh << 4) - 16)`, value
+/// `j + 16` the high nibble with bit `j + 16`; every one of the 32 fifth bits is read from its
+/// own place (each block sets one bit, the others stay clear).
+#[test]
+fn q5_0_fifth_bits_sit_in_qh_little_endian() {
+    let qs: [u8; 16] = std::array::from_fn(|j| j as u8 * 7 + 3);
+    let d = 0.375f32;
+    for bit in 0..32usize {
+        let blk = BlockQ5_0 {
+            d: ggml::f32_to_f16_bits(d),
+            qh: (1u32 << bit).to_le_bytes(),
+            qs,
+        };
+        let mut out = [0f32; 32];
+        blk.dequantize(&mut out);
+        for (i, &o) in out.iter().enumerate() {
+            let nib = if i < 16 {
+                qs[i] & 0x0F
+            } else {
+                qs[i - 16] >> 4
+            };
+            let q = nib as i32 + if i == bit { 16 } else { 0 };
+            assert_eq!(o, d * (q - 16) as f32, "bit {bit} value {i}");
         }
     }
 }
@@ -200,6 +247,8 @@ fn affine_round_trip_within_half_step() {
 fn bad_lengths_and_dtypes_are_errors() {
     assert!(quantize(DType::Q8_0, &[1.0; 31]).is_err());
     assert!(dequantize(DType::Q4_1, &[0u8; 21]).is_err());
+    assert!(dequantize(DType::Q5_0, &[0u8; 23]).is_err());
+    assert!(quantize(DType::Q5_0, &[1.0; 48]).is_err());
     assert!(dequantize(DType::I32, &[0u8; 4]).is_err());
     assert!(AffineParams::new(3, 32).is_err());
     assert!(AffineParams::new(4, 48).is_err());

@@ -35,8 +35,27 @@ pub const SOURCES: &[KernelSource] = &[
     family("copy", include_str!("kernels/copy.cu")),
     family("elementwise", include_str!("kernels/elementwise.cu")),
     family("embedding", include_str!("kernels/embedding.cu")),
+    // The vector forms of the products (`matmul_blocks.cuh`) in front of each family that uses
+    // them; the `#line` marks keep compiler messages and size-check lines pointing at each file.
+    family(
+        "fused_block",
+        concat!(
+            "#line 1 \"matmul_blocks.cuh\"\n",
+            include_str!("kernels/matmul_blocks.cuh"),
+            "#line 1 \"fused_block.cu\"\n",
+            include_str!("kernels/fused_block.cu"),
+        ),
+    ),
     family("kv_cache", include_str!("kernels/kv_cache.cu")),
-    family("matmul", include_str!("kernels/matmul.cu")),
+    family(
+        "matmul",
+        concat!(
+            "#line 1 \"matmul_blocks.cuh\"\n",
+            include_str!("kernels/matmul_blocks.cuh"),
+            "#line 1 \"matmul.cu\"\n",
+            include_str!("kernels/matmul.cu"),
+        ),
+    ),
     family("norm", include_str!("kernels/norm.cu")),
     family("rope", include_str!("kernels/rope.cu")),
     family("softmax", include_str!("kernels/softmax.cu")),

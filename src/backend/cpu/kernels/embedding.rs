@@ -14,7 +14,7 @@ use crate::kernels::misc::EMBEDDING;
 
 /// Registers this family's kernels against their declarations.
 pub(super) fn register(registry: &mut CpuRegistry) {
-    registry.family(&EMBEDDING, [embedding_kernel; 8]);
+    registry.family(&EMBEDDING, [embedding_kernel; 9]);
 }
 
 fn embedding_kernel(args: &KernelArgs<'_>) -> Result<()> {

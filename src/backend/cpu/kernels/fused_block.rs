@@ -38,12 +38,12 @@ use crate::quant::QK_K;
 
 /// Registers this family's kernels against their declarations.
 pub(super) fn register(registry: &mut CpuRegistry) {
-    registry.family(&mm::NORM_QKV_ROPE, [norm_qkv_rope_kernel; 8]);
-    registry.family(&mm::NORM_GATE_UP, [norm_gate_up_kernel; 8]);
+    registry.family(&mm::NORM_QKV_ROPE, [norm_qkv_rope_kernel; 9]);
+    registry.family(&mm::NORM_GATE_UP, [norm_gate_up_kernel; 9]);
     // The one-row shared-memory forms are CUDA launch forms of the same function.
-    registry.family(&mm::NORM_QKV_ROPE_SHARED, [norm_qkv_rope_kernel; 8]);
-    registry.family(&mm::NORM_GATE_UP_SHARED, [norm_gate_up_kernel; 8]);
-    registry.family(&mm::MATMUL_ADD, [matmul_add_kernel; 8]);
+    registry.family(&mm::NORM_QKV_ROPE_SHARED, [norm_qkv_rope_kernel; 9]);
+    registry.family(&mm::NORM_GATE_UP_SHARED, [norm_gate_up_kernel; 9]);
+    registry.family(&mm::MATMUL_ADD, [matmul_add_kernel; 9]);
 }
 
 /// Weights per task of a one-row product below which it runs on the calling thread alone (the

@@ -1,7 +1,7 @@
-//! AVX-512 forms of the hottest matrix-product loops: the fused dequantize-and-dot of Q4_0, Q4_1
-//! and Q8_0 rows (one 32-value block is two 16-lane vectors, half the shuffles and conversions of
-//! the AVX2 form) and a 12-row micro-kernel over the packed 16-column tile. Other formats use the
-//! AVX2 loops (this CPU has both).
+//! AVX-512 forms of the hottest matrix-product loops: the fused dequantize-and-dot of Q4_0, Q4_1,
+//! Q5_0 and Q8_0 rows (one 32-value block is two 16-lane vectors, half the shuffles and
+//! conversions of the AVX2 form) and a 12-row micro-kernel over the packed 16-column tile. Other
+//! formats use the AVX2 loops (this CPU has both).
 //!
 //! The AVX-512 intrinsics are stable since Rust 1.89, the crate's `rust-version`.
 //!
@@ -12,8 +12,9 @@
 
 use std::arch::x86_64::*;
 
+use super::avx2::q5_quants;
 use super::{MR, NR};
-use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
+use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0, QK};
 
 /// Sixteen unsigned bytes as f32 lanes.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
@@ -110,6 +111,32 @@ pub(super) unsafe fn dot_q4_0(blocks: &[BlockQ4_0], x: &[f32]) -> f32 {
                 eight,
             ));
             let p = _mm512_fmadd_ps(hi, x1, _mm512_mul_ps(lo, x0));
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(ds[i]), p, acc);
+        }
+    }
+    _mm512_reduce_add_ps(acc)
+}
+
+/// `sum_b d_b * sum_j x_j (q_j - 16)` over the Q5_0 blocks of one row (as [`dot_q4_1`]), the
+/// 5-bit quants unpacked as the AVX2 loop does.
+///
+/// # Safety
+/// As for [`dot_q4_1`]: the CPU features only.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(super) unsafe fn dot_q5_0(blocks: &[BlockQ5_0], x: &[f32]) -> f32 {
+    let mut acc = _mm512_setzero_ps();
+    for (group, xg) in blocks.chunks(GROUP).zip(x.chunks(GROUP * QK)) {
+        let ds = scales_f32(group, |b| b.d);
+        for (i, (b, xb)) in group.iter().zip(xg.chunks_exact(QK)).enumerate() {
+            // SAFETY: `xb` is 32 values; unaligned loads.
+            let (x0, x1) = unsafe {
+                (
+                    _mm512_loadu_ps(xb.as_ptr()),
+                    _mm512_loadu_ps(xb.as_ptr().add(16)),
+                )
+            };
+            let (lo, hi) = q5_quants(b);
+            let p = _mm512_fmadd_ps(i8x16(hi), x1, _mm512_mul_ps(i8x16(lo), x0));
             acc = _mm512_fmadd_ps(_mm512_set1_ps(ds[i]), p, acc);
         }
     }

@@ -16,7 +16,7 @@
 use std::sync::OnceLock;
 
 use crate::backend::DType;
-use crate::quant::{BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8_0, QK, QK_K};
+use crate::quant::{BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ6K, BlockQ8_0, QK, QK_K};
 
 /// Which instruction set the inner loops use, in increasing order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -100,6 +100,7 @@ pub(crate) fn dot_row(isa: Isa, dtype: DType, row: &[u8], x: &[f32], scratch: &m
             match dtype {
                 DType::Q4_1 => avx512::dot_q4_1(whole_blocks(row), x),
                 DType::Q4_0 => avx512::dot_q4_0(whole_blocks(row), x),
+                DType::Q5_0 => avx512::dot_q5_0(whole_blocks(row), x),
                 DType::Q8_0 => avx512::dot_q8_0(whole_blocks(row), x),
                 _ => avx2::dot_row(dtype, row, x, scratch),
             }
@@ -124,6 +125,19 @@ pub(crate) fn dot_row_scalar(dtype: DType, row: &[u8], x: &[f32], scratch: &mut 
                 for j in 0..QK / 2 {
                     acc += xb[j] * ((b.qs[j] & 0x0F) as i32 - 8) as f32;
                     acc += xb[j + QK / 2] * ((b.qs[j] >> 4) as i32 - 8) as f32;
+                }
+                sum += d * acc;
+            }
+        }
+        DType::Q5_0 => {
+            let blocks: &[BlockQ5_0] = whole_blocks(row);
+            for (b, xb) in blocks.iter().zip(x.chunks_exact(QK)) {
+                let d = crate::quant::ggml::f16_bits_to_f32(b.d);
+                let q = b.signed_quants();
+                let mut acc = 0f32;
+                for j in 0..QK / 2 {
+                    acc += xb[j] * q[j] as f32;
+                    acc += xb[j + QK / 2] * q[j + QK / 2] as f32;
                 }
                 sum += d * acc;
             }
@@ -262,7 +276,7 @@ mod avx2 {
 
     use super::{dequant_k_block, whole_blocks, MR, NR};
     use crate::backend::DType;
-    use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ8_0, QK, QK_K};
+    use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0, QK, QK_K};
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
@@ -303,6 +317,41 @@ mod avx2 {
         _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))
     }
 
+    /// The fifth bits of a Q5_0 block (`qh`, little-endian) as bytes: `0x10` in byte `j` of the
+    /// first vector where bit `j` is set, in byte `j` of the second where bit `16 + j` is.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn q5_fifth_bits(qh: [u8; 4]) -> (__m128i, __m128i) {
+        let word = _mm_set1_epi32(i32::from_le_bytes(qh));
+        // Byte e of each 8 selects bit e of the byte of qh it was given.
+        let bits = _mm_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+        let sixteen = _mm_set1_epi8(0x10);
+        // Bytes 0..8 take byte 0 of qh, 8..16 byte 1 (the second vector: bytes 2 and 3).
+        let lo = _mm_shuffle_epi8(word, _mm_set_epi64x(0x0101_0101_0101_0101, 0));
+        let hi = _mm_shuffle_epi8(
+            word,
+            _mm_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202),
+        );
+        let lo = _mm_cmpeq_epi8(_mm_and_si128(lo, bits), bits);
+        let hi = _mm_cmpeq_epi8(_mm_and_si128(hi, bits), bits);
+        (_mm_and_si128(lo, sixteen), _mm_and_si128(hi, sixteen))
+    }
+
+    /// The 32 signed quants `q - 16` of a Q5_0 block: values `0..16` in the first vector,
+    /// `16..32` in the second.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(super) fn q5_quants(b: &BlockQ5_0) -> (__m128i, __m128i) {
+        let mask = _mm_set1_epi8(0x0F);
+        let sixteen = _mm_set1_epi8(16);
+        // SAFETY: `qs` is 16 bytes; unaligned load.
+        let q = unsafe { _mm_loadu_si128(b.qs.as_ptr() as *const __m128i) };
+        let (h_lo, h_hi) = q5_fifth_bits(b.qh);
+        let lo = _mm_or_si128(_mm_and_si128(q, mask), h_lo);
+        let hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(q, 4), mask), h_hi);
+        (_mm_sub_epi8(lo, sixteen), _mm_sub_epi8(hi, sixteen))
+    }
+
     /// [`super::dot_row`] with AVX2.
     ///
     /// # Safety
@@ -315,6 +364,7 @@ mod avx2 {
             match dtype {
                 DType::Q4_1 => dot_q4_1(whole_blocks(row), x),
                 DType::Q4_0 => dot_q4_0(whole_blocks(row), x),
+                DType::Q5_0 => dot_q5_0(whole_blocks(row), x),
                 DType::Q8_0 => dot_q8_0(whole_blocks(row), x),
                 DType::F32 => match bytemuck::try_cast_slice::<u8, f32>(row) {
                     Ok(w) => dot_f32(w, x),
@@ -383,6 +433,27 @@ mod avx2 {
                 let q = _mm_loadu_si128(b.qs.as_ptr() as *const __m128i);
                 let lo = _mm_sub_epi8(_mm_and_si128(q, mask), eight);
                 let hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), mask), eight);
+                let mut p = _mm256_mul_ps(i8x8(lo), _mm256_loadu_ps(xp));
+                p = _mm256_fmadd_ps(i8x8(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(xp.add(8)), p);
+                p = _mm256_fmadd_ps(i8x8(hi), _mm256_loadu_ps(xp.add(16)), p);
+                p = _mm256_fmadd_ps(i8x8(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(xp.add(24)), p);
+                acc = _mm256_fmadd_ps(splat_half(b.d), p, acc);
+            }
+            hsum(acc)
+        }
+    }
+
+    /// # Safety
+    /// The CPU supports avx2, fma and f16c.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_q5_0(blocks: &[BlockQ5_0], x: &[f32]) -> f32 {
+        // SAFETY: the features are this function's contract. Each iteration loads one block's
+        // quants (inside `b`) and the 32 values of `xb` (a `chunks_exact(QK)` chunk of `x`).
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            for (b, xb) in blocks.iter().zip(x.chunks_exact(QK)) {
+                let xp = xb.as_ptr();
+                let (lo, hi) = q5_quants(b);
                 let mut p = _mm256_mul_ps(i8x8(lo), _mm256_loadu_ps(xp));
                 p = _mm256_fmadd_ps(i8x8(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(xp.add(8)), p);
                 p = _mm256_fmadd_ps(i8x8(hi), _mm256_loadu_ps(xp.add(16)), p);

@@ -85,8 +85,9 @@ __device__ __forceinline__ double op_block_sum_f64(double v, double* scratch) {
          r += (uint64_t)gridDim.x * gridDim.y)
 
 // ---- Weight rows of any format, one element at a time (GGML block layouts). ----
-// Formats: 0 f32, 1 f16, 2 bf16, 3 q4_0, 4 q4_1, 5 q8_0, 6 q4_k, 7 q6_k. Each function returns
-// element i of a row starting at `row`, with the float operations in the host dequantizer's order.
+// Formats: 0 f32, 1 f16, 2 bf16, 3 q4_0, 4 q4_1, 5 q8_0, 6 q4_k, 7 q6_k, 8 q5_0. Each function
+// returns element i of a row starting at `row`, with the float operations in the host
+// dequantizer's order.
 #define OP_FMT_F32 0
 #define OP_FMT_F16 1
 #define OP_FMT_BF16 2
@@ -95,6 +96,7 @@ __device__ __forceinline__ double op_block_sum_f64(double v, double* scratch) {
 #define OP_FMT_Q8_0 5
 #define OP_FMT_Q4_K 6
 #define OP_FMT_Q6_K 7
+#define OP_FMT_Q5_0 8
 
 // Bytes of a row of k elements.
 __device__ __forceinline__ uint64_t op_row_bytes(int fmt, uint64_t k) {
@@ -103,6 +105,7 @@ __device__ __forceinline__ uint64_t op_row_bytes(int fmt, uint64_t k) {
         case OP_FMT_F16: case OP_FMT_BF16: return k * 2;
         case OP_FMT_Q4_0: return k / 32 * 18;
         case OP_FMT_Q4_1: return k / 32 * 20;
+        case OP_FMT_Q5_0: return k / 32 * 22;
         case OP_FMT_Q8_0: return k / 32 * 34;
         case OP_FMT_Q4_K: return k / 256 * 144;
         default: return k / 256 * 210;
@@ -111,7 +114,7 @@ __device__ __forceinline__ uint64_t op_row_bytes(int fmt, uint64_t k) {
 
 // Elements per block of the format.
 __device__ __forceinline__ uint32_t op_block_elems(int fmt) {
-    return fmt <= OP_FMT_BF16 ? 1u : (fmt <= OP_FMT_Q8_0 ? 32u : 256u);
+    return fmt <= OP_FMT_BF16 ? 1u : (fmt == OP_FMT_Q4_K || fmt == OP_FMT_Q6_K ? 256u : 32u);
 }
 
 template <int FMT>
@@ -134,6 +137,14 @@ __device__ __forceinline__ float op_weight(const uint8_t* row, uint32_t i) {
     if (FMT == OP_FMT_Q8_0) {
         const uint8_t* p = row + (i / 32) * 34;
         return (float)(int8_t)p[2 + i % 32] * op_half_bits(p);
+    }
+    if (FMT == OP_FMT_Q5_0) {
+        // d (f16), qh (bit j: the fifth bit of value j), qs (nibbles as in q4_0).
+        const uint8_t* p = row + (i / 32) * 22;
+        const uint32_t j = i % 32;
+        const int nib = j < 16 ? (p[6 + j] & 0x0F) : (p[6 + j - 16] >> 4);
+        const int q = nib | (((p[2 + j / 8] >> (j % 8)) & 1) << 4);
+        return op_half_bits(p) * (float)(q - 16);
     }
     if (FMT == OP_FMT_Q4_K) {
         const uint8_t* p = row + (i / 256) * 144;

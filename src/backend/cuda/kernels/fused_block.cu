@@ -1,0 +1,290 @@
+// The `fused_block` family: the fused decoder-block products (src/ops/fused_block.rs; CPU kernels
+// in src/backend/cpu/kernels/fused_block.rs), one kernel per weight format and their `_shared`
+// forms, built on the vector forms of matmul_blocks.cuh (compiled in front of this file):
+//   norm_qkv_rope_<w>: x, norm, wq, wk, wv, positions, step, q, k_cache, v_cache, eps, dim,
+//                      n_head, n_kv_head, head_dim, base, mode
+//   norm_gate_up_<w>:  x, norm, w_gate, w_up, hidden, eps, dim, ffn
+// The optimizer makes them on a GPU for decode steps only: each block (one-row passes with shared
+// memory) or warp normalizes the row, which a prefill pass would pay per output.
+// The activation row is RMS-normalized as it is read: each warp sums the squares of its row in
+// f64 (each lane its share, then a shuffle tree), inv = 1 / sqrt(ss / k + eps) rounded to f32, and value
+// i is (x[i] * inv) * norm[i], the rms_norm kernel's float order.
+struct XNorm {
+    const float* x;
+    const float* w;
+    float inv;
+    __device__ __forceinline__ float at(uint64_t i) const { return (x[i] * inv) * w[i]; }
+    __device__ __forceinline__ float4 at4(uint64_t i) const {
+        const float4 a = *(const float4*)(x + i), b = *(const float4*)(w + i);
+        return make_float4((a.x * inv) * b.x, (a.y * inv) * b.y, (a.z * inv) * b.z,
+                           (a.w * inv) * b.w);
+    }
+    __device__ __forceinline__ bool aligned16() const {
+        return (((uint64_t)x | (uint64_t)w) & 15u) == 0;
+    }
+};
+
+__device__ __forceinline__ XNorm fb_norm_row(const float* xr, const float* w, uint32_t k, float eps,
+                                             int lane) {
+    double ss = 0.0;
+    if (((uint64_t)xr & 15u) == 0 && k % 4 == 0) {
+        // Four values a load, several loads in flight.
+#pragma unroll 4
+        for (uint32_t i = 4 * lane; i < k; i += 128) {
+            const float4 v = *(const float4*)(xr + i);
+            ss += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
+        }
+    } else {
+#pragma unroll 8
+        for (uint32_t i = lane; i < k; i += 32) {
+            const double v = (double)xr[i];
+            ss += v * v;
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(ONEPASS_FULL_MASK, ss, o);
+    return XNorm{xr, w, (float)(1.0 / sqrt(ss / (double)k + (double)eps))};
+}
+
+// The normalized row in shared memory, written once per block: what a one-row pass reads when
+// the host gives the kernel k floats of dynamic shared memory (and after them the weight stage of
+// `mm_dot_staged`: without that memory the kernel uses none, as before). Warp 0 computes `inv` as
+// `fb_norm_row` does and every value as `XNorm::at` does, so the sums see the same values; the
+// block reads x and the norm weight once instead of once per warp.
+struct XShared {
+    const float* s;
+    __device__ __forceinline__ float at(uint64_t i) const { return s[i]; }
+    __device__ __forceinline__ float4 at4(uint64_t i) const { return *(const float4*)(s + i); }
+    __device__ __forceinline__ bool aligned16() const { return true; }
+};
+
+// Row r of the activations as the fused kernels read it: normalized per warp.
+struct FbPerWarp {
+    const float* x;
+    const float* nw;
+    uint32_t k;
+    float eps;
+    int lane;
+    // No shared memory: no staging.
+    __device__ __forceinline__ uint4* stage() const { return nullptr; }
+    __device__ __forceinline__ XNorm operator()(uint64_t r) const {
+        return fb_norm_row(x + r * k, nw, k, eps, lane);
+    }
+};
+// The one row, normalized once per block into shared memory.
+struct FbShared {
+    const float* s;
+    uint32_t k;
+    __device__ __forceinline__ XShared operator()(uint64_t) const { return XShared{s}; }
+    // The weight stage follows the row in the dynamic shared memory.
+    __device__ __forceinline__ uint4* stage() const { return (uint4*)(s + k); }
+};
+
+// Whether a pass of `rows` rows takes the shared row (block-uniform): one row, k floats of
+// dynamic shared memory, x and the weight 16-byte aligned with k a multiple of 4.
+__device__ __forceinline__ bool fb_shared_ok(uint64_t rows, const float* x, const float* nw,
+                                             uint32_t k) {
+    return rows == 1 && blockDim.y == 1 && k % 4 == 0 &&
+           mm_dynamic_smem() >= 4u * k + 16u * MM_STAGE_WARPS * MM_STAGE_MAX_WORDS + 16u &&
+           (((uint64_t)x | (uint64_t)nw) & 15u) == 0;
+}
+
+// Writes the normalized row into the block's dynamic shared memory and returns it.
+__device__ __forceinline__ const float* fb_shared_row(const float* x, const float* nw, uint32_t k,
+                                                      float eps) {
+    extern __shared__ __align__(16) float fb_smem[];
+    // inv after the row and the stage (no static shared memory: a kernel launched without
+    // dynamic shared memory uses none).
+    float* inv = fb_smem + k + 4 * MM_STAGE_WARPS * MM_STAGE_MAX_WORDS;
+    if (threadIdx.x < 32) {
+        const XNorm xn = fb_norm_row(x, nw, k, eps, threadIdx.x & 31);
+        if (threadIdx.x == 0) *inv = xn.inv;
+    }
+    __syncthreads();
+    const XNorm xn = XNorm{x, nw, *inv};
+    for (uint32_t i = 4 * threadIdx.x; i < k; i += 4 * blockDim.x) {
+        *(float4*)(fb_smem + i) = xn.at4(i);
+    }
+    __syncthreads();
+    return fb_smem;
+}
+
+
+// q = rope(norm(x) Wq), k_cache[pos] = rope(norm(x) Wk), v_cache[pos] = norm(x) Wv for each row,
+// one warp per output pair (the two values one rotation mixes; mode 0 pairs (2i, 2i + 1), mode 1
+// (i, i + head_dim / 2)), the whole head rotating, angles as the rope kernel computes them (f64
+// pow and sincos, the rotation in f32). Row r is position positions[r] and is written to cache
+// row step[0] + r (a position outside the cache is a kernel error, nothing written).
+template <int FMT, typename RowX>
+__device__ void norm_qkv_rope_rows(RowX row_x, const uint8_t* wq,
+                              const uint8_t* wk, const uint8_t* wv, const int32_t* positions,
+                              const int32_t* step, float* q, float* kc, float* vc, uint32_t k,
+                              uint32_t n_head, uint32_t n_kv, uint32_t hd, float base,
+                              uint32_t mode, uint64_t n_pos, uint64_t n_kc, uint32_t tag) {
+    const uint64_t rows = n_pos, max_ctx = n_kc / ((uint64_t)n_kv * hd);
+    const int64_t pos0 = step[0];
+    if (pos0 < 0 || (uint64_t)pos0 + rows > max_ctx) {
+        op_fail(tag, OP_ERR_POS0, pos0, max_ctx, rows);
+        return;
+    }
+    const uint32_t half = hd / 2;
+    const uint64_t q_pairs = (uint64_t)n_head * half, kv_pairs = (uint64_t)n_kv * half;
+    const uint64_t pairs = q_pairs + 2 * kv_pairs;
+    const uint64_t row_bytes = op_row_bytes(FMT, k);
+    const int lane = threadIdx.x & 31;
+    const bool even = (((uint64_t)wq | (uint64_t)wk | (uint64_t)wv) & 1u) == 0;
+    for (uint64_t t = mm_warp_id(); t < rows * pairs; t += mm_warp_count()) {
+        const uint64_t r = t / pairs;
+        uint64_t p = t % pairs;
+        int which = 0;
+        const uint8_t* w = wq;
+        if (p >= q_pairs + kv_pairs) {
+            which = 2;
+            w = wv;
+            p -= q_pairs + kv_pairs;
+        } else if (p >= q_pairs) {
+            which = 1;
+            w = wk;
+            p -= q_pairs;
+        }
+        const uint32_t h = (uint32_t)(p / half), i = (uint32_t)(p % half);
+        const uint32_t d0 = mode == 1 ? i : 2 * i, d1 = mode == 1 ? i + half : 2 * i + 1;
+        const auto xn = row_x(r);
+        const bool blocks = even && mm_blocks_ok<FMT>(xn, wq, k);
+        float a, b;
+        mm_dot_pair<FMT>(xn, w + ((uint64_t)h * hd + d0) * row_bytes,
+                         w + ((uint64_t)h * hd + d1) * row_bytes, k, row_bytes, lane, blocks,
+                         row_x.stage(), a, b);
+        if (lane != 0) continue;
+        if (which < 2) {
+            const double inv_freq = pow((double)base, -2.0 * (double)i / (double)hd);
+            double s, c;
+            sincos((double)positions[r] * inv_freq, &s, &c);
+            const float cf = (float)c, sf = (float)s;
+            const float ra = a * cf - b * sf, rb = a * sf + b * cf;
+            a = ra;
+            b = rb;
+        }
+        if (which == 0) {
+            float* qr = q + (r * n_head + h) * hd;
+            qr[d0] = a;
+            qr[d1] = b;
+        } else {
+            float* cr = (which == 1 ? kc : vc) + ((uint64_t)h * max_ctx + (uint64_t)pos0 + r) * hd;
+            cr[d0] = a;
+            cr[d1] = b;
+        }
+    }
+}
+
+// SHARED: the `_shared` kernels (the row in shared memory where the launch gives it; the plain
+// kernels never take that path, so their code is what it was before it existed).
+template <int FMT, bool SHARED>
+__device__ void norm_qkv_rope(const float* x, const float* nw, const uint8_t* wq,
+                              const uint8_t* wk, const uint8_t* wv, const int32_t* positions,
+                              const int32_t* step, float* q, float* kc, float* vc, float eps,
+                              uint32_t k, uint32_t n_head, uint32_t n_kv, uint32_t hd, float base,
+                              uint32_t mode, uint64_t n_x, uint64_t n_nw, uint64_t n_pos,
+                              uint64_t n_step, uint64_t n_q, uint64_t n_kc, uint64_t n_vc,
+                              uint32_t tag) {
+    OP_REQUIRE(k != 0 && k % op_block_elems(FMT) == 0 && hd != 0 && hd % 2 == 0 && n_nw == k &&
+               n_step != 0 && mode <= 1 && n_x == n_pos * k && n_q == n_pos * n_head * hd &&
+               n_kc == n_vc && n_kv != 0 && n_kc % ((uint64_t)n_kv * hd) == 0);
+    if (SHARED && fb_shared_ok(n_pos, x, nw, k)) {
+        const FbShared row{fb_shared_row(x, nw, k, eps), k};
+        norm_qkv_rope_rows<FMT>(row, wq, wk, wv, positions, step, q, kc, vc, k, n_head, n_kv, hd,
+                                base, mode, n_pos, n_kc, tag);
+    } else {
+        const FbPerWarp row{x, nw, k, eps, (int)(threadIdx.x & 31)};
+        norm_qkv_rope_rows<FMT>(row, wq, wk, wv, positions, step, q, kc, vc, k, n_head, n_kv, hd,
+                                base, mode, n_pos, n_kc, tag);
+    }
+}
+
+// hidden = silu(norm(x) Wg) * (norm(x) Wu), one warp per output value; silu as the elementwise
+// kernel writes it.
+template <int FMT, typename RowX>
+__device__ void norm_gate_up_rows(RowX row_x, const uint8_t* wg, const uint8_t* wu, float* hidden,
+                                  uint32_t k, uint32_t n, uint64_t n_hidden) {
+    const uint64_t row_bytes = op_row_bytes(FMT, k);
+    const int lane = threadIdx.x & 31;
+    const bool even = (((uint64_t)wg | (uint64_t)wu) & 1u) == 0;
+    for (uint64_t t = mm_warp_id(); t < n_hidden; t += mm_warp_count()) {
+        const uint64_t r = t / n, o = t % n;
+        const auto xn = row_x(r);
+        const bool blocks = even && mm_blocks_ok<FMT>(xn, wg, k);
+        float g, u;
+        mm_dot_pair<FMT>(xn, wg + o * row_bytes, wu + o * row_bytes, k, row_bytes, lane, blocks,
+                         row_x.stage(), g, u);
+        if (lane == 0) hidden[t] = g / (1.0f + expf(-g)) * u;
+    }
+}
+
+template <int FMT, bool SHARED>
+__device__ void norm_gate_up(const float* x, const float* nw, const uint8_t* wg, const uint8_t* wu,
+                             float* hidden, float eps, uint32_t k, uint32_t n, uint64_t n_x,
+                             uint64_t n_nw, uint64_t n_hidden, uint32_t tag) {
+    OP_REQUIRE(k != 0 && k % op_block_elems(FMT) == 0 && n_nw == k && n_x % k == 0 &&
+               n_hidden == n_x / k * n);
+    if (SHARED && fb_shared_ok(n_x / k, x, nw, k)) {
+        const FbShared row{fb_shared_row(x, nw, k, eps), k};
+        norm_gate_up_rows<FMT>(row, wg, wu, hidden, k, n, n_hidden);
+    } else {
+        const FbPerWarp row{x, nw, k, eps, (int)(threadIdx.x & 31)};
+        norm_gate_up_rows<FMT>(row, wg, wu, hidden, k, n, n_hidden);
+    }
+}
+
+#define NORM_QKV_ROPE_KERNEL(NAME, FMT, SH)                                                          \
+    extern "C" __global__ void NAME(                                                                \
+        const float* x, const float* nw, const uint8_t* wq, const uint8_t* wk, const uint8_t* wv,    \
+        const int32_t* positions, const int32_t* step, float* q, float* kc, float* vc, float eps,    \
+        uint32_t k, uint32_t n_head, uint32_t n_kv, uint32_t hd, float base, uint32_t mode,          \
+        uint64_t n_x, uint64_t n_nw, uint64_t n_wq, uint64_t n_wk, uint64_t n_wv, uint64_t n_pos,    \
+        uint64_t n_step, uint64_t n_q, uint64_t n_kc, uint64_t n_vc) {                               \
+        norm_qkv_rope<FMT, SH>(x, nw, wq, wk, wv, positions, step, q, kc, vc, eps, k, n_head, n_kv, hd, \
+                           base, mode, n_x, n_nw, n_pos, n_step, n_q, n_kc, n_vc, op_tag(#NAME));   \
+    }
+#define NORM_GATE_UP_KERNEL(NAME, FMT, SH)                                                           \
+    extern "C" __global__ void NAME(const float* x, const float* nw, const uint8_t* wg,              \
+                                    const uint8_t* wu, float* hidden, float eps, uint32_t k,          \
+                                    uint32_t n, uint64_t n_x, uint64_t n_nw, uint64_t n_wg,           \
+                                    uint64_t n_wu, uint64_t n_hidden) {                               \
+        norm_gate_up<FMT, SH>(x, nw, wg, wu, hidden, eps, k, n, n_x, n_nw, n_hidden, op_tag(#NAME));    \
+    }
+
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_f32, OP_FMT_F32, false)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_f16, OP_FMT_F16, false)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_bf16, OP_FMT_BF16, false)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_q4_0, OP_FMT_Q4_0, false)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_q4_1, OP_FMT_Q4_1, false)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_q5_0, OP_FMT_Q5_0, false)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_q8_0, OP_FMT_Q8_0, false)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_q4_k, OP_FMT_Q4_K, false)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_q6_k, OP_FMT_Q6_K, false)
+NORM_GATE_UP_KERNEL(norm_gate_up_f32, OP_FMT_F32, false)
+NORM_GATE_UP_KERNEL(norm_gate_up_f16, OP_FMT_F16, false)
+NORM_GATE_UP_KERNEL(norm_gate_up_bf16, OP_FMT_BF16, false)
+NORM_GATE_UP_KERNEL(norm_gate_up_q4_0, OP_FMT_Q4_0, false)
+NORM_GATE_UP_KERNEL(norm_gate_up_q4_1, OP_FMT_Q4_1, false)
+NORM_GATE_UP_KERNEL(norm_gate_up_q5_0, OP_FMT_Q5_0, false)
+NORM_GATE_UP_KERNEL(norm_gate_up_q8_0, OP_FMT_Q8_0, false)
+NORM_GATE_UP_KERNEL(norm_gate_up_q4_k, OP_FMT_Q4_K, false)
+NORM_GATE_UP_KERNEL(norm_gate_up_q6_k, OP_FMT_Q6_K, false)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_shared_f32, OP_FMT_F32, true)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_shared_f16, OP_FMT_F16, true)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_shared_bf16, OP_FMT_BF16, true)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_shared_q4_0, OP_FMT_Q4_0, true)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_shared_q4_1, OP_FMT_Q4_1, true)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_shared_q5_0, OP_FMT_Q5_0, true)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_shared_q8_0, OP_FMT_Q8_0, true)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_shared_q4_k, OP_FMT_Q4_K, true)
+NORM_QKV_ROPE_KERNEL(norm_qkv_rope_shared_q6_k, OP_FMT_Q6_K, true)
+NORM_GATE_UP_KERNEL(norm_gate_up_shared_f32, OP_FMT_F32, true)
+NORM_GATE_UP_KERNEL(norm_gate_up_shared_f16, OP_FMT_F16, true)
+NORM_GATE_UP_KERNEL(norm_gate_up_shared_bf16, OP_FMT_BF16, true)
+NORM_GATE_UP_KERNEL(norm_gate_up_shared_q4_0, OP_FMT_Q4_0, true)
+NORM_GATE_UP_KERNEL(norm_gate_up_shared_q4_1, OP_FMT_Q4_1, true)
+NORM_GATE_UP_KERNEL(norm_gate_up_shared_q5_0, OP_FMT_Q5_0, true)
+NORM_GATE_UP_KERNEL(norm_gate_up_shared_q8_0, OP_FMT_Q8_0, true)
+NORM_GATE_UP_KERNEL(norm_gate_up_shared_q4_k, OP_FMT_Q4_K, true)
+NORM_GATE_UP_KERNEL(norm_gate_up_shared_q6_k, OP_FMT_Q6_K, true)

@@ -1,0 +1,259 @@
+// The vector (one activation row) forms of the matrix products, shared by the `matmul` and
+// `fused_block` families (compiled in front of each family's source): the activation row as a
+// type (`XPlain`; the fused kernels add normalized forms), one element per lane (`mm_dot`), the
+// 32-value block formats read as whole words by four lanes a block (`mm_dot_blocks`), and the
+// staged form of two weight rows read through shared memory with 16-byte loads (`mm_dot_pair`).
+
+// The activation row a matmul reads (a type parameter, so that a fused producer can compute its
+// values as they are read).
+struct XPlain {
+    const float* x;
+    __device__ __forceinline__ float at(uint64_t i) const { return x[i]; }
+    __device__ __forceinline__ float4 at4(uint64_t i) const { return *(const float4*)(x + i); }
+    __device__ __forceinline__ bool aligned16() const { return ((uint64_t)x & 15u) == 0; }
+    __device__ __forceinline__ XPlain row(uint64_t off) const { return XPlain{x + off}; }
+};
+template <int FMT, typename X>
+__device__ __forceinline__ float mm_dot(X x, const uint8_t* wrow, uint32_t k, int lane) {
+    float acc = 0.0f;
+    for (uint32_t i = lane; i < k; i += 32) acc += x.at(i) * op_weight<FMT>(wrow, i);
+    return op_warp_sum(acc);
+}
+
+// Four bytes at a 2-byte aligned address (block quants start at even offsets).
+__device__ __forceinline__ uint32_t mm_u32_at(const uint8_t* p) {
+    const uint16_t* h = (const uint16_t*)p;
+    return (uint32_t)h[0] | ((uint32_t)h[1] << 16);
+}
+
+// An f16 block scale at a 2-byte aligned address, as f32 (one 16-bit load).
+__device__ __forceinline__ float mm_half_at(const uint8_t* p) {
+    return __half2float(__ushort_as_half(*(const uint16_t*)p));
+}
+
+// sum of lo[i] * (low nibble of byte i) + hi[i] * (high nibble of byte i) over the 4 bytes of q.
+__device__ __forceinline__ float mm_nibble_dot(uint32_t q, float4 lo, float4 hi) {
+    float s = lo.x * (float)(q & 15u);
+    s += lo.y * (float)((q >> 8) & 15u);
+    s += lo.z * (float)((q >> 16) & 15u);
+    s += lo.w * (float)((q >> 24) & 15u);
+    s += hi.x * (float)((q >> 4) & 15u);
+    s += hi.y * (float)((q >> 12) & 15u);
+    s += hi.z * (float)((q >> 20) & 15u);
+    s += hi.w * (float)(q >> 28);
+    return s;
+}
+
+// mm_nibble_dot for q5_0: sum of lo[i] * (q_i - 16) + hi[i] * (q_(16+i) - 16), where q_i is the
+// low nibble of byte i of q with bit i of h above it and q_(16+i) the high nibble with bit 16 + i.
+__device__ __forceinline__ float mm_q5_dot(uint32_t q, uint32_t h, float4 lo, float4 hi) {
+    float s = lo.x * (float)((int)((q & 15u) | ((h << 4) & 16u)) - 16);
+    s += lo.y * (float)((int)(((q >> 8) & 15u) | ((h << 3) & 16u)) - 16);
+    s += lo.z * (float)((int)(((q >> 16) & 15u) | ((h << 2) & 16u)) - 16);
+    s += lo.w * (float)((int)(((q >> 24) & 15u) | ((h << 1) & 16u)) - 16);
+    s += hi.x * (float)((int)(((q >> 4) & 15u) | ((h >> 12) & 16u)) - 16);
+    s += hi.y * (float)((int)(((q >> 12) & 15u) | ((h >> 13) & 16u)) - 16);
+    s += hi.z * (float)((int)(((q >> 20) & 15u) | ((h >> 14) & 16u)) - 16);
+    s += hi.w * (float)((int)((q >> 28) | ((h >> 15) & 16u)) - 16);
+    return s;
+}
+
+// sum of a[i] * (signed byte i of q).
+__device__ __forceinline__ float mm_i8_dot(uint32_t q, float4 a) {
+    return a.x * (float)(int8_t)(q & 0xffu) + a.y * (float)(int8_t)((q >> 8) & 0xffu) +
+           a.z * (float)(int8_t)((q >> 16) & 0xffu) + a.w * (float)(int8_t)(q >> 24);
+}
+
+// The weight words of quarter `t` (0..4) of block `b` of a row: 4-bit formats take quant bytes
+// [4t, 4t + 4) (values 4t..4t+3 and 16+4t..16+4t+3) and the scale (and q4_1's minimum), q5_0 the
+// same quant bytes, the scale and its fifth bits shifted so that the quarter's are bits 0..3 and
+// 16..19, q8_0 takes bytes [8t, 8t + 8) and the scale. Loaded once, applied to one activation row
+// or several.
+struct MmQuarter {
+    uint32_t q0, q1;
+    float d, m;
+};
+
+template <int FMT>
+__device__ __forceinline__ MmQuarter mm_load_quarter(const uint8_t* row, uint32_t b, uint32_t t) {
+    MmQuarter w;
+    if (FMT == OP_FMT_Q8_0) {
+        const uint8_t* p = row + (uint64_t)b * 34;
+        w.d = mm_half_at(p);
+        w.q0 = mm_u32_at(p + 2 + 8 * t);
+        w.q1 = mm_u32_at(p + 6 + 8 * t);
+        w.m = 0.0f;
+    } else if (FMT == OP_FMT_Q5_0) {  // value = d * (q - 16)
+        const uint8_t* p = row + (uint64_t)b * 22;
+        w.d = mm_half_at(p);
+        w.m = 0.0f;
+        w.q0 = mm_u32_at(p + 6 + 4 * t);
+        w.q1 = mm_u32_at(p + 2) >> (4 * t);
+    } else if (FMT == OP_FMT_Q4_1) {
+        const uint8_t* p = row + (uint64_t)b * 20;
+        w.d = mm_half_at(p);
+        w.m = mm_half_at(p + 2);
+        w.q0 = mm_u32_at(p + 4 + 4 * t);
+        w.q1 = 0;
+    } else {  // q4_0: value = d * (q - 8)
+        const uint8_t* p = row + (uint64_t)b * 18;
+        w.d = mm_half_at(p);
+        w.m = 0.0f;
+        w.q0 = mm_u32_at(p + 2 + 4 * t);
+        w.q1 = 0;
+    }
+    return w;
+}
+
+// Quarter `t` of block `b` dotted with the activation row `x`.
+template <int FMT, typename X>
+__device__ __forceinline__ float mm_apply_quarter(X x, MmQuarter w, uint32_t b, uint32_t t) {
+    const uint64_t xb = (uint64_t)b * 32;
+    if (FMT == OP_FMT_Q8_0) {
+        const float4 a = x.at4(xb + 8 * t), c = x.at4(xb + 8 * t + 4);
+        return w.d * (mm_i8_dot(w.q0, a) + mm_i8_dot(w.q1, c));
+    }
+    const float4 lo = x.at4(xb + 4 * t), hi = x.at4(xb + 16 + 4 * t);
+    if (FMT == OP_FMT_Q5_0) return w.d * mm_q5_dot(w.q0, w.q1, lo, hi);
+    const float sx = (lo.x + lo.y) + (lo.z + lo.w) + (hi.x + hi.y) + (hi.z + hi.w);
+    if (FMT == OP_FMT_Q4_1) return w.d * mm_nibble_dot(w.q0, lo, hi) + w.m * sx;
+    return w.d * (mm_nibble_dot(w.q0, lo, hi) - 8.0f * sx);
+}
+
+template <int FMT, typename X>
+__device__ __forceinline__ float mm_block_quarter(X x, const uint8_t* row, uint32_t b, uint32_t t) {
+    return mm_apply_quarter<FMT>(x, mm_load_quarter<FMT>(row, b, t), b, t);
+}
+
+// Whether `mm_dot_blocks` applies: a 32-value block format, x rows 16-byte aligned, weights at an
+// even address.
+template <int FMT, typename X>
+__device__ __forceinline__ bool mm_blocks_ok(X x, const uint8_t* w, uint32_t k) {
+    return (FMT == OP_FMT_Q4_0 || FMT == OP_FMT_Q4_1 || FMT == OP_FMT_Q5_0 ||
+            FMT == OP_FMT_Q8_0) &&
+           x.aligned16() && k % 32 == 0 && ((uint64_t)w & 1u) == 0;
+}
+
+template <int FMT, typename X>
+__device__ __forceinline__ float mm_dot_blocks(X x, const uint8_t* wrow, uint32_t k, int lane) {
+    const uint32_t blocks = k / 32, t = lane & 3;
+    float acc = 0.0f;
+    // Unrolled so that a row of up to 32 blocks is one round of loads in flight.
+#pragma unroll 4
+    for (uint32_t b = lane >> 2; b < blocks; b += 8) acc += mm_block_quarter<FMT>(x, wrow, b, t);
+    return op_warp_sum(acc);
+}
+
+// ---- The staged vector form: R weight rows of a 32-value block format against one activation
+// row, each step copying 16 blocks of every row into the warp's shared memory with 16-byte loads
+// (the next step's loads in flight while this one is summed). Each lane sums the same quarters in
+// the same order as `mm_dot_blocks`, so the results are that function's bits; what changes is how
+// many bytes a warp has in flight (benches/cuda/matvec_q4_0.cu measured the forms). Needs rows at
+// 16-byte aligned addresses whose length is a whole number of 16-byte words, and blocks of
+// MM_STAGE_WARPS warps (the shared memory is sized for them).
+#define MM_STAGE_WARPS 4
+#define MM_STAGE_GROUPS 2
+#define MM_STAGE_MAX_WORDS (2 * MM_STAGE_GROUPS * 8 * 34 / 16)
+// Shorter rows keep the direct form (a SmolLM2-sized step measured no gain from staging).
+#define MM_STAGE_MIN_ROW_BYTES 1024
+
+template <int FMT>
+__device__ __forceinline__ constexpr uint32_t mm_block_bytes() {
+    return FMT == OP_FMT_Q8_0 ? 34u : (FMT == OP_FMT_Q5_0 ? 22u : (FMT == OP_FMT_Q4_1 ? 20u : 18u));
+}
+
+// Whether `mm_dot_staged` takes these rows (warp-uniform).
+template <int FMT, int R>
+__device__ __forceinline__ bool mm_stage_ok(const uint8_t* const (&rows)[R], uint64_t row_bytes) {
+    bool ok = blockDim.x == 32 * MM_STAGE_WARPS && blockDim.y == 1 && row_bytes % 16 == 0 &&
+              row_bytes >= MM_STAGE_MIN_ROW_BYTES;
+#pragma unroll
+    for (int r = 0; r < R; ++r) ok = ok && ((uint64_t)rows[r] & 15u) == 0;
+    return ok;
+}
+
+// `stage` is MM_STAGE_WARPS * MM_STAGE_MAX_WORDS words of the block's shared memory.
+template <int FMT, int R, typename X>
+__device__ __forceinline__ void mm_dot_staged(X x, const uint8_t* const (&rows)[R], uint32_t k,
+                                              int lane, uint4* stage, float (&acc)[R]) {
+    constexpr uint32_t BB = mm_block_bytes<FMT>();
+    constexpr int SPAN = MM_STAGE_GROUPS * 8 * BB / 16;  // 16-byte words of one row a step
+    constexpr int WORDS = R * SPAN;
+    constexpr int PER_LANE = (WORDS + 31) / 32;
+    static_assert(WORDS <= MM_STAGE_MAX_WORDS, "stage too small");
+    uint4* st = stage + ((threadIdx.x >> 5) % MM_STAGE_WARPS) * MM_STAGE_MAX_WORDS;
+    const uint32_t blocks = k / 32, per_step = 8 * MM_STAGE_GROUPS;
+    const uint32_t steps = (blocks + per_step - 1) / per_step, t = lane & 3;
+    const uint64_t row_words = (uint64_t)blocks * BB / 16;
+    uint4 next[PER_LANE];
+    auto load = [&](uint32_t s) {
+#pragma unroll
+        for (int j = 0; j < PER_LANE; ++j) {
+            const int i = lane + 32 * j;
+            const uint64_t word = (uint64_t)s * SPAN + i % SPAN;
+            if (i < WORDS && word < row_words)
+                next[j] = __ldg((const uint4*)rows[i / SPAN] + word);
+        }
+    };
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    load(0);
+    for (uint32_t s = 0; s < steps; ++s) {
+#pragma unroll
+        for (int j = 0; j < PER_LANE; ++j) {
+            if (lane + 32 * j < WORDS) st[lane + 32 * j] = next[j];
+        }
+        __syncwarp();
+        if (s + 1 < steps) load(s + 1);
+        const uint8_t* staged = (const uint8_t*)st;
+#pragma unroll
+        for (int u = 0; u < MM_STAGE_GROUPS; ++u) {
+            const uint32_t bl = 8 * u + (lane >> 2), b = s * per_step + bl;
+            if (b < blocks) {
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    const MmQuarter w = mm_load_quarter<FMT>(staged + r * SPAN * 16, bl, t);
+                    acc[r] += mm_apply_quarter<FMT>(x, w, b, t);
+                }
+            }
+        }
+        __syncwarp();
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = op_warp_sum(acc[r]);
+}
+
+// Two rows' dots: staged where a stage is given and the rows allow it, else `mm_dot_blocks` or
+// `mm_dot` per row (the same bits either way for the block formats).
+template <int FMT, typename X>
+__device__ __forceinline__ void mm_dot_pair(X x, const uint8_t* a, const uint8_t* b, uint32_t k,
+                                            uint64_t row_bytes, int lane, bool blocks,
+                                            uint4* stage, float& va, float& vb) {
+    const uint8_t* const rows[2] = {a, b};
+    if (blocks && stage != nullptr && mm_stage_ok<FMT, 2>(rows, row_bytes)) {
+        float acc[2];
+        mm_dot_staged<FMT, 2>(x, rows, k, lane, stage, acc);
+        va = acc[0];
+        vb = acc[1];
+    } else if (blocks) {
+        va = mm_dot_blocks<FMT>(x, a, k, lane);
+        vb = mm_dot_blocks<FMT>(x, b, k, lane);
+    } else {
+        va = mm_dot<FMT>(x, a, k, lane);
+        vb = mm_dot<FMT>(x, b, k, lane);
+    }
+}
+
+__device__ __forceinline__ uint64_t mm_warp_id() {
+    return (blockIdx.y * (uint64_t)gridDim.x + blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+}
+__device__ __forceinline__ uint64_t mm_warp_count() {
+    return (uint64_t)gridDim.x * gridDim.y * (blockDim.x / 32);
+}
+
+// Bytes of dynamic shared memory the launch gave this block.
+__device__ __forceinline__ uint32_t mm_dynamic_smem() {
+    uint32_t bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+    return bytes;
+}
