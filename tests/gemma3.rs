@@ -5,14 +5,16 @@
 //!
 //! Tolerances: onepass also computes in f32 from the dequantized weights, so only the summation
 //! order differs (the fixture's own float64-vs-float32 check moves the logits by up to 3.9e-5).
-//! Logits must agree within `LOGIT_TOL` = 2e-3 absolute, the bound; the measured error is
-//! printed. The sliding window is covered by the long prompt (824 tokens, window 512): a window
+//! Logits must agree within `LOGIT_TOL` = 5e-4 absolute, tighter than the 2e-3: the
+//! measured error is 1.1e-4 at most over the six prompts (printed by the test), about twice the
+//! fixture's own float64-vs-float32 spread, and 5e-4 leaves room for other summation orders
+//! (thread counts, SIMD widths) while any real error (a norm, a window, a scale) is far larger. The sliding window is covered by the long prompt (824 tokens, window 512): a window
 //! off by one moves its last logits by 0.03 or more, fifteen times the tolerance.
 //!
 //! Margin rule for greedy continuations: a step whose recorded top-1 minus top-2 margin exceeds
 //! twice the logit tolerance cannot change its argmax under an error within the tolerance, so
 //! tokens must be equal up to the first step whose margin is below `2 * LOGIT_TOL`, and in full
-//! when no step is (all six public prompts: their smallest margin is 0.0057).
+//! when no step is (all six public prompts: their smallest margin is 0.0057, above 1e-3).
 
 mod gemma3_fixtures {
     //! Reading `tests/fixtures/gemma3/`, with the full path in every failure.
@@ -48,7 +50,7 @@ use onepass::model::transformer::{Logits, Transformer};
 use onepass::{Device, Executor};
 use serde_json::Value;
 
-const LOGIT_TOL: f32 = 2e-3;
+const LOGIT_TOL: f32 = 5e-4;
 const NORM_RTOL: f64 = 1e-3;
 const VOCAB: usize = 262_144;
 
