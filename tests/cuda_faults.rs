@@ -140,7 +140,7 @@ fn model_whose_kv_cache_cannot_fit_is_an_error() {
     let path = dir.join("smollm2.gguf");
     let spec = SynthSpec {
         shape: SynthShape::SmolLm2,
-        quant: DType::Q8_0,
+        quant: DType::Q8_0.into(),
         seed: 7,
     };
     write_synthetic(&spec, None, &path, &mut |_, _| {}).expect("synthetic model");

@@ -51,7 +51,7 @@ fn tiny(family: Family) -> ShapeParams {
 
 fn write(p: &ShapeParams, quant: DType, name: &str) -> PathBuf {
     let path = scratch(name);
-    write_synthetic_shape(p, quant, 7, None, &path, &mut |_, _| {}).expect("write model");
+    write_synthetic_shape(p, quant.into(), 7, None, &path, &mut |_, _| {}).expect("write model");
     path
 }
 

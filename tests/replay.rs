@@ -221,7 +221,7 @@ fn cuda_graph_replay_matches_direct_mode_bitwise_over_64_steps() {
     let path = temp_path("smollm2-q4_1.gguf");
     let spec = onepass::model::synth::SynthSpec {
         shape: onepass::model::synth::SynthShape::SmolLm2,
-        quant: DType::Q4_1,
+        quant: DType::Q4_1.into(),
         seed: 3,
     };
     onepass::model::synth::write_synthetic(&spec, None, &path, &mut |_, _| {}).expect("synth");

@@ -11,10 +11,10 @@ use clap::Args;
 use onepass::config::RunMode;
 use onepass::model::engine::Engine;
 use onepass::model::gguf::GgufFile;
-use onepass::model::synth::{write_synthetic, SynthShape, SynthSpec};
+use onepass::model::synth::{write_synthetic, MatrixFormats, SynthShape, SynthSpec};
 use onepass::model::transformer::{Logits, Transformer};
 use onepass::trace::{op_summary, write_chrome_trace, Timeline};
-use onepass::{DType, Executor};
+use onepass::Executor;
 
 use super::common::{check_output_path, count, open_model, ModelArgs, RunArgs};
 use super::synth::SynthQuant;
@@ -115,7 +115,7 @@ struct TempModel {
 }
 
 impl TempModel {
-    fn write(shape: SynthShape, quant: DType) -> anyhow::Result<Self> {
+    fn write(shape: SynthShape, quant: MatrixFormats) -> anyhow::Result<Self> {
         let dir = std::env::temp_dir().join(format!("onepass-bench-{}", std::process::id()));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let path = dir.join("synthetic.gguf");
@@ -161,7 +161,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         check_output_path("--trace", path)?;
     }
     let device = config.open_device()?;
-    let quant = args.quant.dtype();
+    let quant = args.quant.formats();
     let temp = args
         .like
         .map(|shape| TempModel::write(shape, quant))

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use onepass::model::gguf::GgufFile;
-use onepass::model::synth::{write_synthetic, SynthShape, SynthSpec};
+use onepass::model::synth::{write_synthetic, MatrixFormats, SynthShape, SynthSpec};
 use onepass::DType;
 
 use super::common::{check_output_path, model_path, seed};
@@ -28,17 +28,22 @@ pub enum SynthQuant {
     /// GGML Q4_K (matrices whose width is not a multiple of 256 fall back to Q4_1).
     #[value(name = "q4_k")]
     Q4K,
+    /// The mix of a llama.cpp Q4_K_M file (Q4_K and Q6_K; Q5_0 and Q8_0 where rows are not
+    /// whole 256-value super-blocks).
+    #[value(name = "q4_k_m")]
+    Q4KM,
 }
 
 impl SynthQuant {
-    /// The weight dtype.
-    pub fn dtype(self) -> DType {
+    /// The matrices' formats.
+    pub fn formats(self) -> MatrixFormats {
         match self {
-            SynthQuant::Q4_0 => DType::Q4_0,
-            SynthQuant::Q4_1 => DType::Q4_1,
-            SynthQuant::Q5_0 => DType::Q5_0,
-            SynthQuant::Q8_0 => DType::Q8_0,
-            SynthQuant::Q4K => DType::Q4K,
+            SynthQuant::Q4_0 => DType::Q4_0.into(),
+            SynthQuant::Q4_1 => DType::Q4_1.into(),
+            SynthQuant::Q5_0 => DType::Q5_0.into(),
+            SynthQuant::Q8_0 => DType::Q8_0.into(),
+            SynthQuant::Q4K => DType::Q4K.into(),
+            SynthQuant::Q4KM => MatrixFormats::Q4KM,
         }
     }
 }
@@ -66,7 +71,7 @@ pub struct SynthArgs {
 
 /// Runs `synth`.
 pub fn run(args: SynthArgs) -> anyhow::Result<()> {
-    let quant = args.quant.dtype();
+    let quant = args.quant.formats();
     check_output_path("-o", &args.output)?;
     let config = onepass::RuntimeConfig::from_env();
     let source = match &args.tokenizer_from {
@@ -97,11 +102,10 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
         .map(|m| m.len())
         .unwrap_or(0);
     eprintln!(
-        "wrote {} ({:.1} MB, {:?} like {:?})",
+        "wrote {} ({:.1} MB, {quant} like {})",
         args.output.display(),
         size as f64 / 1e6,
-        quant,
-        args.like
+        args.like.params().name
     );
     Ok(())
 }

@@ -152,13 +152,66 @@ impl SynthShape {
     }
 }
 
+/// The formats of a synthetic model's matrices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatrixFormats {
+    /// One format (Q4_0, Q4_1, Q5_0, Q8_0 or Q4_K) for every matrix; Q4_K falls back to Q4_1
+    /// where a row is not whole 256-value super-blocks.
+    All(DType),
+    /// The mix of a llama.cpp Q4_K_M file: Q4_K, with Q6_K for `attn_v` and `ffn_down` in the
+    /// first and last eighth of the layers and every third layer between; rows that are not whole
+    /// super-blocks fall back to Q5_0 (for Q4_K) and Q8_0 (for Q6_K), as the converter does. For
+    /// the Gemma 3 270M shape this gives exactly the real file's formats.
+    Q4KM,
+}
+
+impl From<DType> for MatrixFormats {
+    fn from(d: DType) -> Self {
+        MatrixFormats::All(d)
+    }
+}
+
+impl std::fmt::Display for MatrixFormats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MatrixFormats::All(d) => write!(f, "{d}"),
+            MatrixFormats::Q4KM => f.write_str("q4_k_m"),
+        }
+    }
+}
+
+impl MatrixFormats {
+    /// The format of matrix `name` (`attn_q`, `ffn_down`, `output`...) of layer `layer` of
+    /// `n_layer`, whose rows are `cols` wide.
+    pub fn of(self, name: &str, layer: usize, n_layer: usize, cols: usize) -> DType {
+        let whole = cols.is_multiple_of(256);
+        match self {
+            MatrixFormats::All(DType::Q4K) if !whole => DType::Q4_1,
+            MatrixFormats::All(d) => d,
+            MatrixFormats::Q4KM => {
+                let eighth = n_layer / 8;
+                let more_bits = layer < eighth
+                    || layer >= 7 * n_layer / 8
+                    || (layer >= eighth && (layer - eighth) % 3 == 2);
+                let six = name == "output" || (matches!(name, "attn_v" | "ffn_down") && more_bits);
+                match (six, whole) {
+                    (true, true) => DType::Q6K,
+                    (true, false) => DType::Q8_0,
+                    (false, true) => DType::Q4K,
+                    (false, false) => DType::Q5_0,
+                }
+            }
+        }
+    }
+}
+
 /// What to write.
 #[derive(Debug, Clone)]
 pub struct SynthSpec {
     /// The shape.
     pub shape: SynthShape,
-    /// The matrices' format (Q4_0, Q4_1, Q5_0, Q8_0 or Q4_K).
-    pub quant: DType,
+    /// The matrices' formats.
+    pub quant: MatrixFormats,
     /// Seed of the weights.
     pub seed: u64,
 }
@@ -186,20 +239,22 @@ pub fn write_synthetic(
 /// way). The head size must be even and the widths whole blocks of `quant`.
 pub fn write_synthetic_shape(
     p: &ShapeParams,
-    quant: DType,
+    quant: MatrixFormats,
     seed: u64,
     tokenizer_from: Option<&GgufFile>,
     out: &Path,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<()> {
-    if !matches!(
-        quant,
-        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0 | DType::Q4K
-    ) {
-        return Err(Error::InvalidArgument(format!(
-            "synth writes q4_0, q4_1, q5_0, q8_0 or q4_k matrices, not {}",
-            quant
-        )));
+    if let MatrixFormats::All(dtype) = quant {
+        if !matches!(
+            dtype,
+            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0 | DType::Q4K
+        ) {
+            return Err(Error::InvalidArgument(format!(
+                "synth writes q4_0, q4_1, q5_0, q8_0 or q4_k matrices, or the q4_k_m mix, not {}",
+                dtype
+            )));
+        }
     }
     let head_dim = p.head_dim;
     let mut w = GgufWriter::new();
@@ -235,14 +290,7 @@ pub fn write_synthetic_shape(
         index.set(index.get() + 1);
         seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ index.get()
     };
-    // Q4_K needs rows that are whole 256-value super-blocks; other widths fall back to Q4_1.
-    let mat_type = |cols: usize| {
-        if quant == DType::Q4K && !cols.is_multiple_of(256) {
-            DType::Q4_1
-        } else {
-            quant
-        }
-    };
+    let n_layer = p.n_layer;
     let (d, hd, f) = (p.dim, head_dim, p.ffn_dim);
     w.add_tensor_with(
         "token_embd.weight",
@@ -272,7 +320,7 @@ pub fn write_synthetic_shape(
             ("attn_v", p.n_kv_head * hd, d),
             ("attn_output", d, p.n_head * hd),
         ] {
-            let t = mat_type(cols);
+            let t = quant.of(name, i, n_layer, cols);
             w.add_tensor_with(
                 &n(name),
                 &[rows, cols],
@@ -286,7 +334,7 @@ pub fn write_synthetic_shape(
         }
         w.add_tensor_with(&n("ffn_norm"), &[d], DType::F32, norm(d))?;
         for (name, rows, cols) in [("ffn_gate", f, d), ("ffn_up", f, d), ("ffn_down", d, f)] {
-            let t = mat_type(cols);
+            let t = quant.of(name, i, n_layer, cols);
             w.add_tensor_with(
                 &n(name),
                 &[rows, cols],
@@ -297,7 +345,7 @@ pub fn write_synthetic_shape(
     }
     w.add_tensor_with("output_norm.weight", &[d], DType::F32, norm(d))?;
     if !p.tied {
-        let t = mat_type(d);
+        let t = quant.of("output", n_layer, n_layer, d);
         w.add_tensor_with(
             "output.weight",
             &[p.vocab, d],
@@ -309,8 +357,11 @@ pub fn write_synthetic_shape(
 }
 
 /// GGML's `general.file_type` code for a model whose matrices are `quant`.
-fn file_type(quant: DType) -> u32 {
-    match quant {
+fn file_type(quant: MatrixFormats) -> u32 {
+    let MatrixFormats::All(dtype) = quant else {
+        return 15; // Q4_K_M
+    };
+    match dtype {
         DType::Q4_0 => 2,
         DType::Q4_1 => 3,
         DType::Q8_0 => 7,
@@ -545,7 +596,30 @@ mod tests {
                 bytes[row_bytes..2 * row_bytes],
                 "{dtype}"
             );
-            assert_eq!(file_type(dtype), ftype, "{dtype}");
+            assert_eq!(file_type(dtype.into()), ftype, "{dtype}");
         }
+    }
+
+    /// The Q4_K_M mix gives the Gemma 3 270M shape exactly the formats of the real file (the
+    /// fixture README lists them): Q5_0 for the 640-wide q, k, gate and up, Q8_0 or Q5_0 for
+    /// `attn_v` and Q6_K or Q4_K for `ffn_down` by layer, Q4_K for `attn_output`.
+    #[test]
+    fn the_q4_k_m_mix_matches_the_real_gemma3_file() {
+        let m = MatrixFormats::Q4KM;
+        let more = [0, 1, 4, 7, 10, 13, 15, 16, 17];
+        for l in 0..18 {
+            assert_eq!(m.of("attn_q", l, 18, 640), DType::Q5_0);
+            assert_eq!(m.of("ffn_gate", l, 18, 640), DType::Q5_0);
+            assert_eq!(m.of("attn_output", l, 18, 1024), DType::Q4K);
+            let (v, down) = if more.contains(&l) {
+                (DType::Q8_0, DType::Q6K)
+            } else {
+                (DType::Q5_0, DType::Q4K)
+            };
+            assert_eq!(m.of("attn_v", l, 18, 640), v, "layer {l}");
+            assert_eq!(m.of("ffn_down", l, 18, 2048), down, "layer {l}");
+        }
+        assert_eq!(m.of("output", 32, 32, 4096), DType::Q6K);
+        assert_eq!(file_type(m), 15);
     }
 }
