@@ -150,6 +150,14 @@ fn a_first_token_at_the_end_of_sequence_is_explained() {
 }
 
 #[test]
+fn chat_on_a_model_without_a_template_says_what_to_do() {
+    let m = tiny();
+    let args = ["generate", "--model", &m, "--backend", "cpu", "--chat", "-n", "1", "hi"];
+    let line = one_error_line(&args, &cli(dir(), &args, b""), "no chat template");
+    assert!(line.contains("without --chat"), "{line}");
+}
+
+#[test]
 fn tokenize_shows_the_text_of_each_token() {
     let m = tiny();
     let out = cli(dir(), &["tokenize", "--model", &m, "a b\u{e9}"], b"");
