@@ -58,7 +58,11 @@ fn fixture() -> &'static Value {
 }
 
 fn prompts() -> Vec<&'static Value> {
-    fixture()["prompts"].as_array().expect("prompts").iter().collect()
+    fixture()["prompts"]
+        .as_array()
+        .expect("prompts")
+        .iter()
+        .collect()
 }
 
 fn ids(v: &Value) -> Vec<u32> {
@@ -109,7 +113,10 @@ fn max_abs(a: &[f32], b: &[f32]) -> (f32, usize) {
 fn the_configuration_is_read_as_transformers_reads_it() {
     let c = ModelConfig::from_gguf(&file()).unwrap();
     assert_eq!(c.family, Family::Gemma3);
-    assert_eq!((c.n_layer, c.dim, c.ffn_dim, c.vocab), (18, 640, 2048, VOCAB));
+    assert_eq!(
+        (c.n_layer, c.dim, c.ffn_dim, c.vocab),
+        (18, 640, 2048, VOCAB)
+    );
     assert_eq!((c.n_head, c.n_kv_head, c.head_dim), (4, 1, 256));
     assert_eq!(c.attn_scale, 1.0 / 16.0);
     assert_eq!(c.embed_scale, Some(25.298_222));
@@ -199,6 +206,9 @@ fn greedy_continuations_equal_the_reference_where_the_margins_allow() {
             want[..comparable],
             "{name}: the first {comparable} greedy tokens"
         );
-        eprintln!("{name}: {comparable} of {} greedy tokens compared, equal", want.len());
+        eprintln!(
+            "{name}: {comparable} of {} greedy tokens compared, equal",
+            want.len()
+        );
     }
 }

@@ -145,14 +145,13 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let mut loaded = load(&args.model, &args.run, &config)?;
     let tok = &loaded.tokenizer;
     let text = if args.chat {
-        let template = ChatTemplate::from_gguf(&loaded.file, tok)?
-            .ok_or_else(|| {
-                anyhow::anyhow!(
-                    "--chat: the model has no chat template (no `tokenizer.chat_template` in \
+        let template = ChatTemplate::from_gguf(&loaded.file, tok)?.ok_or_else(|| {
+            anyhow::anyhow!(
+                "--chat: the model has no chat template (no `tokenizer.chat_template` in \
                      the file; base models such as `gemma3` carry none): run without --chat to \
                      continue plain text"
-                )
-            })?;
+            )
+        })?;
         template.render(&[ChatMessage::user(text)], true)?
     } else {
         text
