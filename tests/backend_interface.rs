@@ -89,9 +89,48 @@ fn the_model_plans_its_passes_from_the_declared_capabilities() {
             assert_eq!(by_rule("rms_norm+qkv+rope+kv_write"), blocks, "{report:?}");
             assert_eq!(by_rule("rms_norm+gate_up+swiglu"), blocks, "{report:?}");
             assert_eq!(by_rule("matmul+add"), 2 * common::N_LAYER, "{report:?}");
+            // Llama adds each product into the residual directly: no norm to fuse with the add.
+            assert_eq!(by_rule("rms_norm+add"), 0, "{report:?}");
         }
     }
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Gemma 3's post-block norms, as the model records them after a product (`matmul -> proj;
+/// rms_norm(proj) -> tmp; x += tmp`, with `proj` and `tmp` scratch): on the CPU and on CUDA's
+/// declarations (a CPU device standing in), for one row and for several, the optimizer makes one
+/// `rms_norm_add` of the norm and the add, and leaves the product alone (the norm, not an add,
+/// reads it, so `matmul+add` does not apply). A Gemma 3 file itself cannot be loaded here yet:
+/// the skeleton refuses sliding-window attention.
+#[test]
+fn post_block_norms_fuse_into_rms_norm_add_on_both_backends() {
+    let cpu = Device::cpu(2).unwrap();
+    let stand_in = Device::cpu_standing_in_for(BackendKind::Cuda, 1).unwrap();
+    for dev in [&cpu, &stand_in] {
+        for rows in [1, 5] {
+            let (k, d) = (96, 64);
+            let buf = |dims: &[usize]| dev.alloc(DType::F32, dims).unwrap();
+            let (attn, wo, proj) = (buf(&[rows, k]), buf(&[d, k]), buf(&[rows, d]));
+            let (norm, tmp, x) = (buf(&[d]), buf(&[rows, d]), buf(&[rows, d]));
+            let mut s = Executor::new(dev.clone()).begin(Mode::Recorded);
+            s.matmul(&attn, &wo, &proj).unwrap();
+            s.rms_norm(&proj, &norm, &tmp, 1e-6).unwrap();
+            s.add_inplace(&x, &tmp).unwrap();
+            s.mark_scratch(&proj);
+            s.mark_scratch(&tmp);
+            let mut g = s.into_graph().unwrap();
+            let report = Executor::optimize(&mut g, &Plan::OPTIMIZED, dev.capabilities());
+            let names = kernel_names(&g);
+            let what = format!("{}, {rows} rows: {report:?}", dev.name());
+            assert_eq!(names, ["matmul_f32", "rms_norm_add_f32"], "{what}");
+            assert_eq!(
+                report.fusions_by_rule.get("rms_norm+add"),
+                Some(&1),
+                "{what}"
+            );
+            assert_eq!(report.fusions, 1, "{what}");
+        }
+    }
 }
 
 fn llama_file(path: &std::path::Path) -> Arc<GgufFile> {

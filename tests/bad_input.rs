@@ -160,6 +160,36 @@ fn cases() -> Vec<Case> {
         c!("rms_norm_mul", "x", |xi, w, o| norm::rms_norm_mul(
             &xi, None, &w, &o, 1e-5
         )),
+        c!("rms_norm_add", "x", |xi, w, o| norm::rms_norm_add(
+            &xi, &w, &o, 1e-5
+        )),
+        c!("rms_norm_add", "weight", |x, o| norm::rms_norm_add(
+            &x,
+            &f32b(&[7]),
+            &o,
+            1e-5
+        )),
+        c!("rms_norm_add", "acc", |x, w| norm::rms_norm_add(
+            &x,
+            &w,
+            &f32b(&[3, 7]),
+            1e-5
+        )),
+        c!("rms_norm_add", "acc", |x, w| norm::rms_norm_add(
+            &x,
+            &w,
+            &buf(DType::F16, &[3, 8]),
+            1e-5
+        )),
+        c!("rms_norm_add", "acc", |lo, hi, w| norm::rms_norm_add(
+            &lo, &w, &hi, 1e-5
+        )),
+        c!("rms_norm_add", "eps", |x, w, o| norm::rms_norm_add(
+            &x,
+            &w,
+            &o,
+            f32::INFINITY
+        )),
         // elementwise
         c!("add", "a", |xi, w, o| elementwise::add(&xi, &w, &o)),
         c!("add", "b", |x, o| elementwise::add(&x, &f32b(&[2, 8]), &o)),
@@ -689,6 +719,7 @@ fn every_op_names_the_op_and_the_bad_argument() {
         "rms_norm",
         "rms_norm_no_scale",
         "rms_norm_mul",
+        "rms_norm_add",
         "add",
         "mul",
         "swiglu",
@@ -720,6 +751,7 @@ fn the_same_arguments_when_valid_are_accepted() {
     let (x, w, o) = (f32b(&[3, 8]), f32b(&[8]), f32b(&[3, 8]));
     norm::rms_norm(&x, &w, &o, 1e-5).unwrap();
     norm::rms_norm_mul(&x, Some(&w), &w, &o, 1e-5).unwrap();
+    norm::rms_norm_add(&x, &w, &o, 1e-5).unwrap();
     elementwise::add(&x, &w, &o).unwrap();
     elementwise::swiglu(&x, &o, &f32b(&[3, 8])).unwrap();
     elementwise::softcap(&x, 5.0, &o).unwrap();

@@ -1,7 +1,9 @@
 //! The CUDA fusions against unfused work. The matmul + residual add fusion
 //! (`ops::matmul_fused`): a recorded graph of matmul + residual add and SwiGLU + matmul + residual
 //! add, optimized (two fusions), gives bitwise the residual that direct mode (no fusion) gives on
-//! the same GPU, and the CPU's residual (fused the same way) within a stated tolerance. The fused
+//! the same GPU, and the CPU's residual (fused the same way) within a stated tolerance. The
+//! post-block norm + residual add fusion (`rms_norm+add`, `ops::norm`) likewise, for every float
+//! dtype. The fused
 //! block ops (`ops::fused_block`) give the separate ops' results on the CPU within a stated
 //! tolerance. Seeded random inputs, never zeros. Every test needs a GPU: ignored by default, it fails
 //! where there is none (`tests/cpu_fusion.rs` and `ops::matmul_fused` test the CPU kernels alone).
@@ -11,6 +13,7 @@ mod cuda_open;
 mod seeded;
 
 use cuda_open::cuda_device;
+use half::{bf16, f16};
 use onepass::ops::fused_block::QkvRope;
 use onepass::ops::rope::{RopeMode, RopeParams};
 use onepass::{Buffer, DType, Device, Executor, Mode, Plan};
@@ -108,6 +111,99 @@ fn fused_matmul_add_gives_the_unfused_bits() {
                 let tol = 1e-3 + 1e-4 * c.abs();
                 assert!(
                     (g - c).abs() <= tol,
+                    "{what}: element {i}: cuda {g}, cpu {c}"
+                );
+            }
+        }
+    }
+}
+
+/// `values` as a buffer of float dtype `dt` (rounded to it) on `dev`.
+fn upload_float(dev: &Device, dt: DType, values: &[f32], dims: &[usize]) -> Buffer {
+    match dt {
+        DType::F16 => {
+            let v: Vec<f16> = values.iter().map(|&x| f16::from_f32(x)).collect();
+            dev.upload(&v, dims).unwrap()
+        }
+        DType::BF16 => {
+            let v: Vec<bf16> = values.iter().map(|&x| bf16::from_f32(x)).collect();
+            dev.upload(&v, dims).unwrap()
+        }
+        _ => dev.upload(values, dims).unwrap(),
+    }
+}
+
+/// The values of raw bytes of float dtype `dt`, as f64.
+fn float_values(dt: DType, bytes: &[u8]) -> Vec<f64> {
+    match dt {
+        DType::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f64())
+            .collect(),
+        DType::BF16 => bytes
+            .chunks_exact(2)
+            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f64())
+            .collect(),
+        _ => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
+            .collect(),
+    }
+}
+
+/// Gemma 3's post-block norm, `rms_norm(proj) -> tmp; x += tmp`, then `tmp` overwritten (so it is
+/// dead), run on `dev` in `mode`; returns the bytes of `x` and the `rms_norm+add` fusions.
+fn run_post_norm(dev: &Device, dt: DType, rows: usize, dim: usize, mode: Mode) -> (Vec<u8>, usize) {
+    let up = |scale: f32, seed: u64, dims: &[usize]| {
+        let n = dims.iter().product();
+        upload_float(dev, dt, &random_f32(n, scale, seed), dims)
+    };
+    let proj = up(2.0, 61, &[rows, dim]);
+    let norm = up(1.5, 62, &[dim]);
+    let x = up(1.0, 63, &[rows, dim]);
+    let fill = up(1.0, 64, &[rows, dim]);
+    let tmp = dev.alloc(dt, &[rows, dim]).unwrap();
+    let mut s = Executor::new(dev.clone()).begin(mode);
+    s.rms_norm(&proj, &norm, &tmp, 1e-6).unwrap();
+    s.add_inplace(&x, &tmp).unwrap();
+    s.copy(&fill, &tmp).unwrap();
+    let report = s.finish(&Plan::OPTIMIZED).unwrap();
+    let fused = report.fusions_by_rule.get("rms_norm+add").copied();
+    (dev.download_bytes(&x).unwrap(), fused.unwrap_or(0))
+}
+
+/// The `rms_norm+add` fusion on the GPU gives bitwise the residual of the pair (`rms_norm`, then
+/// the add kernel) that direct mode runs on the same GPU, for f32, f16 and bf16, Gemma 3 widths
+/// (640, 1152) and odd ones; and the CPU's residual (fused too) within one ulp of the dtype at
+/// the values' size (|values| < 4; both backends round the same f64 sum of squares to f32 and
+/// make the same f32 products, so in practice the bits agree): f32 1e-5 + 1e-5 |v|, f16 2e-3 +
+/// 2e-3 |v|, bf16 1.6e-2 + 1.6e-2 |v|.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fused_rms_norm_add_gives_the_pair_bits() {
+    let gpu = cuda_device();
+    let cpu = Device::cpu(2).unwrap();
+    for (dt, tol) in [
+        (DType::F32, 1e-5),
+        (DType::F16, 2e-3),
+        (DType::BF16, 1.6e-2),
+    ] {
+        for (rows, dim) in [(1, 640), (4, 1152), (3, 577), (17, 64), (2, 5)] {
+            let what = format!("{dt} [{rows}, {dim}]");
+            let (fused, fusions) = run_post_norm(&gpu, dt, rows, dim, Mode::Recorded);
+            assert_eq!(fusions, 1, "{what}: one rms_norm+add");
+            let (direct, fusions) = run_post_norm(&gpu, dt, rows, dim, Mode::Direct);
+            assert_eq!(fusions, 0, "{what}: direct mode does not fuse");
+            assert!(
+                fused == direct,
+                "{what}: fused graph and direct mode differ"
+            );
+            let (cpu_out, fusions) = run_post_norm(&cpu, dt, rows, dim, Mode::Recorded);
+            assert_eq!(fusions, 1, "{what}: the CPU fuses the pair too");
+            let (g, c) = (float_values(dt, &fused), float_values(dt, &cpu_out));
+            for (i, (g, c)) in g.iter().zip(&c).enumerate() {
+                assert!(
+                    (g - c).abs() <= tol + tol * c.abs(),
                     "{what}: element {i}: cuda {g}, cpu {c}"
                 );
             }

@@ -27,8 +27,21 @@ fn norm_family() {
             let w = random_tensor(dt, &[dim], 1.0, seed + 1);
             let m_row = random_tensor(dt, &[dim], 1.0, seed + 2);
             let m_full = random_tensor(dt, &[rows, dim], 1.0, seed + 3);
+            let acc = random_tensor(dt, &[rows, dim], 1.0, seed + 4);
             let out = vec![(dt, vec![rows, dim])];
             let eps = 1e-5;
+            // In place into `acc` (compared as an input). The norm values stay below 4 here, so
+            // `tol` (f16 atol 2e-3, bf16 1.6e-2) also covers one ulp of a norm value, should a
+            // rounding differ where `acc + value` cancels.
+            compare(
+                &format!("rms_norm_add {dt} {rows}x{dim}"),
+                &dev,
+                &[x.clone(), w.clone(), acc],
+                &[],
+                atol,
+                rtol,
+                &|s, i, _| s.rms_norm_add(&i[0], &i[1], &i[2], eps),
+            );
             compare(
                 &format!("rms_norm {dt} {rows}x{dim}"),
                 &dev,

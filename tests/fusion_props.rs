@@ -3,9 +3,10 @@
 //!
 //! - a program is a random sequence of decoder-block motifs over shared buffers, as a model
 //!   records them: the attention input (norm, q/k/v products, RoPE, cache writes), the MLP input
-//!   (norm, gate/up products, SwiGLU) and a product with its residual add, each possibly spoiled
-//!   by one perturbation: an intermediate read again after the motif, or a write of the residual
-//!   (which the norm reads) in the middle of it;
+//!   (norm, gate/up products, SwiGLU), a product with its residual add, and a product whose norm
+//!   is added into the residual (Gemma 3's post-block norms), each possibly spoiled by one
+//!   perturbation: an intermediate read again after the motif, or a write of what an earlier op
+//!   of the motif reads (the residual, for the input norms) in the middle of it;
 //! - the program recorded, fused and reordered (`Plan::OPTIMIZED`, the CPU's rules) gives the
 //!   bits of the same program run op by op (`Mode::Direct`, `Plan::SEQUENTIAL`) in every buffer
 //!   it leaves readable (the CPU's fused kernels run the plain ops' own loops: bitwise);
@@ -39,7 +40,8 @@ enum Spoil {
     /// is copied out after the motif, so it is live.
     ReadLater(usize),
     /// After the motif's first product, a write of what an earlier op of the motif reads (the
-    /// residual, for the norm) or of the product's output (before the residual add reads it).
+    /// residual, for the norm) or of the product's output (before the residual add, or the
+    /// post-block norm's add, reads it).
     WriteBetween,
 }
 
@@ -48,6 +50,8 @@ enum Motif {
     Qkv(Spoil),
     GateUp(Spoil),
     MatMulAdd(Spoil),
+    /// A product, the norm of it and the add of the norm into the residual.
+    PostNormAdd(Spoil),
 }
 
 fn spoil(intermediates: usize) -> impl Strategy<Value = Spoil> {
@@ -63,6 +67,7 @@ fn motif() -> impl Strategy<Value = Motif> {
         spoil(3).prop_map(Motif::Qkv),
         spoil(3).prop_map(Motif::GateUp),
         spoil(1).prop_map(Motif::MatMulAdd),
+        spoil(1).prop_map(Motif::PostNormAdd),
     ]
 }
 
@@ -238,6 +243,17 @@ fn program(s: &mut Session, b: &Bufs, c: &Case) {
                     copy_out(s, &b.proj, probe);
                 }
             }
+            Motif::PostNormAdd(sp) => {
+                s.matmul(&b.hidden, wd, &b.proj).unwrap();
+                s.rms_norm(&b.proj, &b.norm, &b.xn, EPS).unwrap();
+                if sp == Spoil::WriteBetween {
+                    s.add_inplace(&b.proj, &b.bias).unwrap();
+                }
+                s.add_inplace(&b.x, &b.xn).unwrap();
+                if let Spoil::ReadLater(_) = sp {
+                    copy_out(s, &b.xn, probe);
+                }
+            }
         }
     }
     for t in [&b.xn, &b.k, &b.v, &b.gate, &b.up, &b.proj] {
@@ -265,13 +281,14 @@ fn run(c: &Case, mode: Mode, plan: &Plan) -> (Vec<Vec<u32>>, FinishReport) {
 }
 
 /// How many motifs of each kind are intact (and must fuse).
-fn intact(c: &Case) -> [usize; 3] {
-    let mut n = [0; 3];
+fn intact(c: &Case) -> [usize; 4] {
+    let mut n = [0; 4];
     for m in &c.motifs {
         match m {
             Motif::Qkv(Spoil::None) => n[0] += 1,
             Motif::GateUp(Spoil::None) => n[1] += 1,
             Motif::MatMulAdd(Spoil::None) => n[2] += 1,
+            Motif::PostNormAdd(Spoil::None) => n[3] += 1,
             _ => {}
         }
     }
@@ -299,9 +316,10 @@ proptest! {
             prop_assert!(a == b, "output {} differs: {:?} {:?}", i, c, report);
         }
         let by_rule = |r: &str| report.fusions_by_rule.get(r).copied().unwrap_or(0);
-        let [qkv, gate_up, mm_add] = intact(&c);
+        let [qkv, gate_up, mm_add, norm_add] = intact(&c);
         prop_assert_eq!(by_rule("rms_norm+qkv+rope+kv_write"), qkv, "{:?} {:?}", c, report);
         prop_assert_eq!(by_rule("rms_norm+gate_up+swiglu"), gate_up, "{:?} {:?}", c, report);
         prop_assert_eq!(by_rule("matmul+add"), mm_add, "{:?} {:?}", c, report);
+        prop_assert_eq!(by_rule("rms_norm+add"), norm_add, "{:?} {:?}", c, report);
     }
 }

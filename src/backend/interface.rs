@@ -30,8 +30,8 @@ pub struct Capabilities {
     /// The fused kernels the optimizer makes for this backend out of plain ops, each with the
     /// most rows it pays for (the rules that make them are in `ops/`; see
     /// [`Fusion`](crate::kernels::Fusion)). CPU: every fusion at every row count, bit-exact (its
-    /// fused kernels run the plain ops' own loops and normalize each row once). CUDA: `matmul_add`
-    /// and `rms_norm_mul` everywhere, bit-exact; the block fusions (`norm_qkv_rope`,
+    /// fused kernels run the plain ops' own loops and normalize each row once). CUDA: `matmul_add`,
+    /// `rms_norm_mul` and `rms_norm_add` everywhere, bit-exact; the block fusions (`norm_qkv_rope`,
     /// `norm_gate_up`) for one row only, within f32 rounding of the plain ops (they normalize the
     /// row in every warp, which a decode step hides but a prefill pass pays for each of its
     /// outputs, where the plain ops normalize once and take the tiled matmul).

@@ -583,6 +583,7 @@ mod tests {
             OpKind::MatMulId,
             OpKind::RmsNorm,
             OpKind::RmsNormMul,
+            OpKind::RmsNormAdd,
             OpKind::Rope,
             OpKind::Add,
             OpKind::Mul,

@@ -60,7 +60,7 @@ fn raw_edges(items: &[Item<'_>]) -> Vec<(usize, usize)> {
 fn colour(op: OpKind) -> &'static str {
     match op {
         OpKind::MatMul | OpKind::MatMulId => "#7aa6e0",
-        OpKind::RmsNorm | OpKind::RmsNormMul => "#f2c14e",
+        OpKind::RmsNorm | OpKind::RmsNormMul | OpKind::RmsNormAdd => "#f2c14e",
         OpKind::Rope => "#b58bd6",
         OpKind::Add | OpKind::Mul | OpKind::Elementwise => "#8fd18f",
         OpKind::Copy | OpKind::Gather => "#c8c8c8",
@@ -74,7 +74,7 @@ fn colour(op: OpKind) -> &'static str {
 /// Kinds in legend order, with the label shown.
 const LEGEND: [(OpKind, &str); 9] = [
     (OpKind::MatMul, "matmul"),
-    (OpKind::RmsNorm, "rms_norm (+mul)"),
+    (OpKind::RmsNorm, "rms_norm (+mul, +add)"),
     (OpKind::Rope, "rope"),
     (OpKind::Elementwise, "add / mul / elementwise"),
     (OpKind::KvWrite, "kv_write"),
@@ -91,6 +91,7 @@ fn short(op: OpKind) -> &'static str {
         OpKind::MatMulId => "mmid",
         OpKind::RmsNorm => "norm",
         OpKind::RmsNormMul => "n*w",
+        OpKind::RmsNormAdd => "n+r",
         OpKind::Rope => "rope",
         OpKind::Add => "add",
         OpKind::Mul => "mul",

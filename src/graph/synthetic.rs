@@ -544,6 +544,7 @@ pub fn untyped_kernel(op: OpKind) -> KernelId {
         "synthetic_matmul_id" => OpKind::MatMulId,
         "synthetic_rms_norm" => OpKind::RmsNorm,
         "synthetic_rms_norm_mul" => OpKind::RmsNormMul,
+        "synthetic_rms_norm_add" => OpKind::RmsNormAdd,
         "synthetic_rope" => OpKind::Rope,
         "synthetic_add" => OpKind::Add,
         "synthetic_mul" => OpKind::Mul,

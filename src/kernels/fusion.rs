@@ -14,15 +14,19 @@ pub enum Fusion {
     MatMulAdd,
     /// `rms_norm` and a multiply of its output: one `rms_norm_mul`.
     RmsNormMul,
+    /// `rms_norm` and the in-place add of its output into an accumulator (the post-block norms
+    /// of Gemma 3): one `rms_norm_add`.
+    RmsNormAdd,
 }
 
 impl Fusion {
     /// Every fusion, in the order the optimizer tries them where two share an anchor.
-    pub const ALL: [Fusion; 4] = [
+    pub const ALL: [Fusion; 5] = [
         Fusion::NormQkvRope,
         Fusion::NormGateUp,
         Fusion::MatMulAdd,
         Fusion::RmsNormMul,
+        Fusion::RmsNormAdd,
     ];
 }
 

@@ -522,6 +522,7 @@ pub fn all() -> Vec<&'static KernelSig> {
         &norm::RMS_NORM_NO_SCALE,
         &norm::RMS_NORM_MUL,
         &norm::RMS_NORM_NO_SCALE_MUL,
+        &norm::RMS_NORM_ADD,
     ];
     families.into_iter().flatten().collect()
 }

@@ -1,5 +1,6 @@
-//! The `norm` family's kernels: RMS normalization with or without a weight, alone or times a
-//! second operand `m`. One kernel per float dtype (f32, f16, bf16), in that order.
+//! The `norm` family's kernels: RMS normalization with or without a weight, alone, times a
+//! second operand `m`, or added into an accumulator. One kernel per float dtype (f32, f16, bf16),
+//! in that order.
 
 use super::OpKind;
 use super::{per_float, KernelSig, Param};
@@ -45,6 +46,18 @@ pub static RMS_NORM_NO_SCALE_MUL: [KernelSig; 3] = per_float!(OpKind::RmsNormMul
     Param::read("x", T),
     Param::read("m", T),
     Param::write("out", T),
+    Param::f32("eps"),
+    Param::u32("dim"),
+]);
+
+/// `acc += x / rms(x) * weight` (the normalized value rounded to the dtype first, as the pair
+/// `rms_norm`, in-place `add` stores it): x, weight, acc (read-write), eps, dim.
+pub static RMS_NORM_ADD: [KernelSig; 3] = per_float!(OpKind::RmsNormAdd;
+"rms_norm_add_f32", "rms_norm_add_f16", "rms_norm_add_bf16";
+|T| [
+    Param::read("x", T),
+    Param::read("weight", T),
+    Param::read_write("acc", T),
     Param::f32("eps"),
     Param::u32("dim"),
 ]);

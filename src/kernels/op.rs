@@ -47,6 +47,8 @@ pub enum OpKind {
     RmsNorm,
     /// RMS normalization fused with a following multiply.
     RmsNormMul,
+    /// RMS normalization fused with the in-place add of its output into an accumulator.
+    RmsNormAdd,
     /// Rotary position embedding.
     Rope,
     /// Elementwise addition.
@@ -86,7 +88,7 @@ impl OpKind {
     }
 
     /// Number of distinct values ([`code`](Self::code) is below it).
-    pub(crate) const CODES: usize = 16;
+    pub(crate) const CODES: usize = 17;
 
     /// A distinct small number per value, below [`CODES`](Self::CODES), for tables keyed by op
     /// kind.
@@ -97,18 +99,19 @@ impl OpKind {
             OpKind::MatMulId => 1,
             OpKind::RmsNorm => 2,
             OpKind::RmsNormMul => 3,
-            OpKind::Rope => 4,
-            OpKind::Add => 5,
-            OpKind::Mul => 6,
-            OpKind::Elementwise => 7,
-            OpKind::Copy => 8,
-            OpKind::KvWrite => 9,
-            OpKind::Gather => 10,
-            OpKind::Softmax => 11,
-            OpKind::Attention => 12,
-            OpKind::Argmax => 13,
-            OpKind::Custom { reorderable: false } => 14,
-            OpKind::Custom { reorderable: true } => 15,
+            OpKind::RmsNormAdd => 4,
+            OpKind::Rope => 5,
+            OpKind::Add => 6,
+            OpKind::Mul => 7,
+            OpKind::Elementwise => 8,
+            OpKind::Copy => 9,
+            OpKind::KvWrite => 10,
+            OpKind::Gather => 11,
+            OpKind::Softmax => 12,
+            OpKind::Attention => 13,
+            OpKind::Argmax => 14,
+            OpKind::Custom { reorderable: false } => 15,
+            OpKind::Custom { reorderable: true } => 16,
         }
     }
 
@@ -119,6 +122,7 @@ impl OpKind {
             OpKind::MatMulId => "matmul_id",
             OpKind::RmsNorm => "rms_norm",
             OpKind::RmsNormMul => "rms_norm_mul",
+            OpKind::RmsNormAdd => "rms_norm_add",
             OpKind::Rope => "rope",
             OpKind::Add => "add",
             OpKind::Mul => "mul",

@@ -32,6 +32,7 @@ pub fn fusion_rule(fusion: Fusion) -> FusionRule {
         Fusion::NormGateUp => block_fusion::NORM_GATE_UP_FUSION,
         Fusion::MatMulAdd => matmul_fused::MATMUL_ADD_FUSION,
         Fusion::RmsNormMul => norm::RMS_NORM_MUL_FUSION,
+        Fusion::RmsNormAdd => norm::RMS_NORM_ADD_FUSION,
     }
 }
 

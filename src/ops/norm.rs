@@ -4,32 +4,43 @@
 //! RMS normalization over the last dimension of `x` (`dim`): every row becomes
 //! `x / sqrt(mean(x^2) + eps)`, times `weight` (one value per column) when there is one.
 //! `rms_norm_mul` multiplies the result by `m` in the same pass; `m` is one row `[dim]` broadcast
-//! over the rows, or has `x`'s shape. `x`, `weight`, `m` and `out` share one dtype: f32, f16 or
-//! bf16. The sum of squares is accumulated in f64.
+//! over the rows, or has `x`'s shape. `rms_norm_add` adds the (weighted) result into an
+//! accumulator `acc` of `x`'s shape instead of writing it. `x`, `weight`, `m`, `acc` and `out`
+//! share one dtype: f32, f16 or bf16. The sum of squares is accumulated in f64.
 //!
-//! This file also holds the fusion rule [`RMS_NORM_MUL_FUSION`]: an `rms_norm` (or
+//! This file also holds two fusion rules. [`RMS_NORM_MUL_FUSION`]: an `rms_norm` (or
 //! `rms_norm_no_scale`) whose output the next dispatch, a `mul`, reads as one operand becomes one
-//! `rms_norm_mul`. For f32 the fused kernel gives the same bits as the pair.
+//! `rms_norm_mul`; for f32 the fused kernel gives the same bits as the pair.
+//! [`RMS_NORM_ADD_FUSION`]: an `rms_norm` whose output the next dispatch, an in-place `add`,
+//! adds whole into an accumulator (`acc += norm_out`, the post-block norms of Gemma 3) becomes one
+//! `rms_norm_add`, which gives the pair's bits for every float dtype.
 
 use crate::backend::Buffer;
 use crate::error::{Error, Result};
 use crate::graph::passes::FusionRule;
 use crate::graph::{Arg, ArgRef, Dispatch, DispatchRef, DispatchSpec, Grid, OpKind, Range, Scalar};
-use crate::kernels::norm as kn;
+use crate::kernels::{elementwise as ew, norm as kn};
 use crate::ops::elementwise::{
     binary_operands, check_disjoint, float_kernel, u32_size, FLOAT_DTYPES,
 };
+use crate::ops::fused_block::one_device;
 use crate::ops::Check;
 
 /// Threads per row on a GPU; the CPU ignores it.
 const ROW_THREADS: u32 = 256;
 
-/// Checks `x`, `out` and `eps`, returning the row length and its u32 form.
-fn check_x_out(check: &Check, x: &Buffer, out: &Buffer, eps: f32) -> Result<u32> {
+/// Checks `x`, the output (`out`, or `acc` for `rms_norm_add`) and `eps`, returning the row
+/// length as a u32.
+fn check_x_out(
+    check: &Check,
+    x: &Buffer,
+    (out_name, out): (&'static str, &Buffer),
+    eps: f32,
+) -> Result<u32> {
     check.dtype("x", x, &FLOAT_DTYPES)?;
     check.require("x", x.elems() > 0, || "is empty".into())?;
-    check.dtype("out", out, &[x.dtype()])?;
-    check.dims("out", out, x.dims())?;
+    check.dtype(out_name, out, &[x.dtype()])?;
+    check.dims(out_name, out, x.dims())?;
     check.require("eps", eps.is_finite() && eps >= 0.0, || {
         format!("{eps} is not a finite non-negative number")
     })?;
@@ -54,7 +65,7 @@ fn grid_rows(rows: usize) -> Grid {
 /// `out = x / sqrt(mean(x^2) + eps) * weight`, per row of `x` (`[rows, dim]`, `weight` `[dim]`).
 pub fn rms_norm(x: &Buffer, weight: &Buffer, out: &Buffer, eps: f32) -> Result<Dispatch> {
     let check = Check::op("rms_norm");
-    let dim = check_x_out(&check, x, out, eps)?;
+    let dim = check_x_out(&check, x, ("out", out), eps)?;
     check_row(&check, "weight", weight, x)?;
     check_disjoint(&check, "out", out, &[("x", x), ("weight", weight)])?;
     let kernel = float_kernel("rms_norm", x.dtype(), &kn::RMS_NORM)?;
@@ -71,7 +82,7 @@ pub fn rms_norm(x: &Buffer, weight: &Buffer, out: &Buffer, eps: f32) -> Result<D
 /// `out = x / sqrt(mean(x^2) + eps)`, per row of `x`, without a weight.
 pub fn rms_norm_no_scale(x: &Buffer, out: &Buffer, eps: f32) -> Result<Dispatch> {
     let check = Check::op("rms_norm_no_scale");
-    let dim = check_x_out(&check, x, out, eps)?;
+    let dim = check_x_out(&check, x, ("out", out), eps)?;
     check_disjoint(&check, "out", out, &[("x", x)])?;
     let kernel = float_kernel("rms_norm_no_scale", x.dtype(), &kn::RMS_NORM_NO_SCALE)?;
     let args = vec![Arg::read(x), Arg::write(out), Arg::f32(eps), Arg::u32(dim)];
@@ -99,7 +110,7 @@ fn rms_norm_mul_spec<'a>(
     eps: f32,
 ) -> Result<DispatchSpec<'a>> {
     let check = Check::op("rms_norm_mul");
-    let dim = check_x_out(&check, x, out, eps)?;
+    let dim = check_x_out(&check, x, ("out", out), eps)?;
     check.dtype("m", m, &[x.dtype()])?;
     if m.dims() != x.dims() {
         check_row(&check, "m", m, x)?;
@@ -134,6 +145,36 @@ fn rms_norm_mul_spec<'a>(
             DispatchSpec::new(kernel, &args, grid)
         }
     }
+}
+
+/// `acc += x / sqrt(mean(x^2) + eps) * weight`, per row of `x` (`[rows, dim]`, `weight` `[dim]`,
+/// `acc` of `x`'s shape and dtype, sharing no byte with `x` or `weight`). Each normalized value is
+/// rounded to the dtype before the add, so the result is bitwise that of [`rms_norm`] into a
+/// temporary followed by the in-place `add` of the temporary into `acc`.
+pub fn rms_norm_add(x: &Buffer, weight: &Buffer, acc: &Buffer, eps: f32) -> Result<Dispatch> {
+    rms_norm_add_spec(x, weight, acc, eps)?.to_dispatch()
+}
+
+/// [`rms_norm_add`] as a spec borrowing its buffers (what the fusion rule builds).
+fn rms_norm_add_spec<'a>(
+    x: &'a Buffer,
+    weight: &'a Buffer,
+    acc: &'a Buffer,
+    eps: f32,
+) -> Result<DispatchSpec<'a>> {
+    let check = Check::op("rms_norm_add");
+    let dim = check_x_out(&check, x, ("acc", acc), eps)?;
+    check_row(&check, "weight", weight, x)?;
+    check_disjoint(&check, "acc", acc, &[("x", x), ("weight", weight)])?;
+    let kernel = float_kernel("rms_norm_add", x.dtype(), &kn::RMS_NORM_ADD)?;
+    let args = [
+        ArgRef::read(x),
+        ArgRef::read(weight),
+        ArgRef::read_write(acc),
+        ArgRef::f32(eps),
+        ArgRef::u32(dim),
+    ];
+    DispatchSpec::new(kernel, &args, grid_rows(x.shape().rows()))
 }
 
 /// The parts of an `rms_norm` or `rms_norm_no_scale` dispatch: `(x, weight, out, eps)`.
@@ -222,6 +263,69 @@ pub const RMS_NORM_MUL_FUSION: FusionRule = FusionRule::pair(
     OpKind::Mul,
     norm_mul_intermediate,
     build_norm_mul,
+);
+
+/// A weighted norm + in-place add pair that matches [`RMS_NORM_ADD_FUSION`].
+struct NormAdd<'a> {
+    x: &'a Buffer,
+    weight: &'a Buffer,
+    eps: f32,
+    /// The norm's output: the intermediate the fused kernel does not write.
+    norm_out: &'a Buffer,
+    /// The add's accumulator (its `a`, read and written in place).
+    acc: &'a Buffer,
+}
+
+/// Matches an `rms_norm` with a weight and an in-place `add` (`a += b`, any float dtype) whose
+/// `b` is exactly the norm's output (same bytes, shape and dtype: no broadcast, no other view),
+/// and whose accumulator `a` has that shape, shares no byte with the norm's operands or output
+/// and lives on the norm's device. Nothing else fuses: an out-of-place add writes a third buffer,
+/// and an in-place add over the norm's output (`norm_out += b`) leaves its result in the
+/// intermediate, not in an accumulator.
+fn norm_add_match<'a>(norm: DispatchRef<'a>, add: DispatchRef<'a>) -> Option<NormAdd<'a>> {
+    let (x, weight, norm_out, eps) = norm_operands(norm)?;
+    let weight = weight?;
+    if !add.kernel().is_in(&ew::ADD_INPLACE) {
+        return None;
+    }
+    let (acc, b) = (add.buffer("a")?, add.buffer("b")?);
+    let whole = Range::of(b) == Range::of(norm_out)
+        && b.dims() == norm_out.dims()
+        && b.dtype() == norm_out.dtype()
+        && acc.dims() == norm_out.dims()
+        && acc.dtype() == norm_out.dtype();
+    let apart = !acc.overlaps(norm_out)
+        && !acc.overlaps(x)
+        && !acc.overlaps(weight)
+        && one_device(acc, norm_out);
+    (whole && apart).then_some(NormAdd {
+        x,
+        weight,
+        eps,
+        norm_out,
+        acc,
+    })
+}
+
+fn norm_add_intermediate(norm: DispatchRef<'_>, add: DispatchRef<'_>) -> Option<Range> {
+    norm_add_match(norm, add).map(|p| Range::of(p.norm_out))
+}
+
+fn build_norm_add<'a>(norm: DispatchRef<'a>, add: DispatchRef<'a>) -> Result<DispatchSpec<'a>> {
+    let p = norm_add_match(norm, add)
+        .ok_or_else(|| Error::InvalidArgument("rms_norm + add: the pair does not match".into()))?;
+    rms_norm_add_spec(p.x, p.weight, p.acc, p.eps)
+}
+
+/// `rms_norm` (with a weight) followed by an in-place `add` of its whole output into an
+/// accumulator (`acc += norm_out`) becomes one `rms_norm_add` writing the accumulator; the norm's
+/// output must be dead after the add (the fuse pass proves it).
+pub const RMS_NORM_ADD_FUSION: FusionRule = FusionRule::pair(
+    "rms_norm+add",
+    OpKind::RmsNorm,
+    OpKind::Add,
+    norm_add_intermediate,
+    build_norm_add,
 );
 
 #[cfg(test)]
@@ -496,3 +600,7 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+#[path = "norm_add_tests.rs"]
+mod norm_add_tests;

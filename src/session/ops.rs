@@ -277,6 +277,17 @@ mod norm {
         ) -> Result<()> {
             self.push(rms_norm_mul(x, weight, m, out, eps)?)
         }
+
+        /// RMS normalization added into `acc` in place, fused (see [`rms_norm_add`]).
+        pub fn rms_norm_add(
+            &mut self,
+            x: &Buffer,
+            weight: &Buffer,
+            acc: &Buffer,
+            eps: f32,
+        ) -> Result<()> {
+            self.push(rms_norm_add(x, weight, acc, eps)?)
+        }
     }
 }
 

@@ -26,6 +26,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
         FusionUse::always(Fusion::NormGateUp),
         FusionUse::always(Fusion::MatMulAdd),
         FusionUse::always(Fusion::RmsNormMul),
+        FusionUse::always(Fusion::RmsNormAdd),
     ],
     decode_attention_chunk: 256,
     single_dispatch_decode_attention: false,

@@ -248,6 +248,7 @@ fn families() -> Vec<&'static [KernelSig]> {
         &kn::RMS_NORM_NO_SCALE,
         &kn::RMS_NORM_MUL,
         &kn::RMS_NORM_NO_SCALE_MUL,
+        &kn::RMS_NORM_ADD,
         &ka::ATTENTION,
         &ka::DECODE_PARTIAL,
         std::slice::from_ref(&ka::DECODE_COMBINE),
@@ -506,11 +507,12 @@ fn unary_elementwise_kernels_refuse_lengths_that_differ() {
 
 #[test]
 fn rms_norms_refuse_hostile_dims() {
-    let families: [&[KernelSig; 3]; 4] = [
+    let families: [&[KernelSig; 3]; 5] = [
         &kn::RMS_NORM,
         &kn::RMS_NORM_NO_SCALE,
         &kn::RMS_NORM_MUL,
         &kn::RMS_NORM_NO_SCALE_MUL,
+        &kn::RMS_NORM_ADD,
     ];
     for sig in families.into_iter().flatten() {
         let call = |x: usize, weight: usize, m: usize, dim: u32| {
@@ -518,7 +520,8 @@ fn rms_norms_refuse_hostile_dims() {
                 .buf("x", &[x])
                 .opt_buf("weight", &[weight])
                 .opt_buf("m", &[m])
-                .buf("out", &[x])
+                .opt_buf("out", &[x])
+                .opt_buf("acc", &[x])
                 .f32("eps", 1e-5)
                 .u32("dim", dim)
         };
@@ -536,5 +539,14 @@ fn rms_norms_refuse_hostile_dims() {
         if sig.index_of("m").is_some() {
             call(24, 8, 7, 8).refused("m has 7");
         }
+        // The output (or accumulator) one value short of x.
+        let out = if sig.index_of("acc").is_some() {
+            "acc"
+        } else {
+            "out"
+        };
+        call(24, 8, 8, 8)
+            .buf(out, &[23])
+            .refused(&format!("{out} 23"));
     }
 }

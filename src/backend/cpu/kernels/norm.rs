@@ -1,16 +1,19 @@
-//! CPU kernels of the `norm` op family: RMS normalization, with or without a weight, and fused
-//! with a following multiply.
+//! CPU kernels of the `norm` op family: RMS normalization, with or without a weight, fused with
+//! a following multiply, or added into an accumulator.
 //!
 //! Every row is normalized independently: `y = x / sqrt(mean(x^2) + eps) [* weight] [* m]`. The
 //! sum of squares is accumulated in f64; the products are f32, in the same order as the unfused
 //! kernels (`(x * inv) * weight`, then `* m`), so for f32 the fused kernel gives the same bits as
-//! `rms_norm` followed by `mul`.
+//! `rms_norm` followed by `mul`. `rms_norm_add` runs the same row code, rounds `y` to the dtype as
+//! `rms_norm` stores it, and adds it as the in-place `add` does (`acc + y` in f32, rounded to the
+//! dtype): the bits of `rms_norm` followed by `add` for every float dtype.
 //!
 //! Argument layouts (the ops in `ops::norm` build them):
 //! - `rms_norm_<t>`: x, weight, out, eps: f32, dim: u32
 //! - `rms_norm_no_scale_<t>`: x, out, eps, dim
 //! - `rms_norm_mul_<t>`: x, weight, m, out, eps, dim
 //! - `rms_norm_no_scale_mul_<t>`: x, m, out, eps, dim
+//! - `rms_norm_add_<t>`: x, weight, acc (read-write), eps, dim
 //!
 //! `m` holds either one row (`dim` values, broadcast over rows) or one value per element of `x`.
 
@@ -56,12 +59,29 @@ struct NormOperands<'a, T> {
     x: &'a [T],
     weight: Option<&'a [T]>,
     m: Option<&'a [T]>,
+    /// The output; with `ACC`, the accumulator the values are added into.
     out: &'a mut [T],
     dim: usize,
     eps: f32,
 }
 
-fn run_norm<T: Float>(args: &KernelArgs<'_>, op: NormOperands<'_, T>) -> Result<()> {
+/// Stores one normalized value `y` into `o`: rounded to `T` (as `rms_norm` stores it) and, with
+/// `ACC`, added to what `o` holds as the in-place `add` does (f32 sum, rounded to `T`).
+#[inline(always)]
+fn put<T: Float, const ACC: bool>(o: &mut T, y: f32) {
+    let y = T::from_f32(y);
+    *o = if ACC {
+        T::from_f32(o.to_f32() + y.to_f32())
+    } else {
+        y
+    };
+}
+
+/// Normalizes the rows of `op.x` into `op.out` (`ACC`: adds them into it).
+fn run_norm<T: Float, const ACC: bool>(
+    args: &KernelArgs<'_>,
+    op: NormOperands<'_, T>,
+) -> Result<()> {
     let NormOperands {
         x,
         weight,
@@ -75,8 +95,9 @@ fn run_norm<T: Float>(args: &KernelArgs<'_>, op: NormOperands<'_, T>) -> Result<
         msg,
     };
     if dim == 0 || x.len() % dim != 0 || out.len() != x.len() {
+        let out_name = if ACC { "acc" } else { "out" };
         return Err(bad(format!(
-            "x has {} values, out {}: not whole rows of dim = {dim}",
+            "x has {} values, {out_name} {}: not whole rows of dim = {dim}",
             x.len(),
             out.len()
         )));
@@ -113,22 +134,22 @@ fn run_norm<T: Float>(args: &KernelArgs<'_>, op: NormOperands<'_, T>) -> Result<
             match (weight, mr) {
                 (Some(w), Some(mr)) => {
                     for (((o, &xv), &wv), &mv) in o.iter_mut().zip(xr).zip(w).zip(mr) {
-                        *o = T::from_f32(xv.to_f32() * inv * wv.to_f32() * mv.to_f32());
+                        put::<T, ACC>(o, xv.to_f32() * inv * wv.to_f32() * mv.to_f32());
                     }
                 }
                 (Some(w), None) => {
                     for ((o, &xv), &wv) in o.iter_mut().zip(xr).zip(w) {
-                        *o = T::from_f32(xv.to_f32() * inv * wv.to_f32());
+                        put::<T, ACC>(o, xv.to_f32() * inv * wv.to_f32());
                     }
                 }
                 (None, Some(mr)) => {
                     for ((o, &xv), &mv) in o.iter_mut().zip(xr).zip(mr) {
-                        *o = T::from_f32(xv.to_f32() * inv * mv.to_f32());
+                        put::<T, ACC>(o, xv.to_f32() * inv * mv.to_f32());
                     }
                 }
                 (None, None) => {
                     for (o, &xv) in o.iter_mut().zip(xr) {
-                        *o = T::from_f32(xv.to_f32() * inv);
+                        put::<T, ACC>(o, xv.to_f32() * inv);
                     }
                 }
             }
@@ -145,7 +166,7 @@ fn rms_norm<T: Float>(args: &KernelArgs<'_>) -> Result<()> {
         eps: args.f32(3)?,
         dim: args.usize(4)?,
     };
-    run_norm(args, op)
+    run_norm::<T, false>(args, op)
 }
 
 fn rms_norm_no_scale<T: Float>(args: &KernelArgs<'_>) -> Result<()> {
@@ -157,7 +178,7 @@ fn rms_norm_no_scale<T: Float>(args: &KernelArgs<'_>) -> Result<()> {
         eps: args.f32(2)?,
         dim: args.usize(3)?,
     };
-    run_norm(args, op)
+    run_norm::<T, false>(args, op)
 }
 
 fn rms_norm_mul<T: Float>(args: &KernelArgs<'_>) -> Result<()> {
@@ -169,7 +190,7 @@ fn rms_norm_mul<T: Float>(args: &KernelArgs<'_>) -> Result<()> {
         eps: args.f32(4)?,
         dim: args.usize(5)?,
     };
-    run_norm(args, op)
+    run_norm::<T, false>(args, op)
 }
 
 fn rms_norm_no_scale_mul<T: Float>(args: &KernelArgs<'_>) -> Result<()> {
@@ -181,7 +202,19 @@ fn rms_norm_no_scale_mul<T: Float>(args: &KernelArgs<'_>) -> Result<()> {
         eps: args.f32(3)?,
         dim: args.usize(4)?,
     };
-    run_norm(args, op)
+    run_norm::<T, false>(args, op)
+}
+
+fn rms_norm_add<T: Float>(args: &KernelArgs<'_>) -> Result<()> {
+    let op = NormOperands {
+        x: args.input::<T>(0)?,
+        weight: Some(args.input::<T>(1)?),
+        m: None,
+        out: args.output::<T>(2)?,
+        eps: args.f32(3)?,
+        dim: args.usize(4)?,
+    };
+    run_norm::<T, true>(args, op)
 }
 
 /// Registers this family's kernels against their declarations.
@@ -212,6 +245,14 @@ pub(super) fn register(registry: &mut CpuRegistry) {
             rms_norm_no_scale_mul::<f32>,
             rms_norm_no_scale_mul::<f16>,
             rms_norm_no_scale_mul::<bf16>,
+        ],
+    );
+    registry.family(
+        &kn::RMS_NORM_ADD,
+        [
+            rms_norm_add::<f32>,
+            rms_norm_add::<f16>,
+            rms_norm_add::<bf16>,
         ],
     );
 }

@@ -1,10 +1,22 @@
 // The `norm` family: RMS normalization per row, with or without a weight, optionally fused with a
-// following multiply by `m` (one row broadcast over the rows, or one value per element of x).
-// Same argument order and semantics as the CPU kernels (src/backend/cpu/kernels/norm.rs): the
-// sum of squares is accumulated in f64, the products are f32 in the order ((x * inv) * w) * m.
-// One block per row (grid-stride over rows), blockDim.x a multiple of 32.
+// following multiply by `m` (one row broadcast over the rows, or one value per element of x), or
+// added into an accumulator. Same argument order and semantics as the CPU kernels
+// (src/backend/cpu/kernels/norm.rs): the sum of squares is accumulated in f64, the products are
+// f32 in the order ((x * inv) * w) * m. One block per row (grid-stride over rows), blockDim.x a
+// multiple of 32.
 
+// `v` rounded to T and widened back: what a store to a T buffer and a load from it give.
 template <typename T>
+__device__ __forceinline__ float norm_round(float v) {
+    T t[1];
+    op_store(t, 0, v);
+    return op_load(t, 0);
+}
+
+// ACC: `out` is an accumulator; each normalized value, rounded to T as `rms_norm` stores it, is
+// added to it as the in-place add kernel does (elementwise.cu: `a + b` in f32, stored as T), so
+// the fused kernel gives the bits of `rms_norm` then `add` (with the same block size).
+template <typename T, bool ACC>
 __device__ void rms_norm_rows(const T* x, const T* w, const T* m, T* out, float eps, uint32_t dim,
                               uint64_t n_x, uint64_t n_m, uint64_t n_out) {
     __shared__ double scratch[32];
@@ -28,33 +40,41 @@ __device__ void rms_norm_rows(const T* x, const T* w, const T* m, T* out, float 
             float y = op_load(xr, i) * inv;
             if (w != nullptr) y = y * op_load(w, i);
             if (mr != nullptr) y = y * op_load(mr, i);
+            if (ACC) y = op_load(o, i) + norm_round<T>(y);
             op_store(o, i, y);
         }
     }
 }
 
 #define RMS_NORM_KERNEL(NAME, T)                                                                    \
-    extern "C" __global__ void NAME(const T* x, const T* w, T* out, float eps, uint32_t dim,          \
-                                    uint64_t n_x, uint64_t n_w, uint64_t n_out) {                     \
-        if (n_w < dim) return;                                                                        \
-        rms_norm_rows<T>(x, w, nullptr, out, eps, dim, n_x, 0, n_out);                                \
+    extern "C" __global__ void NAME(const T* x, const T* w, T* out, float eps, uint32_t dim,        \
+                                    uint64_t n_x, uint64_t n_w, uint64_t n_out) {                   \
+        if (n_w < dim) return;                                                                      \
+        rms_norm_rows<T, false>(x, w, nullptr, out, eps, dim, n_x, 0, n_out);                       \
     }
 #define RMS_NORM_NO_SCALE_KERNEL(NAME, T)                                                           \
-    extern "C" __global__ void NAME(const T* x, T* out, float eps, uint32_t dim, uint64_t n_x,        \
-                                    uint64_t n_out) {                                                 \
-        rms_norm_rows<T>(x, nullptr, nullptr, out, eps, dim, n_x, 0, n_out);                          \
+    extern "C" __global__ void NAME(const T* x, T* out, float eps, uint32_t dim, uint64_t n_x,      \
+                                    uint64_t n_out) {                                               \
+        rms_norm_rows<T, false>(x, nullptr, nullptr, out, eps, dim, n_x, 0, n_out);                 \
     }
 #define RMS_NORM_MUL_KERNEL(NAME, T)                                                                \
-    extern "C" __global__ void NAME(const T* x, const T* w, const T* m, T* out, float eps,           \
-                                    uint32_t dim, uint64_t n_x, uint64_t n_w, uint64_t n_m,           \
-                                    uint64_t n_out) {                                                 \
-        if (n_w < dim) return;                                                                        \
-        rms_norm_rows<T>(x, w, m, out, eps, dim, n_x, n_m, n_out);                                    \
+    extern "C" __global__ void NAME(const T* x, const T* w, const T* m, T* out, float eps,          \
+                                    uint32_t dim, uint64_t n_x, uint64_t n_w, uint64_t n_m,         \
+                                    uint64_t n_out) {                                               \
+        if (n_w < dim) return;                                                                      \
+        rms_norm_rows<T, false>(x, w, m, out, eps, dim, n_x, n_m, n_out);                           \
     }
 #define RMS_NORM_NO_SCALE_MUL_KERNEL(NAME, T)                                                       \
-    extern "C" __global__ void NAME(const T* x, const T* m, T* out, float eps, uint32_t dim,          \
-                                    uint64_t n_x, uint64_t n_m, uint64_t n_out) {                     \
-        rms_norm_rows<T>(x, nullptr, m, out, eps, dim, n_x, n_m, n_out);                              \
+    extern "C" __global__ void NAME(const T* x, const T* m, T* out, float eps, uint32_t dim,        \
+                                    uint64_t n_x, uint64_t n_m, uint64_t n_out) {                   \
+        rms_norm_rows<T, false>(x, nullptr, m, out, eps, dim, n_x, n_m, n_out);                     \
+    }
+// The fusion of `rms_norm` with the in-place add of its output into `acc` (src/ops/norm.rs).
+#define RMS_NORM_ADD_KERNEL(NAME, T)                                                                \
+    extern "C" __global__ void NAME(const T* x, const T* w, T* acc, float eps, uint32_t dim,        \
+                                    uint64_t n_x, uint64_t n_w, uint64_t n_acc) {                   \
+        if (n_w < dim) return;                                                                      \
+        rms_norm_rows<T, true>(x, w, nullptr, acc, eps, dim, n_x, 0, n_acc);                        \
     }
 
 RMS_NORM_KERNEL(rms_norm_f32, float)
@@ -69,3 +89,6 @@ RMS_NORM_MUL_KERNEL(rms_norm_mul_bf16, __nv_bfloat16)
 RMS_NORM_NO_SCALE_MUL_KERNEL(rms_norm_no_scale_mul_f32, float)
 RMS_NORM_NO_SCALE_MUL_KERNEL(rms_norm_no_scale_mul_f16, __half)
 RMS_NORM_NO_SCALE_MUL_KERNEL(rms_norm_no_scale_mul_bf16, __nv_bfloat16)
+RMS_NORM_ADD_KERNEL(rms_norm_add_f32, float)
+RMS_NORM_ADD_KERNEL(rms_norm_add_f16, __half)
+RMS_NORM_ADD_KERNEL(rms_norm_add_bf16, __nv_bfloat16)
