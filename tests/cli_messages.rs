@@ -246,7 +246,7 @@ fn graph_reports_the_fusions_each_backend_declares_without_its_hardware() {
         let by_rule = &v["fusions_by_rule"];
         for (rule, per_layer) in [
             ("rms_norm+qkv+rope+kv_write", 1),
-            ("rms_norm+gate_up+swiglu", 1),
+            ("rms_norm+gate_up+glu", 1),
             ("matmul+add", 2),
         ] {
             let want = (per_layer * common::N_LAYER) as u64;
