@@ -1,6 +1,7 @@
 //! The backend interface as the layers above it use it: the model's passes and the optimizer's
-//! fusions follow the device's declared capabilities, and waiting after every dispatch is an option of the encoder a
-//! session opens, which other sessions on the same device do not see.
+//! fusions follow the device's declared capabilities (Llama's blocks and Gemma 3's GeGLU ones),
+//! and waiting after every dispatch is an option of the encoder a session opens, which other
+//! sessions on the same device do not see.
 
 mod common;
 
@@ -9,8 +10,11 @@ use std::sync::Arc;
 use onepass::backend::{BackendKind, EncoderOptions};
 use onepass::graph::{Arg, ComputeGraph, Scalar};
 use onepass::kernels::Fusion;
+use onepass::model::arch::Family;
 use onepass::model::gguf::GgufFile;
+use onepass::model::synth::{write_synthetic_shape, ShapeParams};
 use onepass::model::transformer::{Logits, Transformer};
+use onepass::sanitize::prefill_and_sanitize_decode;
 use onepass::{Buffer, DType, Device, Executor, Mode, Plan};
 
 /// Records one pass of `rows` rows of the tiny model on `device`.
@@ -87,7 +91,7 @@ fn the_model_plans_its_passes_from_the_declared_capabilities() {
             let by_rule = |r: &str| report.fusions_by_rule.get(r).copied().unwrap_or(0);
             let blocks = if want { common::N_LAYER } else { 0 };
             assert_eq!(by_rule("rms_norm+qkv+rope+kv_write"), blocks, "{report:?}");
-            assert_eq!(by_rule("rms_norm+gate_up+swiglu"), blocks, "{report:?}");
+            assert_eq!(by_rule("rms_norm+gate_up+glu"), blocks, "{report:?}");
             assert_eq!(by_rule("matmul+add"), 2 * common::N_LAYER, "{report:?}");
             // Llama adds each product into the residual directly: no norm to fuse with the add.
             assert_eq!(by_rule("rms_norm+add"), 0, "{report:?}");
@@ -135,6 +139,68 @@ fn post_block_norms_fuse_into_rms_norm_add_on_both_backends() {
 
 fn llama_file(path: &std::path::Path) -> Arc<GgufFile> {
     Arc::new(GgufFile::open(path).unwrap())
+}
+
+/// A small synthetic Gemma 3 (GeGLU feed-forward, q/k norms, norms after attention and the MLP):
+/// 3 layers, hidden 64, 2 query heads and 1 KV head of 32, FFN 96, a window of 4.
+fn tiny_gemma(path: &std::path::Path) {
+    let p = ShapeParams {
+        name: "tiny-gemma",
+        family: Family::Gemma3,
+        n_layer: 3,
+        dim: 64,
+        n_head: 2,
+        n_kv_head: 1,
+        head_dim: 32,
+        ffn_dim: 96,
+        vocab: 200,
+        rope_base: 10000.0,
+        ctx: 64,
+        tied: true,
+        window: Some(4),
+    };
+    write_synthetic_shape(&p, DType::Q8_0.into(), 5, None, path, &mut |_, _| {}).unwrap();
+}
+
+#[test]
+fn gemma_blocks_fuse_their_geglu_mlp_input() {
+    let dir = common::scratch_dir("backend-interface-gemma");
+    let path = dir.join("tiny-gemma.gguf");
+    tiny_gemma(&path);
+    let n_layer = 3;
+    let device = Device::cpu(2).unwrap();
+    let stand_in = Device::cpu_standing_in_for(BackendKind::Cuda, 1).unwrap();
+    let gemma = Transformer::load(llama_file(&path), &device, 32, 8).unwrap();
+    let cuda_gemma = Transformer::load(llama_file(&path), &stand_in, 32, 8).unwrap();
+    // Every layer records `rms_norm`, the gate and up products and `geglu`; the rule makes one
+    // `norm_gate_up` of them for every row count on the CPU, for one-row passes on CUDA.
+    for (model, dev, max_rows) in [(&gemma, &device, usize::MAX), (&cuda_gemma, &stand_in, 1)] {
+        for rows in [1, 3] {
+            let mut g = record_pass(model, dev, rows);
+            let count = |g: &ComputeGraph, prefix: &str| {
+                kernel_names(g)
+                    .iter()
+                    .filter(|n| n.starts_with(prefix))
+                    .count()
+            };
+            assert_eq!(count(&g, "geglu_"), n_layer, "{:?}", kernel_names(&g));
+            let report = Executor::optimize(&mut g, &Plan::OPTIMIZED, dev.capabilities());
+            let fused = if rows <= max_rows { n_layer } else { 0 };
+            let what = format!("{}, {rows} rows: {report:?}", dev.name());
+            let by_rule = report.fusions_by_rule.get("rms_norm+gate_up+glu");
+            assert_eq!(by_rule.copied().unwrap_or(0), fused, "{what}");
+            assert_eq!(count(&g, "norm_gate_up_q8_0"), fused, "{what}");
+            assert_eq!(count(&g, "geglu_"), n_layer - fused, "{what}");
+        }
+    }
+    // On the CPU the fused decode step gives the plain step's bits (the schedule sanitizer runs it
+    // serially and optimized, dead bytes poisoned, and compares the logits and the caches).
+    let exec = Executor::new(device.clone());
+    let prompt = [3, 17, 150, 9, 42, 7];
+    let report = prefill_and_sanitize_decode(&gemma, &exec, &Plan::OPTIMIZED, &prompt).unwrap();
+    assert!(report.passed(), "{}", report.verdict());
+    assert!(report.fusions >= n_layer, "{report:?}");
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// `out = a + b` for one value per buffer.

@@ -152,7 +152,17 @@ fn a_first_token_at_the_end_of_sequence_is_explained() {
 #[test]
 fn chat_on_a_model_without_a_template_says_what_to_do() {
     let m = tiny();
-    let args = ["generate", "--model", &m, "--backend", "cpu", "--chat", "-n", "1", "hi"];
+    let args = [
+        "generate",
+        "--model",
+        &m,
+        "--backend",
+        "cpu",
+        "--chat",
+        "-n",
+        "1",
+        "hi",
+    ];
     let line = one_error_line(&args, &cli(dir(), &args, b""), "no chat template");
     assert!(line.contains("without --chat"), "{line}");
 }
@@ -254,7 +264,7 @@ fn graph_reports_the_fusions_each_backend_declares_without_its_hardware() {
         let by_rule = &v["fusions_by_rule"];
         for (rule, per_layer) in [
             ("rms_norm+qkv+rope+kv_write", 1),
-            ("rms_norm+gate_up+swiglu", 1),
+            ("rms_norm+gate_up+glu", 1),
             ("matmul+add", 2),
         ] {
             let want = (per_layer * common::N_LAYER) as u64;

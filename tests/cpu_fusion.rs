@@ -1,14 +1,16 @@
 //! The fused block ops (`ops::fused_block`) on the CPU against the separate CPU ops they replace:
-//! RMS norm, the q/k/v (or gate/up) products, RoPE, the KV cache writes and SwiGLU. The fused
-//! kernels run the separate ops' own loops, so the results must be bitwise equal, for one row
-//! (decode: the integer VNNI products for Q4_1/Q8_0, the vector form for the others) and 3 and 13
-//! rows (the tile form, 13 crossing a micro-kernel call of 12 rows), both RoPE layouts. Also checked: an f64 reference within a stated
-//! tolerance, and a cache position out of range is an error that writes nothing. Seeded random
-//! inputs, never zeros.
+//! RMS norm, the q/k/v (or gate/up) products, RoPE, the KV cache writes and SwiGLU or GeGLU. The
+//! fused kernels run the separate ops' own loops, so the results must be bitwise equal, for one
+//! row (decode: the integer VNNI products for Q4_1/Q8_0, the vector form for the others) and 3
+//! and 13 rows (the tile form, 13 crossing a micro-kernel call of 12 rows), both RoPE layouts and
+//! both gated activations (normal pairs with SiLU, NeoX with GELU tanh). Also checked: an f64
+//! reference within a stated tolerance, and a cache position out of range is an error that
+//! writes nothing. Seeded random inputs, never zeros. (`tests/cpu_gate_up.rs` checks the MLP
+//! input alone in every weight format, at odd widths and Gemma 3's.)
 
 mod seeded;
 
-use onepass::ops::fused_block::QkvRope;
+use onepass::ops::fused_block::{GateActivation, QkvRope};
 use onepass::ops::rope::{RopeMode, RopeParams};
 use onepass::{Buffer, DType, Device, Executor, Mode, Plan};
 use seeded::random_f32;
@@ -91,7 +93,13 @@ fn outputs(dev: &Device, b: &Block) -> [Vec<f32>; 4] {
 }
 
 /// The block's attention and MLP inputs through the separate ops.
-fn separate(dev: &Device, b: &Block, rows: usize, mode: RopeMode) -> [Vec<f32>; 4] {
+fn separate(
+    dev: &Device,
+    b: &Block,
+    rows: usize,
+    mode: RopeMode,
+    act: GateActivation,
+) -> [Vec<f32>; 4] {
     let scratch = |dims: &[usize]| dev.alloc(DType::F32, dims).unwrap();
     let (xn, k, v) = (
         scratch(&[rows, DIM]),
@@ -112,7 +120,10 @@ fn separate(dev: &Device, b: &Block, rows: usize, mode: RopeMode) -> [Vec<f32>; 
     s.rms_norm(&b.x, &b.ffn_norm, &xn, EPS).unwrap();
     s.matmul(&xn, &b.w[3], &gate).unwrap();
     s.matmul(&xn, &b.w[4], &up).unwrap();
-    s.swiglu(&gate, &up, &b.hidden).unwrap();
+    match act {
+        GateActivation::Silu => s.swiglu(&gate, &up, &b.hidden).unwrap(),
+        GateActivation::GeluTanh => s.geglu(&gate, &up, &b.hidden).unwrap(),
+    }
     s.finish(&Plan::SEQUENTIAL).unwrap();
     outputs(dev, b)
 }
@@ -139,10 +150,10 @@ fn qkv_rope<'a>(b: &'a Block, mode: RopeMode) -> QkvRope<'a> {
 }
 
 /// The same through the two fused ops, recorded and optimized.
-fn fused(dev: &Device, b: &Block, mode: RopeMode) -> [Vec<f32>; 4] {
+fn fused(dev: &Device, b: &Block, mode: RopeMode, act: GateActivation) -> [Vec<f32>; 4] {
     let mut s = Executor::new(dev.clone()).begin(Mode::Recorded);
     s.norm_qkv_rope(&qkv_rope(b, mode)).unwrap();
-    s.norm_gate_up(&b.x, &b.ffn_norm, EPS, &b.w[3], &b.w[4], &b.hidden)
+    s.norm_gate_up(&b.x, &b.ffn_norm, EPS, &b.w[3], &b.w[4], &b.hidden, act)
         .unwrap();
     let report = s.finish(&Plan::OPTIMIZED).unwrap();
     assert_eq!(report.dispatches, 2);
@@ -151,7 +162,13 @@ fn fused(dev: &Device, b: &Block, mode: RopeMode) -> [Vec<f32>; 4] {
 
 /// The block's outputs in f64 from the dequantized weights: q, the two caches and hidden; and
 /// per hidden value `|g| + |u| + |g u|` of its gate and up products (the scale of its error).
-fn reference(dtype: DType, v: &Values, rows: usize, mode: RopeMode) -> ([Vec<f64>; 4], Vec<f64>) {
+fn reference(
+    dtype: DType,
+    v: &Values,
+    rows: usize,
+    mode: RopeMode,
+    act: GateActivation,
+) -> ([Vec<f64>; 4], Vec<f64>) {
     let w: Vec<Vec<f64>> = v
         .weights
         .iter()
@@ -213,11 +230,23 @@ fn reference(dtype: DType, v: &Values, rows: usize, mode: RopeMode) -> ([Vec<f64
         let xf = norm(r, &v.ffn_norm);
         let (g, u) = (product(&xf, &w[3], FFN), product(&xf, &w[4], FFN));
         for o in 0..FFN {
-            hidden[r * FFN + o] = g[o] / (1.0 + (-g[o]).exp()) * u[o];
+            hidden[r * FFN + o] = activation(act, g[o]) * u[o];
             hidden_scale[r * FFN + o] = g[o].abs() + u[o].abs() + (g[o] * u[o]).abs();
         }
     }
     ([q, kc, vc, hidden], hidden_scale)
+}
+
+/// The gated activation in f64: `silu(g)`, or GELU in its tanh form (the form the kernels
+/// compute, not the erf form).
+fn activation(act: GateActivation, g: f64) -> f64 {
+    match act {
+        GateActivation::Silu => g / (1.0 + (-g).exp()),
+        GateActivation::GeluTanh => {
+            let k = (2.0 / std::f64::consts::PI).sqrt();
+            0.5 * g * (1.0 + (k * (g + 0.044715 * g * g * g)).tanh())
+        }
+    }
 }
 
 const NAMES: [&str; 4] = ["q", "k_cache", "v_cache", "hidden"];
@@ -234,10 +263,11 @@ fn fused_block_ops_give_the_separate_ops_bits_on_the_cpu() {
     ] {
         for rows in [1usize, 3, 13] {
             let v = values(rows);
-            for mode in [RopeMode::Normal, RopeMode::NeoX] {
-                let what = format!("{dtype} rows {rows} {mode:?}");
-                let want = separate(&dev, &block(&dev, dtype, &v, rows), rows, mode);
-                let got = fused(&dev, &block(&dev, dtype, &v, rows), mode);
+            let acts = [GateActivation::Silu, GateActivation::GeluTanh];
+            for (mode, act) in [RopeMode::Normal, RopeMode::NeoX].into_iter().zip(acts) {
+                let what = format!("{dtype} rows {rows} {mode:?} {act:?}");
+                let want = separate(&dev, &block(&dev, dtype, &v, rows), rows, mode, act);
+                let got = fused(&dev, &block(&dev, dtype, &v, rows), mode, act);
                 for ((g, w), name) in got.iter().zip(&want).zip(NAMES) {
                     for (i, (a, e)) in g.iter().zip(w).enumerate() {
                         assert!(
@@ -249,10 +279,10 @@ fn fused_block_ops_give_the_separate_ops_bits_on_the_cpu() {
                 // q, k and v are sums of 256 products of normalized values (|x| about 1.7) and
                 // weights below 1 in f32 (for Q4_1/Q8_0 on one row with the activations
                 // quantized to 22 bits): errors far below 1e-4 + 1e-5 |value|. A hidden value
-                // silu(g) u carries the errors of g and u times the other factor, so its bound
-                // scales with |g| + |u| + |g u|. Cache rows outside pos0..pos0 + rows keep their
-                // random values.
-                let (reference, hidden_scale) = reference(dtype, &v, rows, mode);
+                // act(g) u (act SiLU or GELU, slopes at most 1.13) carries the errors of g and u
+                // times the other factor, so its bound scales with |g| + |u| + |g u|. Cache rows
+                // outside pos0..pos0 + rows keep their random values.
+                let (reference, hidden_scale) = reference(dtype, &v, rows, mode, act);
                 for (j, ((g, w), name)) in got.iter().zip(&reference).zip(NAMES).enumerate() {
                     for (i, (&a, &e)) in g.iter().zip(w).enumerate() {
                         let scale = if j == 3 { hidden_scale[i] } else { e.abs() };

@@ -5,8 +5,11 @@
 //! post-block norm + residual add fusion (`rms_norm+add`, `ops::norm`) likewise, for every float
 //! dtype. The fused
 //! block ops (`ops::fused_block`) give the separate ops' results on the CPU within a stated
-//! tolerance. Seeded random inputs, never zeros. Every test needs a GPU: ignored by default, it fails
-//! where there is none (`tests/cpu_fusion.rs` and `ops::matmul_fused` test the CPU kernels alone).
+//! tolerance, and so does GeGLU's MLP input at Gemma 3's widths, fused by the optimizer from the
+//! plain ops (`rms_norm`, two `matmul`s, `geglu`) that Gemma's blocks record. Seeded random
+//! inputs, never zeros. Every test needs a GPU: ignored by default, it fails where there is none
+//! (`tests/cpu_fusion.rs`, `tests/cpu_gate_up.rs` and `ops::matmul_fused` test the CPU kernels
+//! alone).
 
 mod cuda_open;
 
@@ -14,7 +17,7 @@ mod seeded;
 
 use cuda_open::cuda_device;
 use half::{bf16, f16};
-use onepass::ops::fused_block::QkvRope;
+use onepass::ops::fused_block::{GateActivation, QkvRope};
 use onepass::ops::rope::{RopeMode, RopeParams};
 use onepass::{Buffer, DType, Device, Executor, Mode, Plan};
 use seeded::random_f32;
@@ -333,8 +336,16 @@ fn fused_block_ops_match_the_separate_ops_on_the_cpu() {
                     mode,
                 })
                 .unwrap();
-                s.norm_gate_up(&b.x, &b.ffn_norm, EPS, &b.w_gate, &b.w_up, &b.hidden)
-                    .unwrap();
+                s.norm_gate_up(
+                    &b.x,
+                    &b.ffn_norm,
+                    EPS,
+                    &b.w_gate,
+                    &b.w_up,
+                    &b.hidden,
+                    GateActivation::Silu,
+                )
+                .unwrap();
                 s.finish(&Plan::SEQUENTIAL).unwrap();
                 let got = outputs(&gpu, &b);
                 // Sums of 256 products of normalized values (|x| about 1.7) and weights below 1,
@@ -348,6 +359,101 @@ fn fused_block_ops_match_the_separate_ops_on_the_cpu() {
                             "{what}: {name}[{i}]: cuda {a}, cpu {e}"
                         );
                     }
+                }
+            }
+        }
+    }
+}
+
+/// Gemma 3 270M's MLP input (640 activations, 2048 gate/up rows; 768 activations for the K
+/// formats, whose 256-value blocks 640 does not hold) with GeGLU: `(gate, up, hidden)` of the plain
+/// ops recorded in `mode` and run with `plan` (the intermediates marked scratch), or of the fused
+/// op run alone where `fused_op` (gate and up then keep their random values), and the fusions made.
+fn geglu_block(
+    dev: &Device,
+    dtype: DType,
+    rows: usize,
+    mode: Mode,
+    plan: &Plan,
+    fused_op: bool,
+) -> ([Vec<f32>; 3], usize) {
+    let dim = if dtype.block_elems() == 256 { 768 } else { 640 };
+    let ffn = 2048;
+    let f32s = |seed: u64, dims: &[usize]| {
+        let n = dims.iter().product();
+        dev.upload::<f32>(&random_f32(n, 1.0, seed), dims).unwrap()
+    };
+    let (x, norm) = (f32s(61, &[rows, dim]), f32s(62, &[dim]));
+    let (wg, wu) = (
+        weight(dev, dtype, ffn, dim, 63),
+        weight(dev, dtype, ffn, dim, 64),
+    );
+    let xn = f32s(65, &[rows, dim]);
+    let (gate, up, hidden) = (
+        f32s(66, &[rows, ffn]),
+        f32s(67, &[rows, ffn]),
+        f32s(68, &[rows, ffn]),
+    );
+    let mut s = Executor::new(dev.clone()).begin(mode);
+    if fused_op {
+        s.norm_gate_up(&x, &norm, 1e-6, &wg, &wu, &hidden, GateActivation::GeluTanh)
+            .unwrap();
+    } else {
+        s.rms_norm(&x, &norm, &xn, 1e-6).unwrap();
+        s.matmul(&xn, &wg, &gate).unwrap();
+        s.matmul(&xn, &wu, &up).unwrap();
+        s.geglu(&gate, &up, &hidden).unwrap();
+        for t in [&xn, &gate, &up] {
+            s.mark_scratch(t);
+        }
+    }
+    let report = s.finish(plan).unwrap();
+    let out = [&gate, &up, &hidden].map(|t| dev.download::<f32>(t).unwrap());
+    (out, report.fusions)
+}
+
+/// GeGLU on the GPU, fused (by the optimizer from Gemma's plain ops on a one-row pass, and the
+/// fused op alone for one and three rows), against the plain ops on the CPU, in every weight
+/// format; the optimizer's fused graph gives the fused op's bits (the same kernel). Seeded random
+/// inputs, never zeros.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fused_geglu_matches_the_cpu_at_gemma_3_widths() {
+    let gpu = cuda_device();
+    let cpu = Device::cpu(2).unwrap();
+    for dtype in onepass::ops::matmul::WEIGHT_DTYPES {
+        for rows in [1usize, 3] {
+            let what = format!("{dtype} rows {rows}");
+            let (want, _) = geglu_block(&cpu, dtype, rows, Mode::Direct, &Plan::SEQUENTIAL, false);
+            let (op, _) = geglu_block(&gpu, dtype, rows, Mode::Direct, &Plan::SEQUENTIAL, true);
+            let (graph, fusions) =
+                geglu_block(&gpu, dtype, rows, Mode::Recorded, &Plan::OPTIMIZED, false);
+            // CUDA fuses the MLP input of one-row passes only.
+            assert_eq!(fusions, usize::from(rows == 1), "{what}: fusions");
+            let [g, u, h] = &want;
+            if rows == 1 {
+                assert!(
+                    graph[2]
+                        .iter()
+                        .zip(&op[2])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{what}: the optimized graph and the fused op differ"
+                );
+            }
+            // Gate and up are sums of 640 (768) products of normalized activations (|x| about
+            // 1.7) and weights below 1, their magnitudes summing to about 150: another order
+            // moves them by a few 1e-5 (under 1e-4). Through GELU (slope below 1.2) that reaches
+            // hidden as 1.2 |u| dg + |g| du, within 2e-4 (|g| + |u|), plus f32 roundings of
+            // |g u|. A SwiGLU in place of GeGLU is off by a tenth of |g u| at moderate gates.
+            for (name, got) in [("fused op", &op[2]), ("optimized graph", &graph[2])] {
+                for (i, (a, e)) in got.iter().zip(h).enumerate() {
+                    let tol = 1e-4 + 2e-4 * (g[i].abs() + u[i].abs()) + 1e-5 * (g[i] * u[i]).abs();
+                    assert!(
+                        (a - e).abs() <= tol,
+                        "{what}: {name}: hidden[{i}]: cuda {a}, cpu {e} (gate {}, up {})",
+                        g[i],
+                        u[i]
+                    );
                 }
             }
         }

@@ -432,7 +432,7 @@ fn matmul_vector_form_at_real_shapes() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn fused_block_ops_at_real_widths() {
-    use onepass::ops::fused_block::QkvRope;
+    use onepass::ops::fused_block::{GateActivation, QkvRope};
     use onepass::ops::rope::RopeMode;
     let dev = cuda_device();
     // (dim, heads, kv heads, head size, ffn)
@@ -503,20 +503,22 @@ fn fused_block_ops_at_real_widths() {
                     })
                 },
             );
-            compare(
-                &format!("{what}: norm_gate_up"),
-                &dev,
-                &[
-                    x,
-                    norm,
-                    weight_tensor(dt, ffn, dim, seed + 5),
-                    weight_tensor(dt, ffn, dim, seed + 6),
-                ],
-                &[(DType::F32, vec![1, ffn])],
-                atol,
-                rtol,
-                &|s, i, o| s.norm_gate_up(&i[0], &i[1], 1e-5, &i[2], &i[3], &o[0]),
-            );
+            for act in [GateActivation::Silu, GateActivation::GeluTanh] {
+                compare(
+                    &format!("{what}: norm_gate_up {act:?}"),
+                    &dev,
+                    &[
+                        x.clone(),
+                        norm.clone(),
+                        weight_tensor(dt, ffn, dim, seed + 5),
+                        weight_tensor(dt, ffn, dim, seed + 6),
+                    ],
+                    &[(DType::F32, vec![1, ffn])],
+                    atol,
+                    rtol,
+                    &|s, i, o| s.norm_gate_up(&i[0], &i[1], 1e-5, &i[2], &i[3], &o[0], act),
+                );
+            }
         }
     }
 }

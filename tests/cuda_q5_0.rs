@@ -123,7 +123,7 @@ fn q5_0_matmul_add_at_gemma_3_shapes() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn q5_0_fused_block_ops_at_gemma_3_widths() {
-    use onepass::ops::fused_block::QkvRope;
+    use onepass::ops::fused_block::{GateActivation, QkvRope};
     use onepass::ops::rope::RopeMode;
     let dev = cuda_device();
     for (c, &(dim, nh, nkv, hd, ffn)) in [GEMMA, (96, 3, 1, 32, 17)].iter().enumerate() {
@@ -176,20 +176,23 @@ fn q5_0_fused_block_ops_at_gemma_3_widths() {
                     })
                 },
             );
-            compare(
-                &format!("{what}: norm_gate_up"),
-                &dev,
-                &[
-                    x,
-                    norm,
-                    weight_tensor(DType::Q5_0, ffn, dim, seed + 5),
-                    weight_tensor(DType::Q5_0, ffn, dim, seed + 6),
-                ],
-                &[(DType::F32, vec![rows, ffn])],
-                atol,
-                rtol,
-                &|s, i, o| s.norm_gate_up(&i[0], &i[1], 1e-6, &i[2], &i[3], &o[0]),
-            );
+            // Gemma 3's own activation (GeGLU) and SwiGLU.
+            for act in [GateActivation::GeluTanh, GateActivation::Silu] {
+                compare(
+                    &format!("{what}: norm_gate_up {act:?}"),
+                    &dev,
+                    &[
+                        x.clone(),
+                        norm.clone(),
+                        weight_tensor(DType::Q5_0, ffn, dim, seed + 5),
+                        weight_tensor(DType::Q5_0, ffn, dim, seed + 6),
+                    ],
+                    &[(DType::F32, vec![rows, ffn])],
+                    atol,
+                    rtol,
+                    &|s, i, o| s.norm_gate_up(&i[0], &i[1], 1e-6, &i[2], &i[3], &o[0], act),
+                );
+            }
         }
     }
 }

@@ -3,10 +3,10 @@
 //!
 //! - a program is a random sequence of decoder-block motifs over shared buffers, as a model
 //!   records them: the attention input (norm, q/k/v products, RoPE, cache writes), the MLP input
-//!   (norm, gate/up products, SwiGLU), a product with its residual add, and a product whose norm
-//!   is added into the residual (Gemma 3's post-block norms), each possibly spoiled by one
-//!   perturbation: an intermediate read again after the motif, or a write of what an earlier op
-//!   of the motif reads (the residual, for the input norms) in the middle of it;
+//!   (norm, gate/up products, SwiGLU or GeGLU), a product with its residual add, and a product
+//!   whose norm is added into the residual (Gemma 3's post-block norms), each possibly spoiled by
+//!   one perturbation: an intermediate read again after the motif, or a write of what an earlier
+//!   op of the motif reads (the residual, for the input norms) in the middle of it;
 //! - the program recorded, fused and reordered (`Plan::OPTIMIZED`, the CPU's rules) gives the
 //!   bits of the same program run op by op (`Mode::Direct`, `Plan::SEQUENTIAL`) in every buffer
 //!   it leaves readable (the CPU's fused kernels run the plain ops' own loops: bitwise);
@@ -48,7 +48,8 @@ enum Spoil {
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Motif {
     Qkv(Spoil),
-    GateUp(Spoil),
+    /// The MLP input; `true`: GeGLU (Gemma), `false`: SwiGLU.
+    GateUp(Spoil, bool),
     MatMulAdd(Spoil),
     /// A product, the norm of it and the add of the norm into the residual.
     PostNormAdd(Spoil),
@@ -65,7 +66,7 @@ fn spoil(intermediates: usize) -> impl Strategy<Value = Spoil> {
 fn motif() -> impl Strategy<Value = Motif> {
     prop_oneof![
         spoil(3).prop_map(Motif::Qkv),
-        spoil(3).prop_map(Motif::GateUp),
+        (spoil(3), any::<bool>()).prop_map(|(sp, geglu)| Motif::GateUp(sp, geglu)),
         spoil(1).prop_map(Motif::MatMulAdd),
         spoil(1).prop_map(Motif::PostNormAdd),
     ]
@@ -223,12 +224,16 @@ fn program(s: &mut Session, b: &Bufs, c: &Case) {
                     copy_out(s, [&b.xn, &b.k, &b.v][t], probe);
                 }
             }
-            Motif::GateUp(sp) => {
+            Motif::GateUp(sp, geglu) => {
                 s.rms_norm(&b.x, &b.norm, &b.xn, EPS).unwrap();
                 s.matmul(&b.xn, wg, &b.gate).unwrap();
                 disturb(s, sp);
                 s.matmul(&b.xn, wu, &b.up).unwrap();
-                s.swiglu(&b.gate, &b.up, &b.hidden).unwrap();
+                if geglu {
+                    s.geglu(&b.gate, &b.up, &b.hidden).unwrap();
+                } else {
+                    s.swiglu(&b.gate, &b.up, &b.hidden).unwrap();
+                }
                 if let Spoil::ReadLater(t) = sp {
                     copy_out(s, [&b.xn, &b.gate, &b.up][t], probe);
                 }
@@ -286,7 +291,7 @@ fn intact(c: &Case) -> [usize; 4] {
     for m in &c.motifs {
         match m {
             Motif::Qkv(Spoil::None) => n[0] += 1,
-            Motif::GateUp(Spoil::None) => n[1] += 1,
+            Motif::GateUp(Spoil::None, _) => n[1] += 1,
             Motif::MatMulAdd(Spoil::None) => n[2] += 1,
             Motif::PostNormAdd(Spoil::None) => n[3] += 1,
             _ => {}
@@ -318,7 +323,7 @@ proptest! {
         let by_rule = |r: &str| report.fusions_by_rule.get(r).copied().unwrap_or(0);
         let [qkv, gate_up, mm_add, norm_add] = intact(&c);
         prop_assert_eq!(by_rule("rms_norm+qkv+rope+kv_write"), qkv, "{:?} {:?}", c, report);
-        prop_assert_eq!(by_rule("rms_norm+gate_up+swiglu"), gate_up, "{:?} {:?}", c, report);
+        prop_assert_eq!(by_rule("rms_norm+gate_up+glu"), gate_up, "{:?} {:?}", c, report);
         prop_assert_eq!(by_rule("matmul+add"), mm_add, "{:?} {:?}", c, report);
         prop_assert_eq!(by_rule("rms_norm+add"), norm_add, "{:?} {:?}", c, report);
     }

@@ -8,7 +8,7 @@ pub enum Fusion {
     /// `rms_norm` and the three q/k/v products that read it, RoPE on q and k, and the k and v
     /// rows written into the KV cache: one `norm_qkv_rope`.
     NormQkvRope,
-    /// `rms_norm`, the gate and up products that read it and SwiGLU: one `norm_gate_up`.
+    /// `rms_norm`, the gate and up products that read it and SwiGLU or GeGLU: one `norm_gate_up`.
     NormGateUp,
     /// A product and the in-place residual add of its output: one `matmul_add`.
     MatMulAdd,

@@ -112,6 +112,7 @@ macro_rules! gate_up_params {
             Param::f32("eps"),
             Param::u32("dim"),
             Param::u32("ffn"),
+            Param::u32("act"),
         ]
     };
 }
@@ -127,8 +128,9 @@ pub static NORM_QKV_ROPE: [KernelSig; 9] =
 pub static NORM_QKV_ROPE_SHARED: [KernelSig; 9] =
     per_format!(OpKind::MatMul; "norm_qkv_rope_shared"; |W| qkv_rope_params!(W));
 
-/// The MLP input of a block, `hidden = silu(norm(x) w_gate) * (norm(x) w_up)`: x, norm, w_gate,
-/// w_up, hidden, eps, dim, ffn.
+/// The MLP input of a block, `hidden = act(norm(x) w_gate) * (norm(x) w_up)` with `act` SiLU
+/// (0, SwiGLU) or GELU in its tanh form (1, GeGLU): x, norm, w_gate, w_up, hidden, eps, dim, ffn,
+/// act.
 pub static NORM_GATE_UP: [KernelSig; 9] =
     per_format!(OpKind::MatMul; "norm_gate_up"; |W| gate_up_params!(W));
 

@@ -190,9 +190,9 @@ impl MatrixFormats {
             MatrixFormats::All(d) => d,
             MatrixFormats::Q4KM => {
                 let eighth = n_layer / 8;
-                let more_bits = layer < eighth
-                    || layer >= 7 * n_layer / 8
-                    || (layer >= eighth && (layer - eighth) % 3 == 2);
+                // The last clause runs only past the first eighth (`layer >= eighth`).
+                let more_bits =
+                    layer < eighth || layer >= 7 * n_layer / 8 || (layer - eighth) % 3 == 2;
                 let six = name == "output" || (matches!(name, "attn_v" | "ffn_down") && more_bits);
                 match (six, whole) {
                     (true, true) => DType::Q6K,

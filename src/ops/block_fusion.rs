@@ -5,7 +5,8 @@
 //!   rotated in place and nothing else (q), one rotated in place and then written into a KV cache
 //!   (k), one written into a KV cache (v), becomes one `norm_qkv_rope`.
 //! - [`NORM_GATE_UP_FUSION`]: an f32 `rms_norm` whose output exactly two products read, both
-//!   read only by one out-of-place SwiGLU (as its `gate` and `up`), becomes one `norm_gate_up`.
+//!   read only by one out-of-place f32 SwiGLU or GeGLU (as its `gate` and `up`), becomes one
+//!   `norm_gate_up` with the matching activation ([`GateActivation`]).
 //!
 //! The matchers follow the data flow from the norm (who reads each output before it is
 //! overwritten), check the kernels by their declarations (the f32 norm with a weight, products of
@@ -14,7 +15,7 @@
 //! products) are dead to the fuse pass. Which backends use them, for which passes, is each
 //! backend's declaration ([`Capabilities::fusions`](crate::backend::Capabilities::fusions)).
 
-use super::fused_block::{gate_up_spec, qkv_rope_spec, QkvRope};
+use super::fused_block::{gate_up_spec, qkv_rope_spec, GateActivation, QkvRope};
 use super::rope::RopeMode;
 use crate::backend::Buffer;
 use crate::graph::passes::{At, Found, FusionRule, Matcher};
@@ -203,14 +204,18 @@ fn find_norm_qkv_rope<'g>(m: &Matcher<'g>, at: At) -> Option<Found<'g>> {
 fn find_norm_gate_up<'g>(m: &Matcher<'g>, at: At) -> Option<Found<'g>> {
     let norm = plain_norm(m.dispatch(at))?;
     let prods = products(m, at, norm.out, 2)?;
-    let act = m.only_reader(prods[0].at, Range::of(prods[0].out))?;
-    if m.only_reader(prods[1].at, Range::of(prods[1].out))? != act {
+    let glu = m.only_reader(prods[0].at, Range::of(prods[0].out))?;
+    if m.only_reader(prods[1].at, Range::of(prods[1].out))? != glu {
         return None;
     }
-    let d = m.dispatch(act);
-    if d.kernel() != KernelId::of(&ew::SWIGLU[0]) {
+    let d = m.dispatch(glu);
+    let act = if d.kernel() == KernelId::of(&ew::SWIGLU[0]) {
+        GateActivation::Silu
+    } else if d.kernel() == KernelId::of(&ew::GEGLU[0]) {
+        GateActivation::GeluTanh
+    } else {
         return None;
-    }
+    };
     let (gate, up, hidden) = (d.buffer("gate")?, d.buffer("up")?, d.buffer("out")?);
     let (g, u) = if same_view(gate, prods[0].out) && same_view(up, prods[1].out) {
         (&prods[0], &prods[1])
@@ -222,8 +227,8 @@ fn find_norm_gate_up<'g>(m: &Matcher<'g>, at: At) -> Option<Found<'g>> {
     if hidden.elems() != g.out.elems() {
         return None;
     }
-    let spec = gate_up_spec(norm.x, norm.weight, norm.eps, g.w, u.w, hidden).ok()?;
-    Found::new(&[at, g.at, u.at, act], spec, norm.x.dims()[0])
+    let spec = gate_up_spec(norm.x, norm.weight, norm.eps, g.w, u.w, hidden, act).ok()?;
+    Found::new(&[at, g.at, u.at, glu], spec, norm.x.dims()[0])
 }
 
 /// `rms_norm -> {matmul q, matmul k, matmul v} -> rope q, rope k -> kv_write k, kv_write v`
@@ -235,10 +240,11 @@ pub const NORM_QKV_ROPE_FUSION: FusionRule = FusionRule::graph(
     find_norm_qkv_rope,
 );
 
-/// `rms_norm -> {matmul gate, matmul up} -> swiglu` becomes one `norm_gate_up`.
+/// `rms_norm -> {matmul gate, matmul up} -> swiglu | geglu` becomes one `norm_gate_up` computing
+/// SwiGLU or GeGLU.
 pub const NORM_GATE_UP_FUSION: FusionRule = FusionRule::graph(
-    "rms_norm+gate_up+swiglu",
+    "rms_norm+gate_up+glu",
     OpKind::RmsNorm,
-    "rms_norm -> {matmul gate, matmul up} -> swiglu",
+    "rms_norm -> {matmul gate, matmul up} -> swiglu | geglu",
     find_norm_gate_up,
 );

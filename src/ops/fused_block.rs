@@ -1,18 +1,20 @@
-//! Fused decoder-block products: the attention input and the MLP input of a Llama block, each one
-//! dispatch instead of four to eight, so a decode step has fewer dependent dispatches (every one
-//! costs a GPU a launch of a few microseconds and the CPU a fork/join of its pool, however small
-//! the work).
+//! Fused decoder-block products: the attention input and the MLP input of a Llama block (and the
+//! MLP input of a Gemma 3 block), each one dispatch instead of four to eight, so a decode step
+//! has fewer dependent dispatches (every one costs a GPU a launch of a few microseconds and the
+//! CPU a fork/join of its pool, however small the work).
 //!
 //! - [`norm_qkv_rope`]: RMS norm of the residual, the q, k and v products, RoPE on q and k, and the
 //!   k and v rows written into the KV cache at `pos0 = step[0]`. Replaces `rms_norm`, three
 //!   `matmul`s, two `rope`s and two `kv_write`s.
-//! - [`norm_gate_up`]: RMS norm of the residual, the gate and up products and SwiGLU. Replaces
-//!   `rms_norm`, two `matmul`s and `swiglu`.
+//! - [`norm_gate_up`]: RMS norm of the residual, the gate and up products and the gated
+//!   activation, SwiGLU or GeGLU ([`GateActivation`]). Replaces `rms_norm`, two `matmul`s and
+//!   `swiglu` or `geglu`.
 //!
 //! The kernels do the unfused ops' float operations (the norm's sum of squares in f64,
-//! `(x * inv) * w`, the rope angles in f64). On the CPU they run the separate ops' own product
-//! loops, so they give the separate ops' bits; on CUDA the sums follow the CUDA matmul's order, so
-//! they agree with the separate ops within f32 rounding. Every buffer must live on the device of
+//! `(x * inv) * w`, the rope angles in f64, the activation with the function of the elementwise
+//! kernel of the same backend). On the CPU they run the separate ops' own product loops, so they
+//! give the separate ops' bits; on CUDA the sums follow the CUDA matmul's order, so they agree
+//! with the separate ops within f32 rounding. Every buffer must live on the device of
 //! `x`. RoPE here turns the whole head (`rotary_dim == head_dim`) without frequency factors, and
 //! the KV cache is f32. Models do not call these: they record the separate ops, and the
 //! optimizer's rules ([`super::block_fusion`]) make these where the pattern and the backend's
@@ -231,9 +233,29 @@ pub(crate) fn qkv_rope_spec<'a>(p: &QkvRope<'a>) -> Result<DispatchSpec<'a>> {
     DispatchSpec::new(for_weight(OP_QKV, family, p.wq)?, &args, grid)
 }
 
-/// The MLP input of a block in one dispatch: `hidden = silu(norm(x) Wg) * (norm(x) Wu)` (see the
-/// module documentation). `w_gate` and `w_up` are `[ffn, dim]` of one dtype, `hidden` f32
-/// `[rows, ffn]`.
+/// The gated activation of the MLP input: `hidden = act(gate) * up`, computed as the plain
+/// elementwise op of the same name computes it on each backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GateActivation {
+    /// `silu(gate) * up`: SwiGLU (Llama, Qwen 3), as the `swiglu` op.
+    Silu,
+    /// `gelu_tanh(gate) * up`: GeGLU with the tanh form of GELU (Gemma 3), as the `geglu` op.
+    GeluTanh,
+}
+
+impl GateActivation {
+    /// The kernels' `act` argument: 0 for SiLU, 1 for GELU (tanh form).
+    pub fn code(self) -> u32 {
+        match self {
+            GateActivation::Silu => 0,
+            GateActivation::GeluTanh => 1,
+        }
+    }
+}
+
+/// The MLP input of a block in one dispatch: `hidden = act(norm(x) Wg) * (norm(x) Wu)` with `act`
+/// SiLU or GELU (see the module documentation). `w_gate` and `w_up` are `[ffn, dim]` of one dtype,
+/// `hidden` f32 `[rows, ffn]`.
 pub fn norm_gate_up(
     x: &Buffer,
     norm: &Buffer,
@@ -241,8 +263,9 @@ pub fn norm_gate_up(
     w_gate: &Buffer,
     w_up: &Buffer,
     hidden: &Buffer,
+    act: GateActivation,
 ) -> Result<Dispatch> {
-    gate_up_spec(x, norm, eps, w_gate, w_up, hidden)?.to_dispatch()
+    gate_up_spec(x, norm, eps, w_gate, w_up, hidden, act)?.to_dispatch()
 }
 
 /// [`norm_gate_up`] as a spec borrowing its buffers (what the fusion rule builds).
@@ -253,6 +276,7 @@ pub(crate) fn gate_up_spec<'a>(
     w_gate: &'a Buffer,
     w_up: &'a Buffer,
     hidden: &'a Buffer,
+    act: GateActivation,
 ) -> Result<DispatchSpec<'a>> {
     let check = Check::op(OP_GATE_UP);
     require_one_device(
@@ -284,6 +308,7 @@ pub(crate) fn gate_up_spec<'a>(
         ArgRef::f32(eps),
         ArgRef::u32(to_u32(OP_GATE_UP, "x", dim)?),
         ArgRef::u32(to_u32(OP_GATE_UP, "w_gate", ffn)?),
+        ArgRef::u32(act.code()),
     ];
     let (shared, grid) = fused_launch(ffn, rows, dim);
     let family = if shared {
@@ -306,8 +331,28 @@ mod tests {
         let norm = dev.alloc(DType::F32, &[64]).unwrap();
         let w = dev.alloc(DType::F16, &[128, 64]).unwrap();
         let hidden = dev.alloc(DType::F32, &[1, 128]).unwrap();
-        let d = norm_gate_up(&x, &norm, 1e-5, &w, &w, &hidden).unwrap();
+        let d = norm_gate_up(&x, &norm, 1e-5, &w, &w, &hidden, GateActivation::Silu).unwrap();
         assert_eq!(d.kernel().name(), "norm_gate_up_f16");
+    }
+
+    #[test]
+    fn given_an_activation_when_building_should_pass_its_code_as_act() {
+        use crate::graph::{Arg, Scalar};
+        let dev = Device::cpu(1).unwrap();
+        let x = dev.alloc(DType::F32, &[3, 64]).unwrap();
+        let norm = dev.alloc(DType::F32, &[64]).unwrap();
+        let w = dev.alloc(DType::Q8_0, &[96, 64]).unwrap();
+        let hidden = dev.alloc(DType::F32, &[3, 96]).unwrap();
+        for (act, code) in [(GateActivation::Silu, 0), (GateActivation::GeluTanh, 1)] {
+            let d = norm_gate_up(&x, &norm, 1e-5, &w, &w, &hidden, act).unwrap();
+            assert_eq!(d.kernel().name(), "norm_gate_up_q8_0");
+            let at = d.kernel().sig().index_of("act").unwrap();
+            assert!(
+                matches!(d.args()[at], Arg::Scalar(Scalar::U32(c)) if c == code),
+                "{act:?}: {:?}",
+                d.args()[at]
+            );
+        }
     }
 
     #[test]
@@ -317,7 +362,7 @@ mod tests {
         let norm = dev.alloc(DType::F32, &[64]).unwrap();
         let w = dev.alloc(DType::F32, &[128, 64]).unwrap();
         let hidden = dev.alloc(DType::F32, &[1, 128]).unwrap();
-        let err = norm_gate_up(&x, &norm, 1e-5, &w, &w, &hidden)
+        let err = norm_gate_up(&x, &norm, 1e-5, &w, &w, &hidden, GateActivation::Silu)
             .unwrap_err()
             .to_string();
         assert!(

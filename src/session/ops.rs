@@ -177,7 +177,8 @@ mod fused_block {
             self.push(norm_qkv_rope(p)?)
         }
 
-        /// The fused MLP input of a block; see [`norm_gate_up`].
+        /// The fused MLP input of a block, SwiGLU or GeGLU; see [`norm_gate_up`].
+        #[allow(clippy::too_many_arguments)] // mirrors `norm_gate_up`
         pub fn norm_gate_up(
             &mut self,
             x: &Buffer,
@@ -186,8 +187,9 @@ mod fused_block {
             w_gate: &Buffer,
             w_up: &Buffer,
             hidden: &Buffer,
+            act: GateActivation,
         ) -> Result<()> {
-            self.push(norm_gate_up(x, norm, eps, w_gate, w_up, hidden)?)
+            self.push(norm_gate_up(x, norm, eps, w_gate, w_up, hidden, act)?)
         }
     }
 }

@@ -33,13 +33,25 @@ pub const SOURCES: &[KernelSource] = &[
     family("argmax", include_str!("kernels/argmax.cu")),
     family("attention", include_str!("kernels/attention.cu")),
     family("copy", include_str!("kernels/copy.cu")),
-    family("elementwise", include_str!("kernels/elementwise.cu")),
+    // The activations (`activation.cuh`) in front of the two families that compute them; the
+    // `#line` marks keep compiler messages and size-check lines pointing at each file.
+    family(
+        "elementwise",
+        concat!(
+            "#line 1 \"activation.cuh\"\n",
+            include_str!("kernels/activation.cuh"),
+            "#line 1 \"elementwise.cu\"\n",
+            include_str!("kernels/elementwise.cu"),
+        ),
+    ),
     family("embedding", include_str!("kernels/embedding.cu")),
     // The vector forms of the products (`matmul_blocks.cuh`) in front of each family that uses
-    // them; the `#line` marks keep compiler messages and size-check lines pointing at each file.
+    // them.
     family(
         "fused_block",
         concat!(
+            "#line 1 \"activation.cuh\"\n",
+            include_str!("kernels/activation.cuh"),
             "#line 1 \"matmul_blocks.cuh\"\n",
             include_str!("kernels/matmul_blocks.cuh"),
             "#line 1 \"fused_block.cu\"\n",

@@ -78,9 +78,7 @@ impl UnaryOp for GeluTanh {
     const HAS_PARAM: bool = false;
     #[inline(always)]
     fn apply(x: f32, _: f32) -> f32 {
-        // sqrt(2 / pi)
-        const K: f32 = 0.797_884_6;
-        0.5 * x * (1.0 + (K * (x + 0.044_715 * x * x * x)).tanh())
+        gelu_tanh(x)
     }
 }
 
@@ -112,6 +110,15 @@ impl UnaryOp for Softcap {
 #[inline(always)]
 pub(super) fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
+}
+
+/// GELU in its tanh form, `0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))`, in f32 (the
+/// fused MLP-input kernel calls this too, so its GeGLU gives the `geglu` kernel's bits).
+#[inline(always)]
+pub(super) fn gelu_tanh(x: f32) -> f32 {
+    // sqrt(2 / pi)
+    const K: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (K * (x + 0.044_715 * x * x * x)).tanh())
 }
 
 /// `erfc(z)` for `z >= 0`, by the rational approximation of Abramowitz and Stegun (7.1.26),

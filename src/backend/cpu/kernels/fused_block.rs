@@ -7,17 +7,19 @@
 //! `(x * inv) * w` in f32), then for one row the integer VNNI products of the activation row
 //! quantized once (Q4_1 and Q8_0 on AVX-512 VNNI) or the fused dequantize-and-dot of each weight
 //! row, and for more rows the packed-tile micro-kernel; RoPE with the rope kernel's angles (f64
-//! `powf` and `sin_cos`, the rotation in f32), SwiGLU as `swiglu` writes it, and `acc + product`.
+//! `powf` and `sin_cos`, the rotation in f32), SwiGLU and GeGLU as `swiglu` and `geglu` write
+//! them (the elementwise kernels' own functions), and `acc + product`.
 //! Only the split of the work differs: one parallel loop covers every output row of the fused
 //! products (q, k and v together; gate and up together), and the cheap tails (rope, cache
-//! writes, SwiGLU, the residual add) run inside that loop, on the calling thread (one row), or
-//! for the rope of many rows in a second loop over rows.
+//! writes, the gated activation, the residual add) run inside that loop, on the calling thread
+//! (one row), or for the rope of many rows in a second loop over rows.
 //!
 //! Argument layouts (the builders in `ops::fused_block` and `ops::matmul_fused` make them):
 //! - `norm_qkv_rope_<w>`: x, norm, wq, wk, wv, positions (i32), step (i32), q (written), k_cache,
 //!   v_cache (read-write, f32), then eps: f32, dim, n_head, n_kv_head, head_dim: u32, base: f32,
 //!   mode: u32 (0 normal, 1 NeoX)
-//! - `norm_gate_up_<w>`: x, norm, w_gate, w_up, hidden (written), then eps: f32, dim, ffn: u32
+//! - `norm_gate_up_<w>`: x, norm, w_gate, w_up, hidden (written), then eps: f32, dim, ffn, act:
+//!   u32 (0 SiLU, 1 GELU tanh)
 //! - `matmul_add_<w>`: x, w, acc (read-write), then rows, k, n: u32
 
 use std::cell::RefCell;
@@ -26,7 +28,7 @@ use std::marker::PhantomData;
 use rayon::prelude::*;
 
 use super::check::{check_len, expect_len, expect_matrix, kernel_err, read_pos0, Factor};
-use super::elementwise::silu;
+use super::elementwise::{gelu_tanh, silu};
 use super::matmul_simd::{dot_row, micro_kernel, Isa, MR, NR};
 use super::matvec_vnni::{self, Layout, QuantRow};
 use super::norm::sum_squares;
@@ -574,6 +576,16 @@ fn rope_and_store(
 /// The MLP input of a block: see the module documentation and `ops::fused_block`.
 fn norm_gate_up_kernel(args: &KernelArgs<'_>) -> Result<()> {
     let (eps, dim, ffn) = (args.f32(5)?, args.usize(6)?, args.usize(7)?);
+    let act = match args.u32(8)? {
+        0 => Glu::Swiglu,
+        1 => Glu::Geglu,
+        other => {
+            return Err(kernel_err(
+                args,
+                format!("act = {other}: expected 0 (SiLU) or 1 (GELU tanh)"),
+            ))
+        }
+    };
     let (x, norm, rows) = x_and_norm(args, dim)?;
     let dtype = args.buffer(2)?.0.dtype();
     let stack = [
@@ -597,34 +609,55 @@ fn norm_gate_up_kernel(args: &KernelArgs<'_>) -> Result<()> {
         if rows == 1 {
             let all = sized(&mut s.products, 2 * ffn);
             let quant = quantize_for(isa, &stack[0], xn, &mut s.quant);
-            gate_up_one_row(isa, &stack, xn, quant, all, hidden);
+            gate_up_one_row(isa, &stack, xn, quant, act, all, hidden);
             return;
         }
         let shared = SharedOut::new(hidden);
         tile_products(isa, &[stack], xn, rows, |_, r, o0, [g, u]| {
             // SAFETY: `part` asserts the bounds (`hidden` holds `rows * ffn`, checked up front);
             // exclusive because only the task of tile `o0` writes these columns of `hidden`.
-            swiglu(g, u, unsafe { shared.part(r * ffn + o0, g.len()) });
+            act.apply(g, u, unsafe { shared.part(r * ffn + o0, g.len()) });
         });
     });
     Ok(())
 }
 
-/// `h = silu(gate) * up`, as the `swiglu` kernel writes it.
-#[inline]
-fn swiglu(gate: &[f32], up: &[f32], h: &mut [f32]) {
-    for ((h, &g), &u) in h.iter_mut().zip(gate).zip(up) {
-        *h = silu(g) * u;
+/// The gated activation of the MLP input (the kernel's `act`).
+#[derive(Clone, Copy)]
+enum Glu {
+    /// `silu(gate) * up`, as the `swiglu` kernel writes it.
+    Swiglu,
+    /// `gelu_tanh(gate) * up`, as the `geglu` kernel writes it.
+    Geglu,
+}
+
+impl Glu {
+    /// `h = act(gate) * up`.
+    #[inline]
+    fn apply(self, gate: &[f32], up: &[f32], h: &mut [f32]) {
+        match self {
+            Glu::Swiglu => gated(gate, up, h, silu),
+            Glu::Geglu => gated(gate, up, h, gelu_tanh),
+        }
     }
 }
 
-/// The one-row gate and up products and SwiGLU in one parallel loop over pieces of the hidden
-/// row: each task takes its outputs' gate and up rows and writes its piece of `hidden`.
+/// `h = act(gate) * up`, one activation for the whole slice.
+#[inline(always)]
+fn gated(gate: &[f32], up: &[f32], h: &mut [f32], act: impl Fn(f32) -> f32) {
+    for ((h, &g), &u) in h.iter_mut().zip(gate).zip(up) {
+        *h = act(g) * u;
+    }
+}
+
+/// The one-row gate and up products and the gated activation in one parallel loop over pieces of
+/// the hidden row: each task takes its outputs' gate and up rows and writes its piece of `hidden`.
 fn gate_up_one_row(
     isa: Isa,
     stack: &[Matrix<'_>; 2],
     x: &[f32],
     quant: Option<&QuantRow>,
+    act: Glu,
     all: &mut [f32],
     hidden: &mut [f32],
 ) {
@@ -633,7 +666,7 @@ fn gate_up_one_row(
     let run = |first: usize, h: &mut [f32], g: &mut [f32], u: &mut [f32]| {
         dot_rows(isa, &stack[0], x, quant, first, g);
         dot_rows(isa, &stack[1], x, quant, first, u);
-        swiglu(g, u, h);
+        act.apply(g, u, h);
     };
     let tasks = one_row_tasks(2 * ffn * stack[0].k);
     if tasks == 1 {

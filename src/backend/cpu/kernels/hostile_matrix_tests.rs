@@ -360,9 +360,15 @@ fn fused_gate_up_kernels_refuse_hostile_sizes() {
                 .f32("eps", 1e-5)
                 .u32("dim", dim)
                 .u32("ffn", ffn)
+                .u32("act", 0)
         };
         call(1, 16, 256, 16).accepted();
         call(3, 48, 256, 16).accepted();
+        call(3, 48, 256, 16).u32("act", 1).accepted();
+        call(1, 16, 256, 16).u32("act", 2).refused("act = 2");
+        call(1, 16, 256, 16)
+            .u32("act", MAX)
+            .refused("act = 4294967295");
         call(1, 16, 0, 16).refused("dim = 0");
         call(1, 16, MAX, 16).refused("dim = 4294967295");
         call(1, 16, 100, 16).refused("dim = 100");

@@ -2,20 +2,17 @@
 // and scale, GELU (tanh, erf), SiLU, softcap (unary), each out of place and in place, for f32,
 // f16 and bf16. Same argument order and semantics as the CPU kernels
 // (src/backend/cpu/kernels/elementwise.rs): values are loaded as f32, computed in f32 (GELU-erf
-// in f64) and stored in the buffer's dtype. Grid-stride over elements: any grid works.
-
-__device__ __forceinline__ float ew_silu(float x) { return x / (1.0f + expf(-x)); }
+// in f64) and stored in the buffer's dtype. Grid-stride over elements: any grid works. SiLU and
+// GELU tanh are activation.cuh's (compiled in front of this file), which the fused MLP-input
+// kernels share.
 
 struct OpAdd { __device__ static float apply(float a, float b) { return a + b; } };
 struct OpMul { __device__ static float apply(float a, float b) { return a * b; } };
-struct OpSwiglu { __device__ static float apply(float g, float u) { return ew_silu(g) * u; } };
+struct OpSwiglu { __device__ static float apply(float g, float u) { return act_silu(g) * u; } };
 
 struct OpScale { __device__ static float apply(float x, float s) { return x * s; } };
 struct OpGeluTanh {
-    __device__ static float apply(float x, float) {
-        const float k = 0.7978846f;
-        return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
-    }
+    __device__ static float apply(float x, float) { return act_gelu_tanh(x); }
 };
 struct OpGeglu {
     __device__ static float apply(float g, float u) { return OpGeluTanh::apply(g, 0.0f) * u; }
@@ -37,7 +34,7 @@ struct OpGeluErf {
         return (float)y;
     }
 };
-struct OpSilu { __device__ static float apply(float x, float) { return ew_silu(x); } };
+struct OpSilu { __device__ static float apply(float x, float) { return act_silu(x); } };
 struct OpSoftcap { __device__ static float apply(float x, float cap) { return cap * tanhf(x / cap); } };
 
 // out[i] = Op(a[i], b[i or i % row_len]); `a` may be `out` itself (in place).

@@ -1,9 +1,10 @@
 // The `fused_block` family: the fused decoder-block products (src/ops/fused_block.rs; CPU kernels
 // in src/backend/cpu/kernels/fused_block.rs), one kernel per weight format and their `_shared`
-// forms, built on the vector forms of matmul_blocks.cuh (compiled in front of this file):
+// forms, built on the vector forms of matmul_blocks.cuh and the activations of activation.cuh
+// (compiled in front of this file):
 //   norm_qkv_rope_<w>: x, norm, wq, wk, wv, positions, step, q, k_cache, v_cache, eps, dim,
 //                      n_head, n_kv_head, head_dim, base, mode
-//   norm_gate_up_<w>:  x, norm, w_gate, w_up, hidden, eps, dim, ffn
+//   norm_gate_up_<w>:  x, norm, w_gate, w_up, hidden, eps, dim, ffn, act (0 SiLU, 1 GELU tanh)
 // The optimizer makes them on a GPU for decode steps only: each block (one-row passes with shared
 // memory) or warp normalizes the row, which a prefill pass would pay per output.
 // The activation row is RMS-normalized as it is read: each warp sums the squares of its row in
@@ -200,11 +201,11 @@ __device__ void norm_qkv_rope(const float* x, const float* nw, const uint8_t* wq
     }
 }
 
-// hidden = silu(norm(x) Wg) * (norm(x) Wu), one warp per output value; silu as the elementwise
-// kernel writes it.
+// hidden = act(norm(x) Wg) * (norm(x) Wu), one warp per output value; act SiLU (SwiGLU) or GELU
+// tanh (GeGLU), activation.cuh's functions, which the elementwise `swiglu` / `geglu` kernels call.
 template <int FMT, typename RowX>
 __device__ void norm_gate_up_rows(RowX row_x, const uint8_t* wg, const uint8_t* wu, float* hidden,
-                                  uint32_t k, uint32_t n, uint64_t n_hidden) {
+                                  uint32_t k, uint32_t n, uint32_t act, uint64_t n_hidden) {
     const uint64_t row_bytes = op_row_bytes(FMT, k);
     const int lane = threadIdx.x & 31;
     const bool even = (((uint64_t)wg | (uint64_t)wu) & 1u) == 0;
@@ -215,22 +216,22 @@ __device__ void norm_gate_up_rows(RowX row_x, const uint8_t* wg, const uint8_t* 
         float g, u;
         mm_dot_pair<FMT>(xn, wg + o * row_bytes, wu + o * row_bytes, k, row_bytes, lane, blocks,
                          row_x.stage(), g, u);
-        if (lane == 0) hidden[t] = g / (1.0f + expf(-g)) * u;
+        if (lane == 0) hidden[t] = (act == 1 ? act_gelu_tanh(g) : act_silu(g)) * u;
     }
 }
 
 template <int FMT, bool SHARED>
 __device__ void norm_gate_up(const float* x, const float* nw, const uint8_t* wg, const uint8_t* wu,
-                             float* hidden, float eps, uint32_t k, uint32_t n, uint64_t n_x,
-                             uint64_t n_nw, uint64_t n_hidden, uint32_t tag) {
+                             float* hidden, float eps, uint32_t k, uint32_t n, uint32_t act,
+                             uint64_t n_x, uint64_t n_nw, uint64_t n_hidden, uint32_t tag) {
     OP_REQUIRE(k != 0 && k % op_block_elems(FMT) == 0 && n_nw == k && n_x % k == 0 &&
-               n_hidden == n_x / k * n);
+               n_hidden == n_x / k * n && act <= 1);
     if (SHARED && fb_shared_ok(n_x / k, x, nw, k)) {
         const FbShared row{fb_shared_row(x, nw, k, eps), k};
-        norm_gate_up_rows<FMT>(row, wg, wu, hidden, k, n, n_hidden);
+        norm_gate_up_rows<FMT>(row, wg, wu, hidden, k, n, act, n_hidden);
     } else {
         const FbPerWarp row{x, nw, k, eps, (int)(threadIdx.x & 31)};
-        norm_gate_up_rows<FMT>(row, wg, wu, hidden, k, n, n_hidden);
+        norm_gate_up_rows<FMT>(row, wg, wu, hidden, k, n, act, n_hidden);
     }
 }
 
@@ -247,9 +248,10 @@ __device__ void norm_gate_up(const float* x, const float* nw, const uint8_t* wg,
 #define NORM_GATE_UP_KERNEL(NAME, FMT, SH)                                                           \
     extern "C" __global__ void NAME(const float* x, const float* nw, const uint8_t* wg,              \
                                     const uint8_t* wu, float* hidden, float eps, uint32_t k,          \
-                                    uint32_t n, uint64_t n_x, uint64_t n_nw, uint64_t n_wg,           \
-                                    uint64_t n_wu, uint64_t n_hidden) {                               \
-        norm_gate_up<FMT, SH>(x, nw, wg, wu, hidden, eps, k, n, n_x, n_nw, n_hidden, op_tag(#NAME));    \
+                                    uint32_t n, uint32_t act, uint64_t n_x, uint64_t n_nw,            \
+                                    uint64_t n_wg, uint64_t n_wu, uint64_t n_hidden) {                \
+        norm_gate_up<FMT, SH>(x, nw, wg, wu, hidden, eps, k, n, act, n_x, n_nw, n_hidden,             \
+                              op_tag(#NAME));                                                         \
     }
 
 NORM_QKV_ROPE_KERNEL(norm_qkv_rope_f32, OP_FMT_F32, false)
