@@ -104,8 +104,8 @@ fn the_model_plans_its_passes_from_the_declared_capabilities() {
 /// rms_norm(proj) -> tmp; x += tmp`, with `proj` and `tmp` scratch): on the CPU and on CUDA's
 /// declarations (a CPU device standing in), for one row and for several, the optimizer makes one
 /// `rms_norm_add` of the norm and the add, and leaves the product alone (the norm, not an add,
-/// reads it, so `matmul+add` does not apply). A Gemma 3 file itself cannot be loaded here yet:
-/// the skeleton refuses sliding-window attention.
+/// reads it, so `matmul+add` does not apply). `gemma_blocks_fuse_...` checks the same on a whole
+/// Gemma 3 recording.
 #[test]
 fn post_block_norms_fuse_into_rms_norm_add_on_both_backends() {
     let cpu = Device::cpu(2).unwrap();
@@ -163,7 +163,7 @@ fn tiny_gemma(path: &std::path::Path) {
 }
 
 #[test]
-fn gemma_blocks_fuse_their_geglu_mlp_input() {
+fn gemma_blocks_fuse_their_geglu_mlp_input_and_post_block_norms() {
     let dir = common::scratch_dir("backend-interface-gemma");
     let path = dir.join("tiny-gemma.gguf");
     tiny_gemma(&path);
@@ -191,6 +191,11 @@ fn gemma_blocks_fuse_their_geglu_mlp_input() {
             assert_eq!(by_rule.copied().unwrap_or(0), fused, "{what}");
             assert_eq!(count(&g, "norm_gate_up_q8_0"), fused, "{what}");
             assert_eq!(count(&g, "geglu_"), n_layer - fused, "{what}");
+            // Both post-block norms of every layer fuse with their residual adds, on both
+            // backends and for every row count.
+            let norm_add = report.fusions_by_rule.get("rms_norm+add").copied();
+            assert_eq!(norm_add.unwrap_or(0), 2 * n_layer, "{what}");
+            assert_eq!(count(&g, "rms_norm_add_f32"), 2 * n_layer, "{what}");
         }
     }
     // On the CPU the fused decode step gives the plain step's bits (the schedule sanitizer runs it
