@@ -196,6 +196,12 @@ fn gemma_blocks_fuse_their_geglu_mlp_input_and_post_block_norms() {
             let norm_add = report.fusions_by_rule.get("rms_norm+add").copied();
             assert_eq!(norm_add.unwrap_or(0), 2 * n_layer, "{what}");
             assert_eq!(count(&g, "rms_norm_add_f32"), 2 * n_layer, "{what}");
+            // The per-head query and key norms of every layer fuse with the RoPE after them, on
+            // both backends and for every row count; no plain rope is left.
+            let norm_rope = report.fusions_by_rule.get("rms_norm+rope").copied();
+            assert_eq!(norm_rope.unwrap_or(0), 2 * n_layer, "{what}");
+            assert_eq!(count(&g, "rms_norm_rope_f32"), 2 * n_layer, "{what}");
+            assert_eq!(count(&g, "rope_"), 0, "{what}");
         }
     }
     // On the CPU the fused decode step gives the plain step's bits (the schedule sanitizer runs it

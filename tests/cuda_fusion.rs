@@ -3,7 +3,7 @@
 //! add, optimized (two fusions), gives bitwise the residual that direct mode (no fusion) gives on
 //! the same GPU, and the CPU's residual (fused the same way) within a stated tolerance. The
 //! post-block norm + residual add fusion (`rms_norm+add`, `ops::norm`) likewise, for every float
-//! dtype. The fused
+//! dtype, and the per-head norm + RoPE fusion (`rms_norm+rope`, `ops::norm_rope`) for f32. The fused
 //! block ops (`ops::fused_block`) give the separate ops' results on the CPU within a stated
 //! tolerance, and so does GeGLU's MLP input at Gemma 3's widths, fused by the optimizer from the
 //! plain ops (`rms_norm`, two `matmul`s, `geglu`) that Gemma's blocks record. Seeded random
@@ -490,4 +490,85 @@ fn decode_attention_with_a_dirty_scratch_is_an_error() {
         err.contains("attention_decode_f32") && err.contains("zeroed"),
         "{err}"
     );
+}
+
+/// The query norm of Gemma 3 and Qwen 3: `rms_norm` of each head of `[rows, heads * head_dim]`
+/// into `q`, then `rope(q)` in place, run on `dev` in `mode`; returns the bits of `q` and the
+/// `rms_norm+rope` fusions.
+fn run_head_norm_rope(
+    dev: &Device,
+    (rows, heads, head_dim, rotary_dim): (usize, usize, usize, usize),
+    rope_mode: RopeMode,
+    mode: Mode,
+) -> (Vec<u32>, usize) {
+    let x = dev
+        .upload(
+            &random_f32(rows * heads * head_dim, 2.0, 71),
+            &[rows * heads, head_dim],
+        )
+        .unwrap();
+    let w = dev
+        .upload(&random_f32(head_dim, 1.5, 72), &[head_dim])
+        .unwrap();
+    let positions: Vec<i32> = (0..rows as i32).map(|r| 37 + 1013 * r).collect();
+    let pos = dev.upload(&positions, &[rows]).unwrap();
+    let q = dev.alloc(DType::F32, &[rows, heads * head_dim]).unwrap();
+    let params = RopeParams {
+        mode: rope_mode,
+        head_dim,
+        rotary_dim,
+        base: 1_000_000.0,
+        freq_factors: None,
+    };
+    let mut s = Executor::new(dev.clone()).begin(mode);
+    s.rms_norm(&x, &w, &q.reshape(&[rows * heads, head_dim]).unwrap(), 1e-6)
+        .unwrap();
+    s.rope(&q, &pos, &q, &params).unwrap();
+    let report = s.finish(&Plan::OPTIMIZED).unwrap();
+    let fused = report.fusions_by_rule.get("rms_norm+rope").copied();
+    let out: Vec<f32> = dev.download(&q).unwrap();
+    (
+        out.iter().map(|v| v.to_bits()).collect(),
+        fused.unwrap_or(0),
+    )
+}
+
+/// The `rms_norm+rope` fusion on the GPU gives bitwise the `q` of the pair (`rms_norm`, then the
+/// in-place rope kernel) that direct mode runs on the same GPU (the fused kernel runs the norm's
+/// row code with the norm's block size and the rope's angle and rotation code), for Gemma 3 and
+/// Qwen 3 head sizes, both pair layouts and a partial rotary dimension; and the CPU's `q` (fused
+/// too) within 1e-5 + 1e-5 |v| (the f64 `pow`, `sincos` and `sqrt` of the two backends may differ
+/// in their last f64 bit; |v| < 8).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fused_rms_norm_rope_gives_the_pair_bits() {
+    let gpu = cuda_device();
+    let cpu = Device::cpu(2).unwrap();
+    for shape in [
+        (1, 4, 256, 256),
+        (3, 1, 64, 32),
+        (3, 8, 128, 128),
+        (2, 4, 32, 16),
+    ] {
+        for rope_mode in [RopeMode::Normal, RopeMode::NeoX] {
+            let what = format!("{shape:?} {rope_mode:?}");
+            let (fused, fusions) = run_head_norm_rope(&gpu, shape, rope_mode, Mode::Recorded);
+            assert_eq!(fusions, 1, "{what}: one rms_norm+rope");
+            let (direct, fusions) = run_head_norm_rope(&gpu, shape, rope_mode, Mode::Direct);
+            assert_eq!(fusions, 0, "{what}: direct mode does not fuse");
+            assert!(
+                fused == direct,
+                "{what}: fused graph and direct mode differ"
+            );
+            let (cpu_q, fusions) = run_head_norm_rope(&cpu, shape, rope_mode, Mode::Recorded);
+            assert_eq!(fusions, 1, "{what}: the CPU fuses the pair too");
+            for (i, (g, c)) in fused.iter().zip(&cpu_q).enumerate() {
+                let (g, c) = (f32::from_bits(*g), f32::from_bits(*c));
+                assert!(
+                    (g - c).abs() <= 1e-5 + 1e-5 * c.abs(),
+                    "{what}: element {i}: cuda {g}, cpu {c}"
+                );
+            }
+        }
+    }
 }

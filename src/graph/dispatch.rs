@@ -585,6 +585,7 @@ mod tests {
             OpKind::RmsNormMul,
             OpKind::RmsNormAdd,
             OpKind::Rope,
+            OpKind::RmsNormRope,
             OpKind::Add,
             OpKind::Mul,
             OpKind::Elementwise,

@@ -61,7 +61,7 @@ fn colour(op: OpKind) -> &'static str {
     match op {
         OpKind::MatMul | OpKind::MatMulId => "#7aa6e0",
         OpKind::RmsNorm | OpKind::RmsNormMul | OpKind::RmsNormAdd => "#f2c14e",
-        OpKind::Rope => "#b58bd6",
+        OpKind::Rope | OpKind::RmsNormRope => "#b58bd6",
         OpKind::Add | OpKind::Mul | OpKind::Elementwise => "#8fd18f",
         OpKind::Copy | OpKind::Gather => "#c8c8c8",
         OpKind::KvWrite => "#f29e6d",
@@ -75,7 +75,7 @@ fn colour(op: OpKind) -> &'static str {
 const LEGEND: [(OpKind, &str); 9] = [
     (OpKind::MatMul, "matmul"),
     (OpKind::RmsNorm, "rms_norm (+mul, +add)"),
-    (OpKind::Rope, "rope"),
+    (OpKind::Rope, "rope (+rms_norm)"),
     (OpKind::Elementwise, "add / mul / elementwise"),
     (OpKind::KvWrite, "kv_write"),
     (OpKind::Attention, "attention / softmax"),
@@ -93,6 +93,7 @@ fn short(op: OpKind) -> &'static str {
         OpKind::RmsNormMul => "n*w",
         OpKind::RmsNormAdd => "n+r",
         OpKind::Rope => "rope",
+        OpKind::RmsNormRope => "n+rope",
         OpKind::Add => "add",
         OpKind::Mul => "mul",
         OpKind::Elementwise => "ew",

@@ -557,6 +557,7 @@ pub fn untyped_kernel(op: OpKind) -> KernelId {
         "synthetic_argmax" => OpKind::Argmax,
         "synthetic_custom_pinned" => OpKind::Custom { reorderable: false },
         "synthetic_custom" => OpKind::Custom { reorderable: true },
+        "synthetic_rms_norm_rope" => OpKind::RmsNormRope,
     ];
     KernelId::of(&KERNELS[op.code()])
 }

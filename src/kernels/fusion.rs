@@ -17,16 +17,20 @@ pub enum Fusion {
     /// `rms_norm` and the in-place add of its output into an accumulator (the post-block norms
     /// of Gemma 3): one `rms_norm_add`.
     RmsNormAdd,
+    /// A per-head `rms_norm` (the query and key norms of Gemma 3 and Qwen 3) and the in-place
+    /// RoPE of its output: one `rms_norm_rope`.
+    RmsNormRope,
 }
 
 impl Fusion {
     /// Every fusion, in the order the optimizer tries them where two share an anchor.
-    pub const ALL: [Fusion; 5] = [
+    pub const ALL: [Fusion; 6] = [
         Fusion::NormQkvRope,
         Fusion::NormGateUp,
         Fusion::MatMulAdd,
         Fusion::RmsNormMul,
         Fusion::RmsNormAdd,
+        Fusion::RmsNormRope,
     ];
 }
 

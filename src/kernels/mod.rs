@@ -523,6 +523,7 @@ pub fn all() -> Vec<&'static KernelSig> {
         &norm::RMS_NORM_MUL,
         &norm::RMS_NORM_NO_SCALE_MUL,
         &norm::RMS_NORM_ADD,
+        &norm::RMS_NORM_ROPE,
     ];
     families.into_iter().flatten().collect()
 }

@@ -1,10 +1,13 @@
 //! The `norm` family's kernels: RMS normalization with or without a weight, alone, times a
 //! second operand `m`, or added into an accumulator. One kernel per float dtype (f32, f16, bf16),
-//! in that order.
+//! in that order. Also the per-head norm fused with the RoPE after it (f32 only).
 
 use super::OpKind;
-use super::{per_float, KernelSig, Param};
+use super::{one, per_float, DTypes, KernelSig, Param};
 use crate::dtype::DType;
+
+const F32: DTypes = one(DType::F32);
+const I32: DTypes = one(DType::I32);
 
 /// `out = x / rms(x) * weight`: x, weight, out, eps, dim.
 pub static RMS_NORM: [KernelSig; 3] = per_float!(OpKind::RmsNorm;
@@ -61,3 +64,23 @@ pub static RMS_NORM_ADD: [KernelSig; 3] = per_float!(OpKind::RmsNormAdd;
     Param::f32("eps"),
     Param::u32("dim"),
 ]);
+
+/// `out = rope(x / rms(x) * weight)` per head of `head_dim` values (the norm's rows are the
+/// heads), then rotated by the row's position as [`ROPE`](super::misc::ROPE) does: x, weight
+/// (`[head_dim]`), positions (i32, one per row), out (not aliasing x), eps, head_dim, rotary_dim,
+/// base, mode (0 normal, 1 NeoX). f32 only; no frequency factors.
+pub static RMS_NORM_ROPE: [KernelSig; 1] = [KernelSig::new(
+    "rms_norm_rope_f32",
+    OpKind::RmsNormRope,
+    &[
+        Param::read("x", F32),
+        Param::read("weight", F32),
+        Param::read("positions", I32),
+        Param::write("out", F32),
+        Param::f32("eps"),
+        Param::u32("head_dim"),
+        Param::u32("rotary_dim"),
+        Param::f32("base"),
+        Param::u32("mode"),
+    ],
+)];

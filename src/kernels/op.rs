@@ -51,6 +51,8 @@ pub enum OpKind {
     RmsNormAdd,
     /// Rotary position embedding.
     Rope,
+    /// Per-head RMS normalization fused with the RoPE that follows it.
+    RmsNormRope,
     /// Elementwise addition.
     Add,
     /// Elementwise multiplication.
@@ -88,7 +90,7 @@ impl OpKind {
     }
 
     /// Number of distinct values ([`code`](Self::code) is below it).
-    pub(crate) const CODES: usize = 17;
+    pub(crate) const CODES: usize = 18;
 
     /// A distinct small number per value, below [`CODES`](Self::CODES), for tables keyed by op
     /// kind.
@@ -112,6 +114,7 @@ impl OpKind {
             OpKind::Argmax => 14,
             OpKind::Custom { reorderable: false } => 15,
             OpKind::Custom { reorderable: true } => 16,
+            OpKind::RmsNormRope => 17,
         }
     }
 
@@ -124,6 +127,7 @@ impl OpKind {
             OpKind::RmsNormMul => "rms_norm_mul",
             OpKind::RmsNormAdd => "rms_norm_add",
             OpKind::Rope => "rope",
+            OpKind::RmsNormRope => "rms_norm_rope",
             OpKind::Add => "add",
             OpKind::Mul => "mul",
             OpKind::Elementwise => "elementwise",

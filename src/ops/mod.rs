@@ -16,6 +16,7 @@ pub mod kv_cache;
 pub mod matmul;
 pub mod matmul_fused;
 pub mod norm;
+pub mod norm_rope;
 pub mod rope;
 pub mod softmax;
 
@@ -33,6 +34,7 @@ pub fn fusion_rule(fusion: Fusion) -> FusionRule {
         Fusion::MatMulAdd => matmul_fused::MATMUL_ADD_FUSION,
         Fusion::RmsNormMul => norm::RMS_NORM_MUL_FUSION,
         Fusion::RmsNormAdd => norm::RMS_NORM_ADD_FUSION,
+        Fusion::RmsNormRope => norm_rope::RMS_NORM_ROPE_FUSION,
     }
 }
 

@@ -27,7 +27,7 @@ use crate::ops::fused_block::one_device;
 use crate::ops::Check;
 
 /// Threads per row on a GPU; the CPU ignores it.
-const ROW_THREADS: u32 = 256;
+pub(crate) const ROW_THREADS: u32 = 256;
 
 /// Checks `x`, the output (`out`, or `acc` for `rms_norm_add`) and `eps`, returning the row
 /// length as a u32.
@@ -178,7 +178,9 @@ fn rms_norm_add_spec<'a>(
 }
 
 /// The parts of an `rms_norm` or `rms_norm_no_scale` dispatch: `(x, weight, out, eps)`.
-fn norm_operands(d: DispatchRef<'_>) -> Option<(&Buffer, Option<&Buffer>, &Buffer, f32)> {
+pub(crate) fn norm_operands(
+    d: DispatchRef<'_>,
+) -> Option<(&Buffer, Option<&Buffer>, &Buffer, f32)> {
     let k = d.kernel();
     let weight = if k.is_in(&kn::RMS_NORM) {
         Some(d.buffer("weight")?)

@@ -309,6 +309,22 @@ mod rope {
         ) -> Result<()> {
             self.push(rope(x, positions, out, params)?)
         }
+
+        /// Per-head RMS norm and RoPE in one dispatch (see
+        /// [`rms_norm_rope`](crate::ops::norm_rope::rms_norm_rope)); `out` may not alias `x`.
+        pub fn rms_norm_rope(
+            &mut self,
+            x: &Buffer,
+            weight: &Buffer,
+            positions: &Buffer,
+            out: &Buffer,
+            eps: f32,
+            params: &RopeParams<'_>,
+        ) -> Result<()> {
+            self.push(crate::ops::norm_rope::rms_norm_rope(
+                x, weight, positions, out, eps, params,
+            )?)
+        }
     }
 }
 

@@ -27,6 +27,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
         FusionUse::always(Fusion::MatMulAdd),
         FusionUse::always(Fusion::RmsNormMul),
         FusionUse::always(Fusion::RmsNormAdd),
+        FusionUse::always(Fusion::RmsNormRope),
     ],
     decode_attention_chunk: 256,
     single_dispatch_decode_attention: false,

@@ -249,6 +249,7 @@ fn families() -> Vec<&'static [KernelSig]> {
         &kn::RMS_NORM_MUL,
         &kn::RMS_NORM_NO_SCALE_MUL,
         &kn::RMS_NORM_ADD,
+        &kn::RMS_NORM_ROPE,
         &ka::ATTENTION,
         &ka::DECODE_PARTIAL,
         std::slice::from_ref(&ka::DECODE_COMBINE),
@@ -405,6 +406,40 @@ fn ropes_refuse_hostile_head_sizes_and_modes() {
             call(48, &rows, 3, 8, 8, 0).refused("freq_factors");
         }
     }
+}
+
+#[test]
+fn rms_norm_rope_refuses_hostile_head_sizes_and_modes() {
+    let call = |x: usize, w: usize, positions: &[i32], hd: u32, rot: u32, mode: u32| {
+        Call::new(&kn::RMS_NORM_ROPE[0])
+            .buf("x", &[x])
+            .buf("weight", &[w])
+            .ints("positions", positions)
+            .buf("out", &[x])
+            .f32("eps", 1e-6)
+            .u32("head_dim", hd)
+            .u32("rotary_dim", rot)
+            .f32("base", 10_000.0)
+            .u32("mode", mode)
+    };
+    let rows = [0, 5, 9];
+    call(48, 8, &rows, 8, 8, 0).accepted();
+    call(48, 8, &rows, 8, 4, 1).accepted();
+    call(48, 8, &[i32::MIN, -1, i32::MAX], 8, 8, 1).accepted();
+    call(48, 8, &rows, 8, 8, 0).f32("eps", f32::NAN).accepted();
+    call(48, 8, &rows, 0, 8, 0).refused("head_dim = 0");
+    call(48, 8, &rows, MAX, 8, 0).refused("head_dim = 4294967295");
+    call(48, 5, &rows, 5, 4, 0).refused("head_dim = 5");
+    call(48, 7, &rows, 8, 8, 0).refused("weight has 7");
+    call(48, 8, &rows, 8, 7, 0).refused("rotary_dim = 7");
+    call(48, 8, &rows, 8, 16, 0).refused("rotary_dim = 16");
+    call(48, 8, &rows, 8, 8, 2).refused("mode = 2");
+    call(0, 8, &rows, 8, 8, 0).refused("x");
+    call(48, 8, &[], 8, 8, 0).refused("positions");
+    call(47, 8, &rows, 8, 8, 0).refused("positions");
+    call(48, 8, &rows, 8, 8, 0)
+        .buf("out", &[47])
+        .refused("out 47");
 }
 
 #[test]

@@ -49,7 +49,7 @@ pub(crate) fn sum_squares<T: Float>(row: &[T]) -> f64 {
 
 /// The reciprocal RMS of a row: `1 / sqrt(mean(x^2) + eps)`.
 #[inline]
-fn inv_rms<T: Float>(row: &[T], eps: f32) -> f32 {
+pub(super) fn inv_rms<T: Float>(row: &[T], eps: f32) -> f32 {
     let mean = sum_squares(row) / row.len() as f64;
     (1.0 / (mean + eps as f64).sqrt()) as f32
 }
@@ -68,7 +68,7 @@ struct NormOperands<'a, T> {
 /// Stores one normalized value `y` into `o`: rounded to `T` (as `rms_norm` stores it) and, with
 /// `ACC`, added to what `o` holds as the in-place `add` does (f32 sum, rounded to `T`).
 #[inline(always)]
-fn put<T: Float, const ACC: bool>(o: &mut T, y: f32) {
+pub(super) fn put<T: Float, const ACC: bool>(o: &mut T, y: f32) {
     let y = T::from_f32(y);
     *o = if ACC {
         T::from_f32(o.to_f32() + y.to_f32())

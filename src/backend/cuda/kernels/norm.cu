@@ -2,20 +2,11 @@
 // following multiply by `m` (one row broadcast over the rows, or one value per element of x), or
 // added into an accumulator. Same argument order and semantics as the CPU kernels
 // (src/backend/cpu/kernels/norm.rs): the sum of squares is accumulated in f64, the products are
-// f32 in the order ((x * inv) * w) * m. One block per row (grid-stride over rows), blockDim.x a
-// multiple of 32.
+// f32 in the order ((x * inv) * w) * m (the row code is in norm_row.cuh). One block per row
+// (grid-stride over rows), blockDim.x a multiple of 32.
 
-// `v` rounded to T and widened back: what a store to a T buffer and a load from it give.
-template <typename T>
-__device__ __forceinline__ float norm_round(float v) {
-    T t[1];
-    op_store(t, 0, v);
-    return op_load(t, 0);
-}
-
-// ACC: `out` is an accumulator; each normalized value, rounded to T as `rms_norm` stores it, is
-// added to it as the in-place add kernel does (elementwise.cu: `a + b` in f32, stored as T), so
-// the fused kernel gives the bits of `rms_norm` then `add` (with the same block size).
+// The rows of x, one block per row (grid-stride); the row code is rms_norm_row (norm_row.cuh).
+// With ACC the fused kernel gives the bits of `rms_norm` then `add` (with the same block size).
 template <typename T, bool ACC>
 __device__ void rms_norm_rows(const T* x, const T* w, const T* m, T* out, float eps, uint32_t dim,
                               uint64_t n_x, uint64_t n_m, uint64_t n_out) {
@@ -26,23 +17,8 @@ __device__ void rms_norm_rows(const T* x, const T* w, const T* m, T* out, float 
     const bool m_full = m != nullptr && n_m == n_x;
     if (m != nullptr && !m_full && n_m < dim) return;
     OP_ROW_LOOP(r, rows) {
-        const T* xr = x + r * dim;
-        double ss = 0.0;
-        for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x) {
-            double v = (double)op_load(xr, i);
-            ss += v * v;
-        }
-        ss = op_block_sum_f64(ss, scratch);
-        const float inv = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
         const T* mr = m == nullptr ? nullptr : (m_full ? m + r * dim : m);
-        T* o = out + r * dim;
-        for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x) {
-            float y = op_load(xr, i) * inv;
-            if (w != nullptr) y = y * op_load(w, i);
-            if (mr != nullptr) y = y * op_load(mr, i);
-            if (ACC) y = op_load(o, i) + norm_round<T>(y);
-            op_store(o, i, y);
-        }
+        rms_norm_row<T, ACC>(x + r * dim, w, mr, out + r * dim, eps, dim, scratch);
     }
 }
 

@@ -3,9 +3,45 @@
 // positions[r]; pair i < rotary_dim / 2 turns by pos * base^(-2i / rotary_dim) / freq_factor_i,
 // angle, sine and cosine in f64 once per row, the rotation in f32. Mode 0 pairs (2i, 2i + 1),
 // mode 1 pairs (i, i + rotary_dim / 2). Values past rotary_dim are copied unchanged.
-// One block per row (grid-stride over rows).
+// One block per row (grid-stride over rows). Also the per-head norm fused with RoPE (at the end;
+// its norm row code is norm_row.cuh, in front of this file).
 
 #define ROPE_MAX_PAIRS 512
+
+// Fills the (cos, sin) table of the `pairs` angles of position `pos` (f64, rounded to f32) and
+// synchronizes the block before (the table's last readers) and after (its readers). Every thread
+// of the block must call it.
+__device__ __forceinline__ void rope_angles(int32_t pos_i, const float* ff, float base,
+                                            uint32_t rotary_dim, float* cs_cos, float* cs_sin) {
+    const uint32_t pairs = rotary_dim / 2;
+    const double pos = (double)pos_i;
+    __syncthreads();
+    for (uint32_t i = threadIdx.x; i < pairs; i += blockDim.x) {
+        double inv_freq = pow((double)base, -2.0 * (double)i / (double)rotary_dim);
+        double f = ff == nullptr ? 1.0 : (double)ff[i];
+        double s, c;
+        sincos(pos * inv_freq / f, &s, &c);
+        cs_cos[i] = (float)c;
+        cs_sin[i] = (float)s;
+    }
+    __syncthreads();
+}
+
+// Rotates the `heads` heads of one row: reads xr, writes o (which may be xr), pairs as `mode`.
+template <typename T>
+__device__ __forceinline__ void rope_rotate(const T* xr, T* o, uint32_t heads, uint32_t head_dim,
+                                            uint32_t pairs, uint32_t mode, const float* cs_cos,
+                                            const float* cs_sin) {
+    for (uint32_t t = threadIdx.x; t < heads * pairs; t += blockDim.x) {
+        const uint32_t h = t / pairs, i = t % pairs;
+        const uint32_t j0 = h * head_dim + (mode == 1 ? i : 2 * i);
+        const uint32_t j1 = h * head_dim + (mode == 1 ? i + pairs : 2 * i + 1);
+        const float a = op_load(xr, j0), b = op_load(xr, j1);
+        const float c = cs_cos[i], s = cs_sin[i];
+        op_store(o, j0, a * c - b * s);
+        op_store(o, j1, a * s + b * c);
+    }
+}
 
 template <typename T>
 __device__ void rope_rows(const T* x, const int32_t* positions, const float* ff, T* out,
@@ -22,28 +58,10 @@ __device__ void rope_rows(const T* x, const int32_t* positions, const float* ff,
     if (row_len % head_dim != 0) return;
     const uint32_t heads = (uint32_t)(row_len / head_dim);
     OP_ROW_LOOP(r, rows) {
-        const double pos = (double)positions[r];
-        __syncthreads();
-        for (uint32_t i = threadIdx.x; i < pairs; i += blockDim.x) {
-            double inv_freq = pow((double)base, -2.0 * (double)i / (double)rotary_dim);
-            double f = ff == nullptr ? 1.0 : (double)ff[i];
-            double s, c;
-            sincos(pos * inv_freq / f, &s, &c);
-            cs_cos[i] = (float)c;
-            cs_sin[i] = (float)s;
-        }
-        __syncthreads();
+        rope_angles(positions[r], ff, base, rotary_dim, cs_cos, cs_sin);
         const T* xr = (x == nullptr ? out : x) + r * row_len;
         T* o = out + r * row_len;
-        for (uint32_t t = threadIdx.x; t < heads * pairs; t += blockDim.x) {
-            const uint32_t h = t / pairs, i = t % pairs;
-            const uint32_t j0 = h * head_dim + (mode == 1 ? i : 2 * i);
-            const uint32_t j1 = h * head_dim + (mode == 1 ? i + pairs : 2 * i + 1);
-            const float a = op_load(xr, j0), b = op_load(xr, j1);
-            const float c = cs_cos[i], s = cs_sin[i];
-            op_store(o, j0, a * c - b * s);
-            op_store(o, j1, a * s + b * c);
-        }
+        rope_rotate<T>(xr, o, heads, head_dim, pairs, mode, cs_cos, cs_sin);
         if (x != nullptr) {
             const uint32_t pass = head_dim - rotary_dim;
             for (uint32_t t = threadIdx.x; t < heads * pass; t += blockDim.x) {
@@ -94,3 +112,36 @@ ROPE_INPLACE_KERNEL(rope_bf16_inplace, __nv_bfloat16)
 ROPE_FF_INPLACE_KERNEL(rope_ff_f32_inplace, float)
 ROPE_FF_INPLACE_KERNEL(rope_ff_f16_inplace, __half)
 ROPE_FF_INPLACE_KERNEL(rope_ff_bf16_inplace, __nv_bfloat16)
+
+// The per-head RMS norm fused with the in-place RoPE after it (src/ops/norm_rope.rs): x, weight
+// ([head_dim]), positions, out (not aliasing x), eps, head_dim, rotary_dim, base, mode; f32, no
+// frequency factors. One block per row (grid-stride), launched with the norm's block size: each
+// head of the row is normalized into `out` by rms_norm_row (norm_row.cuh), then rope_angles
+// synchronizes the block and the heads rotate in place, as rope_f32_inplace rotates them. The
+// same code with the same block size gives the bits of `rms_norm` then `rope`.
+extern "C" __global__ void rms_norm_rope_f32(const float* x, const float* w,
+                                             const int32_t* positions, float* out, float eps,
+                                             uint32_t head_dim, uint32_t rotary_dim, float base,
+                                             uint32_t mode, uint64_t n_x, uint64_t n_w,
+                                             uint64_t n_pos, uint64_t n_out) {
+    __shared__ double scratch[32];
+    __shared__ float cs_cos[ROPE_MAX_PAIRS];
+    __shared__ float cs_sin[ROPE_MAX_PAIRS];
+    const uint32_t pairs = rotary_dim / 2;
+    const uint64_t rows = n_pos;
+    if (n_x != n_out || n_w != head_dim || rows == 0 || head_dim == 0 || n_out % rows != 0 ||
+        rotary_dim % 2 != 0 || rotary_dim > head_dim || pairs > ROPE_MAX_PAIRS || mode > 1)
+        return;
+    const uint64_t row_len = n_out / rows;
+    if (row_len % head_dim != 0) return;
+    const uint32_t heads = (uint32_t)(row_len / head_dim);
+    OP_ROW_LOOP(r, rows) {
+        for (uint32_t h = 0; h < heads; ++h) {
+            const uint64_t at = r * row_len + (uint64_t)h * head_dim;
+            rms_norm_row<float, false>(x + at, w, nullptr, out + at, eps, head_dim, scratch);
+        }
+        rope_angles(positions[r], nullptr, base, rotary_dim, cs_cos, cs_sin);
+        float* o = out + r * row_len;
+        rope_rotate<float>(o, o, heads, head_dim, pairs, mode, cs_cos, cs_sin);
+    }
+}
