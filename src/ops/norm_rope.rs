@@ -17,7 +17,7 @@ use crate::kernels::{misc as km, norm as kn};
 use crate::ops::elementwise::{check_disjoint, u32_size};
 use crate::ops::fused_block::one_device;
 use crate::ops::norm::{norm_operands, ROW_THREADS};
-use crate::ops::rope::{RopeMode, RopeParams, MAX_ROTARY_DIM};
+use crate::ops::rope::{check_rotation, RopeMode, RopeParams};
 use crate::ops::Check;
 
 /// `out = rope(rms_norm(x, weight))`: every head of `head_dim` values of `x` is normalized with
@@ -73,22 +73,7 @@ fn rms_norm_rope_spec<'a>(
     })?;
     let rows = out.dims()[0];
     let row_len = out.elems() / rows;
-    check.require(
-        "head_dim",
-        head_dim > 0 && row_len.is_multiple_of(head_dim),
-        || format!("{head_dim} does not divide the row length {row_len}"),
-    )?;
-    check.require(
-        "rotary_dim",
-        rotary_dim >= 2 && rotary_dim % 2 == 0 && rotary_dim <= head_dim,
-        || format!("{rotary_dim} is not even and in 2..={head_dim}"),
-    )?;
-    check.require("rotary_dim", rotary_dim <= MAX_ROTARY_DIM, || {
-        format!("{rotary_dim} exceeds the supported {MAX_ROTARY_DIM}")
-    })?;
-    check.require("base", base.is_finite() && base > 0.0, || {
-        format!("{base} is not finite and positive")
-    })?;
+    check_rotation(&check, row_len, head_dim, rotary_dim, base)?;
     check.require("eps", eps.is_finite() && eps >= 0.0, || {
         format!("{eps} is not a finite non-negative number")
     })?;

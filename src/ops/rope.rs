@@ -59,6 +59,35 @@ impl<'a> RopeParams<'a> {
     }
 }
 
+/// Checks the geometry of a rotation of rows `row_len` long: `head_dim` divides the row,
+/// `rotary_dim` is even, at least 2, at most `head_dim` and the supported maximum, `base` finite
+/// and positive. Shared by `rope` and the fused `rms_norm_rope`.
+pub(crate) fn check_rotation(
+    check: &Check,
+    row_len: usize,
+    head_dim: usize,
+    rotary_dim: usize,
+    base: f32,
+) -> Result<()> {
+    check.require(
+        "head_dim",
+        head_dim > 0 && row_len.is_multiple_of(head_dim),
+        || format!("{head_dim} does not divide the row length {row_len}"),
+    )?;
+    check.require(
+        "rotary_dim",
+        rotary_dim >= 2 && rotary_dim.is_multiple_of(2) && rotary_dim <= head_dim,
+        || format!("{rotary_dim} is not even and in 2..={head_dim}"),
+    )?;
+    check.require("rotary_dim", rotary_dim <= MAX_ROTARY_DIM, || {
+        format!("{rotary_dim} exceeds the supported {MAX_ROTARY_DIM}")
+    })?;
+    check.require("base", base.is_finite() && base > 0.0, || {
+        format!("{base} is not finite and positive")
+    })?;
+    Ok(())
+}
+
 /// Rotates `x` into `out` (see the module documentation); `positions` is i32 `[rows]`.
 pub fn rope(
     x: &Buffer,
@@ -83,22 +112,7 @@ pub fn rope(
     })?;
     let rows = x.dims()[0];
     let row_len = x.elems() / rows;
-    check.require(
-        "head_dim",
-        head_dim > 0 && row_len.is_multiple_of(head_dim),
-        || format!("{head_dim} does not divide the row length {row_len}"),
-    )?;
-    check.require(
-        "rotary_dim",
-        rotary_dim >= 2 && rotary_dim % 2 == 0 && rotary_dim <= head_dim,
-        || format!("{rotary_dim} is not even and in 2..={head_dim}"),
-    )?;
-    check.require("rotary_dim", rotary_dim <= MAX_ROTARY_DIM, || {
-        format!("{rotary_dim} exceeds the supported {MAX_ROTARY_DIM}")
-    })?;
-    check.require("base", base.is_finite() && base > 0.0, || {
-        format!("{base} is not finite and positive")
-    })?;
+    check_rotation(&check, row_len, head_dim, rotary_dim, base)?;
     check.dtype("positions", positions, &[DType::I32])?;
     check.elems("positions", positions, rows)?;
     if let Some(ff) = freq_factors {
