@@ -13,6 +13,7 @@ pub mod gguf_write;
 pub mod llama;
 pub mod qwen3;
 pub mod sampler;
+pub mod slots;
 pub mod synth;
 pub mod tokenizer;
 pub mod tokenizer_spm;
