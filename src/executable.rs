@@ -192,6 +192,9 @@ pub struct KernelTiming {
     /// one row). For the products that is what they move; attention, gathers and cache writes
     /// declare a whole cache or table of which they touch a part known only at run time.
     pub bytes: u64,
+    /// Floating-point operations of a matrix product (`2 rows k n`, read from its `rows`, `k` and
+    /// `n` arguments); 0 for every other kernel.
+    pub flops: u64,
 }
 
 /// A graph instantiated for one device, replayed by [`Executable::run`].
@@ -310,8 +313,17 @@ impl Executable {
             .filter(|(_, access)| *access != crate::kernels::Access::ReadWrite)
             .map(|(b, _)| b.len_bytes() as u64)
             .sum();
+        let size = |name: &str| match d.as_view().scalar(name) {
+            Some(crate::kernels::Scalar::U32(v)) => Some(u64::from(v)),
+            _ => None,
+        };
+        let flops = match (d.op(), size("rows"), size("k"), size("n")) {
+            (crate::kernels::OpKind::MatMul, Some(rows), Some(k), Some(n)) => 2 * rows * k * n,
+            _ => 0,
+        };
         KernelTiming {
             index: i,
+            flops,
             kernel: d.kernel().name(),
             op: d.op().name(),
             level: self.level[i],

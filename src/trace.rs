@@ -62,6 +62,8 @@ pub struct OpTime {
     pub total_us: f64,
     /// Their summed declared bytes ([`KernelTiming::bytes`]).
     pub bytes: u64,
+    /// Their summed floating-point operations ([`KernelTiming::flops`]).
+    pub flops: u64,
 }
 
 impl OpTime {
@@ -71,24 +73,31 @@ impl OpTime {
         let bounded = matches!(self.op, "attention" | "kv_write" | "gather");
         (!bounded && self.total_us > 0.0).then(|| self.bytes as f64 / self.total_us / 1e3)
     }
+
+    /// Achieved TFLOP/s of the matrix products; `None` for kinds that count no operations.
+    pub fn tflop_per_s(&self) -> Option<f64> {
+        (self.flops > 0 && self.total_us > 0.0).then(|| self.flops as f64 / self.total_us / 1e6)
+    }
 }
 
 /// Summed kernel time per op kind, largest first.
 pub fn op_summary(kernels: &[KernelTiming]) -> Vec<OpTime> {
-    let mut by_op: BTreeMap<&'static str, (usize, f64, u64)> = BTreeMap::new();
+    let mut by_op: BTreeMap<&'static str, (usize, f64, u64, u64)> = BTreeMap::new();
     for k in kernels {
-        let e = by_op.entry(k.op).or_insert((0, 0.0, 0));
+        let e = by_op.entry(k.op).or_insert((0, 0.0, 0, 0));
         e.0 += 1;
         e.1 += k.dur_us;
         e.2 += k.bytes;
+        e.3 += k.flops;
     }
     let mut v: Vec<OpTime> = by_op
         .into_iter()
-        .map(|(op, (count, total_us, bytes))| OpTime {
+        .map(|(op, (count, total_us, bytes, flops))| OpTime {
             op,
             count,
             total_us,
             bytes,
+            flops,
         })
         .collect();
     v.sort_by(|a, b| b.total_us.total_cmp(&a.total_us).then(a.op.cmp(b.op)));
@@ -109,6 +118,7 @@ mod tests {
             start_us: start,
             dur_us: dur,
             bytes: 1000,
+            flops: 0,
         }
     }
 

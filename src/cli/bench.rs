@@ -94,6 +94,8 @@ struct ModeResult {
     gpu_us_per_token: f64,
     /// One profiled decode step (kernels timed one by one), per op kind.
     per_op: Vec<OpJson>,
+    /// One profiled prompt pass (the first `min(prompt, batch)` tokens), per op kind.
+    prefill_per_op: Vec<OpJson>,
 }
 
 /// One op kind of a profiled decode step.
@@ -105,6 +107,23 @@ struct OpJson {
     /// Bytes of the buffers only read or only written, over the time; `None` for attention,
     /// gathers and cache writes (they declare a whole cache or table).
     gb_per_s: Option<f64>,
+    /// Floating-point operations of the matrix products over the time; `None` for other kinds.
+    tflop_per_s: Option<f64>,
+}
+
+impl OpJson {
+    fn of(kernels: &[onepass::executable::KernelTiming]) -> Vec<OpJson> {
+        op_summary(kernels)
+            .iter()
+            .map(|op| OpJson {
+                op: op.op,
+                kernels: op.count,
+                total_us: op.total_us,
+                gb_per_s: op.gb_per_s(),
+                tflop_per_s: op.tflop_per_s(),
+            })
+            .collect()
+    }
 }
 
 /// A synthetic model in a temporary directory, removed on drop.
@@ -183,24 +202,24 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 
     let mut results = Vec::new();
     let mut timelines = Vec::new();
+    let mut prefill_timelines = Vec::new();
     for &mode in &modes {
         engine.set_mode(mode);
         let mut result = measure(&mut engine, &prompt, &args)?;
         let pos = prompt.len();
         let kernels = engine.profile_decode(prompt[pos - 1], pos, true)?;
-        result.per_op = op_summary(&kernels)
-            .iter()
-            .map(|op| OpJson {
-                op: op.op,
-                kernels: op.count,
-                total_us: op.total_us,
-                gb_per_s: op.gb_per_s(),
-            })
-            .collect();
+        result.per_op = OpJson::of(&kernels);
+        let pass = &prompt[..prompt.len().min(engine.model().max_batch())];
+        let prefill_kernels = engine.profile_prefill(pass)?;
+        result.prefill_per_op = OpJson::of(&prefill_kernels);
         results.push(result);
         timelines.push(Timeline {
             name: format!("decode step, {} mode", mode.name()),
             kernels,
+        });
+        prefill_timelines.push(Timeline {
+            name: format!("prompt pass of {} tokens, {} mode", pass.len(), mode.name()),
+            kernels: prefill_kernels,
         });
     }
     if let Some(path) = &args.trace {
@@ -251,27 +270,46 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             r.gpu_us_per_token
         )?;
     }
-    if let Some(t) = timelines.last() {
-        let total: f64 = t.kernels.iter().map(|k| k.dur_us).sum();
-        writeln!(out, "\nper-op time of one profiled decode step ({}; kernels timed one by one): {total:.1} us", t.name)?;
-        for op in op_summary(&t.kernels) {
-            let rate = op
-                .gb_per_s()
-                .map_or("-".to_string(), |g| format!("{g:.0} GB/s"));
-            writeln!(
-                out,
-                "  {:<14} {:>5} kernels {:>10.1} us {:>6.1}% {:>11}",
-                op.op,
-                op.count,
-                op.total_us,
-                100.0 * op.total_us / total.max(1e-9),
-                rate
-            )?;
+    for (what, timeline) in [
+        ("decode step", timelines.last()),
+        ("prompt pass", prefill_timelines.last()),
+    ] {
+        if let Some(t) = timeline {
+            write_op_table(&mut out, what, t)?;
         }
+    }
+    writeln!(
+        out,
+        "  (GB/s: bytes of the buffers only read or only written, over the time; attention, \
+         gathers and cache writes touch a run-time part of what they declare: -. TFLOP/s: the \
+         matrix products' 2 rows k n operations over the time)"
+    )?;
+    Ok(())
+}
+
+/// The per-op-kind time of one profiled pass, largest first, with the GB/s and TFLOP/s achieved.
+fn write_op_table(out: &mut impl Write, what: &str, t: &Timeline) -> anyhow::Result<()> {
+    let total: f64 = t.kernels.iter().map(|k| k.dur_us).sum();
+    writeln!(
+        out,
+        "\nper-op time of one profiled {what} ({}; kernels timed one by one): {total:.1} us",
+        t.name
+    )?;
+    for op in op_summary(&t.kernels) {
+        let rate = op
+            .gb_per_s()
+            .map_or("-".to_string(), |g| format!("{g:.0} GB/s"));
+        let flops = op
+            .tflop_per_s()
+            .map_or(String::new(), |f| format!("{f:>8.2} TFLOP/s"));
         writeln!(
             out,
-            "  (GB/s: bytes of the buffers only read or only written, over the time; attention, \
-             gathers and cache writes touch a run-time part of what they declare: -)"
+            "  {:<14} {:>5} kernels {:>10.1} us {:>6.1}% {:>11}{flops}",
+            op.op,
+            op.count,
+            op.total_us,
+            100.0 * op.total_us / total.max(1e-9),
+            rate
         )?;
     }
     Ok(())
@@ -336,5 +374,6 @@ fn measure(engine: &mut Engine, prompt: &[u32], args: &BenchArgs) -> anyhow::Res
         edges_or_barriers_per_token: pass.edges_or_barriers,
         gpu_us_per_token: step.median * 1e6,
         per_op: Vec::new(),
+        prefill_per_op: Vec::new(),
     })
 }

@@ -32,6 +32,27 @@ pub static MATMUL_ADD: [KernelSig; 9] = per_format!(OpKind::MatMul; "matmul_add"
     Param::u32("n"),
 ]);
 
+/// [`MATMUL`] in the tensor-core form (CUDA, prompts of many rows): the same arguments and the
+/// same results up to the f16 rounding of x and w; a backend without that form runs the plain one.
+pub static MATMUL_MMA: [KernelSig; 9] = per_format!(OpKind::MatMul; "matmul_mma"; |W| [
+    Param::read("x", F32),
+    Param::read("w", W),
+    Param::write("out", F32),
+    Param::u32("rows"),
+    Param::u32("k"),
+    Param::u32("n"),
+]);
+
+/// [`MATMUL_ADD`] in the tensor-core form (the residual add fused into [`MATMUL_MMA`]).
+pub static MATMUL_ADD_MMA: [KernelSig; 9] = per_format!(OpKind::MatMul; "matmul_add_mma"; |W| [
+    Param::read("x", F32),
+    Param::read("w", W),
+    Param::read_write("acc", F32),
+    Param::u32("rows"),
+    Param::u32("k"),
+    Param::u32("n"),
+]);
+
 /// Expert products, `out[r, s] = x[r] . w[ids[r, s]]`: x, w, ids, out, rows, k, n, slots,
 /// experts.
 pub static MATMUL_ID: [KernelSig; 9] = per_format!(OpKind::MatMulId; "matmul_id"; |W| [

@@ -503,6 +503,8 @@ pub fn all() -> Vec<&'static KernelSig> {
         &elementwise::SILU_INPLACE,
         &matmul::MATMUL,
         &matmul::MATMUL_ADD,
+        &matmul::MATMUL_MMA,
+        &matmul::MATMUL_ADD_MMA,
         &matmul::MATMUL_ID,
         &matmul::MATMUL_AFFINE,
         &matmul::NORM_QKV_ROPE,

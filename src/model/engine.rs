@@ -142,6 +142,32 @@ impl Engine {
         }
     }
 
+    /// A profiling run of one prompt pass over `tokens` (at most [`Transformer::max_batch`]) from
+    /// position 0, recorded and optimized as this engine's mode does: every kernel timed. Leaves
+    /// the pass's results (its KV-cache rows, the last position's logits) in place.
+    pub fn profile_prefill(&mut self, tokens: &[u32]) -> Result<Vec<KernelTiming>> {
+        if tokens.len() > self.model.max_batch() {
+            return Err(Error::InvalidArgument(format!(
+                "a profiled prompt pass takes at most {} tokens, got {}",
+                self.model.max_batch(),
+                tokens.len()
+            )));
+        }
+        self.model.set_inputs(tokens, 0)?;
+        let mut s = self.executor.begin(Mode::Recorded);
+        self.model
+            .record(&mut s, tokens.len(), Logits::Last, false)?;
+        let mut graph = s.into_graph()?;
+        let plan = match self.mode {
+            RunMode::Graph | RunMode::Recorded => self.plan,
+            RunMode::Direct | RunMode::PerOpSync => Plan::SEQUENTIAL,
+        };
+        Executor::optimize(&mut graph, &plan, self.executor.device().capabilities());
+        self.executor
+            .instantiate(&graph, &self.stable_set())?
+            .profile()
+    }
+
     /// The model.
     pub fn model(&self) -> &Transformer {
         &self.model

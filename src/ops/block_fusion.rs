@@ -20,7 +20,7 @@ use super::rope::RopeMode;
 use crate::backend::Buffer;
 use crate::graph::passes::{At, Found, FusionRule, Matcher};
 use crate::graph::{DispatchRef, KernelId, OpKind, Range, Scalar};
-use crate::kernels::{elementwise as ew, matmul as mm, misc as km, norm as kn};
+use crate::kernels::{elementwise as ew, misc as km, norm as kn};
 
 /// An f32 `rms_norm` with a weight.
 struct Norm<'g> {
@@ -66,7 +66,7 @@ fn products<'g>(m: &Matcher<'g>, at: At, xn: &Buffer, count: usize) -> Option<Ve
     let mut format = None;
     for r in m.readers(at, Range::of(xn)) {
         let d = m.dispatch(r);
-        let f = d.kernel().index_in(&mm::MATMUL)?;
+        let (f, _) = super::matmul::plain_product_format(d.kernel())?;
         if *format.get_or_insert(f) != f || !same_view(d.buffer("x")?, xn) {
             return None;
         }

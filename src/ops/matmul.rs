@@ -81,10 +81,37 @@ pub(crate) fn matmul_grid(n: usize, rows: usize) -> Grid {
     Grid::new(tiles.clamp(1, 1 << 30) as u32, 128).with_shared(MM_TILE_SMEM)
 }
 
+/// Rows from which a matmul takes the tensor-core kernels (`matmul_mma_<w>`, `MMA_MIN_ROWS` in
+/// `backend/cuda/kernels/matmul_mma.cuh`): prompts. Below it the products keep the CUDA-core forms,
+/// whose per-row sums do not depend on the row count up to [`MM_TILE_MIN_ROWS`].
+pub(crate) const MMA_MIN_ROWS: usize = 64;
+/// Rows and outputs of one tile of the tensor-core form (`MMA_BM`, `MMA_BN`).
+const MMA_TILE: usize = 128;
+/// Threads of a block of the tensor-core form (`MMA_THREADS`: eight warps).
+const MMA_THREADS: u32 = 256;
+/// Dynamic shared memory of the tensor-core form (`MMA_SMEM`): two buffers of 128 activation rows
+/// and 128 weight rows of 32 f16 values, each row padded to 40 values.
+const MMA_SMEM: u32 = (2 * 2 * MMA_TILE * 40 * 2) as u32;
+
+/// The launch shape of the tensor-core form: a block per tile of 128 rows x 128 outputs.
+pub(crate) fn mma_grid(n: usize, rows: usize) -> Grid {
+    let tiles = rows.div_ceil(MMA_TILE).saturating_mul(n.div_ceil(MMA_TILE));
+    Grid::new(tiles.clamp(1, 1 << 30) as u32, MMA_THREADS).with_shared(MMA_SMEM)
+}
+
 /// One warp per output value and row (the kernels without a matrix form: the expert-routed and
 /// the MLX affine products).
 fn warp_per_output_and_row(n: usize, rows: usize) -> Grid {
     Grid::cover(n.saturating_mul(32), 128).with_y(rows.clamp(1, 65535) as u32)
+}
+
+/// The weight format (index in [`kernels::WEIGHT_FORMATS`]) of a plain product kernel, and
+/// whether it is the tensor-core form; `None` for every other kernel.
+pub(crate) fn plain_product_format(kernel: KernelId) -> Option<(usize, bool)> {
+    kernel
+        .index_in(&mm::MATMUL)
+        .map(|f| (f, false))
+        .or_else(|| kernel.index_in(&mm::MATMUL_MMA).map(|f| (f, true)))
 }
 
 /// Checks `x` and `out` against `k` and `n` and returns the number of activation rows.
@@ -103,7 +130,8 @@ fn check_rows(c: &Check, x: &Buffer, out: &Buffer, k: usize, n: usize) -> Result
 }
 
 /// `out[rows, n] = x[rows, k] · W[n, k]ᵀ` for a weight of any of [`WEIGHT_DTYPES`]. One row takes
-/// the vector (decode) form, more rows the matrix (prefill) form.
+/// the vector (decode) form, more rows the matrix (prefill) form, and from [`MMA_MIN_ROWS`] rows
+/// the tensor-core kernels (on the GPU: x and w rounded to f16, sums in f32).
 pub fn matmul(x: &Buffer, w: &Buffer, out: &Buffer) -> Result<Dispatch> {
     let c = Check::op("matmul");
     c.dtype("w", w, &WEIGHT_DTYPES)?;
@@ -123,6 +151,10 @@ pub fn matmul(x: &Buffer, w: &Buffer, out: &Buffer) -> Result<Dispatch> {
         Arg::u32(to_u32(&c, "w", k)?),
         Arg::u32(to_u32(&c, "w", n)?),
     ];
+    if rows >= MMA_MIN_ROWS {
+        let kernel = for_weight("matmul", &mm::MATMUL_MMA, w)?;
+        return Dispatch::new(kernel, args, mma_grid(n, rows));
+    }
     let grid = matmul_grid(n, rows);
     Dispatch::new(for_weight("matmul", &mm::MATMUL, w)?, args, grid)
 }

@@ -33,16 +33,19 @@ struct Product<'a> {
     out: &'a Buffer,
     sizes: [Scalar; 3],
     format: usize,
+    /// The tensor-core form (`matmul_mma_<w>`), whose fused kernel is `matmul_add_mma_<w>`.
+    mma: bool,
 }
 
 fn product(d: DispatchRef<'_>) -> Option<Product<'_>> {
-    let format = d.kernel().index_in(&mm::MATMUL)?;
+    let (format, mma) = super::matmul::plain_product_format(d.kernel())?;
     Some(Product {
         x: d.buffer("x")?,
         w: d.buffer("w")?,
         out: d.buffer("out")?,
         sizes: [d.scalar("rows")?, d.scalar("k")?, d.scalar("n")?],
         format,
+        mma,
     })
 }
 
@@ -71,7 +74,11 @@ fn build_matmul_add<'a>(mm: DispatchRef<'a>, add: DispatchRef<'a>) -> Result<Dis
     let (p, acc) = matmul_add_match(mm, add).ok_or_else(|| unmatched("matmul + add"))?;
     let [rows, k, n] = p.sizes.map(ArgRef::Scalar);
     DispatchSpec::new(
-        KernelId::of(&mm::MATMUL_ADD[p.format]),
+        KernelId::of(if p.mma {
+            &mm::MATMUL_ADD_MMA[p.format]
+        } else {
+            &mm::MATMUL_ADD[p.format]
+        }),
         &[
             ArgRef::read(p.x),
             ArgRef::read(p.w),

@@ -31,7 +31,16 @@ pub struct KernelSource {
 /// Every embedded family source.
 pub const SOURCES: &[KernelSource] = &[
     family("argmax", include_str!("kernels/argmax.cu")),
-    family("attention", include_str!("kernels/attention.cu")),
+    // The tiled prompt form (`attention_tiled.cuh`) in front of the attention family.
+    family(
+        "attention",
+        concat!(
+            "#line 1 \"attention_tiled.cuh\"\n",
+            include_str!("kernels/attention_tiled.cuh"),
+            "#line 1 \"attention.cu\"\n",
+            include_str!("kernels/attention.cu"),
+        ),
+    ),
     family("copy", include_str!("kernels/copy.cu")),
     // The activations (`activation.cuh`) in front of the two families that compute them; the
     // `#line` marks keep compiler messages and size-check lines pointing at each file.
@@ -64,6 +73,8 @@ pub const SOURCES: &[KernelSource] = &[
         concat!(
             "#line 1 \"matmul_blocks.cuh\"\n",
             include_str!("kernels/matmul_blocks.cuh"),
+            "#line 1 \"matmul_mma.cuh\"\n",
+            include_str!("kernels/matmul_mma.cuh"),
             "#line 1 \"matmul.cu\"\n",
             include_str!("kernels/matmul.cu"),
         ),

@@ -46,6 +46,7 @@ pub(super) fn register(registry: &mut CpuRegistry) {
     registry.family(&mm::NORM_QKV_ROPE_SHARED, [norm_qkv_rope_kernel; 9]);
     registry.family(&mm::NORM_GATE_UP_SHARED, [norm_gate_up_kernel; 9]);
     registry.family(&mm::MATMUL_ADD, [matmul_add_kernel; 9]);
+    registry.family(&mm::MATMUL_ADD_MMA, [matmul_add_kernel; 9]);
 }
 
 /// Weights per task of a one-row product below which it runs on the calling thread alone (the

@@ -59,7 +59,10 @@ fn misaligned_weights_agree(
 
 #[test]
 fn matmuls_refuse_hostile_sizes_and_overflowing_products() {
-    for (sig, dtype) in mm::MATMUL.iter().zip(WEIGHT_FORMATS) {
+    // The tensor-core names run the same CPU kernel: they get the same cases.
+    let families = mm::MATMUL.iter().chain(&mm::MATMUL_MMA);
+    for (sig, dtype) in families.zip(WEIGHT_FORMATS.iter().cycle()) {
+        let dtype = *dtype;
         let call = |x: usize, w: &[usize], out: usize, (rows, k, n): (u32, u32, u32)| {
             Call::new(sig)
                 .buf("x", &[x])
@@ -103,7 +106,9 @@ fn matmuls_refuse_hostile_sizes_and_overflowing_products() {
 
 #[test]
 fn matmul_adds_refuse_hostile_sizes_and_overflowing_products() {
-    for (sig, dtype) in mm::MATMUL_ADD.iter().zip(WEIGHT_FORMATS) {
+    let families = mm::MATMUL_ADD.iter().chain(&mm::MATMUL_ADD_MMA);
+    for (sig, dtype) in families.zip(WEIGHT_FORMATS.iter().cycle()) {
+        let dtype = *dtype;
         let call = |x: usize, w: &[usize], acc: usize, (rows, k, n): (u32, u32, u32)| {
             Call::new(sig)
                 .buf("x", &[x])

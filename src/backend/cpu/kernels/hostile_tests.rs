@@ -255,6 +255,8 @@ fn families() -> Vec<&'static [KernelSig]> {
         std::slice::from_ref(&ka::DECODE_COMBINE),
         &mm::MATMUL,
         &mm::MATMUL_ADD,
+        &mm::MATMUL_MMA,
+        &mm::MATMUL_ADD_MMA,
         &mm::MATMUL_ID,
         &mm::MATMUL_AFFINE,
         &mm::NORM_QKV_ROPE,

@@ -30,6 +30,8 @@ use crate::quant::{AffineParams, QK_K};
 /// Registers this family's kernels against their declarations.
 pub(super) fn register(registry: &mut CpuRegistry) {
     registry.family(&mm::MATMUL, [matmul_kernel; 9]);
+    // The tensor-core form is a GPU launch shape: on the CPU it is the same product.
+    registry.family(&mm::MATMUL_MMA, [matmul_kernel; 9]);
     registry.family(&mm::MATMUL_ID, [matmul_id_kernel; 9]);
     registry.family(&mm::MATMUL_AFFINE, [matmul_affine_kernel; 2]);
 }

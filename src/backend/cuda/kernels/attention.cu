@@ -21,11 +21,7 @@
 #define ATTN_MAX_TILE 256
 #define ATTN_ACC 8  // head_dim <= ATTN_ACC * blockDim.x
 
-// The first key the query at position `pos` sees: 0, or with a window the last `window`
-// positions up to `pos`.
-__device__ __forceinline__ uint64_t attn_first_key(uint64_t pos, uint32_t window) {
-    return window != 0 && pos + 1 > window ? pos + 1 - window : 0;
-}
+// `attn_first_key` (the first key a query sees) is in attention_tiled.cuh, compiled in front.
 
 // The chunks of a decode step at position pos0 that hold a key the query sees: first..chunks.
 __device__ __forceinline__ void attn_live_chunks(uint64_t pos0, uint32_t window, uint32_t chunk_len,
@@ -225,6 +221,11 @@ __device__ void attention_prefill(const float* q, const T* k, const T* v, const 
         return;
     }
     const uint32_t group = n_head / n_kv_head;
+    if (attn_tiled_ok(hd, group)) {
+        attention_tiled<T>(q, k, v, out, rows, max_ctx, pos0, n_head, n_kv_head, hd, scale, softcap,
+                           window);
+        return;
+    }
     OP_ROW_LOOP(item, rows * n_head) {
         const uint64_t r = item / n_head;
         const uint32_t h = (uint32_t)(item % n_head), kv = h / group;

@@ -16,6 +16,8 @@
 //   for the group.
 // - 16 rows and more (prefill, given MM_TILE_SMEM bytes of dynamic shared memory): the tiled form
 //   (`mm_tiled`), a block per tile of rows x outputs staged through shared memory.
+// The kernels `matmul_mma_<w>` and `matmul_add_mma_<w>` add the tensor-core form for long
+// prompts (`mm_mma`, matmul_mma.cuh, compiled in front of this file with the weight staging).
 
 // Rows of activations one warp takes together in the matrix (prefill) form: each weight value is
 // read once and used for up to MM_ROWS rows, each row summed in the vector form's order. The
@@ -79,67 +81,6 @@ __device__ __forceinline__ void mm_dots(const X (&xs)[MM_ROWS], int nr, const ui
 #define MM_TILE_K 32
 #define MM_TILE_MIN_ROWS 16
 #define MM_TILE_SMEM (4 * MM_TILE_K * (MM_TILE_M + MM_TILE_N))
-
-// Values 16h .. 16h + 15 of the 32 from k0 of a weight row (zeros past k, or for a row past the
-// matrix when `!live`), each as `op_weight` gives it. The 32-value block formats read the block
-// (one per step) as words when the rows start at even addresses.
-template <int FMT>
-__device__ __forceinline__ void mm_stage_weights(const uint8_t* row, uint32_t k0, uint32_t h,
-                                                 bool live, uint32_t k, bool words,
-                                                 float (&v)[16]) {
-    constexpr bool block32 =
-        FMT == OP_FMT_Q4_0 || FMT == OP_FMT_Q4_1 || FMT == OP_FMT_Q5_0 || FMT == OP_FMT_Q8_0;
-    if (block32 && live && words) {
-        const uint32_t b = k0 / 32;
-        if (FMT == OP_FMT_Q5_0) {
-            const uint8_t* p = row + (uint64_t)b * 22;
-            const float d = mm_half_at(p);
-            // The fifth bits of values 16h.. from bit 0.
-            const uint32_t qh = mm_u32_at(p + 2) >> (16 * h);
-#pragma unroll
-            for (int wd = 0; wd < 4; ++wd) {
-                const uint32_t q = mm_u32_at(p + 6 + 4 * wd);
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const uint32_t nib = (q >> (8 * e + 4 * h)) & 15u;
-                    const uint32_t bit = (qh >> (4 * wd + e)) & 1u;
-                    v[4 * wd + e] = d * (float)((int)(nib | (bit << 4)) - 16);
-                }
-            }
-            return;
-        }
-        if (FMT == OP_FMT_Q8_0) {
-            const uint8_t* p = row + (uint64_t)b * 34;
-            const float d = mm_half_at(p);
-#pragma unroll
-            for (int wd = 0; wd < 4; ++wd) {
-                const uint32_t q = mm_u32_at(p + 2 + 16 * h + 4 * wd);
-#pragma unroll
-                for (int e = 0; e < 4; ++e) v[4 * wd + e] = (float)(int8_t)((q >> (8 * e)) & 0xffu) * d;
-            }
-            return;
-        }
-        const bool q41 = FMT == OP_FMT_Q4_1;
-        const uint8_t* p = row + (uint64_t)b * (q41 ? 20 : 18);
-        const float d = mm_half_at(p), m = q41 ? mm_half_at(p + 2) : 0.0f;
-        const uint8_t* qs = p + (q41 ? 4 : 2);
-#pragma unroll
-        for (int wd = 0; wd < 4; ++wd) {
-            const uint32_t q = mm_u32_at(qs + 4 * wd);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int nib = (int)((q >> (8 * e + 4 * h)) & 15u);
-                v[4 * wd + e] = q41 ? d * (float)nib + m : d * (float)(nib - 8);
-            }
-        }
-        return;
-    }
-#pragma unroll
-    for (int e = 0; e < 16; ++e) {
-        const uint32_t gk = k0 + 16 * h + e;
-        v[e] = live && gk < k ? op_weight<FMT>(row, gk) : 0.0f;
-    }
-}
 
 template <int FMT, bool ACC, typename X>
 __device__ void mm_tiled(X x, const uint8_t* w, float* out, uint32_t rows, uint32_t k, uint32_t n,
@@ -266,6 +207,21 @@ __device__ void matmul(X x, const uint8_t* w, float* out, uint32_t rows, uint32_
     }
 }
 
+// The tensor-core kernels (`matmul_mma_<w>`, `matmul_add_mma_<w>`): launched with MMA_THREADS
+// threads and MMA_SMEM bytes of dynamic shared memory they take the f16 `mma.sync` form; on an
+// architecture without it (or launched otherwise) they compute what `matmul` does.
+template <int FMT, bool ACC, typename X>
+__device__ void matmul_mma(X x, const uint8_t* w, float* out, uint32_t rows, uint32_t k, uint32_t n,
+                           uint64_t n_x, uint64_t n_out, uint32_t tag) {
+    OP_REQUIRE(k % op_block_elems(FMT) == 0 && n_x == (uint64_t)rows * k &&
+               n_out == (uint64_t)rows * n);
+    if (blockDim.x == MMA_THREADS && blockDim.y == 1 && blockDim.z == 1 &&
+        mm_dynamic_smem() >= MMA_SMEM &&
+        mm_mma<FMT, ACC>(x, w, out, rows, k, n, op_row_bytes(FMT, k)))
+        return;
+    matmul<FMT, ACC>(x, w, out, rows, k, n, n_x, n_out, tag);
+}
+
 template <int FMT>
 __device__ void matmul_id(const float* x, const uint8_t* w, const int32_t* ids, float* out,
                           uint32_t rows, uint32_t k, uint32_t n, uint32_t slots, uint32_t experts,
@@ -302,6 +258,12 @@ __device__ void matmul_id(const float* x, const uint8_t* w, const int32_t* ids, 
                                     uint64_t n_acc) {                                                 \
         matmul<FMT, true>(XPlain{x}, w, acc, rows, k, n, n_x, n_acc, op_tag(#NAME));               \
     }
+#define MATMUL_MMA_KERNEL(NAME, FMT, ACC)                                                           \
+    extern "C" __global__ void NAME(const float* x, const uint8_t* w, float* out, uint32_t rows,      \
+                                    uint32_t k, uint32_t n, uint64_t n_x, uint64_t n_w,               \
+                                    uint64_t n_out) {                                                 \
+        matmul_mma<FMT, ACC>(XPlain{x}, w, out, rows, k, n, n_x, n_out, op_tag(#NAME));            \
+    }
 #define MATMUL_ID_KERNEL(NAME, FMT)                                                                 \
     extern "C" __global__ void NAME(const float* x, const uint8_t* w, const int32_t* ids, float* out, \
                                     uint32_t rows, uint32_t k, uint32_t n, uint32_t slots,            \
@@ -329,6 +291,24 @@ MATMUL_ADD_KERNEL(matmul_add_q5_0, OP_FMT_Q5_0)
 MATMUL_ADD_KERNEL(matmul_add_q8_0, OP_FMT_Q8_0)
 MATMUL_ADD_KERNEL(matmul_add_q4_k, OP_FMT_Q4_K)
 MATMUL_ADD_KERNEL(matmul_add_q6_k, OP_FMT_Q6_K)
+MATMUL_MMA_KERNEL(matmul_mma_f32, OP_FMT_F32, false)
+MATMUL_MMA_KERNEL(matmul_mma_f16, OP_FMT_F16, false)
+MATMUL_MMA_KERNEL(matmul_mma_bf16, OP_FMT_BF16, false)
+MATMUL_MMA_KERNEL(matmul_mma_q4_0, OP_FMT_Q4_0, false)
+MATMUL_MMA_KERNEL(matmul_mma_q4_1, OP_FMT_Q4_1, false)
+MATMUL_MMA_KERNEL(matmul_mma_q5_0, OP_FMT_Q5_0, false)
+MATMUL_MMA_KERNEL(matmul_mma_q8_0, OP_FMT_Q8_0, false)
+MATMUL_MMA_KERNEL(matmul_mma_q4_k, OP_FMT_Q4_K, false)
+MATMUL_MMA_KERNEL(matmul_mma_q6_k, OP_FMT_Q6_K, false)
+MATMUL_MMA_KERNEL(matmul_add_mma_f32, OP_FMT_F32, true)
+MATMUL_MMA_KERNEL(matmul_add_mma_f16, OP_FMT_F16, true)
+MATMUL_MMA_KERNEL(matmul_add_mma_bf16, OP_FMT_BF16, true)
+MATMUL_MMA_KERNEL(matmul_add_mma_q4_0, OP_FMT_Q4_0, true)
+MATMUL_MMA_KERNEL(matmul_add_mma_q4_1, OP_FMT_Q4_1, true)
+MATMUL_MMA_KERNEL(matmul_add_mma_q5_0, OP_FMT_Q5_0, true)
+MATMUL_MMA_KERNEL(matmul_add_mma_q8_0, OP_FMT_Q8_0, true)
+MATMUL_MMA_KERNEL(matmul_add_mma_q4_k, OP_FMT_Q4_K, true)
+MATMUL_MMA_KERNEL(matmul_add_mma_q6_k, OP_FMT_Q6_K, true)
 MATMUL_ID_KERNEL(matmul_id_f32, OP_FMT_F32)
 MATMUL_ID_KERNEL(matmul_id_f16, OP_FMT_F16)
 MATMUL_ID_KERNEL(matmul_id_bf16, OP_FMT_BF16)

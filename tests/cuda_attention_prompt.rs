@@ -1,0 +1,85 @@
+//! The prompt attention on CUDA against the CPU backend at prompt sizes: rows 1, 3, 17, 100, 511 and
+//! 513 (the one-row-per-block form below 16 rows, then for heads of 128 the tiled form with
+//! partial row tiles), the head layouts of SmolLM2 (9 heads on 3 KV heads of 64), Llama 3 (32 on 8
+//! of 128; 1B: 32 on 8 of 64), Qwen 3 (16 on 8 of 128), groups of 3 on 128-wide heads (30 of a
+//! tile's 32 query vectors live) and on 64-wide ones, a group of 6 on 40-wide heads, Gemma 3 (4 on
+//! 1 of 256) and a 64-head group (more than a tile's 32 query vectors), which keep the one-row
+//! form; f32 and f16 caches, passes from position 0 and from position 700 (a chunked prompt), with
+//! a sliding window and a softcap. Seeded random inputs, never zeros; the outputs start as NaN.
+//!
+//! Tolerance: both backends sum in f32 with an online softmax in another order (tiles of 16 keys
+//! here, the CPU's own tiles there); the softmax weights are at most 1 and |v| below 1, so the
+//! rounding stays within a few 1e-6 of 1: `2e-5` absolute plus `2e-4` relative, while one key
+//! masked wrongly moves an output by its weight, about 1 / keys, above 1e-3 at every size tested.
+//! Every test needs a GPU: ignored by default, it fails where there is none.
+
+// The harness serves `cuda_ops.rs`; this file uses part of it.
+#[allow(dead_code, unused_imports)]
+mod cuda_harness;
+mod cuda_open;
+mod seeded;
+
+use cuda_harness::{compare, i32_tensor, random_tensor};
+use cuda_open::cuda_device;
+use onepass::ops::attention::AttentionParams;
+use onepass::DType;
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn prompt_attention_tiled_and_row_forms_match_the_cpu() {
+    let dev = cuda_device();
+    // (heads, KV heads, head size)
+    let layouts = [
+        (9usize, 3usize, 64usize),
+        (32, 8, 128),
+        (32, 8, 64),
+        (16, 8, 128),
+        (6, 1, 40),
+        (12, 4, 64),
+        (24, 8, 128),
+        (4, 1, 256),
+        (64, 1, 16),
+    ];
+    for (c, &(n_head, n_kv, hd)) in layouts.iter().enumerate() {
+        for rows in [1usize, 3, 17, 100, 511, 513] {
+            // Big layouts only at a few sizes, to keep the CPU reference quick.
+            if n_head * hd >= 2048 && !matches!(rows, 17 | 513) {
+                continue;
+            }
+            for (v, &(pos0, window, softcap, cache)) in [
+                (0usize, 0usize, 0.0f32, DType::F32),
+                (700, 0, 0.0, DType::F16),
+                (700, 300, 30.0, DType::F32),
+            ]
+            .iter()
+            .enumerate()
+            {
+                let max_ctx = pos0 + rows + 5;
+                let seed = (1000 * c + 10 * v) as u64 + rows as u64;
+                let k = random_tensor(cache, &[n_kv, max_ctx, hd], 1.0, 5000 + seed);
+                let vv = random_tensor(cache, &[n_kv, max_ctx, hd], 1.0, 6000 + seed);
+                let q = random_tensor(DType::F32, &[rows, n_head * hd], 1.0, 7000 + seed);
+                let step = i32_tensor(&[pos0 as i32, 0], &[2]);
+                let mut params = AttentionParams::new(n_head, n_kv, hd);
+                if window != 0 {
+                    params = params.with_window(window);
+                }
+                if softcap != 0.0 {
+                    params = params.with_softcap(softcap);
+                }
+                compare(
+                    &format!(
+                        "attention {n_head}/{n_kv}x{hd} rows {rows} pos0 {pos0} window {window} \
+                         softcap {softcap} {cache}"
+                    ),
+                    &dev,
+                    &[q, k, vv, step],
+                    &[(DType::F32, vec![rows, n_head * hd])],
+                    2e-5,
+                    2e-4,
+                    &|s, i, o| s.attention(&i[0], &i[1], &i[2], &i[3], &o[0], params),
+                );
+            }
+        }
+    }
+}
