@@ -258,10 +258,12 @@ __device__ void matmul_id(const float* x, const uint8_t* w, const int32_t* ids, 
                                     uint64_t n_acc) {                                                 \
         matmul<FMT, true>(XPlain{x}, w, acc, rows, k, n, n_x, n_acc, op_tag(#NAME));               \
     }
+// Two blocks an SM (at most 128 registers a thread): one block's loads overlap the other's
+// products.
 #define MATMUL_MMA_KERNEL(NAME, FMT, ACC)                                                           \
-    extern "C" __global__ void NAME(const float* x, const uint8_t* w, float* out, uint32_t rows,      \
-                                    uint32_t k, uint32_t n, uint64_t n_x, uint64_t n_w,               \
-                                    uint64_t n_out) {                                                 \
+    extern "C" __global__ __launch_bounds__(MMA_THREADS, 2) void NAME(                              \
+        const float* x, const uint8_t* w, float* out, uint32_t rows, uint32_t k, uint32_t n,          \
+        uint64_t n_x, uint64_t n_w, uint64_t n_out) {                                                 \
         matmul_mma<FMT, ACC>(XPlain{x}, w, out, rows, k, n, n_x, n_out, op_tag(#NAME));            \
     }
 #define MATMUL_ID_KERNEL(NAME, FMT)                                                                 \

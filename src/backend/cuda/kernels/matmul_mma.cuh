@@ -71,6 +71,8 @@ struct MmRaw {
     uint32_t q[4];
     uint32_t qh;
     float d, m;
+    // The scale and q4_1's minimum as f16 bits (what the f16 dequantization multiplies by).
+    uint16_t dh, mh;
 };
 
 template <int FMT>
@@ -78,22 +80,29 @@ __device__ __forceinline__ MmRaw mm_raw_load(const uint8_t* row, uint32_t b, uin
     MmRaw r;
     r.qh = 0u;
     r.m = 0.0f;
+    r.mh = 0;
     if (FMT == OP_FMT_Q8_0) {
         const uint8_t* p = row + (uint64_t)b * 34;
-        r.d = mm_half_at(p);
+        r.dh = *(const uint16_t*)p;
+        r.d = __half2float(__ushort_as_half(r.dh));
 #pragma unroll
         for (int wd = 0; wd < 4; ++wd) r.q[wd] = mm_u32_at(p + 2 + 16 * h + 4 * wd);
     } else if (FMT == OP_FMT_Q5_0) {
         const uint8_t* p = row + (uint64_t)b * 22;
-        r.d = mm_half_at(p);
+        r.dh = *(const uint16_t*)p;
+        r.d = __half2float(__ushort_as_half(r.dh));
         r.qh = mm_u32_at(p + 2) >> (16 * h);
 #pragma unroll
         for (int wd = 0; wd < 4; ++wd) r.q[wd] = mm_u32_at(p + 6 + 4 * wd);
     } else {
         const bool q41 = FMT == OP_FMT_Q4_1;
         const uint8_t* p = row + (uint64_t)b * (q41 ? 20 : 18);
-        r.d = mm_half_at(p);
-        if (q41) r.m = mm_half_at(p + 2);
+        r.dh = *(const uint16_t*)p;
+        r.d = __half2float(__ushort_as_half(r.dh));
+        if (q41) {
+            r.mh = *(const uint16_t*)(p + 2);
+            r.m = __half2float(__ushort_as_half(r.mh));
+        }
         const uint8_t* qs = p + (q41 ? 4 : 2);
 #pragma unroll
         for (int wd = 0; wd < 4; ++wd) r.q[wd] = mm_u32_at(qs + 4 * wd);
@@ -117,6 +126,45 @@ __device__ __forceinline__ void mm_raw_values(const MmRaw& r, uint32_t h, float 
                 const int nib = (int)((r.q[wd] >> (8 * e + 4 * h)) & 15u);
                 v[4 * wd + e] = FMT == OP_FMT_Q4_1 ? r.d * (float)nib + r.m : r.d * (float)(nib - 8);
             }
+        }
+    }
+}
+
+// Values 16h .. 16h + 15 of a raw q4_0, q4_1 or q8_0 block as eight f16 pairs, computed in f16
+// from exact integers: a quant u placed in the mantissa of 1024 (bits 0x6400 | u) is 1024 + u
+// exactly, so subtracting 1024 + offset gives the signed quant exactly, and one f16 multiply by
+// the scale (or fused multiply-add with q4_1's minimum) rounds the exact value once. For q4_0 and
+// q8_0 that is the f16 rounding of the f32 dequantization (whose product is exact in f32).
+__device__ __forceinline__ __half2 mm_u32_as_half2(uint32_t v) {
+    return *reinterpret_cast<const __half2*>(&v);
+}
+
+template <int FMT>
+__device__ __forceinline__ void mm_raw_halves(const MmRaw& r, uint32_t h, uint32_t (&out)[8]) {
+    const __half2 d2 = __half2half2(__ushort_as_half(r.dh));
+#pragma unroll
+    for (int wd = 0; wd < 4; ++wd) {
+#pragma unroll
+        for (int pr = 0; pr < 2; ++pr) {
+            uint32_t bits;
+            __half2 bias;
+            if (FMT == OP_FMT_Q8_0) {
+                // Signed bytes made unsigned (+128), bytes 2 pr and 2 pr + 1 into the two halves.
+                bits = __byte_perm(r.q[wd] ^ 0x80808080u, 0x64646464u, pr ? 0x4342u : 0x4140u);
+                bias = __float2half2_rn(1152.0f);
+            } else {
+                const uint32_t nibs = (r.q[wd] >> (4 * h)) & 0x0f0f0f0fu;
+                bits = __byte_perm(nibs, 0x64646464u, pr ? 0x4342u : 0x4140u);
+                bias = __float2half2_rn(FMT == OP_FMT_Q4_1 ? 1024.0f : 1032.0f);
+            }
+            const __half2 q = __hsub2(mm_u32_as_half2(bits), bias);
+            __half2 v;
+            if (FMT == OP_FMT_Q4_1) {
+                v = __hfma2(q, d2, __half2half2(__ushort_as_half(r.mh)));
+            } else {
+                v = __hmul2(q, d2);
+            }
+            out[2 * wd + pr] = *reinterpret_cast<const uint32_t*>(&v);
         }
     }
 }
@@ -205,6 +253,14 @@ __device__ __forceinline__ void mma_store(const MmaLoads& L, __half* as, __half*
     }
     const uint32_t o = t / 2, h = t % 2;
     const uint64_t go = o0 + o;
+    constexpr bool halves = FMT == OP_FMT_Q4_0 || FMT == OP_FMT_Q4_1 || FMT == OP_FMT_Q8_0;
+    if (halves && raw && go < n) {
+        uint32_t hv[8];
+        mm_raw_halves<FMT>(L.w, h, hv);
+        *(uint4*)&bs[o * MMA_LD + 16 * h] = make_uint4(hv[0], hv[1], hv[2], hv[3]);
+        *(uint4*)&bs[o * MMA_LD + 16 * h + 8] = make_uint4(hv[4], hv[5], hv[6], hv[7]);
+        return;
+    }
     float v[16];
     if (raw && go < n) {
         mm_raw_values<FMT>(L.w, h, v);
