@@ -31,7 +31,9 @@ pub struct KernelSource {
 /// Every embedded family source.
 pub const SOURCES: &[KernelSource] = &[
     family("argmax", include_str!("kernels/argmax.cu")),
-    // The tiled prompt form (`attention_tiled.cuh`) in front of the attention family.
+    // The tiled prompt form (`attention_tiled.cuh`) in front of the attention family, and the
+    // slotted decode attention of a batched step (`attention_slots.cu`) after the family's own
+    // source, whose fold and merge it calls.
     family(
         "attention",
         concat!(
@@ -39,6 +41,8 @@ pub const SOURCES: &[KernelSource] = &[
             include_str!("kernels/attention_tiled.cuh"),
             "#line 1 \"attention.cu\"\n",
             include_str!("kernels/attention.cu"),
+            "#line 1 \"attention_slots.cu\"\n",
+            include_str!("kernels/attention_slots.cu"),
         ),
     ),
     family("copy", include_str!("kernels/copy.cu")),
@@ -67,7 +71,14 @@ pub const SOURCES: &[KernelSource] = &[
             include_str!("kernels/fused_block.cu"),
         ),
     ),
-    family("kv_cache", include_str!("kernels/kv_cache.cu")),
+    family(
+        "kv_cache",
+        concat!(
+            include_str!("kernels/kv_cache.cu"),
+            "#line 1 \"kv_slots.cu\"\n",
+            include_str!("kernels/kv_slots.cu"),
+        ),
+    ),
     family(
         "matmul",
         concat!(
@@ -77,6 +88,8 @@ pub const SOURCES: &[KernelSource] = &[
             include_str!("kernels/matmul_mma.cuh"),
             "#line 1 \"matmul.cu\"\n",
             include_str!("kernels/matmul.cu"),
+            "#line 1 \"matmul_rows.cu\"\n",
+            include_str!("kernels/matmul_rows.cu"),
         ),
     ),
     // One row of RMS normalization (`norm_row.cuh`) in front of the norms and of the rope family,
