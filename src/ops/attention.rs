@@ -300,6 +300,17 @@ const TILED_QV: usize = 32;
 const TILED_KEYS: usize = 16;
 const TILED_MAX_HD: usize = 128;
 
+/// The tensor-core form of the prompt attention (`attention_mma.cuh`): heads of [`MMA_HD`]
+/// values, blocks of [`MMA_THREADS`] threads taking [`MMA_ROWS`] query rows of one head, from
+/// [`MMA_MIN_ROWS`] rows.
+const MMA_HD: usize = 128;
+/// Threads of a block of the tensor-core form (`ATTN_M_THREADS`).
+const MMA_THREADS: u32 = 128;
+/// Query rows of a block of the tensor-core form (`ATTN_M_ROWS`, also its keys a tile).
+const MMA_ROWS: usize = 64;
+/// Rows from which the tensor-core form is taken.
+const MMA_MIN_ROWS: usize = 64;
+
 /// The launch shape of the prompt attention: one block per (row, head), or from
 /// [`TILED_MIN_ROWS`] rows, for heads of [`TILED_MAX_HD`] values, one block of the tiled
 /// form per tile of rows and KV head, with its shared memory (`ATTN_T_SMEM_FLOATS`).
@@ -312,6 +323,14 @@ fn prompt_grid(rows: usize, p: &AttentionParams, items: u32) -> Grid {
     let fits = hd == TILED_MAX_HD && (1..=TILED_QV).contains(&group);
     if rows < TILED_MIN_ROWS || !fits {
         return Grid::new(items, 128);
+    }
+    if hd == MMA_HD && rows >= MMA_MIN_ROWS {
+        let blocks = rows
+            .div_ceil(MMA_ROWS)
+            .saturating_mul(p.n_head)
+            .clamp(1, 1 << 30);
+        let smem = 3 * MMA_ROWS * (MMA_HD + 8) * 2;
+        return Grid::new(blocks as u32, MMA_THREADS).with_shared(smem as u32);
     }
     let floats =
         TILED_QV * (hd + 4) + TILED_KEYS * (hd + 4) + TILED_KEYS * hd + TILED_QV * (TILED_KEYS + 4);

@@ -39,6 +39,8 @@ pub const SOURCES: &[KernelSource] = &[
         concat!(
             "#line 1 \"attention_tiled.cuh\"\n",
             include_str!("kernels/attention_tiled.cuh"),
+            "#line 1 \"attention_mma.cuh\"\n",
+            include_str!("kernels/attention_mma.cuh"),
             "#line 1 \"attention.cu\"\n",
             include_str!("kernels/attention.cu"),
             "#line 1 \"attention_slots.cu\"\n",

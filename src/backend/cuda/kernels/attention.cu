@@ -221,6 +221,11 @@ __device__ void attention_prefill(const float* q, const T* k, const T* v, const 
         return;
     }
     const uint32_t group = n_head / n_kv_head;
+    if (attn_mma_ok(hd)) {
+        attention_mma<T>(q, k, v, out, rows, max_ctx, pos0, n_head, n_kv_head, scale, softcap,
+                         window);
+        return;
+    }
     if (attn_tiled_ok(hd, group)) {
         attention_tiled<T>(q, k, v, out, rows, max_ctx, pos0, n_head, n_kv_head, hd, scale, softcap,
                            window);
