@@ -78,6 +78,7 @@ pub mod model;
 pub mod ops;
 pub mod quant;
 pub mod sanitize;
+pub mod serve;
 pub mod session;
 #[cfg(test)]
 #[path = "../tests/seeded/mod.rs"]
