@@ -74,6 +74,16 @@ pub fn run(
     served: ServedModel,
     on_listening: impl FnOnce(SocketAddr),
 ) -> Result<()> {
+    run_until(options, served, on_listening, listen::shutdown_signal())
+}
+
+/// [`run`], ending when `shutdown` resolves instead of at a signal.
+pub fn run_until(
+    options: ServeOptions,
+    served: ServedModel,
+    on_listening: impl FnOnce(SocketAddr),
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(options.http_threads.max(1))
         .thread_name("onepass-http")
@@ -123,7 +133,7 @@ pub fn run(
         options.header_timeout,
         listen::Shutdown {
             signal: async move {
-                listen::shutdown_signal().await;
+                shutdown.await;
                 tracing::info!("shutting down: no new connections; open answers may finish");
                 drain_state.scheduler.drain();
             },

@@ -53,6 +53,9 @@ pub struct ParsedRequest {
     pub stream: bool,
     /// Whether a streamed answer ends with a chunk that holds the usage.
     pub include_usage: bool,
+    /// Whether a whole answer's choice lists the generated token ids (`token_ids`; not in
+    /// OpenAI's API: the name vLLM gives the same option).
+    pub return_token_ids: bool,
 }
 
 /// Limits on what one request may ask for.
@@ -122,6 +125,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8], limits: &Limits) -> Result<ParsedR
             include
         }
     };
+    let return_token_ids = f.boolean("return_token_ids")?.unwrap_or(false);
     // Accepted and ignored: who the end user is, as OpenAI's API takes it.
     f.string("user")?;
     f.finish()?;
@@ -136,6 +140,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8], limits: &Limits) -> Result<ParsedR
         stop,
         stream,
         include_usage,
+        return_token_ids,
     })
 }
 

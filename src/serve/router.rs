@@ -216,7 +216,7 @@ async fn generate(
         )
             .into_response());
     }
-    whole_answer(meta, receiver).await
+    whole_answer(meta, receiver, request.return_token_ids).await
 }
 
 /// Waits for a job's events and answers with the whole text. If the client goes meanwhile, the
@@ -224,6 +224,7 @@ async fn generate(
 async fn whole_answer(
     meta: ResponseMeta,
     mut receiver: UnboundedReceiver<Event>,
+    return_token_ids: bool,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
     loop {
@@ -233,15 +234,17 @@ async fn whole_answer(
                 reason,
                 prompt_tokens,
                 completion_tokens,
+                token_ids,
             }) => {
                 let usage = Usage {
                     prompt_tokens,
                     completion_tokens,
                 };
-                return Ok(json_response(
-                    StatusCode::OK,
-                    &meta.full(&text, reason, usage),
-                ));
+                let mut body = meta.full(&text, reason, usage);
+                if return_token_ids {
+                    body["choices"][0]["token_ids"] = token_ids.into();
+                }
+                return Ok(json_response(StatusCode::OK, &body));
             }
             Some(Event::Failed(e)) => return Err(e),
             None => {

@@ -279,7 +279,8 @@ fn sequences_join_and_leave_between_steps_and_each_gets_its_solo_output() {
             Event::Done {
                 reason,
                 prompt_tokens: p.len(),
-                completion_tokens: want.len()
+                completion_tokens: want.len(),
+                token_ids: want.clone(),
             }
         );
     }

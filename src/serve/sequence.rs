@@ -55,6 +55,8 @@ pub enum Event {
         prompt_tokens: usize,
         /// Tokens generated (an end-of-generation token included, as `generate` counts it).
         completion_tokens: usize,
+        /// The generated token ids.
+        token_ids: Vec<u32>,
     },
     /// The request failed (the others go on).
     Failed(ApiError),
@@ -210,6 +212,7 @@ impl Sequence {
             reason,
             prompt_tokens: self.job.prompt.len(),
             completion_tokens: self.generated,
+            token_ids: self.history[self.job.prompt.len()..].to_vec(),
         });
         reason
     }

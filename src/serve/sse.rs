@@ -54,6 +54,7 @@ impl ChunkWriter {
                 reason,
                 prompt_tokens,
                 completion_tokens,
+                ..
             } => {
                 let last = self
                     .meta
@@ -128,6 +129,7 @@ mod tests {
             reason: FinishReason::Stop,
             prompt_tokens: 4,
             completion_tokens: 2,
+            token_ids: vec![5, 6],
         });
         assert!(over && end.ends_with(DONE_FRAME));
         let a = &parse_frames(&a)[0];
@@ -167,6 +169,7 @@ mod tests {
                 reason: FinishReason::Length,
                 prompt_tokens: 1,
                 completion_tokens: 1,
+                token_ids: vec![9],
             })
             .unwrap();
             let meta = ResponseMeta::new(Endpoint::Completions, 1, 2, "m");
