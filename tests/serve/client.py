@@ -139,8 +139,9 @@ def concurrent_greedy(base_url, args):
 def cancel(base_url, args):
     c = client(base_url)
     model = model_id(base_url)
-    stream = c.completions.create(model=model, prompt="Once upon a time", max_tokens=400,
-                                  temperature=0, stream=True)
+    stream = c.completions.create(model=model, prompt="Once upon a time",
+                                  max_tokens=args.get("max_tokens", 400), temperature=0,
+                                  stream=True)
     got = 0
     for _ in stream:
         got += 1
@@ -171,12 +172,15 @@ def bad_requests(base_url, args):
         except openai.APIStatusError as e:
             body = e.body if isinstance(e.body, dict) else {}
             out[name] = {"status": e.status_code, "param": body.get("param"),
-                         "type": body.get("type"), "message": body.get("message")}
+                         "type": body.get("type"), "code": body.get("code"),
+                         "message": body.get("message")}
 
     status_of("temperature", lambda: c.completions.create(model=model, prompt="x", temperature=5))
     status_of("n", lambda: c.completions.create(model=model, prompt="x", n=2))
     status_of("max_tokens", lambda: c.completions.create(model=model, prompt="x", max_tokens=-1))
-    status_of("context", lambda: c.completions.create(model=model, prompt="x", max_tokens=10**6))
+    status_of("too_many", lambda: c.completions.create(model=model, prompt="x", max_tokens=10**6))
+    status_of("context", lambda: c.completions.create(model=model, prompt="x",
+                                                      max_tokens=args["ctx"]))
     status_of("unknown_field", lambda: c.completions.create(model=model, prompt="x",
                                                             extra_body={"bogus": 1}))
     status_of("model", lambda: c.completions.create(model="no-such-model", prompt="x"))
@@ -209,10 +213,11 @@ def queue_full(base_url, args):
     """With one slot and a queue of one: a running stream, a queued one, then a 429."""
     c = client(base_url)
     model = model_id(base_url)
-    first = c.completions.create(model=model, prompt="Once upon a time", max_tokens=200,
+    n = args.get("max_tokens", 200)
+    first = c.completions.create(model=model, prompt="Once upon a time", max_tokens=n,
                                  temperature=0, stream=True)
     next(iter(first))
-    second = c.completions.create(model=model, prompt="Once upon a time", max_tokens=200,
+    second = c.completions.create(model=model, prompt="Once upon a time", max_tokens=n,
                                   temperature=0, stream=True)
     deadline = time.time() + 20
     while metric(base_url, "onepass_queue_length") < 1 and time.time() < deadline:
