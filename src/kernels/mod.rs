@@ -9,6 +9,7 @@
 //! operands by parameter name.
 
 pub mod attention;
+pub mod batch;
 pub mod elementwise;
 mod fusion;
 pub mod matmul;
@@ -483,6 +484,9 @@ pub fn all() -> Vec<&'static KernelSig> {
         &attention::DECODE,
         &attention::DECODE_PARTIAL,
         std::slice::from_ref(&attention::DECODE_COMBINE),
+        &batch::MATMUL_ROWS,
+        &batch::KV_WRITE_SLOTS,
+        &batch::ATTENTION_SLOTS,
         &elementwise::ADD,
         &elementwise::ADD_INPLACE,
         &elementwise::MUL,

@@ -33,6 +33,28 @@ pub fn cache_and_scratch_bytes(
     WORD * (kv + scratch + outputs + inputs)
 }
 
+/// Bytes a multi-slot model needs beyond [`cache_and_scratch_bytes`] (which counts one slot):
+/// the KV cache of its other `cache_slots - 1` slots (the padding slot of batched steps
+/// included), and for batched decode steps of up to `max_rows` rows their scratch, one decode
+/// attention scratch of `decode_partials` f32 values per row, inputs and outputs.
+pub fn slots_and_batch_bytes(
+    c: &ModelConfig,
+    max_ctx: usize,
+    cache_slots: usize,
+    max_rows: usize,
+    decode_partials: usize,
+) -> u128 {
+    let n = |x: usize| x as u128;
+    let kv_width = n(c.n_kv_head) * n(c.head_dim);
+    let q_width = n(c.n_head) * n(c.head_dim);
+    let kv = 2 * n(c.n_layer) * kv_width * n(max_ctx) * n(cache_slots.saturating_sub(1));
+    let qk_raw = if c.qk_norm { q_width + kv_width } else { 0 };
+    let scratch_row = 3 * n(c.dim) + 2 * q_width + 2 * kv_width + 3 * n(c.ffn_dim) + qk_raw;
+    let rows = n(max_rows);
+    let batch = rows * (scratch_row + n(decode_partials) + n(c.dim) + n(c.vocab) + 4);
+    WORD * (kv + batch)
+}
+
 pub use crate::backend::{available_host_memory as available_memory, parse_mem_available};
 
 /// Sizes in words: `1.5 GiB`, `300.0 MiB`, `12 bytes`.

@@ -3,6 +3,7 @@
 //! families (Llama, Gemma 3, Qwen 3), sampling, and the synthetic-model writer.
 
 pub mod arch;
+pub mod batch;
 pub mod budget;
 pub mod chat;
 pub mod engine;

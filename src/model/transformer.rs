@@ -72,6 +72,138 @@ impl StepInputs {
     }
 }
 
+/// The buffers of batched decode steps: scratch for `rows` rows, one single-row decode
+/// attention scratch per row, the per-row inputs (one i32 allocation laid out
+/// `[tokens[rows], positions[rows], slots[rows]]`, written by one copy per step) and outputs.
+struct BatchBuffers {
+    rows: usize,
+    scratch: Scratch,
+    partials: Buffer,
+    inputs: Buffer,
+    tokens: Buffer,
+    positions: Buffer,
+    slots: Buffer,
+    norm_out: Buffer,
+    logits: Buffer,
+    next_tokens: Buffer,
+}
+
+impl BatchBuffers {
+    fn new(device: &Device, c: &ModelConfig, rows: usize, partial_len: usize) -> Result<Self> {
+        let inputs = device.alloc(DType::I32, &[3 * rows])?;
+        Ok(BatchBuffers {
+            rows,
+            scratch: Scratch::new(device, c, rows, None)?,
+            partials: device.alloc(DType::F32, &[rows, partial_len])?,
+            tokens: inputs.view(0, DType::I32, &[rows])?,
+            positions: inputs.view(4 * rows, DType::I32, &[rows])?,
+            slots: inputs.view(8 * rows, DType::I32, &[rows])?,
+            inputs,
+            norm_out: device.alloc(DType::F32, &[rows, c.dim])?,
+            logits: device.alloc(DType::F32, &[rows, c.vocab])?,
+            next_tokens: device.alloc(DType::I32, &[rows])?,
+        })
+    }
+
+    /// Every buffer, named.
+    fn named(&self) -> Vec<(String, Buffer)> {
+        let mut v: Vec<(String, Buffer)> = self
+            .scratch
+            .named()
+            .into_iter()
+            .map(|(n, b)| (format!("batch.{n}"), b))
+            .collect();
+        for (n, b) in [
+            ("partials", &self.partials),
+            ("inputs", &self.inputs),
+            ("norm_out", &self.norm_out),
+            ("logits", &self.logits),
+            ("next_tokens", &self.next_tokens),
+        ] {
+            v.push((format!("batch.{n}"), b.clone()));
+        }
+        v
+    }
+}
+
+/// What a pass records: its rows, scratch views, token and position inputs, and whether its
+/// products must be row-invariant (batched steps).
+struct Pass {
+    rows: usize,
+    sc: ScratchViews,
+    tokens: Buffer,
+    positions: Buffer,
+    row_invariant: bool,
+}
+
+/// What one layer's cache writes and attention read and write.
+struct AttentionIo<'a> {
+    q: &'a Buffer,
+    k: &'a Buffer,
+    v: &'a Buffer,
+    out: &'a Buffer,
+    params: AttentionParams,
+}
+
+/// The first `rows` rows of a [`Scratch`].
+struct ScratchViews {
+    x: Buffer,
+    xn: Buffer,
+    q: Buffer,
+    k: Buffer,
+    v: Buffer,
+    attn: Buffer,
+    proj: Buffer,
+    gate: Buffer,
+    up: Buffer,
+    hidden: Buffer,
+    qk_raw: Option<(Buffer, Buffer)>,
+}
+
+impl ScratchViews {
+    fn of(sc: &Scratch, rows: usize) -> Result<Self> {
+        let view = |b: &Buffer| b.rows(0, rows);
+        Ok(ScratchViews {
+            x: view(&sc.x)?,
+            xn: view(&sc.xn)?,
+            q: view(&sc.q)?,
+            k: view(&sc.k)?,
+            v: view(&sc.v)?,
+            attn: view(&sc.attn)?,
+            proj: view(&sc.proj)?,
+            gate: view(&sc.gate)?,
+            up: view(&sc.up)?,
+            hidden: view(&sc.hidden)?,
+            qk_raw: match &sc.qk_raw {
+                Some((qr, kr)) => Some((view(qr)?, view(kr)?)),
+                None => None,
+            },
+        })
+    }
+
+    /// Nobody reads the activations after the pass (the residual `x` and the final norm's
+    /// output stay readable: `final_hidden_norms` reads them).
+    fn mark_scratch(&self, s: &mut Session) {
+        for b in [
+            &self.xn,
+            &self.q,
+            &self.k,
+            &self.v,
+            &self.attn,
+            &self.proj,
+            &self.gate,
+            &self.up,
+            &self.hidden,
+        ] {
+            s.mark_scratch(b);
+        }
+        if let Some((q_raw, k_raw)) = &self.qk_raw {
+            s.mark_scratch(q_raw);
+            s.mark_scratch(k_raw);
+        }
+    }
+}
+
 /// Which rows of a pass produce logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Logits {
@@ -86,7 +218,13 @@ pub struct Transformer {
     config: ModelConfig,
     device: Device,
     weights: Weights,
+    /// Every layer's K and V caches, `[cache_slots, n_kv_head, max_ctx, head_dim]` each: one slot
+    /// per sequence (one for [`Transformer::load`]), then a padding slot when batched steps exist.
     kv: Vec<(Buffer, Buffer)>,
+    /// Sequences the cache holds (the padding slot, if any, is not counted).
+    slots: usize,
+    /// The batched decode step's buffers ([`Transformer::load_slots`] only).
+    batch: Option<BatchBuffers>,
     max_ctx: usize,
     inputs: StepInputs,
     prefill: Scratch,
@@ -108,18 +246,37 @@ impl Transformer {
         max_ctx: usize,
         max_batch: usize,
     ) -> Result<Self> {
+        Self::load_slots(file, device, max_ctx, max_batch, 1, 0)
+    }
+
+    /// Loads a model whose KV cache holds `slots` sequences of `max_ctx` positions each, with
+    /// prefill passes of up to `max_batch` tokens into one slot and, when `max_rows > 0`, batched
+    /// decode steps of up to `max_rows` rows (one per slot; see
+    /// [`Transformer::record_decode_rows`]). The cache then has one more slot, for the padding
+    /// rows of a batch. `load_slots(.., 1, 0)` is [`Transformer::load`].
+    pub fn load_slots(
+        file: Arc<GgufFile>,
+        device: &Device,
+        max_ctx: usize,
+        max_batch: usize,
+        slots: usize,
+        max_rows: usize,
+    ) -> Result<Self> {
         let config = ModelConfig::from_gguf(&file)?;
-        if max_ctx == 0 || max_batch == 0 {
+        if max_ctx == 0 || max_batch == 0 || slots == 0 {
             return Err(Error::InvalidArgument(
-                "context and batch sizes must be at least 1".into(),
+                "context, batch sizes and slots must be at least 1".into(),
             ));
         }
         let max_batch = max_batch.min(max_ctx);
+        let max_rows = max_rows.min(slots);
+        let cache_slots = slots + usize::from(max_rows > 0);
         let params = config.full_attention();
         let decode_chunk = crate::ops::attention::decode_chunk_len(device);
         let partial_len =
             crate::ops::attention::attention_decode_scratch_len(params, max_ctx, decode_chunk)?;
-        let need = budget::cache_and_scratch_bytes(&config, max_ctx, max_batch, partial_len);
+        let need = budget::cache_and_scratch_bytes(&config, max_ctx, max_batch, partial_len)
+            + budget::slots_and_batch_bytes(&config, max_ctx, cache_slots, max_rows, partial_len);
         budget::check_fits(need, device.allocatable_bytes(), max_ctx)?;
         if max_ctx > config.train_ctx {
             tracing::warn!(
@@ -131,7 +288,7 @@ impl Transformer {
         let weights = weights::load(&file, device, &config)?;
         let mut kv = Vec::with_capacity(config.n_layer);
         for _ in 0..config.n_layer {
-            let dims = [config.n_kv_head, max_ctx, config.head_dim];
+            let dims = [cache_slots, config.n_kv_head, max_ctx, config.head_dim];
             kv.push((
                 device.alloc(DType::F32, &dims)?,
                 device.alloc(DType::F32, &dims)?,
@@ -140,7 +297,14 @@ impl Transformer {
         let inputs = StepInputs::new(device, max_batch)?;
         let prefill = Scratch::new(device, &config, max_batch, None)?;
         let decode = Scratch::new(device, &config, 1, Some(partial_len))?;
+        let batch = if max_rows > 0 {
+            Some(BatchBuffers::new(device, &config, max_rows, partial_len)?)
+        } else {
+            None
+        };
         Ok(Transformer {
+            slots,
+            batch,
             norm_out: device.alloc(DType::F32, &[max_batch, config.dim])?,
             logits: device.alloc(DType::F32, &[max_batch, config.vocab])?,
             next_token: device.alloc(DType::I32, &[1])?,
@@ -211,7 +375,19 @@ impl Transformer {
     /// a recorded decode step can be replayed for every later step. With `argmax`, the pass ends by
     /// writing the most likely next token (of the last row) into [`Transformer::next_token_buffer`].
     pub fn record(&self, s: &mut Session, rows: usize, logits: Logits, argmax: bool) -> Result<()> {
-        let c = &self.config;
+        self.record_in_slot(s, rows, logits, argmax, 0)
+    }
+
+    /// [`Transformer::record`] with the KV cache of `slot` (positions from
+    /// [`Transformer::set_inputs`], counted within the slot).
+    pub fn record_in_slot(
+        &self,
+        s: &mut Session,
+        rows: usize,
+        logits: Logits,
+        argmax: bool,
+        slot: usize,
+    ) -> Result<()> {
         let decode = rows == 1;
         let sc = if decode { &self.decode } else { &self.prefill };
         if rows == 0 || rows > sc.rows {
@@ -220,31 +396,134 @@ impl Transformer {
                 sc.rows
             )));
         }
-        let view = |b: &Buffer| b.rows(0, rows);
-        let (x, xn, q, k, v) = (
-            view(&sc.x)?,
-            view(&sc.xn)?,
-            view(&sc.q)?,
-            view(&sc.k)?,
-            view(&sc.v)?,
-        );
-        let (attn, proj) = (view(&sc.attn)?, view(&sc.proj)?);
-        let (gate, up, hidden) = (view(&sc.gate)?, view(&sc.up)?, view(&sc.hidden)?);
-        let tokens = self.inputs.tokens.rows(0, rows)?;
-        let positions = self.inputs.positions.rows(0, rows)?;
+        let kv = self.slot_kv(slot)?;
         let step = &self.inputs.step;
-        let w = &self.weights;
-        s.embedding(&w.embed, &tokens, &x)?;
-        if let Some(scale) = c.embed_scale {
-            s.scale(&x, scale, &x)?;
-        }
-        let qk_raw = match &sc.qk_raw {
-            Some((qr, kr)) => Some((qr.rows(0, rows)?, kr.rows(0, rows)?)),
-            None => None,
+        let chunk = self.decode_chunk;
+        let pass = Pass {
+            rows,
+            sc: ScratchViews::of(sc, rows)?,
+            tokens: self.inputs.tokens.rows(0, rows)?,
+            positions: self.inputs.positions.rows(0, rows)?,
+            row_invariant: false,
         };
+        let mut attend = |s: &mut Session, i: usize, io: &AttentionIo<'_>| {
+            let (kc, vc) = &kv[i];
+            s.kv_write(io.k, kc, step)?;
+            s.kv_write(io.v, vc, step)?;
+            match &sc.partials {
+                Some(partials) if decode => {
+                    s.attention_decode(io.q, kc, vc, step, partials, io.out, io.params, chunk)
+                }
+                _ => s.attention(io.q, kc, vc, step, io.out, io.params),
+            }
+        };
+        let x = self.record_layers(s, &pass, &mut attend)?;
+        let (first, count) = match logits {
+            Logits::Last => (rows - 1, 1),
+            Logits::All => (0, rows),
+        };
+        let normed = self.norm_out.rows(0, count)?;
+        let out = self.logits.rows(0, count)?;
+        self.record_head(s, &x.rows(first, count)?, &normed, &out, false)?;
+        if argmax {
+            s.argmax(&out.rows(count - 1, 1)?, &self.next_token)?;
+        }
+        pass.sc.mark_scratch(s);
+        Ok(())
+    }
+
+    /// Records one batched decode step of `rows` rows (1 to the `max_rows` of
+    /// [`Transformer::load_slots`]): row `r` feeds token `tokens[r]` at position `positions[r]`
+    /// of slot `slots[r]`, as [`Transformer::set_rows`] wrote them. Every row's logits land in
+    /// [`Transformer::batch_logits`]; with `argmax`, each row's most likely next token lands in
+    /// [`Transformer::batch_next_tokens`].
+    ///
+    /// Batch invariance: every op of the step computes each row as it would compute it alone
+    /// (per-row norms, RoPE and activations; [`Session::matmul_rows`] for the products, never the
+    /// plain product whose reduction order follows the row count, nor the fused block kernels;
+    /// [`Session::attention_slots`], which runs the one-row decode attention per row), so a row's
+    /// logits do not depend on the bucket or on the other rows; on the CPU they are the bits of
+    /// the single-sequence decode step over the same cache contents.
+    pub fn record_decode_rows(&self, s: &mut Session, rows: usize, argmax: bool) -> Result<()> {
+        let b = self.batch()?;
+        if rows == 0 || rows > b.rows {
+            return Err(Error::InvalidArgument(format!(
+                "a batched step takes 1 to {} rows, got {rows}",
+                b.rows
+            )));
+        }
+        let positions = b.positions.rows(0, rows)?;
+        let slots = b.slots.rows(0, rows)?;
+        let partials = b
+            .partials
+            .rows(0, rows)?
+            .reshape(&[b.partials.elems() / b.rows * rows])?;
+        let chunk = self.decode_chunk;
+        let pass = Pass {
+            rows,
+            sc: ScratchViews::of(&b.scratch, rows)?,
+            tokens: b.tokens.rows(0, rows)?,
+            positions: positions.clone(),
+            row_invariant: true,
+        };
+        let mut attend = |s: &mut Session, i: usize, io: &AttentionIo<'_>| {
+            let (kc, vc) = &self.kv[i];
+            s.kv_write_slots(io.k, kc, &slots, &positions)?;
+            s.kv_write_slots(io.v, vc, &slots, &positions)?;
+            s.attention_slots(
+                io.q, kc, vc, &slots, &positions, &partials, io.out, io.params, chunk,
+            )
+        };
+        let x = self.record_layers(s, &pass, &mut attend)?;
+        let normed = b.norm_out.rows(0, rows)?;
+        let out = b.logits.rows(0, rows)?;
+        self.record_head(s, &x, &normed, &out, true)?;
+        if argmax {
+            s.argmax(&out, &b.next_tokens.rows(0, rows)?)?;
+        }
+        pass.sc.mark_scratch(s);
+        s.mark_scratch(&normed);
+        Ok(())
+    }
+
+    /// The layers of a pass: the embedding, then every block, with `attend` recording each
+    /// layer's cache writes and attention. Returns the residual stream `x` (`[rows, dim]`).
+    fn record_layers(
+        &self,
+        s: &mut Session,
+        pass: &Pass,
+        attend: &mut dyn FnMut(&mut Session, usize, &AttentionIo<'_>) -> Result<()>,
+    ) -> Result<Buffer> {
+        let c = &self.config;
+        let rows = pass.rows;
+        let ScratchViews {
+            x,
+            xn,
+            q,
+            k,
+            v,
+            attn,
+            proj,
+            gate,
+            up,
+            hidden,
+            qk_raw,
+        } = &pass.sc;
+        let product = |s: &mut Session, x: &Buffer, w: &Buffer, out: &Buffer| {
+            if pass.row_invariant {
+                s.matmul_rows(x, w, out)
+            } else {
+                s.matmul(x, w, out)
+            }
+        };
+        let w = &self.weights;
+        s.embedding(&w.embed, &pass.tokens, x)?;
+        if let Some(scale) = c.embed_scale {
+            s.scale(x, scale, x)?;
+        }
         // Per-head views: one row per head, for the query and key norms.
         let heads = |t: &Buffer, n: usize| t.reshape(&[rows * n, c.head_dim]);
-        for (i, (l, (kc, vc))) in w.layers.iter().zip(&self.kv).enumerate() {
+        for (i, l) in w.layers.iter().enumerate() {
             let layer = c.layer_attention(i);
             let rope = RopeParams {
                 mode: c.rope_mode,
@@ -253,74 +532,185 @@ impl Transformer {
                 base: layer.rope_base,
                 freq_factors: w.rope_freqs.as_ref(),
             };
-            let attn_params = attention_params(c, layer.window);
-            s.rms_norm(&x, &l.attn_norm, &xn, c.norm_eps)?;
-            match (&l.qk_norm, &qk_raw) {
+            s.rms_norm(x, &l.attn_norm, xn, c.norm_eps)?;
+            match (&l.qk_norm, qk_raw) {
                 (Some((q_norm, k_norm)), Some((q_raw, k_raw))) => {
-                    s.matmul(&xn, &l.wq, q_raw)?;
-                    s.matmul(&xn, &l.wk, k_raw)?;
-                    s.matmul(&xn, &l.wv, &v)?;
-                    let (q_heads, k_heads) = (heads(&q, c.n_head)?, heads(&k, c.n_kv_head)?);
+                    product(s, xn, &l.wq, q_raw)?;
+                    product(s, xn, &l.wk, k_raw)?;
+                    product(s, xn, &l.wv, v)?;
+                    let (q_heads, k_heads) = (heads(q, c.n_head)?, heads(k, c.n_kv_head)?);
                     s.rms_norm(&heads(q_raw, c.n_head)?, q_norm, &q_heads, c.norm_eps)?;
                     s.rms_norm(&heads(k_raw, c.n_kv_head)?, k_norm, &k_heads, c.norm_eps)?;
                 }
                 _ => {
-                    s.matmul(&xn, &l.wq, &q)?;
-                    s.matmul(&xn, &l.wk, &k)?;
-                    s.matmul(&xn, &l.wv, &v)?;
+                    product(s, xn, &l.wq, q)?;
+                    product(s, xn, &l.wk, k)?;
+                    product(s, xn, &l.wv, v)?;
                 }
             }
-            s.rope(&q, &positions, &q, &rope)?;
-            s.rope(&k, &positions, &k, &rope)?;
-            s.kv_write(&k, kc, step)?;
-            s.kv_write(&v, vc, step)?;
-            match &sc.partials {
-                Some(partials) if decode => s.attention_decode(
-                    &q,
-                    kc,
-                    vc,
-                    step,
-                    partials,
-                    &attn,
-                    attn_params,
-                    self.decode_chunk,
-                )?,
-                _ => s.attention(&q, kc, vc, step, &attn, attn_params)?,
-            }
-            s.matmul(&attn, &l.wo, &proj)?;
-            residual_add(s, &x, &proj, l.post_norms.as_ref().map(|p| &p.0), &xn, c)?;
-            s.rms_norm(&x, &l.ffn_norm, &xn, c.norm_eps)?;
-            s.matmul(&xn, &l.w_gate, &gate)?;
-            s.matmul(&xn, &l.w_up, &up)?;
+            s.rope(q, &pass.positions, q, &rope)?;
+            s.rope(k, &pass.positions, k, &rope)?;
+            let io = AttentionIo {
+                q,
+                k,
+                v,
+                out: attn,
+                params: attention_params(c, layer.window),
+            };
+            attend(s, i, &io)?;
+            product(s, attn, &l.wo, proj)?;
+            residual_add(s, x, proj, l.post_norms.as_ref().map(|p| &p.0), xn, c)?;
+            s.rms_norm(x, &l.ffn_norm, xn, c.norm_eps)?;
+            product(s, xn, &l.w_gate, gate)?;
+            product(s, xn, &l.w_up, up)?;
             match c.activation {
-                Activation::Silu => s.swiglu(&gate, &up, &hidden)?,
-                Activation::GeluTanh => s.geglu(&gate, &up, &hidden)?,
+                Activation::Silu => s.swiglu(gate, up, hidden)?,
+                Activation::GeluTanh => s.geglu(gate, up, hidden)?,
             }
-            s.matmul(&hidden, &l.w_down, &proj)?;
-            residual_add(s, &x, &proj, l.post_norms.as_ref().map(|p| &p.1), &xn, c)?;
+            product(s, hidden, &l.w_down, proj)?;
+            residual_add(s, x, proj, l.post_norms.as_ref().map(|p| &p.1), xn, c)?;
         }
-        let (first, count) = match logits {
-            Logits::Last => (rows - 1, 1),
-            Logits::All => (0, rows),
+        Ok(x.clone())
+    }
+
+    /// The final norm of `x` into `normed` and the head's product into `logits`.
+    fn record_head(
+        &self,
+        s: &mut Session,
+        x: &Buffer,
+        normed: &Buffer,
+        logits: &Buffer,
+        row_invariant: bool,
+    ) -> Result<()> {
+        let w = &self.weights;
+        s.rms_norm(x, &w.out_norm, normed, self.config.norm_eps)?;
+        if row_invariant {
+            s.matmul_rows(normed, &w.lm_head, logits)
+        } else {
+            s.matmul(normed, &w.lm_head, logits)
+        }
+    }
+
+    /// The K and V caches of `slot` (`[n_kv_head, max_ctx, head_dim]` views), layer by layer.
+    pub fn slot_kv(&self, slot: usize) -> Result<Vec<(Buffer, Buffer)>> {
+        let cache_slots = self.kv.first().map_or(0, |(k, _)| k.dims()[0]);
+        if slot >= cache_slots {
+            return Err(Error::InvalidArgument(format!(
+                "slot {slot} is outside the cache's {cache_slots} slots"
+            )));
+        }
+        let c = &self.config;
+        let dims = [c.n_kv_head, self.max_ctx, c.head_dim];
+        let view = |b: &Buffer| {
+            let bytes = b.len_bytes() / cache_slots;
+            b.view(slot * bytes, b.dtype(), &dims)
         };
-        let x_out = x.rows(first, count)?;
-        let normed = self.norm_out.rows(0, count)?;
-        let out = self.logits.rows(0, count)?;
-        s.rms_norm(&x_out, &w.out_norm, &normed, c.norm_eps)?;
-        s.matmul(&normed, &w.lm_head, &out)?;
-        if argmax {
-            s.argmax(&out.rows(count - 1, 1)?, &self.next_token)?;
+        self.kv
+            .iter()
+            .map(|(k, v)| Ok((view(k)?, view(v)?)))
+            .collect()
+    }
+
+    /// Sequences the KV cache holds (without the padding slot of batched steps).
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// The slot the padding rows of a batched step use: the one after the sequences' slots.
+    pub fn padding_slot(&self) -> usize {
+        self.slots
+    }
+
+    /// Most rows of a batched decode step (0 without them).
+    pub fn max_rows(&self) -> usize {
+        self.batch.as_ref().map_or(0, |b| b.rows)
+    }
+
+    fn batch(&self) -> Result<&BatchBuffers> {
+        self.batch.as_ref().ok_or_else(|| {
+            Error::InvalidArgument(
+                "this model was loaded without batched decode steps (Transformer::load_slots \
+                 with max_rows > 0)"
+                    .into(),
+            )
+        })
+    }
+
+    /// Writes the per-row inputs of a batched step of `rows` rows (`tokens.len()` live rows, the
+    /// rest padding): live row `r` feeds `tokens[r]` at `positions[r]` of slot `slots[r]`; a
+    /// padding row feeds token 0 at position 0 of the padding slot. One host-to-device copy.
+    /// Checks the values (token in the vocabulary, slot a sequence's, position inside the slot,
+    /// no slot twice).
+    pub fn set_rows(
+        &self,
+        rows: usize,
+        tokens: &[u32],
+        positions: &[usize],
+        slots: &[usize],
+    ) -> Result<()> {
+        let b = self.batch()?;
+        let live = tokens.len();
+        if live == 0 || live > rows || rows > b.rows {
+            return Err(Error::InvalidArgument(format!(
+                "a batched step takes 1 to {} rows, got {live} live rows in a bucket of {rows}",
+                b.rows
+            )));
         }
-        // Nobody reads the activations after the pass (the residual `x` and the final norm's
-        // output stay readable: `final_hidden_norms` reads them).
-        for b in [&xn, &q, &k, &v, &attn, &proj, &gate, &up, &hidden] {
-            s.mark_scratch(b);
+        if positions.len() != live || slots.len() != live {
+            return Err(Error::InvalidArgument(format!(
+                "{live} tokens need as many positions and slots, got {} and {}",
+                positions.len(),
+                slots.len()
+            )));
         }
-        if let Some((q_raw, k_raw)) = &qk_raw {
-            s.mark_scratch(q_raw);
-            s.mark_scratch(k_raw);
+        let mut words = vec![0i32; 3 * b.rows];
+        let mut seen = vec![false; self.slots];
+        for r in 0..rows {
+            let (t, p, sl) = if r < live {
+                (tokens[r], positions[r], slots[r])
+            } else {
+                (0, 0, self.padding_slot())
+            };
+            if r < live {
+                if t as usize >= self.config.vocab {
+                    return Err(Error::InvalidArgument(format!(
+                        "row {r}: token id {t} is out of range for a vocabulary of {}",
+                        self.config.vocab
+                    )));
+                }
+                if sl >= self.slots {
+                    return Err(Error::InvalidArgument(format!(
+                        "row {r}: slot {sl} is outside the cache's {} slots",
+                        self.slots
+                    )));
+                }
+                if std::mem::replace(&mut seen[sl], true) {
+                    return Err(Error::InvalidArgument(format!(
+                        "row {r}: slot {sl} already has a row in this step"
+                    )));
+                }
+                if p >= self.max_ctx {
+                    return Err(Error::InvalidArgument(format!(
+                        "row {r}: position {p} is past the slot's context of {} tokens",
+                        self.max_ctx
+                    )));
+                }
+            }
+            words[r] = t as i32;
+            words[b.rows + r] = p as i32;
+            words[2 * b.rows + r] = sl as i32;
         }
-        Ok(())
+        self.device.write(&b.inputs, &words)
+    }
+
+    /// The logits of the last batched step: `[rows, vocab]`.
+    pub fn batch_logits(&self, rows: usize) -> Result<Buffer> {
+        self.batch()?.logits.rows(0, rows)
+    }
+
+    /// The next tokens (i32, one per row) a batched step with argmax wrote.
+    pub fn batch_next_tokens(&self, rows: usize) -> Result<Buffer> {
+        self.batch()?.next_tokens.rows(0, rows)
     }
 
     /// The logits the last pass wrote: `[rows, vocab]` for [`Logits::All`], else `[1, vocab]`.
@@ -403,6 +793,9 @@ impl Transformer {
         v.push(("norm_out".into(), self.norm_out.clone()));
         v.push(("logits".into(), self.logits.clone()));
         v.push(("next_token".into(), self.next_token.clone()));
+        if let Some(b) = &self.batch {
+            v.extend(b.named());
+        }
         v
     }
 
@@ -501,6 +894,35 @@ fn residual_add(
 }
 
 impl Scratch {
+    /// The activation buffers, named (the attention scratch apart).
+    fn named(&self) -> Vec<(String, Buffer)> {
+        let bufs = [
+            &self.x,
+            &self.xn,
+            &self.q,
+            &self.k,
+            &self.v,
+            &self.attn,
+            &self.proj,
+            &self.gate,
+            &self.up,
+            &self.hidden,
+        ];
+        let names = [
+            "x", "xn", "q", "k", "v", "attn", "proj", "gate", "up", "hidden",
+        ];
+        let mut v: Vec<(String, Buffer)> = names
+            .iter()
+            .zip(bufs)
+            .map(|(n, b)| (n.to_string(), b.clone()))
+            .collect();
+        if let Some((q_raw, k_raw)) = &self.qk_raw {
+            v.push(("q_raw".into(), q_raw.clone()));
+            v.push(("k_raw".into(), k_raw.clone()));
+        }
+        v
+    }
+
     fn new(device: &Device, c: &ModelConfig, rows: usize, partials: Option<usize>) -> Result<Self> {
         let f = |width: usize| device.alloc(DType::F32, &[rows, width]);
         Ok(Scratch {

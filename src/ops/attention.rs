@@ -85,7 +85,7 @@ impl AttentionParams {
 
     /// The window as the kernels take it: 0 for none. Windows past `u32::MAX` (larger than any
     /// position an i32 `step` can address, so the same as none) travel as `u32::MAX`.
-    fn window_arg(&self) -> u32 {
+    pub(crate) fn window_arg(&self) -> u32 {
         self.window
             .map_or(0, |w| u32::try_from(w).unwrap_or(u32::MAX))
     }
@@ -95,7 +95,7 @@ impl AttentionParams {
         self.n_head * self.head_dim
     }
 
-    fn check(&self, c: &Check) -> Result<()> {
+    pub(crate) fn check(&self, c: &Check) -> Result<()> {
         c.require(
             "params",
             self.n_head > 0 && self.n_kv_head > 0 && self.head_dim > 0,

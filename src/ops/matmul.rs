@@ -88,7 +88,7 @@ fn warp_per_output_and_row(n: usize, rows: usize) -> Grid {
 }
 
 /// Checks `x` and `out` against `k` and `n` and returns the number of activation rows.
-fn check_rows(c: &Check, x: &Buffer, out: &Buffer, k: usize, n: usize) -> Result<usize> {
+pub(crate) fn check_rows(c: &Check, x: &Buffer, out: &Buffer, k: usize, n: usize) -> Result<usize> {
     c.dtype("x", x, &[DType::F32])?;
     c.dtype("out", out, &[DType::F32])?;
     c.require("x", x.shape().rank() >= 1, || "must have rank >= 1".into())?;

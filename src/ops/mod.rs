@@ -5,6 +5,7 @@
 
 pub mod argmax;
 pub mod attention;
+pub mod attention_slots;
 pub mod block_fusion;
 mod check;
 pub mod copy;
@@ -13,8 +14,10 @@ pub mod elementwise;
 pub mod embedding;
 pub mod fused_block;
 pub mod kv_cache;
+pub mod kv_slots;
 pub mod matmul;
 pub mod matmul_fused;
+pub mod matmul_rows;
 pub mod norm;
 pub mod norm_rope;
 pub mod rope;

@@ -60,6 +60,52 @@ mod attention {
     }
 }
 
+mod batch {
+    use crate::backend::Buffer;
+    use crate::error::Result;
+    use crate::ops::attention::AttentionParams;
+    use crate::ops::attention_slots::attention_slots;
+    use crate::ops::kv_slots::kv_write_slots;
+    use crate::ops::matmul_rows::matmul_rows;
+    use crate::session::Session;
+    impl Session {
+        /// The product with each row computed as it would be alone (see [`matmul_rows`]).
+        pub fn matmul_rows(&mut self, x: &Buffer, w: &Buffer, out: &Buffer) -> Result<()> {
+            self.push(matmul_rows(x, w, out)?)
+        }
+
+        /// K or V rows written each into its own slot and position (see [`kv_write_slots`]).
+        pub fn kv_write_slots(
+            &mut self,
+            new: &Buffer,
+            cache: &Buffer,
+            slots: &Buffer,
+            positions: &Buffer,
+        ) -> Result<()> {
+            self.push(kv_write_slots(new, cache, slots, positions)?)
+        }
+
+        /// Decode attention of each row over its own slot (see [`attention_slots`]).
+        #[allow(clippy::too_many_arguments)] // mirrors `attention_slots`
+        pub fn attention_slots(
+            &mut self,
+            q: &Buffer,
+            k_cache: &Buffer,
+            v_cache: &Buffer,
+            slots: &Buffer,
+            positions: &Buffer,
+            partials: &Buffer,
+            out: &Buffer,
+            params: AttentionParams,
+            chunk_len: usize,
+        ) -> Result<()> {
+            self.push(attention_slots(
+                q, k_cache, v_cache, slots, positions, partials, out, params, chunk_len,
+            )?)
+        }
+    }
+}
+
 mod copy {
     use crate::backend::Buffer;
     use crate::error::Result;

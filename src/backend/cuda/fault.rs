@@ -31,6 +31,7 @@ const EXPERT_ID: u32 = 3;
 const POS0: u32 = 4;
 const CHUNKS: u32 = 5;
 const SCRATCH: u32 = 6;
+const SLOT_ROW: u32 = 7;
 
 /// A kernel's tag in the error record: FNV-1a (32-bit) of its name, as `op_tag` in the prelude.
 pub fn kernel_tag(name: &str) -> u32 {
@@ -71,6 +72,10 @@ pub fn record_error(words: &[u32; RECORD_WORDS]) -> Option<Error> {
         SCRATCH => format!(
             "the attention scratch's counter for head {index} was {value}, not below {bound}: pass \
              a partials buffer from Device::alloc (zeroed) used by this op only"
+        ),
+        SLOT_ROW => format!(
+            "row {index}: slot or position {value} is outside 0..{bound} (a batched step's slot \
+             outside the cache, or a position outside its slot)"
         ),
         code => format!("unknown error code {code} (value {value}, bound {bound}, index {index})"),
     };

@@ -31,7 +31,16 @@ pub struct KernelSource {
 /// Every embedded family source.
 pub const SOURCES: &[KernelSource] = &[
     family("argmax", include_str!("kernels/argmax.cu")),
-    family("attention", include_str!("kernels/attention.cu")),
+    // The slotted decode attention of a batched step (`attention_slots.cu`) after the family's
+    // own source, whose fold and merge it calls.
+    family(
+        "attention",
+        concat!(
+            include_str!("kernels/attention.cu"),
+            "#line 1 \"attention_slots.cu\"\n",
+            include_str!("kernels/attention_slots.cu"),
+        ),
+    ),
     family("copy", include_str!("kernels/copy.cu")),
     // The activations (`activation.cuh`) in front of the two families that compute them; the
     // `#line` marks keep compiler messages and size-check lines pointing at each file.
@@ -58,7 +67,14 @@ pub const SOURCES: &[KernelSource] = &[
             include_str!("kernels/fused_block.cu"),
         ),
     ),
-    family("kv_cache", include_str!("kernels/kv_cache.cu")),
+    family(
+        "kv_cache",
+        concat!(
+            include_str!("kernels/kv_cache.cu"),
+            "#line 1 \"kv_slots.cu\"\n",
+            include_str!("kernels/kv_slots.cu"),
+        ),
+    ),
     family(
         "matmul",
         concat!(
@@ -66,6 +82,8 @@ pub const SOURCES: &[KernelSource] = &[
             include_str!("kernels/matmul_blocks.cuh"),
             "#line 1 \"matmul.cu\"\n",
             include_str!("kernels/matmul.cu"),
+            "#line 1 \"matmul_rows.cu\"\n",
+            include_str!("kernels/matmul_rows.cu"),
         ),
     ),
     // One row of RMS normalization (`norm_row.cuh`) in front of the norms and of the rope family,

@@ -67,7 +67,7 @@ const ARG_OUT: usize = 4;
 const ARG_N_HEAD: usize = 5;
 
 /// A KV cache element type: f32 rows are used in place, f16 rows are converted into a scratch row.
-trait CacheElem: bytemuck::Pod + Send + Sync {
+pub(super) trait CacheElem: bytemuck::Pod + Send + Sync {
     /// Whether the elements are f16 (else f32).
     const HALF: bool;
     /// The row `src` as f32 values, using `buf` (same length) when a conversion is needed.
@@ -91,18 +91,18 @@ impl CacheElem for f16 {
 
 /// Head geometry and score parameters, read from the scalars and the cache's dimensions.
 #[derive(Debug, Clone, Copy)]
-struct Geometry {
-    n_head: usize,
-    n_kv_head: usize,
-    head_dim: usize,
+pub(super) struct Geometry {
+    pub(super) n_head: usize,
+    pub(super) n_kv_head: usize,
+    pub(super) head_dim: usize,
     /// Query heads per KV head.
-    group: usize,
+    pub(super) group: usize,
     /// Positions the cache holds.
-    max_ctx: usize,
-    scale: f32,
-    softcap: Option<f32>,
+    pub(super) max_ctx: usize,
+    pub(super) scale: f32,
+    pub(super) softcap: Option<f32>,
     /// Sliding window in positions, if any.
-    window: Option<usize>,
+    pub(super) window: Option<usize>,
 }
 
 impl Geometry {
@@ -160,7 +160,7 @@ impl Geometry {
     }
 
     /// Elements of one KV head's slab of the cache.
-    fn kv_stride(&self) -> usize {
+    pub(super) fn kv_stride(&self) -> usize {
         self.max_ctx * self.head_dim
     }
 
@@ -305,7 +305,7 @@ fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
 }
 
 /// The first key the query at position `pos` sees with `window` (none: 0).
-fn first_key(pos: usize, window: Option<usize>) -> usize {
+pub(super) fn first_key(pos: usize, window: Option<usize>) -> usize {
     window.map_or(0, |w| (pos + 1).saturating_sub(w))
 }
 
@@ -398,43 +398,60 @@ fn attention_decode_partial<T: CacheElem>(args: &KernelArgs<'_>) -> Result<()> {
             let keys = (chunk * chunk_len).max(lo)..((chunk + 1) * chunk_len).min(kv_len);
             let qh = &q[kv * geo.group * hd..(kv + 1) * geo.group * hd];
             let slab = kv * stride..(kv + 1) * stride;
-            #[cfg(target_arch = "x86_64")]
-            if geo.group * keys.len() <= MAX_ITEM_SCORES {
-                // The slabs as bytes; `decode_item` checks every length it relies on (and
-                // declines, leaving the item to the portable form, should one disagree).
-                let item = super::attention_avx512::Item {
-                    q: qh,
-                    k: bytemuck::cast_slice(&k[slab.clone()]),
-                    v: bytemuck::cast_slice(&v[slab.clone()]),
-                    keys: keys.clone(),
-                    group: geo.group,
-                    scale: geo.scale,
-                    softcap: geo.softcap,
-                };
-                let done = ITEM_SCORES.with(|cell| {
-                    let mut scores = cell.borrow_mut();
-                    let need = geo.group * keys.len();
-                    if scores.len() < need {
-                        scores.resize(need, 0.0);
-                    }
-                    super::attention_avx512::decode_item(&item, hd, T::HALF, &mut scores, recs)
-                });
-                if done {
-                    return;
-                }
-            }
-            SCRATCH.with(|cell| {
-                let mut st = cell.borrow_mut();
-                st.reset(geo.group, hd);
-                st.accumulate(&geo, qh, &k[slab.clone()], &v[slab], keys);
-                for (j, r) in recs.chunks_exact_mut(rec).enumerate() {
-                    r[0] = st.max[j];
-                    r[1] = st.sum[j];
-                    r[2..].copy_from_slice(&st.acc[j * hd..(j + 1) * hd]);
-                }
-            });
+            decode_partial_item(&geo, qh, &k[slab.clone()], &v[slab], keys, recs);
         });
     Ok(())
+}
+
+/// One work item of the decode partial pass: the records (`[group, head_dim + 2]`, one per query
+/// head of the group) of `keys` of one KV head, whose queries are `qh` (`[group, head_dim]`) and
+/// whose cache slabs are `k` and `v` (`[max_ctx, head_dim]`). The slotted decode attention
+/// (`attention_slots.rs`) calls it too, so a row of a batch gets the one-row kernel's bits.
+pub(super) fn decode_partial_item<T: CacheElem>(
+    geo: &Geometry,
+    qh: &[f32],
+    k: &[T],
+    v: &[T],
+    keys: Range<usize>,
+    recs: &mut [f32],
+) {
+    let hd = geo.head_dim;
+    let rec = hd + 2;
+    #[cfg(target_arch = "x86_64")]
+    if geo.group * keys.len() <= MAX_ITEM_SCORES {
+        // The slabs as bytes; `decode_item` checks every length it relies on (and
+        // declines, leaving the item to the portable form, should one disagree).
+        let item = super::attention_avx512::Item {
+            q: qh,
+            k: bytemuck::cast_slice(k),
+            v: bytemuck::cast_slice(v),
+            keys: keys.clone(),
+            group: geo.group,
+            scale: geo.scale,
+            softcap: geo.softcap,
+        };
+        let done = ITEM_SCORES.with(|cell| {
+            let mut scores = cell.borrow_mut();
+            let need = geo.group * keys.len();
+            if scores.len() < need {
+                scores.resize(need, 0.0);
+            }
+            super::attention_avx512::decode_item(&item, hd, T::HALF, &mut scores, recs)
+        });
+        if done {
+            return;
+        }
+    }
+    SCRATCH.with(|cell| {
+        let mut st = cell.borrow_mut();
+        st.reset(geo.group, hd);
+        st.accumulate(geo, qh, k, v, keys);
+        for (j, r) in recs.chunks_exact_mut(rec).enumerate() {
+            r[0] = st.max[j];
+            r[1] = st.sum[j];
+            r[2..].copy_from_slice(&st.acc[j * hd..(j + 1) * hd]);
+        }
+    });
 }
 
 /// Decode, second pass: merges the partial records of each head into its output row: those of
@@ -466,29 +483,43 @@ fn attention_decode_combine(args: &KernelArgs<'_>) -> Result<()> {
     let pos0 = read_pos0(args, 1, 1, positions)?;
     let chunks = used_chunks(args, pos0 + 1, chunk_len, max_chunks)?;
     let first = first_key(pos0, (window != 0).then_some(window)) / chunk_len;
-    let rec = hd + 2;
     out.par_chunks_mut(hd).enumerate().for_each(|(h, o)| {
-        let record = |c: usize| &partials[(c * n_head + h) * rec..(c * n_head + h + 1) * rec];
-        let max = (first..chunks)
-            .map(|c| record(c)[0])
-            .fold(f32::NEG_INFINITY, f32::max);
-        o.fill(0.0);
-        let mut total = 0.0f32;
-        for c in first..chunks {
-            let r = record(c);
-            let w = (r[0] - max).exp();
-            total += w * r[1];
-            axpy(o, w, &r[2..]);
-        }
-        let inv = 1.0 / total;
-        o.iter_mut().for_each(|x| *x *= inv);
+        combine_head(partials, n_head, h, first..chunks, o);
     });
     Ok(())
 }
 
+/// Merges the records of chunks `live` of head `h` (records laid out `[chunks, n_head, head_dim
+/// + 2]` in `partials`) into the head's output `o` (`head_dim` values). The slotted decode
+/// attention (`attention_slots.rs`) calls it too.
+pub(super) fn combine_head(
+    partials: &[f32],
+    n_head: usize,
+    h: usize,
+    live: Range<usize>,
+    o: &mut [f32],
+) {
+    let rec = o.len() + 2;
+    let record = |c: usize| &partials[(c * n_head + h) * rec..(c * n_head + h + 1) * rec];
+    let max = live
+        .clone()
+        .map(|c| record(c)[0])
+        .fold(f32::NEG_INFINITY, f32::max);
+    o.fill(0.0);
+    let mut total = 0.0f32;
+    for c in live {
+        let r = record(c);
+        let w = (r[0] - max).exp();
+        total += w * r[1];
+        axpy(o, w, &r[2..]);
+    }
+    let inv = 1.0 / total;
+    o.iter_mut().for_each(|x| *x *= inv);
+}
+
 /// Checks the records' length against `[chunks, n_head, head_dim + 2]`, and that `chunk_len`
 /// and `chunks` (`max_chunks`) are at least 1.
-fn check_partials(
+pub(super) fn check_partials(
     args: &KernelArgs<'_>,
     len: usize,
     n_head: usize,
@@ -516,7 +547,7 @@ fn check_partials(
 }
 
 /// Chunks of `chunk_len` covering `kv_len` keys; an error when the scratch has fewer.
-fn used_chunks(
+pub(super) fn used_chunks(
     args: &KernelArgs<'_>,
     kv_len: usize,
     chunk_len: usize,

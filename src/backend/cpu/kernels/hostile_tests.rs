@@ -9,7 +9,8 @@
 //! caught panic (and never as a crash). Each kernel also keeps a case with valid scalars that
 //! must succeed. The buffers are small and hold seeded random values.
 //!
-//! The matrix and attention families are in `hostile_matrix_tests.rs`.
+//! The matrix and attention families are in `hostile_matrix_tests.rs`, the batched decode
+//! step's kernels in `hostile_batch_tests.rs`.
 
 use std::sync::OnceLock;
 
@@ -27,6 +28,9 @@ use crate::testutil::{random_f32, rng};
 
 #[path = "hostile_matrix_tests.rs"]
 mod matrix;
+
+#[path = "hostile_batch_tests.rs"]
+mod batch;
 
 /// The CPU device the buffers live on.
 fn device() -> &'static Device {
@@ -261,6 +265,9 @@ fn families() -> Vec<&'static [KernelSig]> {
         &mm::NORM_QKV_ROPE_SHARED,
         &mm::NORM_GATE_UP,
         &mm::NORM_GATE_UP_SHARED,
+        &crate::kernels::batch::MATMUL_ROWS,
+        &crate::kernels::batch::KV_WRITE_SLOTS,
+        &crate::kernels::batch::ATTENTION_SLOTS,
     ]
 }
 

@@ -4,6 +4,7 @@ mod argmax;
 mod attention;
 #[cfg(target_arch = "x86_64")]
 mod attention_avx512;
+mod attention_slots;
 mod check;
 mod copy;
 mod elementwise;
@@ -12,7 +13,9 @@ mod fused_block;
 #[cfg(test)]
 mod hostile_tests;
 mod kv_cache;
+mod kv_slots;
 mod matmul;
+mod matmul_rows;
 mod matmul_simd;
 mod matvec_vnni;
 mod norm;
@@ -25,12 +28,15 @@ use super::CpuRegistry;
 pub fn register_all(registry: &mut CpuRegistry) {
     argmax::register(registry);
     attention::register(registry);
+    attention_slots::register(registry);
     copy::register(registry);
     elementwise::register(registry);
     embedding::register(registry);
     fused_block::register(registry);
     kv_cache::register(registry);
+    kv_slots::register(registry);
     matmul::register(registry);
+    matmul_rows::register(registry);
     norm::register(registry);
     rope::register(registry);
     softmax::register(registry);

@@ -194,6 +194,7 @@ __device__ uint32_t* op_error_word;
 #define OP_ERR_POS0 4      // value: pos0, bound: positions of the cache, index: rows written
 #define OP_ERR_CHUNKS 5    // value: KV length, bound: chunks the scratch holds, index: chunk_len
 #define OP_ERR_SCRATCH 6   // value: a counter, bound: chunks, index: the head
+#define OP_ERR_SLOT_ROW 7  // value: a slot or position, bound: slots or positions, index: the row
 
 // The kernel's tag: FNV-1a (32-bit) of its name, as the host computes it.
 __host__ __device__ constexpr uint32_t op_tag(const char* name) {
