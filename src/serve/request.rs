@@ -56,6 +56,9 @@ pub struct ParsedRequest {
     /// Whether a whole answer's choice lists the generated token ids (`token_ids`; not in
     /// OpenAI's API: the name vLLM gives the same option).
     pub return_token_ids: bool,
+    /// Whether to go on past end-of-generation tokens (`ignore_eos`, not in OpenAI's API: the
+    /// name vLLM and llama.cpp give it; load benchmarks need answers of a fixed length).
+    pub ignore_eos: bool,
 }
 
 /// Limits on what one request may ask for.
@@ -126,6 +129,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8], limits: &Limits) -> Result<ParsedR
         }
     };
     let return_token_ids = f.boolean("return_token_ids")?.unwrap_or(false);
+    let ignore_eos = f.boolean("ignore_eos")?.unwrap_or(false);
     // Accepted and ignored: who the end user is, as OpenAI's API takes it.
     f.string("user")?;
     f.finish()?;
@@ -141,6 +145,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8], limits: &Limits) -> Result<ParsedR
         stream,
         include_usage,
         return_token_ids,
+        ignore_eos,
     })
 }
 

@@ -31,7 +31,8 @@ fn a_full_completion_request_is_read_field_by_field() {
     let r = completion(
         r#"{"model": "m", "prompt": "Hi", "max_tokens": 7, "temperature": 0, "top_p": 0.5,
             "seed": -1, "stop": ["a", "b"], "n": 1, "stream": true,
-            "stream_options": {"include_usage": true}, "user": "u"}"#,
+            "stream_options": {"include_usage": true}, "user": "u",
+            "return_token_ids": true, "ignore_eos": true}"#,
     )
     .unwrap();
     assert_eq!(r.model, "m");
@@ -40,12 +41,13 @@ fn a_full_completion_request_is_read_field_by_field() {
     assert_eq!((r.temperature, r.top_p), (0.0, 0.5));
     assert_eq!(r.seed, Some(u64::MAX));
     assert_eq!(r.stop, ["a", "b"]);
-    assert!(r.stream && r.include_usage);
+    assert!(r.stream && r.include_usage && r.return_token_ids && r.ignore_eos);
     let r =
         completion(r#"{"model": "m", "prompt": [1, 2, 3], "stop": "x", "seed": null}"#).unwrap();
     assert_eq!(r.input, Input::Tokens(vec![1, 2, 3]));
     assert_eq!(r.stop, ["x"]);
     assert_eq!((r.temperature, r.seed, r.stream), (1.0, None, false));
+    assert!(!r.return_token_ids && !r.ignore_eos);
     let r = completion(r#"{"model": "m", "prompt": ["one"]}"#).unwrap();
     assert_eq!(r.input, Input::Text("one".into()));
 }

@@ -199,6 +199,7 @@ async fn generate(
         max_tokens,
         sampling,
         stop: request.stop.clone(),
+        ignore_eos: request.ignore_eos,
         events,
         arrived,
     })?;

@@ -170,6 +170,15 @@ fn expected_tokens(prompt: &[u32], max: usize) -> Vec<u32> {
     out
 }
 
+/// What the double generates for `prompt` alone, `max` tokens, end tokens included.
+fn expected_past_end(prompt: &[u32], max: usize) -> Vec<u32> {
+    let mut history = prompt.to_vec();
+    for _ in 0..max {
+        history.push(next_token(&history));
+    }
+    history[prompt.len()..].to_vec()
+}
+
 /// The text of tokens, as the codec gives it.
 fn text_of(tokens: &[u32]) -> String {
     let mut bytes = Vec::new();
@@ -211,6 +220,7 @@ fn job(prompt: &[u32], max_tokens: usize) -> (Job, UnboundedReceiver<Event>) {
         max_tokens,
         sampling: Sampling::Greedy,
         stop: Vec::new(),
+        ignore_eos: false,
         events,
         arrived: Instant::now(),
     };
@@ -444,6 +454,20 @@ fn end_tokens_stop_strings_and_sampling_end_sequences_as_asked() {
         Event::Done {
             reason: FinishReason::Stop,
             completion_tokens: 1,
+            ..
+        }
+    ));
+    // The same past the end token: it is generated (as no text) and the text goes on.
+    let (mut j, mut rx) = job(&[2, THEN_END], 4);
+    j.ignore_eos = true;
+    s.handle.submit(j).unwrap();
+    let (text, end) = collect(&mut rx);
+    assert_eq!(text, text_of(&expected_past_end(&[2, THEN_END], 4)));
+    assert!(matches!(
+        end,
+        Event::Done {
+            reason: FinishReason::Length,
+            completion_tokens: 4,
             ..
         }
     ));

@@ -73,6 +73,8 @@ pub struct Job {
     pub sampling: Sampling,
     /// Stop strings.
     pub stop: Vec<String>,
+    /// Go on past end-of-generation tokens.
+    pub ignore_eos: bool,
     /// Where the job's events go; a closed channel means the client has gone.
     pub events: UnboundedSender<Event>,
     /// When the request arrived (time to first token counts from here).
@@ -163,7 +165,7 @@ impl Sequence {
         self.last_token_at = Some(now);
         self.history.push(token);
         self.generated += 1;
-        if end_ids.contains(&token) {
+        if !self.job.ignore_eos && end_ids.contains(&token) {
             return Ok(Some(self.finish(FinishReason::Stop, true)));
         }
         if !codec.is_special(token) {
