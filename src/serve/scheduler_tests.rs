@@ -517,3 +517,33 @@ fn shutting_down_ends_running_jobs_and_refuses_new_ones() {
     assert!(s.handle.is_running());
     s.handle.stop().unwrap();
 }
+
+#[test]
+fn a_character_split_across_tokens_streams_whole_and_stop_text_is_held() {
+    let metrics = Metrics::new(1);
+    let (mut j, mut rx) = job(&[1], 10);
+    j.stop = vec!["bz".into()];
+    let mut seq = Sequence::new(j, 0).unwrap();
+    // `a`, the two bytes of `é` as two tokens, `b` (held: it may start `bz`), `c`.
+    for t in [1, 28, 29, 2, 3] {
+        assert_eq!(seq.accept(t, &Letters, &[END], 64, &metrics).unwrap(), None);
+    }
+    let mut pieces = Vec::new();
+    while let Ok(Event::Text(t)) = rx.try_recv() {
+        pieces.push(t);
+    }
+    assert_eq!(pieces, ["a", "é", "bc"]);
+    // `b` then `z`: the stop string ends the sequence and none of it is sent.
+    let reason = [2, 26]
+        .into_iter()
+        .find_map(|t| seq.accept(t, &Letters, &[END], 64, &metrics).unwrap());
+    assert_eq!(reason, Some(FinishReason::Stop));
+    assert!(matches!(
+        rx.try_recv(),
+        Ok(Event::Done {
+            reason: FinishReason::Stop,
+            completion_tokens: 7,
+            ..
+        })
+    ));
+}
