@@ -536,3 +536,60 @@ fn a_full_queue_is_a_429_and_shutdown_lets_open_streams_finish() {
     stopper.join().unwrap().unwrap();
     assert!(TcpStream::connect(a).is_err(), "no longer listening");
 }
+
+#[test]
+fn mutated_bodies_get_answers_and_never_break_the_server() {
+    let mut server = TestServer::start(2, 8, Duration::ZERO, None);
+    let a = server.addr;
+    let seeds = [
+        r#"{"model": "alphabet", "prompt": "abc", "max_tokens": 3, "stop": ["x"], "seed": 5}"#,
+        r#"{"model": "alphabet", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "max_tokens": 2, "stream": true}"#,
+    ];
+    // A seeded xorshift, so a failure can be replayed.
+    let mut state: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for round in 0..200 {
+        let path = if round % 2 == 0 {
+            "/v1/completions"
+        } else {
+            "/v1/chat/completions"
+        };
+        let mut body = seeds[round % 2].as_bytes().to_vec();
+        for _ in 0..1 + next() % 4 {
+            let at = (next() % body.len() as u64) as usize;
+            match next() % 3 {
+                0 => body[at] = (next() % 256) as u8,
+                1 => body.insert(at, b"{}[],:\"0-e\\"[(next() % 11) as usize]),
+                _ => {
+                    body.remove(at);
+                }
+            }
+        }
+        let mut s = connect(a);
+        send(
+            &mut s,
+            "POST",
+            path,
+            &[("Content-Type", "application/json")],
+            &body,
+        );
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).expect("an answer");
+        let status: u16 = String::from_utf8_lossy(&raw[9..12]).parse().unwrap_or(0);
+        assert!(
+            [200, 400, 404].contains(&status),
+            "round {round}: {status} for {}",
+            String::from_utf8_lossy(&body)
+        );
+    }
+    assert_eq!(http(a, "GET", "/health", &[], "").status, 200);
+    wait_for("the slots to empty", || {
+        metric(a, "onepass_slots_in_use") == 0.0
+    });
+    server.shutdown().unwrap();
+}
