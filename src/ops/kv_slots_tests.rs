@@ -29,7 +29,8 @@ fn reference(
 fn kv_write_slots_places_each_row_in_its_slot_and_position() {
     let dev = Device::cpu(2).unwrap();
     // (slots, heads, ctx, hd, rows' (slot, pos))
-    let cases: [(usize, usize, usize, usize, &[(usize, usize)]); 3] = [
+    type Case<'a> = (usize, usize, usize, usize, &'a [(usize, usize)]);
+    let cases: [Case<'_>; 3] = [
         (3, 2, 7, 5, &[(2, 6), (0, 0), (1, 3)]),
         (5, 3, 11, 16, &[(4, 10)]),
         (4, 1, 9, 3, &[(1, 8), (3, 0), (0, 4), (2, 2)]),

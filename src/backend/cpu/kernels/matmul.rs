@@ -109,7 +109,7 @@ impl WeightRows<'_> {
 
     /// `dot(x, W[o])`; `scratch` holds at least `k` values.
     #[inline]
-    fn dot(&self, isa: Isa, o: usize, x: &[f32], scratch: &mut [f32]) -> f32 {
+    pub(crate) fn dot(&self, isa: Isa, o: usize, x: &[f32], scratch: &mut [f32]) -> f32 {
         match *self {
             WeightRows::Plain {
                 dtype,
