@@ -122,6 +122,7 @@ impl TestServer {
             header_timeout: Duration::from_secs(1),
             shutdown_grace: Duration::from_secs(10),
             http_threads: 2,
+            warm_up: true,
         };
         let template = ChatTemplate::new(
             "{% for m in messages %}{{ m.role }}:{{ m.content }};{% endfor %}\

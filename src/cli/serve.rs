@@ -53,6 +53,10 @@ pub struct ServeArgs {
     /// Seconds open answers may go on after SIGINT/SIGTERM before they are ended.
     #[arg(long, default_value_t = 30, allow_negative_numbers = true, value_parser = count)]
     pub shutdown_grace: usize,
+    /// Skip the decode step of every batch size run before listening (which builds each
+    /// bucket's graph before the first request needs it).
+    #[arg(long)]
+    pub no_warmup: bool,
     #[command(flatten)]
     pub run: RunArgs,
 }
@@ -109,6 +113,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         header_timeout: Duration::from_secs(args.header_timeout as u64),
         shutdown_grace: Duration::from_secs(args.shutdown_grace as u64),
         http_threads: 2,
+        warm_up: !args.no_warmup,
     };
     let served = ServedModel {
         model: Box::new(model),

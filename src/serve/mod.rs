@@ -55,6 +55,8 @@ pub struct ServeOptions {
     pub shutdown_grace: Duration,
     /// Threads of the async runtime.
     pub http_threads: usize,
+    /// Run a decode step of every batch size before listening ([`scheduler::warm_up`]).
+    pub warm_up: bool,
 }
 
 /// The model a server serves, with its text side.
@@ -97,15 +99,16 @@ pub fn run_until(
     let local = listener
         .local_addr()
         .map_err(|e| Error::io(format!("binding {address}"), e))?;
-    let metrics = Arc::new(metrics::Metrics::new(served.model.slots()));
-    let slot_ctx = served.model.slot_ctx();
-    let vocab = served.model.vocab();
-    let scheduler = scheduler::spawn(
-        served.model,
-        served.codec.clone(),
-        metrics.clone(),
-        options.queue,
-    )?;
+    let mut model = served.model;
+    if options.warm_up {
+        let t0 = std::time::Instant::now();
+        let sizes = scheduler::warm_up(model.as_mut())?;
+        tracing::info!("warmed up {sizes} decode step sizes in {:?}", t0.elapsed());
+    }
+    let metrics = Arc::new(metrics::Metrics::new(model.slots()));
+    let slot_ctx = model.slot_ctx();
+    let vocab = model.vocab();
+    let scheduler = scheduler::spawn(model, served.codec.clone(), metrics.clone(), options.queue)?;
     let limits = Limits {
         context: slot_ctx,
         max_prompt_tokens: options.limits.max_prompt_tokens.min(slot_ctx),

@@ -47,6 +47,40 @@ pub struct SchedulerHandle {
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
+/// Runs one decode step of each row count a model may build something for (1, 2, 4, ... below
+/// [`SlotModel::max_rows`], and `max_rows` itself: the batch-size buckets of an instantiated
+/// graph per bucket) on throwaway slot contents, so that the first requests do not pay for it.
+/// Each step's slots are first prefilled with one token at position 0, which a sequence's own
+/// prefill overwrites later. Returns the number of step sizes run.
+pub fn warm_up(model: &mut dyn SlotModel) -> Result<usize> {
+    let most = model.max_rows().min(model.slots());
+    if most == 0 || model.slot_ctx() < 2 || model.vocab() == 0 {
+        return Ok(0);
+    }
+    let mut sizes = Vec::new();
+    let mut n = 1;
+    while n < most {
+        sizes.push(n);
+        n *= 2;
+    }
+    sizes.push(most);
+    for &n in &sizes {
+        for slot in 0..n {
+            model.prefill(slot, &[0], 0)?;
+        }
+        let rows: Vec<StepRow> = (0..n)
+            .map(|slot| StepRow {
+                slot,
+                token: 0,
+                pos: 1,
+                greedy: true,
+            })
+            .collect();
+        model.decode(&rows)?;
+    }
+    Ok(sizes.len())
+}
+
 /// Starts the scheduler thread with a queue of `queue` jobs beyond the model's slots.
 pub fn spawn(
     model: Box<dyn SlotModel>,

@@ -547,3 +547,27 @@ fn a_character_split_across_tokens_streams_whole_and_stop_text_is_held() {
         })
     ));
 }
+
+#[test]
+fn warming_up_runs_every_bucket_size_once_within_the_contract() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut double = Double {
+        slots: vec![Vec::new(); 6],
+        slot_ctx: 64,
+        max_chunk: 4,
+        max_rows: 6,
+        step_delay: Duration::ZERO,
+        log: log.clone(),
+    };
+    assert_eq!(warm_up(&mut double).unwrap(), 4);
+    let widths: Vec<usize> = log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|c| match c {
+            Call::Decode { slots } => Some(slots.len()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(widths, [1, 2, 4, 6]);
+}
