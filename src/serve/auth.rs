@@ -22,7 +22,7 @@ pub async fn require_api_key(
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+            .and_then(bearer_token);
         let message = match given {
             None => Some("no API key: send the header `Authorization: Bearer KEY`"),
             Some(g) if !same_key(g.trim().as_bytes(), key.as_bytes()) => {
@@ -37,6 +37,12 @@ pub async fn require_api_key(
         }
     }
     next.run(request).await
+}
+
+/// The token of an `Authorization: Bearer TOKEN` value (the scheme's case does not matter).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(token)
 }
 
 /// Compares keys in a time that depends only on their lengths.
@@ -88,6 +94,14 @@ mod tests {
         assert!(!same_key(b"secreT", b"secret"));
         assert!(!same_key(b"secret1", b"secret"));
         assert!(!same_key(b"", b"secret"));
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_read_in_any_case() {
+        assert_eq!(bearer_token("Bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("bearer  abc "), Some(" abc"));
+        assert_eq!(bearer_token("Basic abc"), None);
+        assert_eq!(bearer_token("Bearer"), None);
     }
 
     #[test]

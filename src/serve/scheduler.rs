@@ -251,6 +251,7 @@ impl Scheduler {
         self.running.retain(|seq| {
             let gone = seq.is_abandoned();
             if gone {
+                tracing::debug!(slot = seq.slot, "the client has gone: the slot is free");
                 free.push(seq.slot);
             }
             !gone
@@ -288,8 +289,10 @@ impl Scheduler {
             let Some(slot) = self.free.pop() else {
                 return true;
             };
+            let prompt_tokens = job.prompt.len();
             match Sequence::new(job, slot) {
                 Ok(seq) => {
+                    tracing::debug!(slot, prompt_tokens, "a sequence takes a slot");
                     self.running.push(seq);
                     self.ctx.metrics.set_slots_in_use(self.running.len());
                 }
@@ -336,6 +339,7 @@ impl Scheduler {
     /// Ends sequence `index` with `error`, freeing its slot.
     fn fail(&mut self, index: usize, error: ApiError) {
         let seq = self.running.remove(index);
+        tracing::warn!(slot = seq.slot, "a request failed: {}", error.message);
         seq.fail(error);
         self.free.push(seq.slot);
         self.free.sort_unstable_by(|a, b| b.cmp(a));
@@ -401,7 +405,13 @@ impl Scheduler {
         );
         match result {
             Ok(None) => {}
-            Ok(Some(_)) => self.remove(vec![index]),
+            Ok(Some(reason)) => {
+                tracing::debug!(
+                    reason = reason.as_str(),
+                    "a sequence ends at its first token"
+                );
+                self.remove(vec![index]);
+            }
             Err(e) => self.fail(index, model_error("detokenizing", &e)),
         }
     }
@@ -470,6 +480,7 @@ impl Scheduler {
                 Ok(None) => {}
                 Ok(Some(_)) => ended.push(i),
                 Err(e) => {
+                    tracing::warn!(slot = seq.slot, "a request failed: {}", e.message);
                     seq.fail(e);
                     failed.push(i);
                 }
