@@ -10,7 +10,7 @@
 //! A failing request fails alone: a decode step that fails for a batch is run again row by row,
 //! so only the row at fault gets the error.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -20,7 +20,7 @@ use axum::http::StatusCode;
 
 use super::error::ApiError;
 use super::metrics::Metrics;
-use super::sequence::{Event, Job, Phase, Sequence, TokenContext};
+use super::sequence::{Event, Job, Phase, Sequence, Ticket, TokenContext};
 use super::text::TextCodec;
 use crate::error::{Error, Result};
 use crate::model::slots::{RowOutput, SlotModel, StepRow};
@@ -41,7 +41,10 @@ struct Flags {
 
 /// The handlers' side of the scheduler: submit jobs, shut it down.
 pub struct SchedulerHandle {
-    jobs: SyncSender<Job>,
+    jobs: SyncSender<(Job, Ticket)>,
+    /// Jobs queued or running, and how many may be.
+    held: Arc<AtomicUsize>,
+    capacity: usize,
     flags: Arc<Flags>,
     metrics: Arc<Metrics>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -97,7 +100,8 @@ pub fn spawn(
             model.max_chunk()
         )));
     }
-    let (jobs, receiver) = std::sync::mpsc::sync_channel(queue);
+    let capacity = model.slots() + queue;
+    let (jobs, receiver) = std::sync::mpsc::sync_channel(capacity);
     let flags = Arc::new(Flags::default());
     let end_ids = codec.end_ids();
     let mut scheduler = Scheduler {
@@ -118,6 +122,8 @@ pub fn spawn(
         .map_err(|e| Error::Backend(format!("cannot start the scheduler thread: {e}")))?;
     Ok(SchedulerHandle {
         jobs,
+        held: Arc::new(AtomicUsize::new(0)),
+        capacity,
         flags,
         metrics,
         thread: Mutex::new(Some(thread)),
@@ -130,19 +136,24 @@ impl SchedulerHandle {
         if self.flags.draining.load(Ordering::SeqCst) {
             return Err(shutting_down());
         }
+        // Every slot busy and the queue full: the job's place is refused before it is sent.
+        let full = || {
+            ApiError::with_status(
+                StatusCode::TOO_MANY_REQUESTS,
+                "the server is at capacity: every KV-cache slot is busy and the queue of waiting \
+                 requests is full; retry later",
+            )
+            .code("queue_full")
+        };
+        let ticket = Ticket::take(&self.held, self.capacity).ok_or_else(full)?;
         let queued = self.metrics.queue_length();
         queued.fetch_add(1, Ordering::SeqCst);
-        match self.jobs.try_send(job) {
+        match self.jobs.try_send((job, ticket)) {
             Ok(()) => Ok(()),
             Err(e) => {
                 queued.fetch_sub(1, Ordering::SeqCst);
                 Err(match e {
-                    TrySendError::Full(_) => ApiError::with_status(
-                        StatusCode::TOO_MANY_REQUESTS,
-                        "the server is at capacity: every KV-cache slot is busy and the queue \
-                         of waiting requests is full; retry later",
-                    )
-                    .code("queue_full"),
+                    TrySendError::Full(_) => full(),
                     TrySendError::Disconnected(_) => ApiError::with_status(
                         StatusCode::SERVICE_UNAVAILABLE,
                         "the scheduler has stopped",
@@ -199,7 +210,7 @@ fn shutting_down() -> ApiError {
 /// The scheduler thread's state.
 struct Scheduler {
     model: Box<dyn SlotModel>,
-    jobs: Receiver<Job>,
+    jobs: Receiver<(Job, Ticket)>,
     /// Sequences holding a slot, oldest first.
     running: Vec<Sequence>,
     /// Free slots (the lowest is taken first: it is at the end).
@@ -235,7 +246,7 @@ impl Scheduler {
             seq.fail(shutting_down());
             self.free.push(seq.slot);
         }
-        while let Ok(job) = self.jobs.try_recv() {
+        while let Ok((job, _ticket)) = self.jobs.try_recv() {
             self.ctx
                 .metrics
                 .queue_length()
@@ -263,7 +274,7 @@ impl Scheduler {
     /// every sender has gone (the server has ended).
     fn admit(&mut self) -> bool {
         while !self.free.is_empty() {
-            let job = if self.running.is_empty() {
+            let (job, ticket) = if self.running.is_empty() {
                 match self.jobs.recv_timeout(IDLE_WAIT) {
                     Ok(job) => job,
                     Err(RecvTimeoutError::Timeout) => return true,
@@ -292,6 +303,7 @@ impl Scheduler {
             let prompt_tokens = job.prompt.len();
             match Sequence::new(job, slot) {
                 Ok(seq) => {
+                    let seq = seq.with_ticket(ticket);
                     tracing::debug!(slot, prompt_tokens, "a sequence takes a slot");
                     self.running.push(seq);
                     self.ctx.metrics.set_slots_in_use(self.running.len());

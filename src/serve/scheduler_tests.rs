@@ -571,3 +571,24 @@ fn warming_up_runs_every_bucket_size_once_within_the_contract() {
         .collect();
     assert_eq!(widths, [1, 2, 4, 6]);
 }
+
+#[test]
+fn a_burst_fills_every_free_slot_even_with_no_queue_and_the_next_is_refused() {
+    let s = setup(3, 8, 0, Duration::from_millis(5));
+    let mut receivers = Vec::new();
+    for p in [[1u32], [2], [3]] {
+        let (j, rx) = job(&p, 20);
+        s.handle.submit(j).expect("a free slot takes it");
+        receivers.push((p, rx));
+    }
+    let (j, _rx) = job(&[4], 2);
+    assert_eq!(s.handle.submit(j).unwrap_err().status.as_u16(), 429);
+    for (p, rx) in &mut receivers {
+        assert_eq!(collect(rx).0, text_of(&expected_tokens(p, 20)));
+    }
+    // Every place is given back when its job ends, however it ends.
+    wait_for("the places to be given back", || {
+        let (j, _rx) = job(&[5], 1);
+        s.handle.submit(j).is_ok()
+    });
+}

@@ -2,6 +2,7 @@
 //! back, and the [`Sequence`] state while the job holds a KV-cache slot (its sampler, its
 //! detokenizer and stop matcher, its timings).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -81,6 +82,28 @@ pub struct Job {
     pub arrived: Instant,
 }
 
+/// A job's place among those a scheduler holds, queued or running: taken at submission (if the
+/// count is below the limit), given back when dropped, wherever the job ends.
+#[derive(Debug)]
+pub struct Ticket(Arc<AtomicUsize>);
+
+impl Ticket {
+    /// Takes a place in `held` if fewer than `limit` are taken.
+    pub fn take(held: &Arc<AtomicUsize>, limit: usize) -> Option<Ticket> {
+        held.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+            (n < limit).then_some(n + 1)
+        })
+        .ok()
+        .map(|_| Ticket(held.clone()))
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Where a sequence stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
@@ -105,6 +128,7 @@ pub struct Sequence {
     utf8: Utf8Stream,
     stop: StopMatcher,
     last_token_at: Option<Instant>,
+    ticket: Option<Ticket>,
 }
 
 impl Sequence {
@@ -121,10 +145,17 @@ impl Sequence {
             utf8: Utf8Stream::default(),
             generated: 0,
             last_token_at: None,
+            ticket: None,
             phase: Phase::Prefill(0),
             slot,
             job,
         })
+    }
+
+    /// Holds the job's ticket for as long as the sequence lives.
+    pub fn with_ticket(mut self, ticket: Ticket) -> Self {
+        self.ticket = Some(ticket);
+        self
     }
 
     /// Whether the client has gone (its events have no receiver).
