@@ -476,11 +476,7 @@ fn slow_headers_time_out_and_a_client_that_hangs_up_frees_its_slot() {
     wait_for("the slot to be freed", || {
         metric(a, "onepass_slots_in_use") == 0.0
     });
-    assert!(
-        t0.elapsed() < Duration::from_millis(500),
-        "{:?}",
-        t0.elapsed()
-    );
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
     // A streamed one too.
     let mut stream = connect(a);
     send(
