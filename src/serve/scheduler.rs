@@ -11,7 +11,7 @@
 //! so only the row at fault gets the error.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -41,7 +41,7 @@ struct Flags {
 
 /// The handlers' side of the scheduler: submit jobs, shut it down.
 pub struct SchedulerHandle {
-    jobs: SyncSender<(Job, Ticket)>,
+    jobs: Sender<(Job, Ticket)>,
     /// Jobs queued or running, and how many may be.
     held: Arc<AtomicUsize>,
     capacity: usize,
@@ -100,8 +100,10 @@ pub fn spawn(
             model.max_chunk()
         )));
     }
-    let capacity = model.slots() + queue;
-    let (jobs, receiver) = std::sync::mpsc::sync_channel(capacity);
+    // The tickets bound the jobs in the channel, so the channel itself needs no bound (and
+    // allocates nothing up front, whatever `queue` is).
+    let capacity = model.slots().saturating_add(queue);
+    let (jobs, receiver) = std::sync::mpsc::channel();
     let flags = Arc::new(Flags::default());
     let end_ids = codec.end_ids();
     let mut scheduler = Scheduler {
@@ -148,19 +150,10 @@ impl SchedulerHandle {
         let ticket = Ticket::take(&self.held, self.capacity).ok_or_else(full)?;
         let queued = self.metrics.queue_length();
         queued.fetch_add(1, Ordering::SeqCst);
-        match self.jobs.try_send((job, ticket)) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                queued.fetch_sub(1, Ordering::SeqCst);
-                Err(match e {
-                    TrySendError::Full(_) => full(),
-                    TrySendError::Disconnected(_) => ApiError::with_status(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "the scheduler has stopped",
-                    ),
-                })
-            }
-        }
+        self.jobs.send((job, ticket)).map_err(|_| {
+            queued.fetch_sub(1, Ordering::SeqCst);
+            ApiError::with_status(StatusCode::SERVICE_UNAVAILABLE, "the scheduler has stopped")
+        })
     }
 
     /// Refuses new jobs from now on; running and queued ones go on.
