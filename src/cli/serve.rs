@@ -77,8 +77,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if args.parallel == 0 {
         bail!("--parallel must be at least 1");
     }
-    if args.header_timeout == 0 {
-        bail!("--header-timeout must be at least 1 second");
+    if !(1..=3600).contains(&args.header_timeout) {
+        bail!("--header-timeout must be 1 to 3600 seconds");
+    }
+    if args.shutdown_grace > 86_400 {
+        bail!("--shutdown-grace must be at most 86400 seconds (a day)");
     }
     let config = args.run.config();
     let path = model_path(&args.model.model, &config)?;
