@@ -108,8 +108,6 @@ struct TestServer {
 impl TestServer {
     fn start(slots: usize, queue: usize, step: Duration, api_key: Option<&str>) -> TestServer {
         let options = ServeOptions {
-            host: "127.0.0.1".into(),
-            port: 0,
             api_key: api_key.map(str::to_owned),
             model_id: "alphabet".into(),
             limits: Limits {
@@ -141,8 +139,10 @@ impl TestServer {
         };
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let listener = onepass::serve::bind("127.0.0.1", 0).unwrap();
         let thread = std::thread::spawn(move || {
             onepass::serve::run_until(
+                listener,
                 options,
                 served,
                 |addr| addr_tx.send(addr).unwrap(),

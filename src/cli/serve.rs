@@ -83,6 +83,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if args.shutdown_grace > 86_400 {
         bail!("--shutdown-grace must be at most 86400 seconds (a day)");
     }
+    let listener = onepass::serve::bind(&args.host, args.port)?;
     let config = args.run.config();
     let path = model_path(&args.model.model, &config)?;
     let file = Arc::new(GgufFile::open(&path)?);
@@ -102,8 +103,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let ctx = model.slot_ctx();
     let or_ctx = |v: usize| if v == 0 { ctx } else { v };
     let options = ServeOptions {
-        host: args.host.clone(),
-        port: args.port,
         api_key: args.api_key.clone(),
         model_id: model_id(&args.model.model, &path),
         limits: Limits {
@@ -123,7 +122,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         codec: Arc::new(tokenizer),
         template,
     };
-    onepass::serve::run(options, served, |addr| {
+    onepass::serve::run(listener, options, served, |addr| {
         eprintln!("listening on http://{addr}");
     })?;
     eprintln!("server stopped");

@@ -37,10 +37,6 @@ pub use text::TextCodec;
 /// How to serve.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
-    /// The address to bind (`127.0.0.1` unless told otherwise).
-    pub host: String,
-    /// The port (0: any free port).
-    pub port: u16,
     /// The key `/v1` routes require, if any.
     pub api_key: Option<String>,
     /// The model id `/v1/models` lists and requests must name.
@@ -69,18 +65,38 @@ pub struct ServedModel {
     pub template: Option<ChatTemplate>,
 }
 
-/// Runs the server until SIGINT or SIGTERM; calls `on_listening` with the bound address once
-/// connections are accepted. Returns after a graceful end.
+/// Binds `host:port` (port 0: any free port) for [`run`]: done first, so that an address in use
+/// is reported before a model is loaded.
+pub fn bind(host: &str, port: u16) -> Result<std::net::TcpListener> {
+    let address = format!("{host}:{port}");
+    let listener = std::net::TcpListener::bind(&address)
+        .map_err(|e| Error::io(format!("binding {address}"), e))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::io(format!("binding {address}"), e))?;
+    Ok(listener)
+}
+
+/// Runs the server on `listener` (from [`bind`]) until SIGINT or SIGTERM; calls `on_listening`
+/// with the bound address once connections are accepted. Returns after a graceful end.
 pub fn run(
+    listener: std::net::TcpListener,
     options: ServeOptions,
     served: ServedModel,
     on_listening: impl FnOnce(SocketAddr),
 ) -> Result<()> {
-    run_until(options, served, on_listening, listen::shutdown_signal())
+    run_until(
+        listener,
+        options,
+        served,
+        on_listening,
+        listen::shutdown_signal(),
+    )
 }
 
 /// [`run`], ending when `shutdown` resolves instead of at a signal.
 pub fn run_until(
+    listener: std::net::TcpListener,
     options: ServeOptions,
     served: ServedModel,
     on_listening: impl FnOnce(SocketAddr),
@@ -92,13 +108,14 @@ pub fn run_until(
         .enable_all()
         .build()
         .map_err(|e| Error::Backend(format!("cannot start the async runtime: {e}")))?;
-    let address = format!("{}:{}", options.host, options.port);
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind(&address))
-        .map_err(|e| Error::io(format!("binding {address}"), e))?;
     let local = listener
         .local_addr()
-        .map_err(|e| Error::io(format!("binding {address}"), e))?;
+        .map_err(|e| Error::io("the listening socket", e))?;
+    let listener = {
+        let _entered = runtime.enter();
+        tokio::net::TcpListener::from_std(listener)
+            .map_err(|e| Error::io(format!("listening on {local}"), e))?
+    };
     let mut model = served.model;
     if options.warm_up {
         let t0 = std::time::Instant::now();
