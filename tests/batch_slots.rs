@@ -71,7 +71,7 @@ fn invariance(family: Family, quant: DType, mode: RunMode) {
 
 #[test]
 fn llama_rows_are_batch_invariant_and_equal_engine_decode() {
-    for mode in [RunMode::Direct, RunMode::Graph] {
+    for mode in [RunMode::Direct, RunMode::Recorded, RunMode::Graph] {
         invariance(Family::Llama, DType::Q4_1, mode);
     }
 }
@@ -86,6 +86,33 @@ fn gemma3_rows_are_batch_invariant_and_equal_engine_decode() {
 #[test]
 fn qwen3_rows_are_batch_invariant_and_equal_engine_decode() {
     invariance(Family::Qwen3, DType::Q4K, RunMode::Graph);
+}
+
+#[test]
+fn greedy_rows_give_the_argmax_of_their_logits() {
+    let path = write_model(Family::Gemma3, DType::Q8_0);
+    let mut engine = batch_engine(&path, 8, 8, RunMode::Graph);
+    let hist = histories(8, 31);
+    fill(&mut engine, &hist);
+    let slots = [6usize, 1, 4, 0, 7];
+    // The same step twice (each row writes the same K and V again): sampled, then greedy.
+    let step = |engine: &mut BatchEngine, greedy: bool| {
+        let rows: Vec<StepRow> = slots.iter().map(|&s| row(s, &hist, greedy)).collect();
+        engine.decode(&rows).expect("decode")
+    };
+    let sampled = step(&mut engine, false);
+    let greedy = step(&mut engine, true);
+    for (r, (l, t)) in sampled.into_iter().zip(greedy).enumerate() {
+        let (RowOutput::Logits(l), RowOutput::Token(t)) = (l, t) else {
+            panic!("row {r}: sampled rows give logits, greedy rows tokens");
+        };
+        assert_eq!(l.len(), VOCAB);
+        let best = l
+            .iter()
+            .enumerate()
+            .fold(0, |b, (i, &v)| if v > l[b] { i } else { b });
+        assert_eq!(t as usize, best, "row {r}");
+    }
 }
 
 /// Every layer's K and V cache of `slot`, as bits.

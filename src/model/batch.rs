@@ -10,6 +10,13 @@
 //! once, then replayed for every step: the per-row tokens, positions and slots live in a device
 //! buffer written once per step. Every step ends with a per-row device argmax; greedy rows read back
 //! only their token id, sampled rows their logits row.
+//!
+//! On the CPU a decode row gives the bits of `Engine::decode` over the same slot contents, so a
+//! sequence's greedy tokens equal `Engine::generate`'s when its prompt was prefilled as `generate`
+//! prefills it. Prefill passes of two or more tokens give the same bits whatever their length;
+//! a one-token chunk takes the one-row (decode) form, whose sums run in another order. So chunk a
+//! prompt as `generate` does (chunks of its `max_batch`, `--batch`, 512 by default, from position
+//! 0), or at least never leave a one-token chunk where it has none.
 
 use crate::backend::EncoderOptions;
 use crate::error::{Error, Result};
