@@ -7,6 +7,10 @@
 //!    sequence still prefilling, so a long prompt delays the running streams by one chunk;
 //! 4. runs one decode step for every decoding sequence.
 //!
+//! A prompt is cut into chunks of `max_chunk` tokens from position 0, as `Engine::prefill` cuts
+//! it into passes of its batch size: with the same size (`--batch`), a sequence's prefill gives
+//! the bits `generate`'s does, which greedy answers equal to `generate`'s rely on.
+//!
 //! A failing request fails alone: a decode step that fails for a batch is run again row by row,
 //! so only the row at fault gets the error.
 
