@@ -10,11 +10,23 @@ use support::{generate_greedy, scenario, scenario_command, Server};
 
 /// The context of every slot in these tests.
 const CTX: usize = 512;
+/// Prompt tokens per prefill chunk: small, so every prompt takes several chunks, interleaved with
+/// the decode steps of the others.
+const BATCH: usize = 4;
 
 #[test]
 fn the_openai_client_gets_answers_streams_errors_and_batch_invariant_greedy_tokens() {
-    let ctx = CTX.to_string();
-    let server = Server::start(&["--parallel", "8", "--ctx", &ctx, "--queue", "16"]);
+    let (ctx, batch) = (CTX.to_string(), BATCH.to_string());
+    let server = Server::start(&[
+        "--parallel",
+        "8",
+        "--ctx",
+        &ctx,
+        "--batch",
+        &batch,
+        "--queue",
+        "16",
+    ]);
     let url = server.url.clone();
 
     let basic = scenario("basic", &url, json!({}));
@@ -76,7 +88,8 @@ fn the_openai_client_gets_answers_streams_errors_and_batch_invariant_greedy_toke
     assert_eq!(bad["too_large"][0], 413);
     assert_eq!(bad["token_range"][0], 400);
 
-    // Eight concurrent greedy clients get what `generate` gives each prompt alone.
+    // Eight concurrent greedy clients get what `generate` gives each prompt alone, their prompts
+    // prefilled in chunks of BATCH tokens between the decode steps of the others.
     let prompts = [
         "The capital of France is",
         "Water boils at",
@@ -96,7 +109,7 @@ fn the_openai_client_gets_answers_streams_errors_and_batch_invariant_greedy_toke
     let results = got["results"].as_array().unwrap();
     assert_eq!(results.len(), prompts.len());
     for (prompt, result) in prompts.iter().zip(results) {
-        let want = generate_greedy(prompt, max_tokens, CTX);
+        let want = generate_greedy(prompt, max_tokens, CTX, BATCH);
         assert_eq!(
             result["token_ids"], want["generated_ids"],
             "prompt {prompt:?}: server {result} vs generate {want}"

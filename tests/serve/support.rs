@@ -236,7 +236,12 @@ pub fn scenario(name: &str, url: &str, args: serde_json::Value) -> serde_json::V
 
 /// `onepass generate --temperature 0 --json` on the CPU: the reference a server's greedy answer
 /// must equal.
-pub fn generate_greedy(prompt: &str, max_tokens: usize, ctx: usize) -> serde_json::Value {
+pub fn generate_greedy(
+    prompt: &str,
+    max_tokens: usize,
+    ctx: usize,
+    batch: usize,
+) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_onepass"))
         .args([
             "generate",
@@ -247,6 +252,7 @@ pub fn generate_greedy(prompt: &str, max_tokens: usize, ctx: usize) -> serde_jso
             "--json",
         ])
         .args(["-n", &max_tokens.to_string(), "--ctx", &ctx.to_string()])
+        .args(["--batch", &batch.to_string()])
         .arg(prompt)
         .stdin(Stdio::null())
         .output()
