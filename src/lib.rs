@@ -3,13 +3,14 @@
 //! it as one submission: a CUDA graph on NVIDIA GPUs, a scheduled batch on the CPU backend.
 //!
 //! Layers, from the top (each module imports only those below it; `tests/layers.rs` checks it):
-//! `sanitize`, `model` (GGUF, tokenizer, Llama forward pass, engine), `trace`, `executable`,
-//! [`Session`] (modes, automatic barriers, `finish(plan)`, the op methods), `config` (one
-//! [`RuntimeConfig`]), `ops` (one file per op family), `backend` (one interface over the CPU and
-//! CUDA devices), `graph` (IR and passes, no device and no `unsafe`), `kernels` (every kernel
-//! declared once: name, op kind, parameters), `quant`, `memory` (buffers over any backend's
-//! memory), `cache_dir`, `error`, `dtype`. A dispatch whose arguments do not fit its kernel's
-//! declaration is an error, never a launch.
+//! `serve` (the OpenAI-compatible HTTP server and its batching scheduler), `sanitize`, `model`
+//! (GGUF, tokenizer, Llama forward pass, engine), `trace`, `executable`, [`Session`] (modes,
+//! automatic barriers, `finish(plan)`, the op methods), `config` (one [`RuntimeConfig`]), `ops`
+//! (one file per op family), `backend` (one interface over the CPU and CUDA devices), `graph`
+//! (IR and passes, no device and no `unsafe`), `kernels` (every kernel declared once: name, op
+//! kind, parameters), `quant`, `memory` (buffers over any backend's memory), `cache_dir`,
+//! `error`, `dtype`. A dispatch whose arguments do not fit its kernel's declaration is an error,
+//! never a launch.
 //!
 //! # Example
 //!
@@ -78,6 +79,7 @@ pub mod model;
 pub mod ops;
 pub mod quant;
 pub mod sanitize;
+pub mod serve;
 pub mod session;
 #[cfg(test)]
 #[path = "../tests/seeded/mod.rs"]

@@ -22,6 +22,7 @@ const LAYERS: &[&str] = &[
     "trace",
     "model",
     "sanitize",
+    "serve",
 ];
 
 /// What the crate root re-exports, and the module each name comes from.

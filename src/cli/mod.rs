@@ -5,6 +5,7 @@ mod common;
 mod doctor;
 mod generate;
 mod graph;
+mod serve;
 mod synth;
 mod tokenize;
 
@@ -31,6 +32,9 @@ enum Command {
     Synth(synth::SynthArgs),
     /// Measure prefill and decode speed.
     Bench(bench::BenchArgs),
+    /// Serve the model over HTTP with the OpenAI API (completions and chat, streamed or not),
+    /// batching concurrent requests.
+    Serve(serve::ServeArgs),
     /// Show what this machine offers: the CPU backend; CUDA devices, driver and NVRTC versions,
     /// and whether every kernel compiles. Exits 1 only when something present is broken.
     Doctor {
@@ -50,6 +54,7 @@ pub fn main() -> i32 {
         Command::Graph(a) => graph::run(a),
         Command::Synth(a) => synth::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Serve(a) => serve::run(a),
         Command::Doctor { json } => doctor::run(json),
     };
     exit_code(result)
