@@ -1,13 +1,12 @@
 //! The prompt attention on CUDA against the CPU backend at prompt sizes: rows 1, 3, 17, 100, 511 and
-//! 513 (the one-row-per-block form below 16 rows, then for heads of 128 the tiled form with
-//! partial row tiles), the head layouts of SmolLM2 (9 heads on 3 KV heads of 64), Llama 3 (32 on 8
-//! of 128; 1B: 32 on 8 of 64), Qwen 3 (16 on 8 of 128), groups of 3 on 128-wide heads (30 of a
-//! tile's 32 query vectors live) and on 64-wide ones, a group of 6 on 40-wide heads, Gemma 3 (4 on
-//! 1 of 256) and a 64-head group (more than a tile's 32 query vectors), which keep the one-row
-//! form; f32 and f16 caches, passes from position 0 and from position 700 (a chunked prompt), with
-//! a sliding window and a softcap. Seeded random inputs, never zeros; the outputs start as NaN.
+//! 513 (the one-row-per-block form; from 64 rows, for heads of 128, the tensor-core form with
+//! partial row and key tiles), the head layouts of SmolLM2 (9 heads on 3 KV heads of 64), Llama 3
+//! (32 on 8 of 128; 1B: 32 on 8 of 64), Qwen 3 (16 on 8 of 128), groups of 3 on 128-wide heads and
+//! on 64-wide ones, a group of 6 on 40-wide heads, Gemma 3 (4 on 1 of 256) and a 64-head group;
+//! f32 and f16 caches, passes from position 0 and from position 700 (a chunked prompt), with a
+//! sliding window and a softcap. Seeded random inputs, never zeros; the outputs start as NaN.
 //!
-//! Tolerance: both backends sum in f32 with an online softmax in another order (tiles of 16 keys
+//! Tolerance: both backends sum in f32 with an online softmax in another order (tiles of keys
 //! here, the CPU's own tiles there); the softmax weights are at most 1 and |v| below 1, so the
 //! rounding stays within a few 1e-6 of 1: `2e-5` absolute plus `2e-4` relative, while one key
 //! masked wrongly moves an output by its weight, about 1 / keys, above 1e-3 at every size tested.
@@ -32,7 +31,7 @@ use onepass::DType;
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn prompt_attention_tiled_and_row_forms_match_the_cpu() {
+fn prompt_attention_row_and_tensor_core_forms_match_the_cpu() {
     let dev = cuda_device();
     // (heads, KV heads, head size)
     let layouts = [

@@ -46,6 +46,21 @@ pub static ATTENTION: [KernelSig; 2] = [
     ),
 ];
 
+/// [`ATTENTION`] with the GPU's tensor-core form for prompts of heads of 128 values (q, k, v and
+/// the softmax weights rounded to f16; sums and the softmax in f32): the same arguments.
+pub static ATTENTION_MMA: [KernelSig; 2] = [
+    KernelSig::new(
+        "attention_mma_f32",
+        OpKind::Attention,
+        &attention_params!(F32; Param::write("out", F32);),
+    ),
+    KernelSig::new(
+        "attention_mma_f16",
+        OpKind::Attention,
+        &attention_params!(one(DType::F16); Param::write("out", F32);),
+    ),
+];
+
 /// Decode attention in one launch (the CUDA backend's): the block that finishes a head's last
 /// chunk merges the head. q, k_cache, v_cache, step, partials, out, the scoring scalars (window
 /// included), chunk_len, chunks.

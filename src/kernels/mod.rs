@@ -481,6 +481,7 @@ pub fn builtin(name: &str) -> Option<KernelId> {
 pub fn all() -> Vec<&'static KernelSig> {
     let families: [&'static [KernelSig]; _] = [
         &attention::ATTENTION,
+        &attention::ATTENTION_MMA,
         &attention::DECODE,
         &attention::DECODE_PARTIAL,
         std::slice::from_ref(&attention::DECODE_COMBINE),

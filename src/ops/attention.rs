@@ -274,9 +274,15 @@ pub fn attention(
     let c = Check::op("attention");
     let checked = check_common(&c, q, k_cache, v_cache, step, out, &params)?;
     c.dims("out", out, q.dims())?;
+    let mma = params.head_dim == MMA_HD && checked.rows >= MMA_MIN_ROWS;
+    let family = if mma {
+        &ka::ATTENTION_MMA
+    } else {
+        &ka::ATTENTION
+    };
     let kernel = match checked.cache {
-        DType::F16 => KernelId::of(&ka::ATTENTION[1]),
-        _ => KernelId::of(&ka::ATTENTION[0]),
+        DType::F16 => KernelId::of(&family[1]),
+        _ => KernelId::of(&family[0]),
     };
     let items = to_u32("attention", "q", checked.rows.saturating_mul(params.n_head))?;
     let mut args = vec![
@@ -287,58 +293,36 @@ pub fn attention(
         Arg::write(out),
     ];
     args.extend(score_args(&params));
-    Dispatch::new(kernel, args, prompt_grid(checked.rows, &params, items))
+    let grid = if mma {
+        mma_grid(checked.rows, params.n_head)
+    } else {
+        Grid::new(items, 128)
+    };
+    Dispatch::new(kernel, args, grid)
 }
 
-/// Rows from which the prompt attention takes its tiled form on the GPU (query rows and the heads
-/// of a KV group sharing each K and V tile in shared memory; `attention_tiled.cuh`).
-const TILED_MIN_ROWS: usize = 16;
-/// The tiled form's block size, query vectors a block, keys a tile and largest head
-/// (`ATTN_T_THREADS`, `ATTN_T_QV`, `ATTN_T_KEYS`, `ATTN_T_MAX_HD`).
-const TILED_THREADS: u32 = 256;
-const TILED_QV: usize = 32;
-const TILED_KEYS: usize = 16;
-const TILED_MAX_HD: usize = 128;
-
-/// The tensor-core form of the prompt attention (`attention_mma.cuh`): heads of [`MMA_HD`]
-/// values, blocks of [`MMA_THREADS`] threads taking [`MMA_ROWS`] query rows of one head, from
-/// [`MMA_MIN_ROWS`] rows.
+/// The tensor-core form of the prompt attention (`attention_mma_<t>`, `attention_mma.cuh`):
+/// heads of [`MMA_HD`] values, from [`MMA_MIN_ROWS`] rows. Measured on an H100 against the
+/// one-row-per-block form: the 8B shape's 512-token prompt spends 1.9 ms in attention instead of
+/// 12.3 ms (a tiled f32 form, tried first, reached 8 TFLOP/s and was dropped for it).
 const MMA_HD: usize = 128;
+/// Rows from which the tensor-core form is taken.
+const MMA_MIN_ROWS: usize = 64;
 /// Threads of a block of the tensor-core form (`ATTN_M_THREADS`).
 const MMA_THREADS: u32 = 128;
 /// Query rows of a block of the tensor-core form (`ATTN_M_ROWS`, also its keys a tile).
 const MMA_ROWS: usize = 64;
-/// Rows from which the tensor-core form is taken.
-const MMA_MIN_ROWS: usize = 64;
 
-/// The launch shape of the prompt attention: one block per (row, head), or from
-/// [`TILED_MIN_ROWS`] rows, for heads of [`TILED_MAX_HD`] values, one block of the tiled
-/// form per tile of rows and KV head, with its shared memory (`ATTN_T_SMEM_FLOATS`).
-fn prompt_grid(rows: usize, p: &AttentionParams, items: u32) -> Grid {
-    let group = p.n_head / p.n_kv_head.max(1);
-    let hd = p.head_dim;
-    // Measured on an H100: heads of 128 gain (an 8B prompt of 4096 tokens: 2.0x the one-row
-    // form's attention time); 64-wide ones lose (SmolLM2's 512-token prompt: 35.1k against 40.8k
-    // tokens/s), so they keep the one-row form.
-    let fits = hd == TILED_MAX_HD && (1..=TILED_QV).contains(&group);
-    if rows < TILED_MIN_ROWS || !fits {
-        return Grid::new(items, 128);
-    }
-    if hd == MMA_HD && rows >= MMA_MIN_ROWS {
-        let blocks = rows
-            .div_ceil(MMA_ROWS)
-            .saturating_mul(p.n_head)
-            .clamp(1, 1 << 30);
-        let smem = 3 * MMA_ROWS * (MMA_HD + 8) * 2;
-        return Grid::new(blocks as u32, MMA_THREADS).with_shared(smem as u32);
-    }
-    let floats =
-        TILED_QV * (hd + 4) + TILED_KEYS * (hd + 4) + TILED_KEYS * hd + TILED_QV * (TILED_KEYS + 4);
+/// The launch shape of the tensor-core form: a block per 64 query rows of one head, with its
+/// shared memory (`ATTN_M_SMEM`: Q, K and V tiles of 64 rows of 128 f16 values, rows padded to
+/// 136).
+fn mma_grid(rows: usize, n_head: usize) -> Grid {
     let blocks = rows
-        .div_ceil(TILED_QV / group)
-        .saturating_mul(p.n_kv_head)
+        .div_ceil(MMA_ROWS)
+        .saturating_mul(n_head)
         .clamp(1, 1 << 30);
-    Grid::new(blocks as u32, TILED_THREADS).with_shared((4 * floats) as u32)
+    let smem = 3 * MMA_ROWS * (MMA_HD + 8) * 2;
+    Grid::new(blocks as u32, MMA_THREADS).with_shared(smem as u32)
 }
 
 /// Decode attention for one query row, split along the KV length: a partial pass computes, for

@@ -31,14 +31,12 @@ pub struct KernelSource {
 /// Every embedded family source.
 pub const SOURCES: &[KernelSource] = &[
     family("argmax", include_str!("kernels/argmax.cu")),
-    // The tiled prompt form (`attention_tiled.cuh`) in front of the attention family, and the
+    // The tensor-core prompt form (`attention_mma.cuh`) in front of the attention family, and the
     // slotted decode attention of a batched step (`attention_slots.cu`) after the family's own
     // source, whose fold and merge it calls.
     family(
         "attention",
         concat!(
-            "#line 1 \"attention_tiled.cuh\"\n",
-            include_str!("kernels/attention_tiled.cuh"),
             "#line 1 \"attention_mma.cuh\"\n",
             include_str!("kernels/attention_mma.cuh"),
             "#line 1 \"attention.cu\"\n",

@@ -35,9 +35,14 @@ use crate::kernels::attention as ka;
 
 /// Registers this family's kernels against their declarations.
 pub(super) fn register(registry: &mut CpuRegistry) {
-    use ka::{ATTENTION, DECODE_COMBINE, DECODE_PARTIAL};
+    use ka::{ATTENTION, ATTENTION_MMA, DECODE_COMBINE, DECODE_PARTIAL};
     registry.family(
         &ATTENTION,
+        [attention_prefill::<f32>, attention_prefill::<f16>],
+    );
+    // The tensor-core form is a GPU launch shape: on the CPU it is the same attention.
+    registry.family(
+        &ATTENTION_MMA,
         [attention_prefill::<f32>, attention_prefill::<f16>],
     );
     registry.family(

@@ -255,6 +255,7 @@ fn families() -> Vec<&'static [KernelSig]> {
         &kn::RMS_NORM_ADD,
         &kn::RMS_NORM_ROPE,
         &ka::ATTENTION,
+        &ka::ATTENTION_MMA,
         &ka::DECODE_PARTIAL,
         std::slice::from_ref(&ka::DECODE_COMBINE),
         &mm::MATMUL,

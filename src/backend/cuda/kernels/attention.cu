@@ -21,7 +21,7 @@
 #define ATTN_MAX_TILE 256
 #define ATTN_ACC 8  // head_dim <= ATTN_ACC * blockDim.x
 
-// `attn_first_key` (the first key a query sees) is in attention_tiled.cuh, compiled in front.
+// `attn_first_key` (the first key a query sees) is in attention_mma.cuh, compiled in front.
 
 // The chunks of a decode step at position pos0 that hold a key the query sees: first..chunks.
 __device__ __forceinline__ void attn_live_chunks(uint64_t pos0, uint32_t window, uint32_t chunk_len,
@@ -200,7 +200,9 @@ __device__ void attn_fold_vec(const float* qs, const T* k, const T* v, uint32_t 
     attn_sum_groups(vsum, hd, groups);
 }
 
-template <typename T>
+// With MMA (the `attention_mma_<t>` kernels), a launch of the tensor-core form's shape takes it;
+// the plain kernels do not compile it in (it would raise their register count).
+template <typename T, bool MMA>
 __device__ void attention_prefill(const float* q, const T* k, const T* v, const int32_t* step,
                                   float* out, uint32_t n_head, uint32_t n_kv_head, uint32_t hd,
                                   float scale, float softcap, uint32_t window, uint64_t n_q,
@@ -221,14 +223,9 @@ __device__ void attention_prefill(const float* q, const T* k, const T* v, const 
         return;
     }
     const uint32_t group = n_head / n_kv_head;
-    if (attn_mma_ok(hd)) {
+    if (MMA && attn_mma_ok(hd)) {
         attention_mma<T>(q, k, v, out, rows, max_ctx, pos0, n_head, n_kv_head, scale, softcap,
                          window);
-        return;
-    }
-    if (attn_tiled_ok(hd, group)) {
-        attention_tiled<T>(q, k, v, out, rows, max_ctx, pos0, n_head, n_kv_head, hd, scale, softcap,
-                           window);
         return;
     }
     OP_ROW_LOOP(item, rows * n_head) {
@@ -363,12 +360,12 @@ __device__ void attention_partial(const float* q, const T* k, const T* v, const 
     }
 }
 
-#define ATTENTION_KERNEL(NAME, T)                                                                   \
+#define ATTENTION_KERNEL(NAME, T, MMA)                                                              \
     extern "C" __global__ void NAME(const float* q, const T* k, const T* v, const int32_t* step,      \
                                     float* out, uint32_t n_head, uint32_t n_kv_head, uint32_t hd,     \
                                     float scale, float softcap, uint32_t window, uint64_t n_q,        \
                                     uint64_t n_k, uint64_t n_v, uint64_t n_step, uint64_t n_out) {    \
-        attention_prefill<T>(q, k, v, step, out, n_head, n_kv_head, hd, scale, softcap, window, n_q,  \
+        attention_prefill<T, MMA>(q, k, v, step, out, n_head, n_kv_head, hd, scale, softcap, window, n_q,  \
                              n_k, n_v, n_step, n_out, op_tag(#NAME));                                 \
     }
 #define ATTENTION_PARTIAL_KERNEL(NAME, T)                                                           \
@@ -394,8 +391,10 @@ __device__ void attention_partial(const float* q, const T* k, const T* v, const 
                              op_tag(#NAME));                                                          \
     }
 
-ATTENTION_KERNEL(attention_f32, float)
-ATTENTION_KERNEL(attention_f16, __half)
+ATTENTION_KERNEL(attention_f32, float, false)
+ATTENTION_KERNEL(attention_f16, __half, false)
+ATTENTION_KERNEL(attention_mma_f32, float, true)
+ATTENTION_KERNEL(attention_mma_f16, __half, true)
 ATTENTION_PARTIAL_KERNEL(attention_decode_partial_f32, float)
 ATTENTION_PARTIAL_KERNEL(attention_decode_partial_f16, __half)
 ATTENTION_DECODE_KERNEL(attention_decode_f32, float)

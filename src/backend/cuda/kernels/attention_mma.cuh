@@ -1,10 +1,22 @@
 // The tensor-core form of the prompt attention for heads of 128 values (compiled in front of
-// attention.cu, after attention_tiled.cuh; sm_80 and newer): a block of ATTN_M_THREADS threads
+// attention.cu, whose `attention_mma_<t>` kernels take it; sm_80 and newer): a block of ATTN_M_THREADS threads
 // takes ATTN_M_ROWS query rows of one head, 16 a warp. Q, and each tile of ATTN_M_KEYS keys of K
 // and V, are rounded to f16 in shared memory; the scores S = Q K^T and the sums P V are
 // `mma.sync` m16n8k16 products with f32 sums, P (the tile's exponentials) rounded to f16 in
 // registers on its way from the score accumulators to the P V operands. The same masks (causal,
 // sliding window), score (scale, optional softcap) and online softmax, in f32, as the other forms.
+// The first key the query at position `pos` sees: 0, or with a window the last `window`
+// positions up to `pos`.
+__device__ __forceinline__ uint64_t attn_first_key(uint64_t pos, uint32_t window) {
+    return window != 0 && pos + 1 > window ? pos + 1 - window : 0;
+}
+
+__device__ __forceinline__ uint32_t attn_dynamic_smem() {
+    uint32_t bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+    return bytes;
+}
+
 #define ATTN_M_THREADS 128
 #define ATTN_M_ROWS 64
 #define ATTN_M_KEYS 64

@@ -171,24 +171,21 @@ __device__ __forceinline__ void mm_raw_halves(const MmRaw& r, uint32_t h, uint32
 
 // The tensor-core form, for prompts (MMA_MIN_ROWS rows and more; sm_80 and newer): a block of
 // MMA_THREADS threads computes a tile of MMA_BM rows x MMA_BN outputs, stepping through k
-// MMA_BK values at a time. The activations (f32) of each step are copied into shared memory with
-// `cp.async`, MMA_STAGES steps in flight; the weights' raw block words of the next step are read
-// into registers a step ahead. At each step the block rounds the activation tile to f16 and
-// dequantizes the weight tile to f16 into shared memory (k-contiguous), then eight warps (2 along
-// rows x 4 along outputs) each take 64 x 32 of the tile as 4 x 4 `mma.sync` m16n8k16 products per
-// 16 values of k, fed by `ldmatrix`; sums are f32. Each product x . w therefore sees x and w
-// rounded to f16 once (relative error at most 2^-11 each) and nothing else.
+// MMA_BK values at a time. Each step's activations (rounded to f16) and dequantized weights
+// (rounded to f16) are staged in shared memory, k-contiguous, in two buffers: the next step's
+// global loads are issued before the current step's products and stored after them. Eight warps
+// (2 along rows x 4 along outputs) each take 64 x 32 of the tile as 4 x 4 `mma.sync` m16n8k16
+// products per 16 values of k, fed by `ldmatrix`; sums are f32. Each product x . w therefore sees
+// x and w rounded to f16 once (relative error at most 2^-11 each) and nothing else.
 #define MMA_BM 128
 #define MMA_BN 128
 #define MMA_BK 32
 #define MMA_THREADS 256
 #define MMA_MIN_ROWS 64
-#define MMA_STAGES 3
 // Halves of a staged row: MMA_BK values and 8 of padding, so the eight rows one `ldmatrix`
 // phase reads fall in distinct banks (80-byte rows).
 #define MMA_LD (MMA_BK + 8)
-// The f32 activation stages, then the f16 activation and weight tiles.
-#define MMA_SMEM (MMA_STAGES * MMA_BM * MMA_BK * 4 + (MMA_BM + MMA_BN) * MMA_LD * 2)
+#define MMA_SMEM (2 * (MMA_BM + MMA_BN) * MMA_LD * 2)
 
 __device__ __forceinline__ uint32_t mma_pack(float a, float b) {
     const __half2 h = __floats2half2_rn(a, b);
@@ -212,72 +209,61 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// 16 bytes from global to shared memory without passing through registers; `bytes` 0 writes
-// zeros (the source is not read).
-__device__ __forceinline__ void mma_cp_async16(float* dst, const float* src, uint32_t bytes) {
-    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(bytes));
-}
-__device__ __forceinline__ void mma_cp_commit() { asm volatile("cp.async.commit_group;"); }
-__device__ __forceinline__ void mma_cp_wait_all_but_one() { asm volatile("cp.async.wait_group 1;"); }
+// One step's global reads, held in registers between issue and store: four float4 of activations
+// (rows t / 8 + 32 j, values 4 (t % 8) ..) and, for the 32-value block formats, the raw words of
+// output t / 2's half t % 2.
+struct MmaLoads {
+    float4 a[4];
+    MmRaw w;
+};
 
-// Copies the activations of the step at k0 into `raw` ([MMA_BM][MMA_BK] f32): thread t takes
-// rows t / 8 + 32 j, values 4 (t % 8) .. + 3 (zeros past the rows or k). Asynchronous where x
-// allows 16-byte copies, else plain loads and stores.
-__device__ __forceinline__ void mma_issue_a(float* raw, const float* x, uint64_t r0, uint32_t k0,
-                                            uint32_t rows, uint32_t k, bool x_vec) {
+template <int FMT, typename X>
+__device__ __forceinline__ void mma_issue(MmaLoads& L, X x, const uint8_t* w, uint64_t r0,
+                                          uint64_t o0, uint32_t k0, uint32_t rows, uint32_t k,
+                                          uint32_t n, uint64_t row_bytes, bool x_vec, bool raw) {
     const int t = threadIdx.x;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-        const uint32_t row = t / 8 + 32 * j, col = 4 * (t % 8);
-        const uint64_t gr = r0 + row;
-        const uint32_t gk = k0 + col;
-        float* dst = raw + row * MMA_BK + col;
-        if (x_vec) {
-            const bool full = gr < rows && gk + 4 <= k;
-            mma_cp_async16(dst, full ? x + gr * k + gk : x, full ? 16u : 0u);
+        const uint64_t gr = r0 + t / 8 + 32 * j;
+        const uint32_t gk = k0 + 4 * (t % 8);
+        if (x_vec && gr < rows && gk + 4 <= k) {
+            L.a[j] = x.at4(gr * k + gk);
         } else {
-            float4 v;
-            v.x = gr < rows && gk < k ? x[gr * k + gk] : 0.0f;
-            v.y = gr < rows && gk + 1 < k ? x[gr * k + gk + 1] : 0.0f;
-            v.z = gr < rows && gk + 2 < k ? x[gr * k + gk + 2] : 0.0f;
-            v.w = gr < rows && gk + 3 < k ? x[gr * k + gk + 3] : 0.0f;
-            *(float4*)dst = v;
+            float v[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) v[e] = gr < rows && gk + e < k ? x.at(gr * k + gk + e) : 0.0f;
+            L.a[j] = make_float4(v[0], v[1], v[2], v[3]);
         }
     }
+    const uint64_t go = o0 + t / 2;
+    if (raw && go < n) L.w = mm_raw_load<FMT>(w + go * row_bytes, k0 / 32, t % 2);
 }
 
-// Rounds the staged activations to the f16 tile `as` and writes the step's weights, dequantized,
-// into the f16 tile `bs`: from the raw words `wraw` where `raw` (the 32-value block formats),
-// else read and dequantized here.
-template <int FMT>
-__device__ __forceinline__ void mma_convert(const float* araw, const MmRaw& wraw, __half* as,
-                                            __half* bs, const uint8_t* w, uint64_t o0, uint32_t k0,
-                                            uint32_t k, uint32_t n, uint64_t row_bytes, bool words,
-                                            bool raw) {
+template <int FMT, typename X>
+__device__ __forceinline__ void mma_store(const MmaLoads& L, __half* as, __half* bs,
+                                          const uint8_t* w, uint64_t o0, uint32_t k0, uint32_t k,
+                                          uint32_t n, uint64_t row_bytes, bool words, bool raw) {
     const int t = threadIdx.x;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-        const uint32_t row = t / 8 + 32 * j, col = 4 * (t % 8);
-        const float4 a = *(const float4*)&araw[row * MMA_BK + col];
         uint2 p;
-        p.x = mma_pack(a.x, a.y);
-        p.y = mma_pack(a.z, a.w);
-        *(uint2*)&as[row * MMA_LD + col] = p;
+        p.x = mma_pack(L.a[j].x, L.a[j].y);
+        p.y = mma_pack(L.a[j].z, L.a[j].w);
+        *(uint2*)&as[(t / 8 + 32 * j) * MMA_LD + 4 * (t % 8)] = p;
     }
     const uint32_t o = t / 2, h = t % 2;
     const uint64_t go = o0 + o;
     constexpr bool halves = FMT == OP_FMT_Q4_0 || FMT == OP_FMT_Q4_1 || FMT == OP_FMT_Q8_0;
     if (halves && raw && go < n) {
         uint32_t hv[8];
-        mm_raw_halves<FMT>(wraw, h, hv);
+        mm_raw_halves<FMT>(L.w, h, hv);
         *(uint4*)&bs[o * MMA_LD + 16 * h] = make_uint4(hv[0], hv[1], hv[2], hv[3]);
         *(uint4*)&bs[o * MMA_LD + 16 * h + 8] = make_uint4(hv[4], hv[5], hv[6], hv[7]);
         return;
     }
     float v[16];
     if (raw && go < n) {
-        mm_raw_values<FMT>(wraw, h, v);
+        mm_raw_values<FMT>(L.w, h, v);
     } else {
         mm_stage_weights<FMT>(w + go * row_bytes, k0, h, go < n, k, words, v);
     }
@@ -293,18 +279,15 @@ __device__ __forceinline__ void mma_convert(const float* araw, const MmRaw& wraw
 
 // The tensor-core tiled product (see MMA_BM above); `false` where the architecture has no
 // `mma.sync` for f16 (before sm_80), and the caller takes another form.
-template <int FMT, bool ACC>
-__device__ bool mm_mma(XPlain xp, const uint8_t* w, float* out, uint32_t rows, uint32_t k,
-                       uint32_t n, uint64_t row_bytes) {
+template <int FMT, bool ACC, typename X>
+__device__ bool mm_mma(X x, const uint8_t* w, float* out, uint32_t rows, uint32_t k, uint32_t n,
+                       uint64_t row_bytes) {
 #if __CUDA_ARCH__ >= 800
     extern __shared__ __align__(16) float mm_smem[];
-    float* raw_a = mm_smem;
-    __half* as = (__half*)(mm_smem + MMA_STAGES * MMA_BM * MMA_BK);
-    __half* bs = as + MMA_BM * MMA_LD;
-    const float* x = xp.x;
+    __half* smem = (__half*)mm_smem;
     constexpr bool block32 =
         FMT == OP_FMT_Q4_0 || FMT == OP_FMT_Q4_1 || FMT == OP_FMT_Q5_0 || FMT == OP_FMT_Q8_0;
-    const bool x_vec = xp.aligned16() && k % 4 == 0;
+    const bool x_vec = x.aligned16() && k % 4 == 0;
     const bool words = ((uint64_t)w & 1u) == 0 && row_bytes % 2 == 0;
     // Raw block words in flight need whole blocks per step: k a multiple of 32, even addresses.
     const bool raw = block32 && words && k % 32 == 0;
@@ -313,7 +296,6 @@ __device__ bool mm_mma(XPlain xp, const uint8_t* w, float* out, uint32_t rows, u
     const uint64_t tiles_m = ((uint64_t)rows + MMA_BM - 1) / MMA_BM;
     const uint64_t tiles_n = ((uint64_t)n + MMA_BN - 1) / MMA_BN;
     const uint32_t steps = (k + MMA_BK - 1) / MMA_BK;
-    const uint64_t wo = threadIdx.x / 2;
     for (uint64_t tile = blockIdx.y * (uint64_t)gridDim.x + blockIdx.x; tile < tiles_m * tiles_n;
          tile += (uint64_t)gridDim.x * gridDim.y) {
         // Consecutive blocks take consecutive output tiles of one row tile (the rows stay hot).
@@ -325,32 +307,16 @@ __device__ bool mm_mma(XPlain xp, const uint8_t* w, float* out, uint32_t rows, u
             for (int j = 0; j < 4; ++j)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
-        // Every thread is past the previous tile's last products before its stages are reused.
+        MmaLoads L;
+        mma_issue<FMT>(L, x, w, r0, o0, 0, rows, k, n, row_bytes, x_vec, raw);
+        mma_store<FMT, X>(L, smem, smem + MMA_BM * MMA_LD, w, o0, 0, k, n, row_bytes, words, raw);
         __syncthreads();
-        // Stages 0 and 1 in flight (a group each, empty past the last step), the weights of step 0.
-#pragma unroll
-        for (uint32_t s = 0; s < 2; ++s) {
-            if (s < steps)
-                mma_issue_a(raw_a + s * MMA_BM * MMA_BK, x, r0, s * MMA_BK, rows, k, x_vec);
-            mma_cp_commit();
-        }
-        MmRaw wraw = {};
-        if (raw && o0 + wo < n) wraw = mm_raw_load<FMT>(w + (o0 + wo) * row_bytes, 0, threadIdx.x % 2);
         for (uint32_t s = 0; s < steps; ++s) {
-            // Step s's copies have landed (only step s + 1's may be pending), and every warp is
-            // done with the tiles of step s - 1.
-            mma_cp_wait_all_but_one();
-            __syncthreads();
-            mma_convert<FMT>(raw_a + (s % MMA_STAGES) * MMA_BM * MMA_BK, wraw, as, bs, w, o0,
-                             s * MMA_BK, k, n, row_bytes, words, raw);
-            // Step s + 2 into the stage step s - 1 used (converted before the barrier above).
-            if (s + 2 < steps)
-                mma_issue_a(raw_a + ((s + 2) % MMA_STAGES) * MMA_BM * MMA_BK, x, r0,
-                            (s + 2) * MMA_BK, rows, k, x_vec);
-            mma_cp_commit();
-            if (raw && s + 1 < steps && o0 + wo < n)
-                wraw = mm_raw_load<FMT>(w + (o0 + wo) * row_bytes, s + 1, threadIdx.x % 2);
-            __syncthreads();
+            __half* as = smem + (s % 2) * (MMA_BM + MMA_BN) * MMA_LD;
+            __half* bs = as + MMA_BM * MMA_LD;
+            const bool more = s + 1 < steps;
+            if (more)
+                mma_issue<FMT>(L, x, w, r0, o0, (s + 1) * MMA_BK, rows, k, n, row_bytes, x_vec, raw);
 #pragma unroll
             for (int kk = 0; kk < MMA_BK; kk += 16) {
                 uint32_t a[4][4], b[2][4];
@@ -369,6 +335,12 @@ __device__ bool mm_mma(XPlain xp, const uint8_t* w, float* out, uint32_t rows, u
                     for (int j = 0; j < 4; ++j)
                         mma_16816(acc[i][j], a[i], b[j / 2][2 * (j % 2)], b[j / 2][2 * (j % 2) + 1]);
             }
+            if (more) {
+                __half* nas = smem + ((s + 1) % 2) * (MMA_BM + MMA_BN) * MMA_LD;
+                mma_store<FMT, X>(L, nas, nas + MMA_BM * MMA_LD, w, o0, (s + 1) * MMA_BK, k, n,
+                                  row_bytes, words, raw);
+            }
+            __syncthreads();
         }
         // Accumulator e of tile (i, j): row lane / 4 (+ 8 for e >= 2), outputs 2 (lane % 4) + e % 2.
 #pragma unroll
