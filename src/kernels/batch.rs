@@ -6,6 +6,7 @@
 //! `[n_kv_head, slot_ctx, head_dim]` cache with the single-sequence layout. The per-row slot and
 //! position are i32 device buffers written once per step, so one recorded step serves every step.
 
+use super::matmul::product_params;
 use super::OpKind;
 use super::{one, per_format, DTypes, KernelSig, Param};
 use crate::dtype::DType;
@@ -15,14 +16,8 @@ const I32: DTypes = one(DType::I32);
 
 /// `out[r, o] = x[r] . w[o]`, each row computed exactly as a one-row product would compute it,
 /// whatever the number of rows: x, w, out, rows, k, n. One kernel per weight format.
-pub static MATMUL_ROWS: [KernelSig; 9] = per_format!(OpKind::MatMul; "matmul_rows"; |W| [
-    Param::read("x", F32),
-    Param::read("w", W),
-    Param::write("out", F32),
-    Param::u32("rows"),
-    Param::u32("k"),
-    Param::u32("n"),
-]);
+pub static MATMUL_ROWS: [KernelSig; 9] =
+    per_format!(OpKind::MatMul; "matmul_rows"; |W| product_params!(W, Param::write("out", F32)));
 
 /// The declaration of one slotted KV write into a cache of `$cache`.
 macro_rules! kv_write_slots {

@@ -12,46 +12,36 @@ use crate::dtype::DType;
 const F32: DTypes = one(DType::F32);
 const I32: DTypes = one(DType::I32);
 
+/// The parameters of a product with weights of `$w`: x, w, `$out` (the output or accumulator),
+/// rows, k, n.
+macro_rules! product_params {
+    ($w:ident, $out:expr) => {
+        [
+            Param::read("x", F32),
+            Param::read("w", $w),
+            $out,
+            Param::u32("rows"),
+            Param::u32("k"),
+            Param::u32("n"),
+        ]
+    };
+}
+pub(crate) use product_params;
+
 /// `out[r, o] = x[r] . w[o]`: x, w, out, rows, k, n.
-pub static MATMUL: [KernelSig; 9] = per_format!(OpKind::MatMul; "matmul"; |W| [
-    Param::read("x", F32),
-    Param::read("w", W),
-    Param::write("out", F32),
-    Param::u32("rows"),
-    Param::u32("k"),
-    Param::u32("n"),
-]);
+pub static MATMUL: [KernelSig; 9] =
+    per_format!(OpKind::MatMul; "matmul"; |W| product_params!(W, Param::write("out", F32)));
 
 /// `acc[r, o] += x[r] . w[o]`: x, w, acc, rows, k, n (a product and its residual add, fused).
-pub static MATMUL_ADD: [KernelSig; 9] = per_format!(OpKind::MatMul; "matmul_add"; |W| [
-    Param::read("x", F32),
-    Param::read("w", W),
-    Param::read_write("acc", F32),
-    Param::u32("rows"),
-    Param::u32("k"),
-    Param::u32("n"),
-]);
+pub static MATMUL_ADD: [KernelSig; 9] = per_format!(OpKind::MatMul; "matmul_add"; |W| product_params!(W, Param::read_write("acc", F32)));
 
 /// [`MATMUL`] in the tensor-core form (CUDA, prompts of many rows): the same arguments and the
 /// same results up to the f16 rounding of x and w; a backend without that form runs the plain one.
-pub static MATMUL_MMA: [KernelSig; 9] = per_format!(OpKind::MatMul; "matmul_mma"; |W| [
-    Param::read("x", F32),
-    Param::read("w", W),
-    Param::write("out", F32),
-    Param::u32("rows"),
-    Param::u32("k"),
-    Param::u32("n"),
-]);
+pub static MATMUL_MMA: [KernelSig; 9] =
+    per_format!(OpKind::MatMul; "matmul_mma"; |W| product_params!(W, Param::write("out", F32)));
 
 /// [`MATMUL_ADD`] in the tensor-core form (the residual add fused into [`MATMUL_MMA`]).
-pub static MATMUL_ADD_MMA: [KernelSig; 9] = per_format!(OpKind::MatMul; "matmul_add_mma"; |W| [
-    Param::read("x", F32),
-    Param::read("w", W),
-    Param::read_write("acc", F32),
-    Param::u32("rows"),
-    Param::u32("k"),
-    Param::u32("n"),
-]);
+pub static MATMUL_ADD_MMA: [KernelSig; 9] = per_format!(OpKind::MatMul; "matmul_add_mma"; |W| product_params!(W, Param::read_write("acc", F32)));
 
 /// Expert products, `out[r, s] = x[r] . w[ids[r, s]]`: x, w, ids, out, rows, k, n, slots,
 /// experts.

@@ -279,6 +279,38 @@ __device__ void attn_combine_head(const float* partials, uint64_t chunks, uint32
     }
 }
 
+// The partial record of chunk `chunk` and head h of one query row `q_row` ([n_head * hd]) over a
+// cache `k`, `v` of `ctx` positions a KV head: keys [max(chunk start, lo), min(chunk end, kv_len))
+// folded into (max, sum, V sum) at `partials` + (chunk * n_head + h) * (hd + 2). Shared by the
+// one-row decode attention and the slotted one of a batched step, so both compute the same bits.
+// Every thread of the block calls it (`qs`, `ps`, `vsum` are the block's shared buffers).
+template <typename T>
+__device__ __forceinline__ void attn_chunk_record(const float* q_row, const T* k, const T* v,
+                                                  uint64_t ctx, uint32_t h, uint32_t kv, uint32_t hd,
+                                                  uint64_t chunk, uint32_t chunk_len, uint64_t lo,
+                                                  uint64_t kv_len, uint32_t n_head, float scale,
+                                                  float softcap, float* qs, float* ps, float* vsum,
+                                                  float* partials) {
+    __syncthreads();
+    for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = q_row[(uint64_t)h * hd + i];
+    __syncthreads();
+    float m = -__int_as_float(0x7f800000), l = 0.0f;
+    const uint64_t begin = chunk * chunk_len > lo ? chunk * chunk_len : lo;
+    const uint64_t end = (chunk + 1) * chunk_len < kv_len ? (chunk + 1) * chunk_len : kv_len;
+    const T* ks = k + (uint64_t)kv * ctx * hd;
+    const T* vs = v + (uint64_t)kv * ctx * hd;
+    if (attn_vec_ok(ks, vs, hd))
+        attn_fold_vec<T>(qs, ks, vs, hd, begin, end, scale, softcap, ps, vsum, m, l);
+    else
+        attn_fold<T>(qs, ks, vs, hd, begin, end, scale, softcap, ps, vsum, m, l);
+    float* rec = partials + (chunk * n_head + h) * (hd + 2);
+    if (threadIdx.x == 0) {
+        rec[0] = m;
+        rec[1] = l;
+    }
+    for (uint32_t dd = threadIdx.x; dd < hd; dd += blockDim.x) rec[2 + dd] = vsum[dd];
+}
+
 // The partial pass; with `out`, also the combine, in one launch: after writing its record, a
 // block takes a ticket from its head's counter (u32 words after the records, zero between
 // launches); the block that takes the last ticket resets the counter and merges the head's
@@ -324,24 +356,8 @@ __device__ void attention_partial(const float* q, const T* k, const T* v, const 
     OP_ROW_LOOP(item, live * n_head) {
         const uint64_t chunk = first + item / n_head;
         const uint32_t h = (uint32_t)(item % n_head), kv = h / group;
-        __syncthreads();
-        for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = q[(uint64_t)h * hd + i];
-        __syncthreads();
-        float m = -__int_as_float(0x7f800000), l = 0.0f;
-        const uint64_t begin = chunk * chunk_len > lo ? chunk * chunk_len : lo;
-        const uint64_t end = (chunk + 1) * chunk_len < kv_len ? (chunk + 1) * chunk_len : kv_len;
-        const T* ks = k + (uint64_t)kv * max_ctx * hd;
-        const T* vs = v + (uint64_t)kv * max_ctx * hd;
-        if (attn_vec_ok(ks, vs, hd))
-            attn_fold_vec<T>(qs, ks, vs, hd, begin, end, scale, softcap, ps, vsum, m, l);
-        else
-            attn_fold<T>(qs, ks, vs, hd, begin, end, scale, softcap, ps, vsum, m, l);
-        float* rec = partials + (chunk * n_head + h) * (hd + 2);
-        if (threadIdx.x == 0) {
-            rec[0] = m;
-            rec[1] = l;
-        }
-        for (uint32_t dd = threadIdx.x; dd < hd; dd += blockDim.x) rec[2 + dd] = vsum[dd];
+        attn_chunk_record<T>(q, k, v, max_ctx, h, kv, hd, chunk, chunk_len, lo, kv_len, n_head, scale,
+                             softcap, qs, ps, vsum, partials);
         if (out == nullptr) continue;
         __threadfence();
         __syncthreads();

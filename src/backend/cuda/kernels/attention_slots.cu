@@ -60,24 +60,8 @@ __device__ void attention_slots(const float* q, const T* k, const T* v, const in
         for (uint64_t item = blockIdx.x; item < live * n_head; item += gridDim.x) {
             const uint64_t chunk = first + item / n_head;
             const uint32_t h = (uint32_t)(item % n_head), kv = h / group;
-            __syncthreads();
-            for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = q_row[(uint64_t)h * hd + i];
-            __syncthreads();
-            float m = -__int_as_float(0x7f800000), l = 0.0f;
-            const uint64_t begin = chunk * chunk_len > lo ? chunk * chunk_len : lo;
-            const uint64_t end = (chunk + 1) * chunk_len < kv_len ? (chunk + 1) * chunk_len : kv_len;
-            const T* ks = k_slot + (uint64_t)kv * slot_ctx * hd;
-            const T* vs = v_slot + (uint64_t)kv * slot_ctx * hd;
-            if (attn_vec_ok(ks, vs, hd))
-                attn_fold_vec<T>(qs, ks, vs, hd, begin, end, scale, softcap, ps, vsum, m, l);
-            else
-                attn_fold<T>(qs, ks, vs, hd, begin, end, scale, softcap, ps, vsum, m, l);
-            float* rec = part + (chunk * n_head + h) * (hd + 2);
-            if (threadIdx.x == 0) {
-                rec[0] = m;
-                rec[1] = l;
-            }
-            for (uint32_t dd = threadIdx.x; dd < hd; dd += blockDim.x) rec[2 + dd] = vsum[dd];
+            attn_chunk_record<T>(q_row, k_slot, v_slot, slot_ctx, h, kv, hd, chunk, chunk_len, lo,
+                                 kv_len, n_head, scale, softcap, qs, ps, vsum, part);
             __threadfence();
             __syncthreads();
             if (threadIdx.x == 0) {
