@@ -169,6 +169,13 @@ fn padding_rows_never_change_a_live_slot() {
 }
 
 #[test]
+fn a_prompt_fed_as_rows_of_one_step_equals_one_token_per_step() {
+    for mode in [RunMode::Direct, RunMode::Graph] {
+        prompt_rows(Device::cpu(0).expect("cpu"), mode);
+    }
+}
+
+#[test]
 fn bad_arguments_are_errors() {
     let path = write_model(Family::Llama, DType::Q8_0);
     let mut engine = batch_engine(&path, 3, 2, RunMode::Direct);
@@ -196,7 +203,7 @@ fn bad_arguments_are_errors() {
     err(engine.decode(&[StepRow { pos: CTX, ..ok }]), "position 48");
     err(
         engine.decode(&[ok, StepRow { token: 6, ..ok }]),
-        "slot 0 already",
+        "slot 0 already has a row at position 0",
     );
     err(
         engine.decode(&[ok, StepRow { slot: 1, ..ok }, StepRow { slot: 2, ..ok }]),

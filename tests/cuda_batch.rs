@@ -1,5 +1,6 @@
 //! The batched decode step on CUDA: its ops against the CPU's (seeded random inputs, stated
-//! tolerances), the row-invariant product's rows bitwise equal whatever the row count, and
+//! tolerances; the row-invariant product's in `cuda_matmul_mma.rs`, with the tensor-core bound),
+//! the row-invariant product's rows bitwise equal whatever the row count, and
 //! `BatchEngine` on small synthetic models: a row's logits bitwise equal alone and beside 3, 7 and
 //! 15 others, graph mode bitwise equal to direct mode, and close to the CPU's logits. Every test
 //! needs a GPU: ignored by default, it fails where there is none.
@@ -34,7 +35,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn row_invariant_products_match_the_cpu_and_keep_each_rows_bits() {
+fn row_invariant_products_keep_each_rows_bits() {
     let dev = cuda_device();
     let (n, k) = (40usize, 576usize);
     for (j, &dt) in WEIGHT_DTYPES.iter().enumerate() {
@@ -42,23 +43,11 @@ fn row_invariant_products_match_the_cpu_and_keep_each_rows_bits() {
             continue;
         }
         let w = weight_tensor(dt, n, k, 1800 + j as u64);
-        for rows in [1usize, 5, 17] {
-            let x = random_tensor(DType::F32, &[rows, k], 1.0, 1810 + rows as u64);
-            compare(
-                &format!("matmul_rows {dt} {n}x{k} rows {rows}"),
-                &dev,
-                &[x, w.clone()],
-                &[(DType::F32, vec![rows, n])],
-                2e-4,
-                1e-4,
-                &|s, i, o| s.matmul_rows(&i[0], &i[1], &o[0]),
-            );
-        }
-        // Rows 0..32 in calls of 32, 13, 8, 2 and 1 rows: each row's bits never change.
+        // Rows 0..32 in calls of 32, 17, 13, 8, 2 and 1 rows: each row's bits never change.
         let wb = dev.upload_bytes(&w.bytes, dt, &w.dims).unwrap();
         let xs = random_f32(32 * k, 1.0, 1850 + j as u64);
         let mut first: Option<Vec<u32>> = None;
-        for rows in [32usize, 13, 8, 2, 1] {
+        for rows in [32usize, 17, 13, 8, 2, 1] {
             let mut got = Vec::new();
             for start in (0..32).step_by(rows) {
                 let count = rows.min(32 - start);
@@ -189,17 +178,31 @@ fn invariance_on_cuda(family: Family, quant: DType) {
         per_mode[0], per_mode[1],
         "{family:?} {quant}: graph vs direct"
     );
-    // Against the CPU within f32 rounding of the whole pass.
+    // Against the CPU: every product of the step rounds x and w to f16 (at most 2^-10 of each
+    // product's magnitude, as the tensor-core prefill), which the layers' norms and residual adds
+    // carry into the logits as a relative error of that order: the bound is ROWS_RTOL of the
+    // largest |logit| (the prompt logits' bound in cuda_e2e.rs), while a wrong row, slot or
+    // position moves logits by a sizable fraction of their scale.
+    const ROWS_RTOL: f32 = 5e-3;
     let mut cpu = batch_engine(&path, SLOTS, SLOTS, RunMode::Graph);
     fill(&mut cpu, &hist);
-    let want = target_logits(&mut cpu, &hist).swap_remove(0);
-    for (i, (a, b)) in want.iter().zip(&per_mode[1]).enumerate() {
-        let (a, b) = (f32::from_bits(*a), f32::from_bits(*b));
-        assert!(
-            (a - b).abs() <= 2e-3 + 2e-3 * a.abs(),
-            "{family:?} {quant}: logit {i}: cuda {b}, cpu {a}"
-        );
-    }
+    let want: Vec<f32> = target_logits(&mut cpu, &hist)
+        .swap_remove(0)
+        .into_iter()
+        .map(f32::from_bits)
+        .collect();
+    let got: Vec<f32> = per_mode[1].iter().map(|&b| f32::from_bits(b)).collect();
+    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let worst = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    eprintln!("{family:?} {quant}: max |cuda - cpu| {worst:.3e}, max |cpu| {scale:.3}");
+    assert!(
+        worst <= ROWS_RTOL * scale,
+        "{family:?} {quant}: logits differ by {worst:.3e} (> {ROWS_RTOL} x {scale})"
+    );
 }
 
 #[test]
@@ -218,4 +221,12 @@ fn gemma3_rows_are_batch_invariant_on_cuda() {
 #[ignore = "needs a CUDA GPU"]
 fn qwen3_rows_are_batch_invariant_on_cuda() {
     invariance_on_cuda(Family::Qwen3, DType::Q4K);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_prompt_fed_as_rows_of_one_step_equals_one_token_per_step_on_cuda() {
+    for mode in [RunMode::Direct, RunMode::Graph] {
+        prompt_rows(cuda_device(), mode);
+    }
 }

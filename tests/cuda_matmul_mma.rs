@@ -17,6 +17,11 @@
 //!
 //! Below 64 rows the products keep their f32 forms: there the bound against the float64 sums of
 //! the unrounded operands is the accumulation term alone, `(k + 16) 2^-23 S`.
+//!
+//! The row-invariant product of batched decode steps (`matmul_rows_<w>`, 1 to 32 rows a tile) takes
+//! tensor cores at every row count: the same f16 rounding, and per row a chain of at most `k / 16`
+//! f32 additions of tensor-core sums, then the eight warps' partial sums added in turn (7 more):
+//! `|got - ref16| <= (k / 16 + 24) 2^-23 S`; against the CPU the same bound as above.
 //! Every test needs a GPU: ignored by default, it fails where there is none.
 
 // The harness serves `cuda_ops.rs`; this file uses part of it.
@@ -62,12 +67,38 @@ fn references(x: &[f32], w: &[f32], rows: usize, k: usize, n: usize) -> Vec<[f64
         .collect()
 }
 
+/// Which product a check runs.
+#[derive(Clone, Copy, PartialEq)]
+enum Product {
+    /// `Session::matmul`: the tensor-core form from [`MMA_MIN_ROWS`] rows.
+    Plain,
+    /// `Session::matmul_rows`: the tensor-core form at every row count.
+    Rows,
+}
+
 /// Runs `out = x . w^T` on CUDA and on the CPU and checks both bounds of the module documentation
 /// for every output. Returns the largest error against the CPU relative to `S`.
 fn check(dev: &Device, what: &str, x: &Host, w: &Host, rows: usize, k: usize, n: usize) -> f64 {
-    let op = |s: &mut onepass::Session, i: &[onepass::Buffer], o: &[onepass::Buffer]| {
-        s.matmul(&i[0], &i[1], &o[0])
-    };
+    check_product(Product::Plain, dev, what, x, w, rows, k, n)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_product(
+    product: Product,
+    dev: &Device,
+    what: &str,
+    x: &Host,
+    w: &Host,
+    rows: usize,
+    k: usize,
+    n: usize,
+) -> f64 {
+    let op =
+        move |s: &mut onepass::Session, i: &[onepass::Buffer], o: &[onepass::Buffer]| match product
+        {
+            Product::Plain => s.matmul(&i[0], &i[1], &o[0]),
+            Product::Rows => s.matmul_rows(&i[0], &i[1], &o[0]),
+        };
     let outs = [(DType::F32, vec![rows, n])];
     let cpu = Device::cpu(0).unwrap();
     let want: Vec<f32> =
@@ -77,15 +108,16 @@ fn check(dev: &Device, what: &str, x: &Host, w: &Host, rows: usize, k: usize, n:
     let xv: Vec<f32> = bytemuck::cast_slice(&x.bytes).to_vec();
     let wv = onepass::quant::dequantize(w.dtype, &w.bytes).unwrap();
     let refs = references(&xv, &wv, rows, k, n);
-    let mma = rows >= MMA_MIN_ROWS;
+    let mma = rows >= MMA_MIN_ROWS || product == Product::Rows;
     let kf = k as f64;
+    let chain = if product == Product::Rows { 24.0 } else { 16.0 };
     let mut worst = 0f64;
     for (t, (&[exact, rounded, s], (&g, &c))) in refs.iter().zip(got.iter().zip(&want)).enumerate()
     {
         let (g, c) = (g as f64, c as f64);
         let (r, o) = (t / n, t % n);
         let (reference, bound) = if mma {
-            (rounded, (kf / 16.0 + 16.0) * 2f64.powi(-23) * s)
+            (rounded, (kf / 16.0 + chain) * 2f64.powi(-23) * s)
         } else {
             (exact, (kf + 16.0) * 2f64.powi(-23) * s)
         };
@@ -150,6 +182,46 @@ fn tensor_core_products_at_prompt_shapes() {
         let x = random_tensor(DType::F32, &[512, k], 1.0, 3300 + s as u64);
         let what = format!("matmul {dt} {n}x{k} rows 512");
         let worst = check(&dev, &what, &x, &w, 512, k, n);
+        eprintln!("{what}: largest |cuda - cpu| / S {worst:.2e}");
+    }
+}
+
+/// The row-invariant product of batched decode steps in every weight format: rows 1 to 33 (a
+/// second 16-row half, a second 32-row tile), outputs that end in a partial 32-output tile, k that
+/// ends inside a 256-value step, and the Llama 3.2 1B decode shapes at 16 rows.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn row_invariant_products_in_every_format() {
+    let dev = cuda_device();
+    for (j, &dt) in WEIGHT_DTYPES.iter().enumerate() {
+        let shapes: &[(usize, usize)] = match dt {
+            DType::Q4K | DType::Q6K => &[(45, 512), (40, 768)],
+            d if d.is_float() => &[(45, 576), (40, 100)],
+            _ => &[(45, 576), (70, 4352)],
+        };
+        for (s, &(n, k)) in shapes.iter().enumerate() {
+            let w = weight_tensor(dt, n, k, 3400 + (10 * j + s) as u64);
+            for rows in [1usize, 3, 16, 17, 32, 33] {
+                let x = random_tensor(DType::F32, &[rows, k], 1.0, 3500 + rows as u64);
+                let what = format!("matmul_rows {dt} {n}x{k} rows {rows}");
+                let worst = check_product(Product::Rows, &dev, &what, &x, &w, rows, k, n);
+                eprintln!("{what}: largest |cuda - cpu| / S {worst:.2e}");
+            }
+        }
+    }
+    for (s, &(n, k)) in [
+        (2048usize, 2048usize),
+        (512, 2048),
+        (8192, 2048),
+        (2048, 8192),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let w = weight_tensor(DType::Q4_0, n, k, 3600 + s as u64);
+        let x = random_tensor(DType::F32, &[16, k], 1.0, 3700 + s as u64);
+        let what = format!("matmul_rows q4_0 {n}x{k} rows 16");
+        let worst = check_product(Product::Rows, &dev, &what, &x, &w, 16, k, n);
         eprintln!("{what}: largest |cuda - cpu| / S {worst:.2e}");
     }
 }

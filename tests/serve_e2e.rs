@@ -89,7 +89,18 @@ fn the_openai_client_gets_answers_streams_errors_and_batch_invariant_greedy_toke
     assert_eq!(bad["token_range"][0], 400);
 
     // Eight concurrent greedy clients get what `generate` gives each prompt alone, their prompts
-    // prefilled in chunks of BATCH tokens between the decode steps of the others.
+    // (at most the mix limit, 4 x 8 tokens) fed as rows of the others' decode steps.
+    concurrent_greedy_equals_generate(&url);
+
+    // A stream closed by its client frees its slot.
+    let cancel = scenario("cancel", &url, json!({}));
+    assert_eq!(cancel["chunks"], 3);
+    assert!(cancel["busy_before"].as_f64().unwrap() >= 1.0, "{cancel}");
+    assert_eq!(cancel["freed"], true, "{cancel}");
+}
+
+/// Eight concurrent greedy clients against `onepass generate --temperature 0` for each prompt.
+fn concurrent_greedy_equals_generate(url: &str) {
     let prompts = [
         "The capital of France is",
         "Water boils at",
@@ -103,7 +114,7 @@ fn the_openai_client_gets_answers_streams_errors_and_batch_invariant_greedy_toke
     let max_tokens = 12;
     let got = scenario(
         "concurrent",
-        &url,
+        url,
         json!({"prompts": prompts, "max_tokens": max_tokens}),
     );
     let results = got["results"].as_array().unwrap();
@@ -116,12 +127,24 @@ fn the_openai_client_gets_answers_streams_errors_and_batch_invariant_greedy_toke
         );
         assert_eq!(result["text"], want["text"], "prompt {prompt:?}");
     }
+}
 
-    // A stream closed by its client frees its slot.
-    let cancel = scenario("cancel", &url, json!({}));
-    assert_eq!(cancel["chunks"], 3);
-    assert!(cancel["busy_before"].as_f64().unwrap() >= 1.0, "{cancel}");
-    assert_eq!(cancel["freed"], true, "{cancel}");
+#[test]
+fn prompts_prefilled_in_passes_between_steps_give_generates_tokens() {
+    // Every prompt in passes of BATCH tokens between the decode steps of the others: the bits of
+    // `generate`'s prefill, chunk for chunk.
+    let (ctx, batch) = (CTX.to_string(), BATCH.to_string());
+    let server = Server::start(&[
+        "--parallel",
+        "8",
+        "--ctx",
+        &ctx,
+        "--batch",
+        &batch,
+        "--mix-prompt-tokens",
+        "0",
+    ]);
+    concurrent_greedy_equals_generate(&server.url);
 }
 
 #[test]

@@ -121,6 +121,7 @@ impl TestServer {
             shutdown_grace: Duration::from_secs(10),
             http_threads: 2,
             warm_up: true,
+            mix_limit: None,
         };
         let template = ChatTemplate::new(
             "{% for m in messages %}{{ m.role }}:{{ m.content }};{% endfor %}\

@@ -47,6 +47,10 @@ pub struct BenchArgs {
     /// Print the results as a JSON list (one object per mode).
     #[arg(long)]
     pub json: bool,
+    /// Instead of one sequence, batched decode steps of these row counts (1 to 32, comma-separated),
+    /// as `onepass serve` runs them: each row a sequence of its own slot.
+    #[arg(long, value_delimiter = ',')]
+    pub rows: Vec<usize>,
     /// Write a Chrome-trace JSON (Perfetto) of one profiled decode step per mode.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
@@ -56,13 +60,13 @@ pub struct BenchArgs {
 
 /// Median, minimum and maximum of a sample.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
-struct Spread {
-    median: f64,
-    min: f64,
-    max: f64,
+pub(super) struct Spread {
+    pub(super) median: f64,
+    pub(super) min: f64,
+    pub(super) max: f64,
 }
 
-fn spread(mut v: Vec<f64>) -> Spread {
+pub(super) fn spread(mut v: Vec<f64>) -> Spread {
     if v.is_empty() {
         return Spread::default();
     }
@@ -100,7 +104,7 @@ struct ModeResult {
 
 /// One op kind of a profiled decode step.
 #[derive(Debug, Clone, serde::Serialize)]
-struct OpJson {
+pub(super) struct OpJson {
     op: &'static str,
     kernels: usize,
     total_us: f64,
@@ -112,7 +116,7 @@ struct OpJson {
 }
 
 impl OpJson {
-    fn of(kernels: &[onepass::executable::KernelTiming]) -> Vec<OpJson> {
+    pub(super) fn of(kernels: &[onepass::executable::KernelTiming]) -> Vec<OpJson> {
         op_summary(kernels)
             .iter()
             .map(|op| OpJson {
@@ -195,8 +199,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             args.model.model.clone(),
         ),
     };
-    let llama = Transformer::load(file, &device, ctx, args.run.batch)?;
     let executor = Executor::new(device.clone()).with_config(config);
+    if !args.rows.is_empty() {
+        if args.trace.is_some() {
+            anyhow::bail!("--trace profiles one sequence's steps; leave it out with --rows");
+        }
+        return super::bench_rows::run(&args, file, &model_name, &device, executor, modes[0], ctx);
+    }
+    let llama = Transformer::load(file, &device, ctx, args.run.batch)?;
     let mut engine = Engine::new(llama, executor, modes[0]);
     let prompt = pseudo_random_prompt(args.prompt, engine.model().config().vocab as u64);
 
@@ -288,7 +298,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 }
 
 /// The per-op-kind time of one profiled pass, largest first, with the GB/s and TFLOP/s achieved.
-fn write_op_table(out: &mut impl Write, what: &str, t: &Timeline) -> anyhow::Result<()> {
+pub(super) fn write_op_table(out: &mut impl Write, what: &str, t: &Timeline) -> anyhow::Result<()> {
     let total: f64 = t.kernels.iter().map(|k| k.dur_us).sum();
     writeln!(
         out,
@@ -316,7 +326,7 @@ fn write_op_table(out: &mut impl Write, what: &str, t: &Timeline) -> anyhow::Res
 }
 
 /// Seeded pseudo-random prompt tokens (speed does not depend on which tokens).
-fn pseudo_random_prompt(n: usize, vocab: u64) -> Vec<u32> {
+pub(super) fn pseudo_random_prompt(n: usize, vocab: u64) -> Vec<u32> {
     let mut state = 0x1234_5678_9abc_def0u64;
     (0..n)
         .map(|_| {

@@ -1,6 +1,7 @@
 //! The command line: argument parsing, progress, output formats. Only this layer decides to exit.
 
 mod bench;
+mod bench_rows;
 mod common;
 mod doctor;
 mod generate;

@@ -57,6 +57,10 @@ pub struct ServeArgs {
     /// bucket's graph before the first request needs it).
     #[arg(long)]
     pub no_warmup: bool,
+    /// Prompts of at most this many tokens ride as rows of the running streams' decode steps
+    /// instead of prefill passes of their own (default: 4 x --parallel; 0: never).
+    #[arg(long, value_name = "TOKENS", allow_negative_numbers = true, value_parser = count)]
+    pub mix_prompt_tokens: Option<usize>,
     #[command(flatten)]
     pub run: RunArgs,
 }
@@ -116,6 +120,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         shutdown_grace: Duration::from_secs(args.shutdown_grace as u64),
         http_threads: 2,
         warm_up: !args.no_warmup,
+        mix_limit: args.mix_prompt_tokens,
     };
     let served = ServedModel {
         model: Box::new(model),

@@ -20,7 +20,7 @@
 
 use crate::backend::EncoderOptions;
 use crate::error::{Error, Result};
-use crate::executable::{Executable, StableSet};
+use crate::executable::{Executable, KernelTiming, StableSet};
 use crate::model::engine::RunMode;
 use crate::model::sampler::{Sampler, SamplerConfig};
 use crate::model::slots::{RowOutput, SlotModel, StepRow};
@@ -101,6 +101,17 @@ impl BatchEngine {
     /// number of steps).
     pub fn instantiations(&self) -> usize {
         self.instantiations
+    }
+
+    /// A profiling run of one decode step of `rows` (every kernel timed), recorded and optimized
+    /// as graph mode records it. Leaves the step's results in place, as [`SlotModel::decode`].
+    pub fn profile_decode(&mut self, rows: &[StepRow]) -> Result<Vec<KernelTiming>> {
+        let bucket = self.bucket_for(rows.len())?;
+        let tokens: Vec<u32> = rows.iter().map(|r| r.token).collect();
+        let positions: Vec<usize> = rows.iter().map(|r| r.pos).collect();
+        let slots: Vec<usize> = rows.iter().map(|r| r.slot).collect();
+        self.model.set_rows(bucket, &tokens, &positions, &slots)?;
+        self.instantiate(bucket)?.profile()
     }
 
     /// The allocations the model keeps for its whole life, which an instantiated step may use.
@@ -210,13 +221,23 @@ impl SlotModel for BatchEngine {
         // Checks the tokens and that the chunk fits in the slot.
         self.model.set_inputs(tokens, pos0)?;
         let rows = tokens.len();
+        let start = std::time::Instant::now();
         self.run(|s| {
             self.model
                 .record_in_slot(s, rows, Logits::Last, false, slot)
         })?;
-        self.executor
+        let ran = start.elapsed();
+        let logits = self
+            .executor
             .device()
-            .download(&self.model.logits_buffer(1)?)
+            .download(&self.model.logits_buffer(1)?)?;
+        tracing::trace!(
+            rows,
+            run_us = ran.as_micros() as u64,
+            total_us = start.elapsed().as_micros() as u64,
+            "a prefill chunk"
+        );
+        Ok(logits)
     }
 
     fn decode(&mut self, rows: &[StepRow]) -> Result<Vec<RowOutput>> {

@@ -46,7 +46,9 @@ pub trait SlotModel: Send {
     /// Runs `tokens` (1 to [`SlotModel::max_chunk`]) through `slot` at positions `pos0..`,
     /// after the `pos0` tokens the slot already holds, and returns the logits of the last one.
     fn prefill(&mut self, slot: usize, tokens: &[u32], pos0: usize) -> Result<Vec<f32>>;
-    /// One decode step for every row (1 to [`SlotModel::max_rows`], each in a different slot),
-    /// giving back one output per row in the same order.
+    /// One decode step for every row (1 to [`SlotModel::max_rows`]), giving back one output per
+    /// row in the same order. Rows of one slot take distinct positions: a prompt's tokens in
+    /// position order, each row attending over the slot up to its own position (the rows before
+    /// it in this step included), as if fed one step at a time.
     fn decode(&mut self, rows: &[StepRow]) -> Result<Vec<RowOutput>>;
 }

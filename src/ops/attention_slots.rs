@@ -105,12 +105,17 @@ pub fn attention_slots(
     check_disjoint(&c, "out", out, &[("partials", partials)])?;
     let chunks = slot_ctx.div_ceil(chunk_len);
     // A row's work items are its live (chunk, head) pairs; with a window of W keys at most
-    // ceil(W / chunk_len) + 1 chunks hold a key of it. The kernels loop over their items, so
-    // that many blocks along x (and one row per block along y, looping past 65535) cover a step.
+    // ceil(W / chunk_len) + 1 chunks hold a key of it. The kernels loop over their items (a
+    // block along x takes items x, x + blocks, ...; one row per block along y, looping past
+    // 65535), so any number of blocks covers a step: about SLOT_BLOCKS in all, whole multiples of
+    // the head count (each block keeps one head), at least one per head and row and at most one
+    // per item. Which block folds a chunk never changes a row's bits: the head's merge takes the
+    // chunks' records in chunk order.
     let live = params.window.map_or(chunks, |w| {
         chunks.min(w.div_ceil(chunk_len).saturating_add(1))
     });
-    let blocks = u32_size(&c, "chunk_len", live.saturating_mul(params.n_head))?;
+    let per_head = (SLOT_BLOCKS / rows.max(1).saturating_mul(params.n_head)).clamp(1, live.max(1));
+    let blocks = u32_size(&c, "chunk_len", per_head.saturating_mul(params.n_head))?;
     let kernel = match k_cache.dtype() {
         DType::F16 => KernelId::of(&ATTENTION_SLOTS[1]),
         _ => KernelId::of(&ATTENTION_SLOTS[0]),
@@ -136,6 +141,9 @@ pub fn attention_slots(
     let grid = Grid::new(blocks, 256).with_y(rows.clamp(1, 65535) as u32);
     Dispatch::new(kernel, args, grid)
 }
+
+/// About how many blocks one slotted attention launch takes (a few per SM of a large GPU).
+const SLOT_BLOCKS: usize = 1024;
 
 #[cfg(test)]
 #[path = "attention_slots_tests.rs"]

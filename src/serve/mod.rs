@@ -53,6 +53,9 @@ pub struct ServeOptions {
     pub http_threads: usize,
     /// Run a decode step of every batch size before listening ([`scheduler::warm_up`]).
     pub warm_up: bool,
+    /// Prompts of at most this many tokens are prefilled as rows of decode steps (`None`: four
+    /// steps' rows, [`scheduler::default_mix_limit`]; 0: every prompt takes prefill passes).
+    pub mix_limit: Option<usize>,
 }
 
 /// The model a server serves, with its text side.
@@ -125,7 +128,16 @@ pub fn run_until(
     let metrics = Arc::new(metrics::Metrics::new(model.slots()));
     let slot_ctx = model.slot_ctx();
     let vocab = model.vocab();
-    let scheduler = scheduler::spawn(model, served.codec.clone(), metrics.clone(), options.queue)?;
+    let mix_limit = options
+        .mix_limit
+        .unwrap_or_else(|| scheduler::default_mix_limit(model.max_rows()));
+    let scheduler = scheduler::spawn(
+        model,
+        served.codec.clone(),
+        metrics.clone(),
+        options.queue,
+        mix_limit,
+    )?;
     let limits = Limits {
         context: slot_ctx,
         max_prompt_tokens: options.limits.max_prompt_tokens.min(slot_ctx),

@@ -4,12 +4,23 @@
 //! 1. drops the sequences whose client has gone (their slot is free for the next turn);
 //! 2. moves queued jobs into free slots;
 //! 3. runs at most one prefill chunk (at most [`SlotModel::max_chunk`] tokens) for the oldest
-//!    sequence still prefilling, so a long prompt delays the running streams by one chunk;
-//! 4. runs one decode step for every decoding sequence.
+//!    sequence whose prompt is long (more than the mix limit), so a long prompt delays the
+//!    running streams by one chunk;
+//! 4. runs one decode step for every decoding sequence, its spare rows (up to a whole number of
+//!    [`SlotModel::max_rows`]) taken by the tokens of short prompts (at most the mix limit,
+//!    oldest sequence first, as many of its tokens as fit; the rest in the next steps): row `p`
+//!    feeds prompt token `p` at position `p` of the sequence's slot, and the row of a prompt's
+//!    last token gives the sequence's first token. A slot holds a sequence that prefills or
+//!    decodes, so with no more slots than rows a step always has a spare row for the oldest
+//!    prompt.
 //!
-//! A prompt is cut into chunks of `max_chunk` tokens from position 0, as `Engine::prefill` cuts
-//! it into passes of its batch size: with the same size (`--batch`), a sequence's prefill gives
-//! the bits `generate`'s does, which greedy answers equal to `generate`'s rely on.
+//! A short prompt thus costs the running streams a few rows of a step they run anyway, not a
+//! pass of its own; its tokens take the decode step's arithmetic, which does not depend on the
+//! rows beside them, so its answer is the same alone or in a crowd (and on the CPU, the bits of
+//! `Engine::decode` fed the prompt token by token). Which path a prompt takes depends only on its
+//! length. A long prompt is cut into chunks of `max_chunk` tokens from position 0, as
+//! `Engine::prefill` cuts it into passes of its batch size: with the same size (`--batch`), a
+//! sequence's prefill gives the bits `generate`'s does.
 //!
 //! A failing request fails alone: a decode step that fails for a batch is run again row by row,
 //! so only the row at fault gets the error.
@@ -88,12 +99,20 @@ pub fn warm_up(model: &mut dyn SlotModel) -> Result<usize> {
     Ok(sizes.len())
 }
 
-/// Starts the scheduler thread with a queue of `queue` jobs beyond the model's slots.
+/// The default mix limit: prompts of at most four steps' rows ride in decode steps (a prompt's
+/// rows may span several steps).
+pub fn default_mix_limit(max_rows: usize) -> usize {
+    max_rows.saturating_mul(4)
+}
+
+/// Starts the scheduler thread with a queue of `queue` jobs beyond the model's slots; prompts
+/// of at most `mix_limit` tokens (0: none) are prefilled as rows of decode steps.
 pub fn spawn(
     model: Box<dyn SlotModel>,
     codec: Arc<dyn TextCodec>,
     metrics: Arc<Metrics>,
     queue: usize,
+    mix_limit: usize,
 ) -> Result<SchedulerHandle> {
     if model.slots() == 0 || model.max_rows() == 0 || model.max_chunk() == 0 {
         return Err(Error::InvalidArgument(format!(
@@ -112,6 +131,7 @@ pub fn spawn(
     let end_ids = codec.end_ids();
     let mut scheduler = Scheduler {
         free: (0..model.slots()).rev().collect(),
+        mix_limit,
         model,
         jobs: receiver,
         running: Vec::new(),
@@ -212,6 +232,8 @@ struct Scheduler {
     running: Vec<Sequence>,
     /// Free slots (the lowest is taken first: it is at the end).
     free: Vec<usize>,
+    /// Prompts of at most this many tokens are prefilled as rows of decode steps.
+    mix_limit: usize,
     flags: Arc<Flags>,
     ctx: TokenContext,
 }
@@ -231,9 +253,19 @@ impl Scheduler {
                 self.end_all();
                 return;
             }
+            let turn = std::time::Instant::now();
             self.prefill_one();
+            let prefill = turn.elapsed();
             self.decode_step();
             self.ctx.metrics.set_slots_in_use(self.running.len());
+            if !self.running.is_empty() {
+                tracing::trace!(
+                    running = self.running.len(),
+                    prefill_us = prefill.as_micros() as u64,
+                    turn_us = turn.elapsed().as_micros() as u64,
+                    "a scheduler turn"
+                );
+            }
         }
     }
 
@@ -368,10 +400,11 @@ impl Scheduler {
     /// Runs one prompt chunk of the oldest sequence still prefilling; when its prompt is done,
     /// picks its first token.
     fn prefill_one(&mut self) {
+        let mix_limit = self.mix_limit;
         let Some(index) = self
             .running
             .iter()
-            .position(|s| matches!(s.phase, Phase::Prefill(_)))
+            .position(|s| matches!(s.phase, Phase::Prefill(_)) && s.job.prompt.len() > mix_limit)
         else {
             return;
         };
@@ -395,7 +428,13 @@ impl Scheduler {
             return;
         }
         seq.phase = Phase::Decode;
-        match seq.sample(&logits) {
+        let start = std::time::Instant::now();
+        let first = seq.sample(&logits);
+        tracing::trace!(
+            sample_us = start.elapsed().as_micros() as u64,
+            "sampled a first token"
+        );
+        match first {
             Ok(token) => self.take_token(index, token),
             Err(e) => self.fail(index, model_error("sampling the first token", &e)),
         }
@@ -427,29 +466,55 @@ impl Scheduler {
 
     /// One decode step (in groups of at most `max_rows` rows) for every decoding sequence.
     fn decode_step(&mut self) {
-        let decoding: Vec<usize> = (0..self.running.len())
+        let max_rows = self.model.max_rows();
+        // Decoding sequences first, then the tokens of short prompts in the spare rows.
+        let mut items: Vec<(usize, Option<usize>)> = (0..self.running.len())
             .filter(|&i| self.running[i].phase == Phase::Decode)
+            .map(|i| (i, None))
             .collect();
-        let mut outputs: Vec<(usize, std::result::Result<RowOutput, ApiError>)> = Vec::new();
-        for group in decoding.chunks(self.model.max_rows()) {
-            let rows: Vec<StepRow> = group.iter().map(|&i| self.row(i)).collect();
+        let capacity = items.len().div_ceil(max_rows).max(1) * max_rows;
+        for (i, seq) in self.running.iter().enumerate() {
+            let Phase::Prefill(done) = seq.phase else {
+                continue;
+            };
+            if seq.job.prompt.len() > self.mix_limit {
+                continue;
+            }
+            let take = (seq.job.prompt.len() - done).min(capacity - items.len());
+            items.extend((done..done + take).map(|p| (i, Some(p))));
+        }
+        if items.is_empty() {
+            return;
+        }
+        let mut outputs: Vec<(
+            usize,
+            Option<usize>,
+            std::result::Result<RowOutput, ApiError>,
+        )> = Vec::new();
+        for group in items.chunks(max_rows) {
+            let rows: Vec<StepRow> = group.iter().map(|&(i, p)| self.row(i, p)).collect();
             match self.model.decode(&rows) {
                 Ok(out) if out.len() == rows.len() => {
-                    outputs.extend(group.iter().copied().zip(out.into_iter().map(Ok)));
+                    outputs.extend(group.iter().zip(out).map(|(&(i, p), o)| (i, p, Ok(o))));
                 }
                 Ok(out) => {
                     let e = ApiError::with_status(
                         StatusCode::INTERNAL_SERVER_ERROR,
                         format!("the decode step gave {} rows for {}", out.len(), rows.len()),
                     );
-                    outputs.extend(group.iter().map(|&i| (i, Err(e.clone()))));
+                    outputs.extend(group.iter().map(|&(i, p)| (i, p, Err(e.clone()))));
                 }
-                // Row by row, so that only the row at fault fails.
+                // Row by row (a prompt's rows in order), so that only the sequence at fault fails.
                 Err(e) if rows.len() == 1 => {
-                    outputs.push((group[0], Err(model_error("the decode step", &e))));
+                    let (i, p) = group[0];
+                    outputs.push((i, p, Err(model_error("the decode step", &e))));
                 }
                 Err(_) => {
-                    for (&i, row) in group.iter().zip(&rows) {
+                    let mut failed: Vec<usize> = Vec::new();
+                    for (&(i, p), row) in group.iter().zip(&rows) {
+                        if failed.contains(&i) {
+                            continue;
+                        }
                         let one = match self.model.decode(std::slice::from_ref(row)) {
                             Ok(mut out) if out.len() == 1 => Ok(out.remove(0)),
                             Ok(_) => Err(ApiError::with_status(
@@ -458,7 +523,10 @@ impl Scheduler {
                             )),
                             Err(e) => Err(model_error("the decode step", &e)),
                         };
-                        outputs.push((i, one));
+                        if one.is_err() {
+                            failed.push(i);
+                        }
+                        outputs.push((i, p, one));
                     }
                 }
             }
@@ -467,8 +535,26 @@ impl Scheduler {
         let mut failed = Vec::new();
         let mut ended = Vec::new();
         let slot_ctx = self.model.slot_ctx();
-        for (i, output) in outputs {
+        for (i, p, output) in outputs {
+            if failed.contains(&i) {
+                continue;
+            }
             let seq = &mut self.running[i];
+            if let Some(p) = p {
+                // A prompt row: only the prompt's last row gives a token.
+                let last = p + 1 == seq.job.prompt.len();
+                if output.is_ok() {
+                    self.ctx.metrics.add_prompt_tokens(1);
+                    seq.phase = if last {
+                        Phase::Decode
+                    } else {
+                        Phase::Prefill(p + 1)
+                    };
+                }
+                if output.is_ok() && !last {
+                    continue;
+                }
+            }
             let token = match output {
                 Ok(RowOutput::Token(t)) if (t as usize) < vocab => Ok(t),
                 Ok(RowOutput::Token(t)) => Err(ApiError::with_status(
@@ -499,15 +585,26 @@ impl Scheduler {
         self.remove(ended);
     }
 
-    /// The decode-step row of sequence `index`.
-    fn row(&self, index: usize) -> StepRow {
+    /// The decode-step row of sequence `index`: its next input, or with `prompt`, its prompt
+    /// token at that position (only the prompt's last row asks for logits when it samples).
+    fn row(&self, index: usize, prompt: Option<usize>) -> StepRow {
         let seq = &self.running[index];
-        let (token, pos) = seq.next_input();
-        StepRow {
-            slot: seq.slot,
-            token,
-            pos,
-            greedy: seq.greedy(),
+        match prompt {
+            Some(p) => StepRow {
+                slot: seq.slot,
+                token: seq.job.prompt[p],
+                pos: p,
+                greedy: p + 1 < seq.job.prompt.len() || seq.greedy(),
+            },
+            None => {
+                let (token, pos) = seq.next_input();
+                StepRow {
+                    slot: seq.slot,
+                    token,
+                    pos,
+                    greedy: seq.greedy(),
+                }
+            }
         }
     }
 }

@@ -99,10 +99,16 @@ impl SlotModel for Double {
             slots: rows.iter().map(|r| r.slot).collect(),
         });
         assert!(!rows.is_empty() && rows.len() <= self.max_rows);
-        let mut seen: Vec<usize> = rows.iter().map(|r| r.slot).collect();
+        // Rows of one slot (a prompt's tokens) come in position order; a row at position 0
+        // starts the slot afresh, as a prefill from position 0 does.
+        let mut seen: Vec<(usize, usize)> = rows.iter().map(|r| (r.slot, r.pos)).collect();
         seen.sort_unstable();
         seen.dedup();
-        assert_eq!(seen.len(), rows.len(), "each row in a different slot");
+        assert_eq!(
+            seen.len(),
+            rows.len(),
+            "each row a different slot or position"
+        );
         if rows
             .iter()
             .any(|r| self.slots[r.slot].contains(&BAD_DECODE))
@@ -115,6 +121,9 @@ impl SlotModel for Double {
         let mut out = Vec::new();
         for r in rows {
             let history = &mut self.slots[r.slot];
+            if r.pos == 0 {
+                history.clear();
+            }
             assert_eq!(r.pos, history.len(), "decode at the slot's length");
             assert!(r.pos < self.slot_ctx);
             history.push(r.token);
@@ -194,7 +203,19 @@ struct Setup {
     log: Arc<Mutex<Vec<Call>>>,
 }
 
+/// A scheduler over the double whose prompts all take prefill passes.
 fn setup(slots: usize, max_chunk: usize, queue: usize, step_delay: Duration) -> Setup {
+    setup_mixed(slots, max_chunk, queue, step_delay, 0)
+}
+
+/// A scheduler over the double that prefills prompts of at most `mix` tokens in decode steps.
+fn setup_mixed(
+    slots: usize,
+    max_chunk: usize,
+    queue: usize,
+    step_delay: Duration,
+    mix: usize,
+) -> Setup {
     let log = Arc::new(Mutex::new(Vec::new()));
     let double = Double {
         slots: vec![Vec::new(); slots],
@@ -205,7 +226,14 @@ fn setup(slots: usize, max_chunk: usize, queue: usize, step_delay: Duration) -> 
         log: log.clone(),
     };
     let metrics = Arc::new(Metrics::new(slots));
-    let handle = spawn(Box::new(double), Arc::new(Letters), metrics.clone(), queue).unwrap();
+    let handle = spawn(
+        Box::new(double),
+        Arc::new(Letters),
+        metrics.clone(),
+        queue,
+        mix,
+    )
+    .unwrap();
     Setup {
         handle,
         metrics,
@@ -315,6 +343,66 @@ fn sequences_join_and_leave_between_steps_and_each_gets_its_solo_output() {
             assert!(*tokens <= 4, "a prefill beyond the chunk size: {log:?}");
         }
     }
+    wait_for("the slots to empty", || s.metrics.slots_in_use() == 0);
+}
+
+#[test]
+fn short_prompts_ride_in_decode_steps_and_answer_as_alone() {
+    // Four slots (steps of 4 rows), prompts of at most 5 tokens in decode steps (a prompt of 5
+    // spans two steps at least), longer ones in passes of 4.
+    let s = setup_mixed(4, 4, 8, Duration::from_millis(1), 5);
+    let prompts: Vec<(Vec<u32>, usize)> = vec![
+        (vec![1, 2, 3], 10),
+        (vec![7], 6),
+        (vec![5, 6, 7, 8, 9, 10], 5),
+        (vec![3, 30], 4),
+        (vec![2, 4, 8, 16, 1], 9),
+        (vec![11, 12, 13], 3),
+    ];
+    let mut receivers = Vec::new();
+    for (p, max) in &prompts {
+        let (j, rx) = job(p, *max);
+        s.handle.submit(j).unwrap();
+        receivers.push(rx);
+    }
+    for ((p, max), rx) in prompts.iter().zip(&mut receivers) {
+        let (text, end) = collect(rx);
+        let want = expected_tokens(p, *max);
+        assert_eq!(text, text_of(&want), "prompt {p:?}");
+        match end {
+            Event::Done {
+                prompt_tokens,
+                token_ids,
+                ..
+            } => {
+                assert_eq!(prompt_tokens, p.len(), "prompt {p:?}");
+                assert_eq!(token_ids, want, "prompt {p:?}");
+            }
+            other => panic!("prompt {p:?} ended with {other:?}"),
+        }
+    }
+    let log = s.log.lock().unwrap().clone();
+    // Only the 6-token prompt took prefill passes (4 + 2 tokens); the short ones rode in steps.
+    let passes: Vec<usize> = log
+        .iter()
+        .filter_map(|c| match c {
+            Call::Prefill { tokens, .. } => Some(*tokens),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(passes, vec![4, 2], "{log:?}");
+    // Some step held two rows of one slot (a prompt's tokens beside each other).
+    assert!(
+        log.iter().any(|c| match c {
+            Call::Decode { slots } => {
+                let mut v = slots.clone();
+                v.sort_unstable();
+                v.windows(2).any(|w| w[0] == w[1])
+            }
+            _ => false,
+        }),
+        "{log:?}"
+    );
     wait_for("the slots to empty", || s.metrics.slots_in_use() == 0);
 }
 

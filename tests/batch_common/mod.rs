@@ -117,3 +117,51 @@ pub fn logits_of(out: RowOutput) -> Vec<u32> {
         RowOutput::Token(t) => panic!("a sampled row gave token {t}"),
     }
 }
+
+/// A prompt fed as several rows of one step (its tokens at consecutive positions of one slot,
+/// beside other sequences' rows) gives the bits of feeding it one token per step alone: each row
+/// attends over the rows before it, and nothing depends on the rows beside it.
+pub fn prompt_rows(device: Device, mode: RunMode) {
+    let path = write_model(Family::Llama, DType::Q4_1);
+    let hist = histories(SLOTS, 0xfeed);
+    let (slot, prompt): (usize, Vec<u32>) = (3, vec![11, 250, 7, 42, 99, 5]);
+    let prompt_row = |p: usize| StepRow {
+        slot,
+        token: prompt[p],
+        pos: p,
+        greedy: false,
+    };
+    // One token per step, alone.
+    let mut one = batch_engine_on(device.clone(), &path, SLOTS, SLOTS, mode);
+    let mut want = Vec::new();
+    for p in 0..prompt.len() {
+        want.push(logits_of(
+            one.decode(&[prompt_row(p)]).expect("decode").remove(0),
+        ));
+    }
+    // The first four tokens in one step beside four other sequences, the last two in the next.
+    let mut mixed = batch_engine_on(device, &path, SLOTS, SLOTS, mode);
+    fill(&mut mixed, &hist);
+    let others: Vec<StepRow> = [0usize, 6, 9, 14]
+        .iter()
+        .map(|&s| row(s, &hist, s % 2 == 0))
+        .collect();
+    let mut rows = vec![others[0], prompt_row(0), prompt_row(1), others[1]];
+    rows.extend([prompt_row(2), others[2], prompt_row(3), others[3]]);
+    let mut got = Vec::new();
+    for (i, out) in mixed.decode(&rows).expect("decode").into_iter().enumerate() {
+        if rows[i].slot == slot {
+            got.push(logits_of(out));
+        }
+    }
+    for out in mixed
+        .decode(&[prompt_row(4), prompt_row(5)])
+        .expect("decode")
+    {
+        got.push(logits_of(out));
+    }
+    assert_eq!(got.len(), want.len());
+    for (p, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g, w, "{mode:?}: prompt token {p}");
+    }
+}

@@ -167,7 +167,9 @@ impl Transformer {
     /// rest padding): live row `r` feeds `tokens[r]` at `positions[r]` of slot `slots[r]`; a
     /// padding row feeds token 0 at position 0 of the padding slot. One host-to-device copy.
     /// Checks the values (token in the vocabulary, slot a sequence's, position inside the slot,
-    /// no slot twice).
+    /// no slot and position twice). Several rows of one slot (a prompt's tokens, in position
+    /// order) are one sequence's consecutive tokens: each writes its keys and values before any
+    /// row attends, so a row sees those of the rows before it.
     pub fn set_rows(
         &self,
         rows: usize,
@@ -191,7 +193,7 @@ impl Transformer {
             )));
         }
         let mut words = vec![0i32; 3 * b.rows];
-        let mut seen = vec![false; self.slots];
+        let mut seen: Vec<(usize, usize)> = Vec::with_capacity(live);
         for r in 0..rows {
             let (t, p, sl) = if r < live {
                 (tokens[r], positions[r], slots[r])
@@ -211,11 +213,12 @@ impl Transformer {
                         self.slots
                     )));
                 }
-                if std::mem::replace(&mut seen[sl], true) {
+                if seen.contains(&(sl, p)) {
                     return Err(Error::InvalidArgument(format!(
-                        "row {r}: slot {sl} already has a row in this step"
+                        "row {r}: slot {sl} already has a row at position {p} in this step"
                     )));
                 }
+                seen.push((sl, p));
                 if p >= self.max_ctx {
                     return Err(Error::InvalidArgument(format!(
                         "row {r}: position {p} is past the slot's context of {} tokens",
