@@ -137,6 +137,63 @@ fn slotted_decode_attention_matches_the_cpu() {
     }
 }
 
+/// Enough rows and heads that a launch takes one block per row and head (each block merging its
+/// own chunks, no tickets): every row's bits equal those of the row run alone (blocks per chunk,
+/// tickets), and close to the CPU's.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn slotted_attention_with_a_block_per_head_keeps_each_rows_bits() {
+    let dev = cuda_device();
+    let cpu = Device::cpu(2).unwrap();
+    let (rows, n_head, n_kv, ctx, hd) = (32usize, 32usize, 8usize, 300usize, 64usize);
+    let chunk = dev.capabilities().decode_attention_chunk;
+    for (pi, prm) in [
+        AttentionParams::new(n_head, n_kv, hd),
+        AttentionParams::new(n_head, n_kv, hd).with_window(100),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let k = random_tensor(DType::F16, &[rows, n_kv, ctx, hd], 1.0, 1960);
+        let v = random_tensor(DType::F16, &[rows, n_kv, ctx, hd], 1.0, 1961);
+        let q = random_f32(rows * n_head * hd, 1.0, 1962);
+        let ids: Vec<i32> = (0..rows as i32).rev().collect();
+        let pos: Vec<i32> = (0..rows).map(|r| ((r * 97 + 11) % ctx) as i32).collect();
+        let launch = |d: &Device, first: usize, count: usize| -> Vec<f32> {
+            let c = d.capabilities().decode_attention_chunk;
+            let len = attention_slots_scratch_len(prm, ctx, c, count).unwrap();
+            let kb = d.upload_bytes(&k.bytes, DType::F16, &k.dims).unwrap();
+            let vb = d.upload_bytes(&v.bytes, DType::F16, &v.dims).unwrap();
+            let width = n_head * hd;
+            let qb = d
+                .upload(&q[first * width..(first + count) * width], &[count, width])
+                .unwrap();
+            let ib = d.upload(&ids[first..first + count], &[count]).unwrap();
+            let pb = d.upload(&pos[first..first + count], &[count]).unwrap();
+            let partials = d.alloc(DType::F32, &[len]).unwrap();
+            let out = d.alloc(DType::F32, &[count, width]).unwrap();
+            run(d, |s| {
+                s.attention_slots(&qb, &kb, &vb, &ib, &pb, &partials, &out, prm, c)
+            });
+            d.download::<f32>(&out).unwrap()
+        };
+        let together = launch(&dev, 0, rows);
+        let alone: Vec<f32> = (0..rows).flat_map(|r| launch(&dev, r, 1)).collect();
+        assert_eq!(
+            bits(&together),
+            bits(&alone),
+            "params {pi}: 32 rows together vs one at a time (chunk {chunk})"
+        );
+        let want = launch(&cpu, 0, rows);
+        for (i, (a, b)) in want.iter().zip(&together).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-5 + 1e-4 * a.abs(),
+                "params {pi}: element {i}: cuda {b}, cpu {a}"
+            );
+        }
+    }
+}
+
 /// The logits (bits) of the target row alone and beside 3, 7 and 15 other rows, in `mode`.
 fn target_logits(engine: &mut BatchEngine, hist: &[Vec<u32>]) -> Vec<Vec<u32>> {
     let target = 5;

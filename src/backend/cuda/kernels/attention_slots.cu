@@ -8,7 +8,8 @@
 // its own region of the scratch (the one-row layout: records, then n_head counters): one block
 // per (live chunk, head) item of the row (blocks along x loop over the items, along y over the
 // rows), the same fold of a chunk's keys, and the block that takes the last ticket of a head
-// merges the head. A row's bits therefore never depend on the other rows.
+// merges the head (with one block per head, that block merges its own records, no tickets). A
+// row's bits therefore never depend on the other rows.
 
 template <typename T>
 __device__ void attention_slots(const float* q, const T* k, const T* v, const int32_t* slots,
@@ -57,11 +58,15 @@ __device__ void attention_slots(const float* q, const T* k, const T* v, const in
         float* out_row = out + row * width;
         const T* k_slot = k + (uint64_t)s * slot_len;
         const T* v_slot = v + (uint64_t)s * slot_len;
+        // With one block per head (gridDim.x == n_head), a block folds every chunk of its head
+        // and merges them itself, without tickets: the same records and the same merge.
+        const bool owner = gridDim.x == n_head;
         for (uint64_t item = blockIdx.x; item < live * n_head; item += gridDim.x) {
             const uint64_t chunk = first + item / n_head;
             const uint32_t h = (uint32_t)(item % n_head), kv = h / group;
             attn_chunk_record<T>(q_row, k_slot, v_slot, slot_ctx, h, kv, hd, chunk, chunk_len, lo,
                                  kv_len, n_head, scale, softcap, qs, ps, vsum, part);
+            if (owner) continue;
             __threadfence();
             __syncthreads();
             if (threadIdx.x == 0) {
@@ -76,6 +81,12 @@ __device__ void attention_slots(const float* q, const T* k, const T* v, const in
                 __threadfence();
                 attn_combine_head(part + first * n_head * (hd + 2), live, n_head, h, hd, out_row);
             }
+        }
+        if (owner && blockIdx.x < n_head) {
+            __threadfence_block();
+            __syncthreads();
+            attn_combine_head(part + first * n_head * (hd + 2), live, n_head, blockIdx.x, hd, out_row);
+            __syncthreads();
         }
     }
 }
