@@ -14,19 +14,17 @@ const CTX: usize = 512;
 /// the decode steps of the others.
 const BATCH: usize = 4;
 
+/// A server of 8 slots of CTX tokens, prompts prefilled in passes of BATCH, and `extra` flags.
+fn eight_slot_server(extra: &[&str]) -> Server {
+    let (ctx, batch) = (CTX.to_string(), BATCH.to_string());
+    let mut args = vec!["--parallel", "8", "--ctx", &ctx, "--batch", &batch];
+    args.extend_from_slice(extra);
+    Server::start(&args)
+}
+
 #[test]
 fn the_openai_client_gets_answers_streams_errors_and_batch_invariant_greedy_tokens() {
-    let (ctx, batch) = (CTX.to_string(), BATCH.to_string());
-    let server = Server::start(&[
-        "--parallel",
-        "8",
-        "--ctx",
-        &ctx,
-        "--batch",
-        &batch,
-        "--queue",
-        "16",
-    ]);
+    let server = eight_slot_server(&["--queue", "16"]);
     let url = server.url.clone();
 
     let basic = scenario("basic", &url, json!({}));
@@ -133,17 +131,7 @@ fn concurrent_greedy_equals_generate(url: &str) {
 fn prompts_prefilled_in_passes_between_steps_give_generates_tokens() {
     // Every prompt in passes of BATCH tokens between the decode steps of the others: the bits of
     // `generate`'s prefill, chunk for chunk.
-    let (ctx, batch) = (CTX.to_string(), BATCH.to_string());
-    let server = Server::start(&[
-        "--parallel",
-        "8",
-        "--ctx",
-        &ctx,
-        "--batch",
-        &batch,
-        "--mix-prompt-tokens",
-        "0",
-    ]);
+    let server = eight_slot_server(&["--mix-prompt-tokens", "0"]);
     concurrent_greedy_equals_generate(&server.url);
 }
 
