@@ -124,20 +124,30 @@ const MAX_SHARED_ROW: usize = 48 * 1024;
 /// Shorter rows are normalized per warp (a SmolLM2-sized step measured no gain from sharing).
 const MIN_SHARED_ROW: usize = 4 * 1024;
 /// Shared memory after the row: the weight stage (`MM_STAGE_WARPS * MM_STAGE_MAX_WORDS * 16` in
-/// `backend/cuda/kernels/matmul_blocks.cuh`) and one 16-byte word for the row's scale.
-const WEIGHT_STAGE: usize = 4 * 68 * 16 + 16;
+/// `backend/cuda/kernels/matmul_blocks.cuh`) and 32 doubles of scratch for the block's sum of
+/// squares (`FB_SHARED_TAIL` in `fused_block.cu`).
+const WEIGHT_STAGE: usize = 8 * 68 * 16 + 32 * 8;
+/// Threads of a block of the shared-memory form: eight warps, the rms_norm kernel's block size
+/// ([`super::norm::ROW_THREADS`]), so the block's sum of squares is that kernel's.
+const SHARED_THREADS: u32 = super::norm::ROW_THREADS;
+/// Most blocks of the shared-memory form: each normalizes the row once, then its warps stride over
+/// the outputs, so a wide product pays a few hundred normalizations, not one per four outputs.
+const SHARED_MAX_BLOCKS: usize = 512;
 
 /// Whether a pass of `rows` rows of width `dim` takes the shared-memory form of the fused kernels
 /// (`*_shared`: the CUDA kernels normalize the row once per block into shared memory and read the
 /// weights through a shared-memory stage; the same values either way), and its launch shape: one
-/// warp per output (pair), with that memory for the shared form.
+/// warp per output (pair); for the shared form eight-warp blocks, at most [`SHARED_MAX_BLOCKS`],
+/// with that memory.
 fn fused_launch(outputs: usize, rows: usize, dim: usize) -> (bool, crate::graph::Grid) {
-    let grid = super::matmul::warp_per_output(outputs, rows);
     let bytes = dim * 4 + WEIGHT_STAGE;
     if rows == 1 && dim * 4 >= MIN_SHARED_ROW && bytes <= MAX_SHARED_ROW {
-        (true, grid.with_shared(bytes as u32))
+        let warps_per_block = (SHARED_THREADS / 32) as usize;
+        let blocks = outputs.div_ceil(warps_per_block).clamp(1, SHARED_MAX_BLOCKS);
+        let grid = crate::graph::Grid::new(blocks as u32, SHARED_THREADS).with_shared(bytes as u32);
+        (true, grid)
     } else {
-        (false, grid)
+        (false, super::matmul::warp_per_output(outputs, rows))
     }
 }
 

@@ -48,9 +48,11 @@ __device__ __forceinline__ XNorm fb_norm_row(const float* xr, const float* w, ui
 
 // The normalized row in shared memory, written once per block: what a one-row pass reads when
 // the host gives the kernel k floats of dynamic shared memory (and after them the weight stage of
-// `mm_dot_staged`: without that memory the kernel uses none, as before). Warp 0 computes `inv` as
-// `fb_norm_row` does and every value as `XNorm::at` does, so the sums see the same values; the
-// block reads x and the norm weight once instead of once per warp.
+// `mm_dot_staged` and 32 doubles of scratch: without that memory the kernel uses none, as
+// before). Every thread of the block sums its squares and the block adds them as the rms_norm
+// kernel does (norm_row.cuh: the same order at the same block size, ROW_THREADS = 256), so `inv`
+// and every value are that kernel's; the block reads x and the norm weight once instead of once
+// per warp, and the grid is capped so that a block normalizes once for many outputs.
 struct XShared {
     const float* s;
     __device__ __forceinline__ float at(uint64_t i) const { return s[i]; }
@@ -80,12 +82,15 @@ struct FbShared {
     __device__ __forceinline__ uint4* stage() const { return (uint4*)(s + k); }
 };
 
-// Whether a pass of `rows` rows takes the shared row (block-uniform): one row, k floats of
-// dynamic shared memory, x and the weight 16-byte aligned with k a multiple of 4.
+// Shared memory of the `_shared` kernels after the row: the weight stage and 32 doubles.
+#define FB_SHARED_TAIL (16u * MM_STAGE_WARPS * MM_STAGE_MAX_WORDS + 32u * 8u)
+
+// Whether a pass of `rows` rows takes the shared row (block-uniform): one row, the row and its
+// tail of dynamic shared memory, x and the weight 16-byte aligned with k a multiple of 4.
 __device__ __forceinline__ bool fb_shared_ok(uint64_t rows, const float* x, const float* nw,
                                              uint32_t k) {
     return rows == 1 && blockDim.y == 1 && k % 4 == 0 &&
-           mm_dynamic_smem() >= 4u * k + 16u * MM_STAGE_WARPS * MM_STAGE_MAX_WORDS + 16u &&
+           mm_dynamic_smem() >= 4u * k + FB_SHARED_TAIL &&
            (((uint64_t)x | (uint64_t)nw) & 15u) == 0;
 }
 
@@ -93,22 +98,22 @@ __device__ __forceinline__ bool fb_shared_ok(uint64_t rows, const float* x, cons
 __device__ __forceinline__ const float* fb_shared_row(const float* x, const float* nw, uint32_t k,
                                                       float eps) {
     extern __shared__ __align__(16) float fb_smem[];
-    // inv after the row and the stage (no static shared memory: a kernel launched without
-    // dynamic shared memory uses none).
-    float* inv = fb_smem + k + 4 * MM_STAGE_WARPS * MM_STAGE_MAX_WORDS;
-    if (threadIdx.x < 32) {
-        const XNorm xn = fb_norm_row(x, nw, k, eps, threadIdx.x & 31);
-        if (threadIdx.x == 0) *inv = xn.inv;
+    // The scratch after the row and the stage (no static shared memory: a kernel launched
+    // without dynamic shared memory uses none).
+    double* scratch = (double*)(fb_smem + k + 4 * MM_STAGE_WARPS * MM_STAGE_MAX_WORDS);
+    double ss = 0.0;
+    for (uint32_t i = threadIdx.x; i < k; i += blockDim.x) {
+        const double v = (double)x[i];
+        ss += v * v;
     }
-    __syncthreads();
-    const XNorm xn = XNorm{x, nw, *inv};
+    ss = op_block_sum_f64(ss, scratch);
+    const XNorm xn = XNorm{x, nw, (float)(1.0 / sqrt(ss / (double)k + (double)eps))};
     for (uint32_t i = 4 * threadIdx.x; i < k; i += 4 * blockDim.x) {
         *(float4*)(fb_smem + i) = xn.at4(i);
     }
     __syncthreads();
     return fb_smem;
 }
-
 
 // q = rope(norm(x) Wq), k_cache[pos] = rope(norm(x) Wk), v_cache[pos] = norm(x) Wv for each row,
 // one warp per output pair (the two values one rotation mixes; mode 0 pairs (2i, 2i + 1), mode 1
