@@ -325,6 +325,27 @@ fn mma_grid(rows: usize, n_head: usize) -> Grid {
     Grid::new(blocks as u32, MMA_THREADS).with_shared(smem as u32)
 }
 
+/// Query heads one block of the one-dispatch CUDA decode attention takes (`AD_HEADS` in
+/// `backend/cuda/kernels/attention_decode.cu`), all of one KV head.
+const SPLIT_HEADS: usize = 4;
+/// Blocks the one-dispatch decode attention aims at for a long context: the grid holds about this
+/// many (KV head, head group, split) blocks; the kernel uses as many splits as the run-time length
+/// asks for (one per 128 keys) and no more than the grid holds.
+const SPLIT_TARGET_BLOCKS: usize = 256;
+
+/// The launch shape of the one-dispatch decode attention: for heads of 64, 128 or 256 values the
+/// split form (a block per KV head, group of [`SPLIT_HEADS`] query heads and split, at most
+/// `chunks` splits, the records the scratch holds), else `chunked`, the chunk-per-block form.
+fn single_decode_grid(params: AttentionParams, chunks: usize, chunked: Grid) -> Grid {
+    if !matches!(params.head_dim, 64 | 128 | 256) {
+        return chunked;
+    }
+    let group = params.n_head / params.n_kv_head;
+    let owners = params.n_kv_head * group.div_ceil(SPLIT_HEADS);
+    let splits = SPLIT_TARGET_BLOCKS.div_ceil(owners).clamp(1, chunks.max(1));
+    Grid::new((owners * splits).min(u32::MAX as usize) as u32, 256)
+}
+
 /// Decode attention for one query row, split along the KV length: a partial pass computes, for
 /// each chunk of `chunk_len` positions and each head, the running maximum, the sum of
 /// exponentials and the weighted V sum into `partials`; a combine pass merges them into `out`.
@@ -333,8 +354,10 @@ fn mma_grid(rows: usize, n_head: usize) -> Grid {
 /// (their records are neither written nor read) and the chunk holding that key is masked. `q` and
 /// `out` are f32 `[1, n_head * head_dim]`; `partials` is f32 with exactly
 /// [`attention_decode_scratch_len`] elements (any shape). On the CPU two dispatches, the partial
-/// and the combine; on CUDA one (`attention_decode_<t>`: the block that finishes a head's last
-/// chunk merges the head), which is one launch less in the dependency chain of every layer. All
+/// and the combine; on CUDA one (`attention_decode_<t>`: for heads of 64, 128 or 256 values a
+/// block per KV head, group of its query heads and split of the keys, the split count chosen from
+/// the run-time length, so `partials` holds per-split records there; the block that finishes the
+/// last split merges), which is one launch less in the dependency chain of every layer. All
 /// are [`OpKind::Attention`]; the same function as [`attention`] with one row.
 #[allow(clippy::too_many_arguments)] // the op's natural argument list; each is a distinct buffer
 pub fn attention_decode(
@@ -412,6 +435,7 @@ pub(crate) fn attention_decode_as(
     let grid = Grid::new(blocks, 256);
     if single {
         let kernel = KernelId::of(&ka::DECODE[usize::from(f16)]);
+        let grid = single_decode_grid(params, chunks, grid);
         let mut args = inputs.to_vec();
         args.extend([Arg::read_write(partials), Arg::write(out)]);
         args.extend(scalars);

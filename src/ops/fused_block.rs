@@ -143,7 +143,9 @@ fn fused_launch(outputs: usize, rows: usize, dim: usize) -> (bool, crate::graph:
     let bytes = dim * 4 + WEIGHT_STAGE;
     if rows == 1 && dim * 4 >= MIN_SHARED_ROW && bytes <= MAX_SHARED_ROW {
         let warps_per_block = (SHARED_THREADS / 32) as usize;
-        let blocks = outputs.div_ceil(warps_per_block).clamp(1, SHARED_MAX_BLOCKS);
+        let blocks = outputs
+            .div_ceil(warps_per_block)
+            .clamp(1, SHARED_MAX_BLOCKS);
         let grid = crate::graph::Grid::new(blocks as u32, SHARED_THREADS).with_shared(bytes as u32);
         (true, grid)
     } else {

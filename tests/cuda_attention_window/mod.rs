@@ -3,11 +3,9 @@
 //! hold to a float64 reference. Part of `cuda_ops.rs`; every test needs a GPU.
 //!
 //! Tolerance, as for full attention in `cuda_ops.rs`: `|cuda - cpu| <= 2e-5 + 2e-4 |cpu|` for the
-//! outputs (weighted means of values in [-1, 1], summed in another order). The decode records
-//! (per live chunk and head: the maximum, the sum of exponentials and the unnormalized V sums)
-//! are compared too, with the absolute part grown by `1e-6` per key of the chunk (a V sum of up
-//! to `chunk_len` terms of magnitude at most 1 can cancel to near zero); the records of skipped
-//! chunks stay zero on both, and CUDA's counters must end at zero. Shapes: Gemma 3 270M (4 query heads, 1 KV head,
+//! outputs (weighted means of values in [-1, 1], summed in another order). The decode scratch's
+//! records are each backend's own (per chunk on the CPU, per split of the run-time length in
+//! CUDA's split form), so only CUDA's counters after them are checked: they must end at zero. Shapes: Gemma 3 270M (4 query heads, 1 KV head,
 //! head_dim 256, scale 1/16, W = 512) and small odd ones (head_dim 64, which takes the CUDA
 //! kernels' four-value path, and 40, the scalar path). Decode runs CUDA's one-launch form against
 //! the CPU's partial + combine, with chunk lengths that put the window's first key inside a chunk
@@ -162,15 +160,10 @@ fn decode(dev: &Device, c: Case, chunk: usize) {
     }
     let (got, want) = (to_f32(&cuda[5]), to_f32(&host[5]));
     assert_close_finite(&format!("{what}: out"), &got, &want, ATOL);
+    // The records are the backend's: per chunk on the CPU, per split of the run-time length
+    // in CUDA's split form (heads of 64, 128, 256); only the counters after them are defined.
     let records = n - c.n_head;
-    let (got, want) = (to_f32(&cuda[4]), to_f32(&host[4]));
-    let rec_atol = ATOL + 1e-6 * chunk as f64;
-    assert_close_finite(
-        &format!("{what}: records"),
-        &got[..records],
-        &want[..records],
-        rec_atol,
-    );
+    let got = to_f32(&cuda[4]);
     let counters: Vec<u32> = got[records..].iter().map(|x| x.to_bits()).collect();
     assert!(
         counters.iter().all(|&c| c == 0),

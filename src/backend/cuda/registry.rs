@@ -41,6 +41,8 @@ pub const SOURCES: &[KernelSource] = &[
             include_str!("kernels/attention_mma.cuh"),
             "#line 1 \"attention.cu\"\n",
             include_str!("kernels/attention.cu"),
+            "#line 1 \"attention_decode.cu\"\n",
+            include_str!("kernels/attention_decode.cu"),
             "#line 1 \"attention_slots.cu\"\n",
             include_str!("kernels/attention_slots.cu"),
         ),

@@ -10,7 +10,8 @@
 //   attention_decode_combine:     partials, step, out, n_head, head_dim, chunk_len, max_chunks,
 //                                 window
 //   attention_decode_<t>:         q, k, v, step, partials, out, then the partial's scalars: both
-//                                 passes in one launch (CUDA only, see `attention_partial`)
+//                                 passes in one launch (CUDA only; attention_decode.cu, which
+//                                 falls back to `attention_partial` for other head sizes)
 // Partial records are [max, sum, acc[head_dim]] laid out [max_chunks, n_head, head_dim + 2]; the
 // one-launch form keeps n_head u32 counters after them. With a window, only the chunks holding a
 // key of it (`attn_live_chunks`) are computed and combined; the others' records are untouched.
@@ -395,26 +396,12 @@ __device__ void attention_partial(const float* q, const T* k, const T* v, const 
                              softcap, window, chunk_len, max_chunks, n_q, n_k, n_v, n_step,           \
                              n_partials, 0, op_tag(#NAME));                                           \
     }
-#define ATTENTION_DECODE_KERNEL(NAME, T)                                                            \
-    extern "C" __global__ void NAME(const float* q, const T* k, const T* v, const int32_t* step,      \
-                                    float* partials, float* out, uint32_t n_head, uint32_t n_kv_head, \
-                                    uint32_t hd, float scale, float softcap, uint32_t window,         \
-                                    uint32_t chunk_len, uint32_t max_chunks, uint64_t n_q,            \
-                                    uint64_t n_k, uint64_t n_v, uint64_t n_step, uint64_t n_partials, \
-                                    uint64_t n_out) {                                                 \
-        attention_partial<T>(q, k, v, step, partials, out, n_head, n_kv_head, hd, scale, softcap,     \
-                             window, chunk_len, max_chunks, n_q, n_k, n_v, n_step, n_partials, n_out, \
-                             op_tag(#NAME));                                                          \
-    }
-
 ATTENTION_KERNEL(attention_f32, float, false)
 ATTENTION_KERNEL(attention_f16, __half, false)
 ATTENTION_KERNEL(attention_mma_f32, float, true)
 ATTENTION_KERNEL(attention_mma_f16, __half, true)
 ATTENTION_PARTIAL_KERNEL(attention_decode_partial_f32, float)
 ATTENTION_PARTIAL_KERNEL(attention_decode_partial_f16, __half)
-ATTENTION_DECODE_KERNEL(attention_decode_f32, float)
-ATTENTION_DECODE_KERNEL(attention_decode_f16, __half)
 
 extern "C" __global__ void attention_decode_combine(const float* partials, const int32_t* step,
                                                     float* out, uint32_t n_head, uint32_t hd,

@@ -1,0 +1,292 @@
+// The one-row decode attention in one launch, `attention_decode_<t>` (arguments in attention.cu's
+// header; compiled after it, whose helpers it calls). For heads of 64, 128 or 256 values a block
+// takes one KV head, up to AD_HEADS of the query heads that share it, and one split of the keys
+// the query sees: the K and V rows are read once for those heads, not once per head. The number
+// of splits is chosen here from the run-time length (about one per AD_MIN_KEYS keys, at most
+// what the grid holds), so one recorded launch serves every step: a short context takes a few
+// blocks and no merge, a long one fills the GPU. Blocks past the run-time split count return at
+// once. Each warp runs its own online softmax over keys j0 + slot (KPI keys a step, LPK lanes a
+// key, every lane holding 16 values of the query and key rows and HD / 32 dimensions of the V
+// sum), with the step's K and V loads issued together; the block merges its warps in shared
+// memory; with several splits each block writes a record per head (the layout of the partial
+// records: [split, head, (max, sum, V sum)]), takes a ticket from its head group's counter, and
+// the last block merges the records (`ad_merge_splits`, every head of the group at once). Other head sizes, and caches not
+// aligned for vector loads, take the chunked form of attention.cu (`attention_partial`).
+
+#define AD_WARPS 8
+#define AD_HEADS 4
+#define AD_MIN_KEYS 128
+
+__device__ __forceinline__ float2 ad_load2(const float* p) { return *(const float2*)p; }
+__device__ __forceinline__ float2 ad_load2(const __half* p) {
+    return __half22float2(*(const __half2*)p);
+}
+
+// DV consecutive cache values as f32.
+template <int DV, typename T>
+__device__ __forceinline__ void ad_load(const T* p, float (&o)[DV]) {
+    if (DV == 2) {
+        const float2 a = ad_load2(p);
+        o[0] = a.x;
+        o[1] = a.y;
+    } else {
+#pragma unroll
+        for (int i = 0; i < DV / 4; ++i) {
+            const float4 a = attn_load4(p + 4 * i);
+            o[4 * i] = a.x;
+            o[4 * i + 1] = a.y;
+            o[4 * i + 2] = a.z;
+            o[4 * i + 3] = a.w;
+        }
+    }
+}
+
+// Whether the split form takes this launch (block-uniform).
+template <typename T>
+__device__ __forceinline__ bool ad_ok(const float* q, const T* k, const T* v, uint32_t hd) {
+    return (hd == 64 || hd == 128 || hd == 256) && blockDim.x == 32 * AD_WARPS &&
+           (((uint64_t)k | (uint64_t)v) & (4 * sizeof(T) - 1)) == 0 && ((uint64_t)q & 15u) == 0;
+}
+
+// Merges the records of `splits` splits of heads h0..h0 + nh into out: thread t takes head
+// h0 + t / hd, dimension t % hd, and folds the splits in one pass with a running maximum (the
+// loads of sixteen splits in flight; through L2, since other blocks wrote them).
+__device__ __forceinline__ void ad_merge_splits(const float* partials, uint32_t splits,
+                                                uint32_t n_head, uint32_t h0, uint32_t nh,
+                                                uint32_t hd, float* out) {
+    const uint64_t stride = (uint64_t)n_head * (hd + 2);
+    for (uint32_t t = threadIdx.x; t < nh * hd; t += blockDim.x) {
+        const uint32_t h = t / hd, d = t % hd;
+        const float* r = partials + (uint64_t)(h0 + h) * (hd + 2);
+        float mx = -__int_as_float(0x7f800000), sum = 0.0f, val = 0.0f;
+#pragma unroll 16
+        for (uint32_t sp = 0; sp < splits; ++sp) {
+            const float* rs = r + sp * stride;
+            const float ms = __ldcg(rs), ls = __ldcg(rs + 1), as = __ldcg(rs + 2 + d);
+            const float nm = fmaxf(mx, ms);
+            if (nm == -__int_as_float(0x7f800000)) continue;
+            const float c = expf(mx - nm), f = expf(ms - nm);
+            sum = sum * c + f * ls;
+            val = val * c + f * as;
+            mx = nm;
+        }
+        out[(uint64_t)(h0 + h) * hd + d] = val / sum;
+    }
+}
+
+// One block of the split form. `acc_s` is AD_WARPS * AD_HEADS * HD floats of shared memory.
+template <typename T, int HD>
+__device__ void ad_block(const float* q, const T* k, const T* v, float* partials, float* out,
+                         uint32_t n_head, uint32_t n_kv, float scale, float softcap, uint64_t ctx,
+                         uint64_t lo, uint64_t kv_len, uint32_t max_chunks, uint64_t records,
+                         float* acc_s, uint32_t tag) {
+    constexpr int LPK = HD / 16, KPI = 32 / LPK, DV = HD / 32;
+    __shared__ float m_s[AD_WARPS][AD_HEADS], l_s[AD_WARPS][AD_HEADS];
+    __shared__ uint32_t last;
+    const uint32_t group = n_head / n_kv, hgroups = (group + AD_HEADS - 1) / AD_HEADS;
+    const uint32_t owners = n_kv * hgroups;
+    const uint32_t grid_splits = gridDim.x / owners;
+    const uint32_t splits_max = grid_splits < max_chunks ? grid_splits : max_chunks;
+    const uint64_t keys = kv_len - lo;
+    const uint64_t want = (keys + AD_MIN_KEYS - 1) / AD_MIN_KEYS;
+    const uint32_t splits = (uint32_t)(want < splits_max ? want : splits_max);
+    const uint32_t owner = blockIdx.x / (grid_splits == 0 ? 1 : grid_splits);
+    const uint32_t split = blockIdx.x % (grid_splits == 0 ? 1 : grid_splits);
+    if (splits == 0 || owner >= owners || split >= splits) return;
+    const uint32_t kv = owner / hgroups, hg = owner % hgroups;
+    const uint32_t h0 = kv * group + hg * AD_HEADS;
+    const uint32_t nh = group - hg * AD_HEADS < AD_HEADS ? group - hg * AD_HEADS : AD_HEADS;
+    const uint64_t per = (keys + splits - 1) / splits;
+    const uint64_t a = lo + split * per;
+    const uint64_t b = a + per < kv_len ? a + per : kv_len;
+
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t slot = lane / LPK, sub = lane % LPK;
+    const T* ks = k + (uint64_t)kv * ctx * HD;
+    const T* vs = v + (uint64_t)kv * ctx * HD;
+    float4 qr[AD_HEADS][4];
+#pragma unroll
+    for (int h = 0; h < AD_HEADS; ++h)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            qr[h][i] = (uint32_t)h < nh
+                           ? *(const float4*)(q + (uint64_t)(h0 + h) * HD + 4 * sub + 4 * LPK * i)
+                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float m[AD_HEADS], l[AD_HEADS], acc[AD_HEADS][DV];
+#pragma unroll
+    for (int h = 0; h < AD_HEADS; ++h) {
+        m[h] = -__int_as_float(0x7f800000);
+        l[h] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < DV; ++e) acc[h][e] = 0.0f;
+    }
+    // The K and V of a step: loaded one step ahead, so a warp's next loads are in flight while
+    // it scores and sums the current keys.
+    float4 kk[4];
+    float vv[KPI][DV];
+    auto load = [&](uint64_t j0) {
+        const uint64_t j = j0 + slot;
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            kk[i] = j < b ? attn_load4(ks + j * HD + 4 * sub + 4 * LPK * i)
+                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int t = 0; t < KPI; ++t) {
+            if (j0 + t < b) {
+                ad_load<DV>(vs + (j0 + t) * HD + lane * DV, vv[t]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < DV; ++e) vv[t][e] = 0.0f;
+            }
+        }
+    };
+    const uint64_t stride = (uint64_t)AD_WARPS * KPI;
+    uint64_t j0 = a + (uint64_t)warp * KPI;
+    if (j0 < b) load(j0);
+    for (; j0 < b; j0 += stride) {
+        const bool valid = j0 + slot < b;
+        float4 kc[4];
+        float vc[KPI][DV];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) kc[i] = kk[i];
+#pragma unroll
+        for (int t = 0; t < KPI; ++t)
+#pragma unroll
+            for (int e = 0; e < DV; ++e) vc[t][e] = vv[t][e];
+        if (j0 + stride < b) load(j0 + stride);
+#pragma unroll
+        for (int h = 0; h < AD_HEADS; ++h) {
+            if ((uint32_t)h >= nh) break;
+            float d = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+                d += qr[h][i].x * kc[i].x + qr[h][i].y * kc[i].y + qr[h][i].z * kc[i].z +
+                     qr[h][i].w * kc[i].w;
+#pragma unroll
+            for (int o = 1; o < LPK; o <<= 1) d += __shfl_xor_sync(ONEPASS_FULL_MASK, d, o);
+            float s = d * scale;
+            if (softcap != 0.0f) s = softcap * tanhf(s / softcap);
+            if (!valid) s = -__int_as_float(0x7f800000);
+            float t = s;
+#pragma unroll
+            for (int o = LPK; o < 32; o <<= 1) t = fmaxf(t, __shfl_xor_sync(ONEPASS_FULL_MASK, t, o));
+            const float nm = fmaxf(m[h], t);
+            const float c = expf(m[h] - nm);
+            const float p = valid ? expf(s - nm) : 0.0f;
+            float ps = p;
+#pragma unroll
+            for (int o = LPK; o < 32; o <<= 1) ps += __shfl_xor_sync(ONEPASS_FULL_MASK, ps, o);
+            l[h] = l[h] * c + ps;
+            m[h] = nm;
+#pragma unroll
+            for (int e = 0; e < DV; ++e) acc[h][e] *= c;
+#pragma unroll
+            for (int t2 = 0; t2 < KPI; ++t2) {
+                const float pk = __shfl_sync(ONEPASS_FULL_MASK, p, t2 * LPK);
+#pragma unroll
+                for (int e = 0; e < DV; ++e) acc[h][e] += pk * vc[t2][e];
+            }
+        }
+    }
+    // The warps' states side by side, then merged per (head, dimension).
+#pragma unroll
+    for (int h = 0; h < AD_HEADS; ++h) {
+        if ((uint32_t)h >= nh) break;
+        if (lane == 0) {
+            m_s[warp][h] = m[h];
+            l_s[warp][h] = l[h];
+        }
+#pragma unroll
+        for (int e = 0; e < DV; ++e) acc_s[(warp * AD_HEADS + h) * HD + lane * DV + e] = acc[h][e];
+    }
+    __syncthreads();
+    for (uint32_t t = threadIdx.x; t < nh * HD; t += blockDim.x) {
+        const uint32_t h = t / HD, d = t % HD;
+        float mx = -__int_as_float(0x7f800000);
+        for (int w = 0; w < AD_WARPS; ++w) mx = fmaxf(mx, m_s[w][h]);
+        float sum = 0.0f, val = 0.0f;
+        if (mx != -__int_as_float(0x7f800000)) {
+            for (int w = 0; w < AD_WARPS; ++w) {
+                const float f = expf(m_s[w][h] - mx);
+                sum += f * l_s[w][h];
+                val += f * acc_s[(w * AD_HEADS + h) * HD + d];
+            }
+        }
+        if (splits == 1) {
+            out[(uint64_t)(h0 + h) * HD + d] = val / sum;
+        } else {
+            float* rec = partials + ((uint64_t)split * n_head + h0 + h) * (HD + 2);
+            if (d == 0) {
+                rec[0] = mx;
+                rec[1] = sum;
+            }
+            rec[2 + d] = val;
+        }
+    }
+    if (splits == 1) return;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        uint32_t* counter = (uint32_t*)(partials + records) + owner;
+        const uint32_t ticket = atomicAdd(counter, 1u);
+        last = ticket + 1 == splits;
+        if (ticket >= splits) op_fail(tag, OP_ERR_SCRATCH, ticket, splits, h0);
+        if (last) *counter = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    ad_merge_splits(partials, splits, n_head, h0, nh, HD, out);
+}
+
+template <typename T>
+__device__ void attention_decode(const float* q, const T* k, const T* v, const int32_t* step,
+                                 float* partials, float* out, uint32_t n_head, uint32_t n_kv_head,
+                                 uint32_t hd, float scale, float softcap, uint32_t window,
+                                 uint32_t chunk_len, uint32_t max_chunks, uint64_t n_q,
+                                 uint64_t n_k, uint64_t n_v, uint64_t n_step, uint64_t n_partials,
+                                 uint64_t n_out, uint32_t tag) {
+    __shared__ __align__(16) float acc_s[AD_WARPS * AD_HEADS * ATTN_MAX_HD];
+    if (!ad_ok(q, k, v, hd)) {
+        attention_partial<T>(q, k, v, step, partials, out, n_head, n_kv_head, hd, scale, softcap,
+                             window, chunk_len, max_chunks, n_q, n_k, n_v, n_step, n_partials,
+                             n_out, tag);
+        return;
+    }
+    const uint64_t records = (uint64_t)max_chunks * n_head * (hd + 2);
+    OP_REQUIRE(n_head != 0 && n_kv_head != 0 && n_head % n_kv_head == 0 && n_step != 0 &&
+               n_k == n_v && n_q == (uint64_t)n_head * hd &&
+               n_k % ((uint64_t)n_kv_head * hd) == 0 && chunk_len != 0 && max_chunks != 0 &&
+               n_partials == records + n_head && n_out == n_q);
+    const uint64_t max_ctx = n_k / ((uint64_t)n_kv_head * hd);
+    const int64_t pos0 = step[0];
+    if (pos0 < 0 || (uint64_t)pos0 + 1 > max_ctx) {
+        op_fail(tag, OP_ERR_POS0, pos0, max_ctx, 1);
+        return;
+    }
+    const uint64_t kv_len = (uint64_t)pos0 + 1, lo = attn_first_key((uint64_t)pos0, window);
+    if (hd == 64)
+        ad_block<T, 64>(q, k, v, partials, out, n_head, n_kv_head, scale, softcap, max_ctx, lo,
+                        kv_len, max_chunks, records, acc_s, tag);
+    else if (hd == 128)
+        ad_block<T, 128>(q, k, v, partials, out, n_head, n_kv_head, scale, softcap, max_ctx, lo,
+                         kv_len, max_chunks, records, acc_s, tag);
+    else
+        ad_block<T, 256>(q, k, v, partials, out, n_head, n_kv_head, scale, softcap, max_ctx, lo,
+                         kv_len, max_chunks, records, acc_s, tag);
+}
+
+#define ATTENTION_DECODE_KERNEL(NAME, T)                                                            \
+    extern "C" __global__ void NAME(const float* q, const T* k, const T* v, const int32_t* step,      \
+                                    float* partials, float* out, uint32_t n_head, uint32_t n_kv_head, \
+                                    uint32_t hd, float scale, float softcap, uint32_t window,         \
+                                    uint32_t chunk_len, uint32_t max_chunks, uint64_t n_q,            \
+                                    uint64_t n_k, uint64_t n_v, uint64_t n_step, uint64_t n_partials, \
+                                    uint64_t n_out) {                                                 \
+        attention_decode<T>(q, k, v, step, partials, out, n_head, n_kv_head, hd, scale, softcap,      \
+                            window, chunk_len, max_chunks, n_q, n_k, n_v, n_step, n_partials, n_out,  \
+                            op_tag(#NAME));                                                           \
+    }
+
+ATTENTION_DECODE_KERNEL(attention_decode_f32, float)
+ATTENTION_DECODE_KERNEL(attention_decode_f16, __half)
