@@ -328,6 +328,21 @@ fn mma_grid(rows: usize, n_head: usize) -> Grid {
 /// Query heads one block of the one-dispatch CUDA decode attention takes (`AD_HEADS` in
 /// `backend/cuda/kernels/attention_decode.cu`), all of one KV head.
 const SPLIT_HEADS: usize = 4;
+/// KV heads from which a block of the split form always takes [`SPLIT_HEADS`] query heads
+/// (`AD_MIN_KV_SHARED` in the kernel); with fewer, a block takes one query head until the context
+/// reaches 2048 keys (`AD_MIN_KEYS_SHARED`), so a short context fills enough blocks.
+const SPLIT_MIN_KV_SHARED: usize = 8;
+
+/// Query heads one block of the split form takes at a short context (`ad_heads_per_block` in the
+/// kernel): the grid is sized for it, the most (KV head, head group) owners a step can have.
+fn split_heads_per_block(n_kv_head: usize) -> usize {
+    if n_kv_head >= SPLIT_MIN_KV_SHARED {
+        SPLIT_HEADS
+    } else {
+        1
+    }
+}
+
 /// Blocks the one-dispatch decode attention aims at for a long context: the grid holds about this
 /// many (KV head, head group, split) blocks; the kernel uses as many splits as the run-time length
 /// asks for (one per 128 keys) and no more than the grid holds.
@@ -341,7 +356,7 @@ fn single_decode_grid(params: AttentionParams, chunks: usize, chunked: Grid) -> 
         return chunked;
     }
     let group = params.n_head / params.n_kv_head;
-    let owners = params.n_kv_head * group.div_ceil(SPLIT_HEADS);
+    let owners = params.n_kv_head * group.div_ceil(split_heads_per_block(params.n_kv_head));
     let splits = SPLIT_TARGET_BLOCKS.div_ceil(owners).clamp(1, chunks.max(1));
     Grid::new((owners * splits).min(u32::MAX as usize) as u32, 256)
 }

@@ -1,17 +1,18 @@
 // The one-row decode attention in one launch, `attention_decode_<t>` (arguments in attention.cu's
 // header; compiled after it, whose helpers it calls). For heads of 64, 128 or 256 values a block
-// takes one KV head, up to AD_HEADS of the query heads that share it, and one split of the keys
-// the query sees: the K and V rows are read once for those heads, not once per head. The number
+// takes one KV head, up to AD_HEADS of the query heads that share it (`ad_heads_per_block`), and
+// one split of the keys the query sees, so a K or V row is read once for those heads. The number
 // of splits is chosen here from the run-time length (about one per AD_MIN_KEYS keys, at most
 // what the grid holds), so one recorded launch serves every step: a short context takes a few
 // blocks and no merge, a long one fills the GPU. Blocks past the run-time split count return at
 // once. Each warp runs its own online softmax over keys j0 + slot (KPI keys a step, LPK lanes a
 // key, every lane holding 16 values of the query and key rows and HD / 32 dimensions of the V
-// sum), with the step's K and V loads issued together; the block merges its warps in shared
-// memory; with several splits each block writes a record per head (the layout of the partial
-// records: [split, head, (max, sum, V sum)]), takes a ticket from its head group's counter, and
-// the last block merges the records (`ad_merge_splits`, every head of the group at once). Other head sizes, and caches not
-// aligned for vector loads, take the chunked form of attention.cu (`attention_partial`).
+// sum), the next step's K and V loads in flight while it computes; the block merges its warps in
+// shared memory; with several splits each block writes a record per head (the partial records'
+// layout: [split, head, (max, sum, V sum)]), takes a ticket from its owner's counter, and the last
+// block merges the records of every head it owns (`ad_merge_splits`). Other head sizes, and
+// caches not aligned for vector loads, take the chunked form of attention.cu
+// (`attention_partial`).
 
 #define AD_WARPS 8
 #define AD_HEADS 4
@@ -39,6 +40,18 @@ __device__ __forceinline__ void ad_load(const T* p, float (&o)[DV]) {
             o[4 * i + 3] = a.w;
         }
     }
+}
+
+// Query heads a block takes: AD_HEADS where there are AD_MIN_KV_SHARED KV heads or more, or the
+// query sees AD_MIN_KEYS_SHARED keys or more; else one, so that a model with few KV heads still
+// spreads a short context over enough blocks, while a long one reads each K and V row once for
+// the heads that share it. The host sizes the grid for one head a block where that can happen
+// (`ops::attention::split_heads_per_block`); with more heads a block, each owner takes more of
+// the grid's splits.
+#define AD_MIN_KV_SHARED 8
+#define AD_MIN_KEYS_SHARED 2048
+__device__ __forceinline__ uint32_t ad_heads_per_block(uint32_t n_kv, uint64_t keys) {
+    return n_kv >= AD_MIN_KV_SHARED || keys >= AD_MIN_KEYS_SHARED ? AD_HEADS : 1;
 }
 
 // Whether the split form takes this launch (block-uniform).
@@ -83,19 +96,20 @@ __device__ void ad_block(const float* q, const T* k, const T* v, float* partials
     constexpr int LPK = HD / 16, KPI = 32 / LPK, DV = HD / 32;
     __shared__ float m_s[AD_WARPS][AD_HEADS], l_s[AD_WARPS][AD_HEADS];
     __shared__ uint32_t last;
-    const uint32_t group = n_head / n_kv, hgroups = (group + AD_HEADS - 1) / AD_HEADS;
+    const uint64_t keys = kv_len - lo;
+    const uint32_t group = n_head / n_kv, hpb = ad_heads_per_block(n_kv, keys);
+    const uint32_t hgroups = (group + hpb - 1) / hpb;
     const uint32_t owners = n_kv * hgroups;
     const uint32_t grid_splits = gridDim.x / owners;
     const uint32_t splits_max = grid_splits < max_chunks ? grid_splits : max_chunks;
-    const uint64_t keys = kv_len - lo;
     const uint64_t want = (keys + AD_MIN_KEYS - 1) / AD_MIN_KEYS;
     const uint32_t splits = (uint32_t)(want < splits_max ? want : splits_max);
     const uint32_t owner = blockIdx.x / (grid_splits == 0 ? 1 : grid_splits);
     const uint32_t split = blockIdx.x % (grid_splits == 0 ? 1 : grid_splits);
     if (splits == 0 || owner >= owners || split >= splits) return;
     const uint32_t kv = owner / hgroups, hg = owner % hgroups;
-    const uint32_t h0 = kv * group + hg * AD_HEADS;
-    const uint32_t nh = group - hg * AD_HEADS < AD_HEADS ? group - hg * AD_HEADS : AD_HEADS;
+    const uint32_t h0 = kv * group + hg * hpb;
+    const uint32_t nh = group - hg * hpb < hpb ? group - hg * hpb : hpb;
     const uint64_t per = (keys + splits - 1) / splits;
     const uint64_t a = lo + split * per;
     const uint64_t b = a + per < kv_len ? a + per : kv_len;
