@@ -126,7 +126,7 @@ const MIN_SHARED_ROW: usize = 4 * 1024;
 /// Shared memory after the row: the weight stage (`MM_STAGE_WARPS * MM_STAGE_MAX_WORDS * 16` in
 /// `backend/cuda/kernels/matmul_blocks.cuh`) and 32 doubles of scratch for the block's sum of
 /// squares (`FB_SHARED_TAIL` in `fused_block.cu`).
-const WEIGHT_STAGE: usize = 8 * 68 * 16 + 32 * 8;
+const WEIGHT_STAGE: usize = 8 * 136 * 16 + 32 * 8;
 /// Threads of a block of the shared-memory form: eight warps, the rms_norm kernel's block size
 /// ([`super::norm::ROW_THREADS`]), so the block's sum of squares is that kernel's.
 const SHARED_THREADS: u32 = super::norm::ROW_THREADS;

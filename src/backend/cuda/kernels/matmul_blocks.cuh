@@ -152,7 +152,7 @@ __device__ __forceinline__ float mm_dot_blocks(X x, const uint8_t* wrow, uint32_
 // 16-byte aligned addresses whose length is a whole number of 16-byte words, and blocks of
 // MM_STAGE_WARPS warps (the shared memory is sized for them).
 #define MM_STAGE_WARPS 8
-#define MM_STAGE_GROUPS 2
+#define MM_STAGE_GROUPS 4
 #define MM_STAGE_MAX_WORDS (2 * MM_STAGE_GROUPS * 8 * 34 / 16)
 // Shorter rows keep the direct form (a SmolLM2-sized step measured no gain from staging).
 #define MM_STAGE_MIN_ROW_BYTES 1024
