@@ -145,8 +145,8 @@ __device__ __forceinline__ float mm_dot_blocks(X x, const uint8_t* wrow, uint32_
 }
 
 // ---- The staged vector form: R weight rows of a 32-value block format against one activation
-// row, each step copying 16 blocks of every row into the warp's shared memory with 16-byte loads
-// (the next step's loads in flight while this one is summed). Each lane sums the same quarters in
+// row, each step copying 8 * MM_STAGE_GROUPS (32) blocks of every row into the warp's shared
+// memory with 16-byte loads (the next step's loads in flight while this one is summed). Each lane sums the same quarters in
 // the same order as `mm_dot_blocks`, so the results are that function's bits; what changes is how
 // many bytes a warp has in flight (benches/cuda/matvec_q4_0.cu measured the forms). Needs rows at
 // 16-byte aligned addresses whose length is a whole number of 16-byte words, and blocks of
