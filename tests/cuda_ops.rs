@@ -362,8 +362,9 @@ fn embedding_family() {
 #[ignore = "needs a CUDA GPU"]
 fn matmul_family() {
     let dev = cuda_device();
-    // k = 576 (18 blocks of 32) leaves the block-per-lane-quarter path a partial last round.
-    for (n, k) in [(96usize, 512usize), (40, 576)] {
+    // k = 576 (18 blocks of 32) leaves the block-per-lane-quarter path a partial last round;
+    // k = 1280 (5 super-blocks) gives the one-row Q4_K path's half-warps 3 and 2 super-blocks.
+    for (n, k) in [(96usize, 512usize), (40, 576), (33, 1280)] {
         for (j, &dt) in WEIGHT_DTYPES.iter().enumerate() {
             if k % dt.block_elems() != 0 {
                 continue;

@@ -1,6 +1,7 @@
 // The vector (one activation row) forms of the matrix products, shared by the `matmul` and
 // `fused_block` families (compiled in front of each family's source): the activation row as a
-// type (`XPlain`; the fused kernels add normalized forms), one element per lane (`mm_dot`), the
+// type (`XPlain`; the fused kernels add normalized forms), one element per lane (`mm_dot`; Q4_K
+// rows a super-block per half-warp, `mm_dot_q4k`), the
 // 32-value block formats read as whole words by four lanes a block (`mm_dot_blocks`), and the
 // staged form of two weight rows read through shared memory with 16-byte loads (`mm_dot_pair`).
 
@@ -13,8 +14,57 @@ struct XPlain {
     __device__ __forceinline__ bool aligned16() const { return ((uint64_t)x & 15u) == 0; }
     __device__ __forceinline__ XPlain row(uint64_t off) const { return XPlain{x + off}; }
 };
+// The Q4_K scale and minimum of sub-block `sub` (0..8) from the 12 packed bytes at `sc`, as
+// op_weight decodes them.
+__device__ __forceinline__ void mm_q4k_scale_min(const uint8_t* sc, uint32_t sub, uint32_t& s,
+                                                 uint32_t& m) {
+    if (sub < 4) {
+        s = sc[sub] & 63;
+        m = sc[sub + 4] & 63;
+    } else {
+        s = (sc[sub + 4] & 0x0F) | ((sc[sub - 4] >> 6) << 4);
+        m = (sc[sub + 4] >> 4) | ((sc[sub] >> 6) << 4);
+    }
+}
+
+// sum of a[i] * (nibble at bit `shift` of byte i of w).
+__device__ __forceinline__ float mm_nibbles(uint32_t w, float4 a, int shift) {
+    return a.x * (float)((w >> shift) & 15u) + a.y * (float)((w >> (8 + shift)) & 15u) +
+           a.z * (float)((w >> (16 + shift)) & 15u) + a.w * (float)((w >> (24 + shift)) & 15u);
+}
+
+// `mm_dot` for Q4_K (super-blocks of 256 values in 144 bytes: d, dmin, 12 bytes of 6-bit scales
+// and minimums, 128 bytes of nibbles) with the row at an 8-byte aligned address and x 16-byte
+// aligned: the 16 lanes of a half-warp take one super-block, lane t reading 8 quant bytes (one
+// 8-byte load) of pair t / 4, which hold values 8 (t % 4).. of sub-block 2 (t / 4) (low nibbles)
+// and of the next sub-block (high nibbles). Each sub-block's part is d s sum(q x) - dmin m sum(x).
+template <typename X>
+__device__ __forceinline__ float mm_dot_q4k(X x, const uint8_t* wrow, uint32_t k, int lane) {
+    const uint32_t sbs = k / 256, t = lane & 15, pair = t >> 2, part = t & 3;
+    float acc = 0.0f;
+#pragma unroll 2
+    for (uint32_t sb = lane >> 4; sb < sbs; sb += 2) {
+        const uint8_t* p = wrow + (uint64_t)sb * 144;
+        const uint2 q = *(const uint2*)(p + 16 + 32 * pair + 8 * part);
+        uint32_t s0, m0, s1, m1;
+        mm_q4k_scale_min(p + 4, 2 * pair, s0, m0);
+        mm_q4k_scale_min(p + 4, 2 * pair + 1, s1, m1);
+        const uint64_t xb = (uint64_t)sb * 256 + 64 * pair + 8 * part;
+        const float4 a0 = x.at4(xb), a1 = x.at4(xb + 4), b0 = x.at4(xb + 32), b1 = x.at4(xb + 36);
+        const float lo = mm_nibbles(q.x, a0, 0) + mm_nibbles(q.y, a1, 0);
+        const float hi = mm_nibbles(q.x, b0, 4) + mm_nibbles(q.y, b1, 4);
+        const float sx_lo = (a0.x + a0.y) + (a0.z + a0.w) + (a1.x + a1.y) + (a1.z + a1.w);
+        const float sx_hi = (b0.x + b0.y) + (b0.z + b0.w) + (b1.x + b1.y) + (b1.z + b1.w);
+        acc += op_half_bits(p) * ((float)s0 * lo + (float)s1 * hi) -
+               op_half_bits(p + 2) * ((float)m0 * sx_lo + (float)m1 * sx_hi);
+    }
+    return op_warp_sum(acc);
+}
+
 template <int FMT, typename X>
 __device__ __forceinline__ float mm_dot(X x, const uint8_t* wrow, uint32_t k, int lane) {
+    if (FMT == OP_FMT_Q4_K && x.aligned16() && ((uint64_t)wrow & 7u) == 0)
+        return mm_dot_q4k(x, wrow, k, lane);
     float acc = 0.0f;
     for (uint32_t i = lane; i < k; i += 32) acc += x.at(i) * op_weight<FMT>(wrow, i);
     return op_warp_sum(acc);
