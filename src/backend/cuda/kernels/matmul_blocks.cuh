@@ -1,7 +1,7 @@
 // The vector (one activation row) forms of the matrix products, shared by the `matmul` and
 // `fused_block` families (compiled in front of each family's source): the activation row as a
 // type (`XPlain`; the fused kernels add normalized forms), one element per lane (`mm_dot`; Q4_K
-// rows a super-block per half-warp, `mm_dot_q4k`), the
+// rows a super-block per half-warp, `mm_dot_q4k`, Q6_K a super-block per warp, `mm_dot_q6k`), the
 // 32-value block formats read as whole words by four lanes a block (`mm_dot_blocks`), and the
 // staged form of two weight rows read through shared memory with 16-byte loads (`mm_dot_pair`).
 
@@ -61,10 +61,43 @@ __device__ __forceinline__ float mm_dot_q4k(X x, const uint8_t* wrow, uint32_t k
     return op_warp_sum(acc);
 }
 
+// `mm_dot` for Q6_K (super-blocks of 256 values in 210 bytes: ql[128] low nibbles, qh[64] two
+// high bits each, 16 int8 scales, d) with the row at an even address and x 16-byte aligned: a
+// warp takes one super-block, lane t (half h = t / 16, l = 2 (t % 16)) the two bytes at l of each
+// of ql[64h..], ql[64h + 32..] and qh[32h..], which hold values l, l + 1 of the half's four
+// 32-value quarters (scale 8h + l / 16 + 2 quarter). Each value is d sc (q - 32).
+template <typename X>
+__device__ __forceinline__ float mm_dot_q6k(X x, const uint8_t* wrow, uint32_t k, int lane) {
+    const uint32_t h = lane >> 4, l = 2 * (lane & 15);
+    float acc = 0.0f;
+#pragma unroll 2
+    for (uint32_t sb = 0; sb < k / 256; ++sb) {
+        const uint8_t* p = wrow + (uint64_t)sb * 210;
+        const uint32_t a = *(const uint16_t*)(p + 64 * h + l);
+        const uint32_t b = *(const uint16_t*)(p + 64 * h + 32 + l);
+        const uint32_t hb = *(const uint16_t*)(p + 128 + 32 * h + l);
+        const int8_t* sc = (const int8_t*)(p + 192 + 8 * h + l / 16);
+        const uint64_t xb = (uint64_t)sb * 256 + 128 * h + l;
+        float part = 0.0f;
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+            // Quarter g: low nibbles of a (0), of b (1), high nibbles of a (2), of b (3).
+            const uint32_t lo4 = ((g & 1) ? b : a) >> (g >= 2 ? 4 : 0);
+            const uint32_t q0 = (lo4 & 15u) | (((hb >> (2 * g)) & 3u) << 4);
+            const uint32_t q1 = ((lo4 >> 8) & 15u) | (((hb >> (8 + 2 * g)) & 3u) << 4);
+            const float2 xv = make_float2(x.at(xb + 32 * g), x.at(xb + 32 * g + 1));
+            part += (float)sc[2 * g] * (xv.x * (float)((int)q0 - 32) + xv.y * (float)((int)q1 - 32));
+        }
+        acc += op_half_bits(p + 208) * part;
+    }
+    return op_warp_sum(acc);
+}
+
 template <int FMT, typename X>
 __device__ __forceinline__ float mm_dot(X x, const uint8_t* wrow, uint32_t k, int lane) {
     if (FMT == OP_FMT_Q4_K && x.aligned16() && ((uint64_t)wrow & 7u) == 0)
         return mm_dot_q4k(x, wrow, k, lane);
+    if (FMT == OP_FMT_Q6_K && ((uint64_t)wrow & 1u) == 0) return mm_dot_q6k(x, wrow, k, lane);
     float acc = 0.0f;
     for (uint32_t i = lane; i < k; i += 32) acc += x.at(i) * op_weight<FMT>(wrow, i);
     return op_warp_sum(acc);
