@@ -20,10 +20,22 @@ fn matmul_vector_form_at_real_shapes() {
         (576, 1536),
     ];
     for (s, &(n, k)) in shapes.iter().enumerate() {
-        for (j, &dt) in [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0]
-            .iter()
-            .enumerate()
+        for (j, &dt) in [
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q8_0,
+            DType::Q5_0,
+            DType::Q4K,
+            DType::Q6K,
+        ]
+        .iter()
+        .enumerate()
         {
+            // The K formats (one super-block a half-warp or a warp) at every shape here: each k
+            // is a whole number of 256-value super-blocks (4352 = 17 of them, an odd count).
+            if k % dt.block_elems() != 0 {
+                continue;
+            }
             let w = weight_tensor(dt, n, k, 900 + (10 * s + j) as u64);
             let x = random_tensor(DType::F32, &[1, k], 1.0, 950 + s as u64);
             // Sums of up to 14336 products (the sum of magnitudes up to about 3600) in another order
