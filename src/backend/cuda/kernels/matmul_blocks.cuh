@@ -1,7 +1,7 @@
 // The vector (one activation row) forms of the matrix products, shared by the `matmul` and
 // `fused_block` families (compiled in front of each family's source): the activation row as a
 // type (`XPlain`; the fused kernels add normalized forms), one element per lane (`mm_dot`; Q4_K
-// rows a super-block per half-warp, `mm_dot_q4k`, Q6_K a super-block per warp, `mm_dot_q6k`), the
+// rows a super-block per half-warp, `mm_dot_q4k_rows`, Q6_K a super-block per warp, `mm_dot_q6k`), the
 // 32-value block formats read as whole words by four lanes a block (`mm_dot_blocks`), and the
 // staged form of two weight rows read through shared memory with 16-byte loads (`mm_dot_pair`).
 
@@ -33,32 +33,45 @@ __device__ __forceinline__ float mm_nibbles(uint32_t w, float4 a, int shift) {
            a.z * (float)((w >> (16 + shift)) & 15u) + a.w * (float)((w >> (24 + shift)) & 15u);
 }
 
-// `mm_dot` for Q4_K (super-blocks of 256 values in 144 bytes: d, dmin, 12 bytes of 6-bit scales
-// and minimums, 128 bytes of nibbles) with the row at an 8-byte aligned address and x 16-byte
-// aligned: the 16 lanes of a half-warp take one super-block, lane t reading 8 quant bytes (one
+// `mm_dot` for R Q4_K rows (super-blocks of 256 values in 144 bytes: d, dmin, 12 bytes of 6-bit
+// scales and minimums, 128 bytes of nibbles) at 8-byte aligned addresses against x, 16-byte
+// aligned, read once for the R rows: the 16 lanes of a half-warp take one super-block, lane t reading 8 quant bytes (one
 // 8-byte load) of pair t / 4, which hold values 8 (t % 4).. of sub-block 2 (t / 4) (low nibbles)
 // and of the next sub-block (high nibbles). Each sub-block's part is d s sum(q x) - dmin m sum(x).
-template <typename X>
-__device__ __forceinline__ float mm_dot_q4k(X x, const uint8_t* wrow, uint32_t k, int lane) {
+template <int R, typename X>
+__device__ __forceinline__ void mm_dot_q4k_rows(X x, const uint8_t* const (&rows)[R], uint32_t k,
+                                                int lane, float (&out)[R]) {
     const uint32_t sbs = k / 256, t = lane & 15, pair = t >> 2, part = t & 3;
-    float acc = 0.0f;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
 #pragma unroll 2
     for (uint32_t sb = lane >> 4; sb < sbs; sb += 2) {
-        const uint8_t* p = wrow + (uint64_t)sb * 144;
-        const uint2 q = *(const uint2*)(p + 16 + 32 * pair + 8 * part);
-        uint32_t s0, m0, s1, m1;
-        mm_q4k_scale_min(p + 4, 2 * pair, s0, m0);
-        mm_q4k_scale_min(p + 4, 2 * pair + 1, s1, m1);
         const uint64_t xb = (uint64_t)sb * 256 + 64 * pair + 8 * part;
         const float4 a0 = x.at4(xb), a1 = x.at4(xb + 4), b0 = x.at4(xb + 32), b1 = x.at4(xb + 36);
-        const float lo = mm_nibbles(q.x, a0, 0) + mm_nibbles(q.y, a1, 0);
-        const float hi = mm_nibbles(q.x, b0, 4) + mm_nibbles(q.y, b1, 4);
         const float sx_lo = (a0.x + a0.y) + (a0.z + a0.w) + (a1.x + a1.y) + (a1.z + a1.w);
         const float sx_hi = (b0.x + b0.y) + (b0.z + b0.w) + (b1.x + b1.y) + (b1.z + b1.w);
-        acc += op_half_bits(p) * ((float)s0 * lo + (float)s1 * hi) -
-               op_half_bits(p + 2) * ((float)m0 * sx_lo + (float)m1 * sx_hi);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const uint8_t* p = rows[r] + (uint64_t)sb * 144;
+            const uint2 q = *(const uint2*)(p + 16 + 32 * pair + 8 * part);
+            uint32_t s0, m0, s1, m1;
+            mm_q4k_scale_min(p + 4, 2 * pair, s0, m0);
+            mm_q4k_scale_min(p + 4, 2 * pair + 1, s1, m1);
+            const float lo = mm_nibbles(q.x, a0, 0) + mm_nibbles(q.y, a1, 0);
+            const float hi = mm_nibbles(q.x, b0, 4) + mm_nibbles(q.y, b1, 4);
+            acc[r] += op_half_bits(p) * ((float)s0 * lo + (float)s1 * hi) -
+                      op_half_bits(p + 2) * ((float)m0 * sx_lo + (float)m1 * sx_hi);
+        }
     }
-    return op_warp_sum(acc);
+#pragma unroll
+    for (int r = 0; r < R; ++r) out[r] = op_warp_sum(acc[r]);
+}
+
+// Whether `mm_dot_q4k_rows` takes these rows: x 16-byte aligned, rows at 8-byte aligned addresses.
+template <typename X>
+__device__ __forceinline__ bool mm_q4k_ok(X x, const uint8_t* a, const uint8_t* b) {
+    return x.aligned16() && (((uint64_t)a | (uint64_t)b) & 7u) == 0;
 }
 
 // `mm_dot` for Q6_K (super-blocks of 256 values in 210 bytes: ql[128] low nibbles, qh[64] two
@@ -95,8 +108,12 @@ __device__ __forceinline__ float mm_dot_q6k(X x, const uint8_t* wrow, uint32_t k
 
 template <int FMT, typename X>
 __device__ __forceinline__ float mm_dot(X x, const uint8_t* wrow, uint32_t k, int lane) {
-    if (FMT == OP_FMT_Q4_K && x.aligned16() && ((uint64_t)wrow & 7u) == 0)
-        return mm_dot_q4k(x, wrow, k, lane);
+    if (FMT == OP_FMT_Q4_K && mm_q4k_ok(x, wrow, wrow)) {
+        const uint8_t* const rows[1] = {wrow};
+        float v[1];
+        mm_dot_q4k_rows<1>(x, rows, k, lane, v);
+        return v[0];
+    }
     if (FMT == OP_FMT_Q6_K && ((uint64_t)wrow & 1u) == 0) return mm_dot_q6k(x, wrow, k, lane);
     float acc = 0.0f;
     for (uint32_t i = lane; i < k; i += 32) acc += x.at(i) * op_weight<FMT>(wrow, i);
@@ -321,6 +338,11 @@ __device__ __forceinline__ void mm_dot_pair(X x, const uint8_t* a, const uint8_t
     } else if (blocks) {
         va = mm_dot_blocks<FMT>(x, a, k, lane);
         vb = mm_dot_blocks<FMT>(x, b, k, lane);
+    } else if (FMT == OP_FMT_Q4_K && mm_q4k_ok(x, a, b)) {
+        float v[2];
+        mm_dot_q4k_rows<2>(x, rows, k, lane, v);
+        va = v[0];
+        vb = v[1];
     } else {
         va = mm_dot<FMT>(x, a, k, lane);
         vb = mm_dot<FMT>(x, b, k, lane);
