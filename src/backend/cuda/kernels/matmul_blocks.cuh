@@ -14,19 +14,6 @@ struct XPlain {
     __device__ __forceinline__ bool aligned16() const { return ((uint64_t)x & 15u) == 0; }
     __device__ __forceinline__ XPlain row(uint64_t off) const { return XPlain{x + off}; }
 };
-// The Q4_K scale and minimum of sub-block `sub` (0..8) from the 12 packed bytes at `sc`, as
-// op_weight decodes them.
-__device__ __forceinline__ void mm_q4k_scale_min(const uint8_t* sc, uint32_t sub, uint32_t& s,
-                                                 uint32_t& m) {
-    if (sub < 4) {
-        s = sc[sub] & 63;
-        m = sc[sub + 4] & 63;
-    } else {
-        s = (sc[sub + 4] & 0x0F) | ((sc[sub - 4] >> 6) << 4);
-        m = (sc[sub + 4] >> 4) | ((sc[sub] >> 6) << 4);
-    }
-}
-
 // sum of a[i] * (nibble at bit `shift` of byte i of w).
 __device__ __forceinline__ float mm_nibbles(uint32_t w, float4 a, int shift) {
     return a.x * (float)((w >> shift) & 15u) + a.y * (float)((w >> (8 + shift)) & 15u) +
@@ -56,8 +43,8 @@ __device__ __forceinline__ void mm_dot_q4k_rows(X x, const uint8_t* const (&rows
             const uint8_t* p = rows[r] + (uint64_t)sb * 144;
             const uint2 q = *(const uint2*)(p + 16 + 32 * pair + 8 * part);
             uint32_t s0, m0, s1, m1;
-            mm_q4k_scale_min(p + 4, 2 * pair, s0, m0);
-            mm_q4k_scale_min(p + 4, 2 * pair + 1, s1, m1);
+            op_q4k_scale_min(p + 4, 2 * pair, s0, m0);
+            op_q4k_scale_min(p + 4, 2 * pair + 1, s1, m1);
             const float lo = mm_nibbles(q.x, a0, 0) + mm_nibbles(q.y, a1, 0);
             const float hi = mm_nibbles(q.x, b0, 4) + mm_nibbles(q.y, b1, 4);
             acc[r] += op_half_bits(p) * ((float)s0 * lo + (float)s1 * hi) -

@@ -117,6 +117,19 @@ __device__ __forceinline__ uint32_t op_block_elems(int fmt) {
     return fmt <= OP_FMT_BF16 ? 1u : (fmt == OP_FMT_Q4_K || fmt == OP_FMT_Q6_K ? 256u : 32u);
 }
 
+// The Q4_K scale and minimum of sub-block `sub` (0..8) from the 12 packed bytes at `sc` (6 bits
+// each; sub-blocks 4..7 keep their top two bits in the first eight bytes' high bits).
+__device__ __forceinline__ void op_q4k_scale_min(const uint8_t* sc, uint32_t sub, uint32_t& s,
+                                                 uint32_t& m) {
+    if (sub < 4) {
+        s = sc[sub] & 63;
+        m = sc[sub + 4] & 63;
+    } else {
+        s = (sc[sub + 4] & 0x0F) | ((sc[sub - 4] >> 6) << 4);
+        m = (sc[sub + 4] >> 4) | ((sc[sub] >> 6) << 4);
+    }
+}
+
 template <int FMT>
 __device__ __forceinline__ float op_weight(const uint8_t* row, uint32_t i) {
     if (FMT == OP_FMT_F32) return ((const float*)row)[i];
@@ -149,15 +162,8 @@ __device__ __forceinline__ float op_weight(const uint8_t* row, uint32_t i) {
     if (FMT == OP_FMT_Q4_K) {
         const uint8_t* p = row + (i / 256) * 144;
         const uint32_t j = i % 256, sub = j / 32, l = j % 32;
-        const uint8_t* sc = p + 4;
         uint32_t s, m;
-        if (sub < 4) {
-            s = sc[sub] & 63;
-            m = sc[sub + 4] & 63;
-        } else {
-            s = (sc[sub + 4] & 0x0F) | ((sc[sub - 4] >> 6) << 4);
-            m = (sc[sub + 4] >> 4) | ((sc[sub] >> 6) << 4);
-        }
+        op_q4k_scale_min(p + 4, sub, s, m);
         const uint8_t b = p[16 + 32 * (sub / 2) + l];
         const uint32_t q = (b >> (4 * (sub % 2))) & 0x0F;
         const float d1 = op_half_bits(p) * (float)s;
