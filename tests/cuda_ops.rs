@@ -374,10 +374,12 @@ fn matmul_family() {
                 let x = random_tensor(DType::F32, &[rows, k], 1.0, 810 + rows as u64);
                 // Sums of 512 products in another order: f32 rounding, a few 1e-6 relative to the
                 // sum of magnitudes (about 100 here).
-                compare(
+                compare_product(
                     &format!("matmul {dt} {n}x{k} rows {rows}"),
                     &dev,
-                    &[x, w.clone()],
+                    &x,
+                    &w,
+                    &[],
                     &[(DType::F32, vec![rows, n])],
                     2e-4,
                     1e-4,

@@ -32,9 +32,11 @@ pub struct Capabilities {
     /// [`Fusion`](crate::kernels::Fusion)). CPU: every fusion at every row count, bit-exact (its
     /// fused kernels run the plain ops' own loops and normalize each row once). CUDA: `matmul_add`,
     /// `rms_norm_mul` and `rms_norm_add` everywhere, bit-exact; the block fusions (`norm_qkv_rope`,
-    /// `norm_gate_up`) for one row only, within f32 rounding of the plain ops (they normalize the
-    /// row in every warp, which a decode step hides but a prefill pass pays for each of its
-    /// outputs, where the plain ops normalize once and take the tiled matmul).
+    /// `norm_gate_up`) for one row only, within rounding of the plain ops: f32, and for the
+    /// 32-value block formats the int8 activations every product of their quantized row reads
+    /// (the plain one-row matmul takes them from 2^22 weights). They normalize the row in every
+    /// block or warp, which a decode step hides but a prefill pass pays for each of its outputs,
+    /// where the plain ops normalize once and take the tiled matmul.
     pub fusions: &'static [FusionUse],
     /// Chunk length, in KV positions, of the split decode attention. CPU: 256 (long chunks keep
     /// the per-task overhead low). CUDA: 32 (short chunks give one block per (chunk, head),

@@ -482,7 +482,8 @@ impl Transformer {
         if row_invariant {
             s.matmul_rows(normed, &w.lm_head, logits)
         } else {
-            s.matmul(normed, &w.lm_head, logits)
+            // The logits keep f32 activations (see `ops::matmul::matmul_f32_activations`).
+            s.matmul_f32_activations(normed, &w.lm_head, logits)
         }
     }
 

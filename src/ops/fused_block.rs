@@ -22,8 +22,12 @@
 //!
 //! A one-row pass of at least 1024 activations takes the `_shared` kernels: on CUDA each block
 //! normalizes the row once into shared memory and reads the weight rows of its output pairs
-//! through a shared-memory stage (the same values and sums, so the same bits as the plain
-//! kernels); the CPU runs the same functions under both names. `docs/kernels.md` has the figures.
+//! through a shared-memory stage; for the 32-value block formats (Q4_0, Q4_1, Q5_0, Q8_0) it also
+//! rounds the normalized row to int8 in blocks of 32 values (each block scaled by its largest
+//! magnitude over 127) and sums with integer dot products, as the one-row `matmul` does on CUDA,
+//! so a product `w_i x_i` moves by at most `|w_i| d / 2` (`d` the block's scale); the other formats
+//! keep f32 and the plain kernels' sums. The CPU runs the f32 functions under both names.
+//! `docs/kernels.md` has the figures.
 
 use crate::backend::{Buffer, DType};
 use crate::error::{Error, Result};
@@ -132,15 +136,23 @@ const WEIGHT_STAGE: usize = 8 * 136 * 16 + 32 * 8;
 const SHARED_THREADS: u32 = super::norm::ROW_THREADS;
 /// Most blocks of the shared-memory form: each normalizes the row once, then its warps stride over
 /// the outputs, so a wide product pays a few hundred normalizations, not one per four outputs.
-const SHARED_MAX_BLOCKS: usize = 512;
+/// Two blocks an SM of an H100 (132 SMs; the kernels take at most 128 registers a thread so that
+/// two fit): every block starts at once and none repeats the prologue in a second wave.
+const SHARED_MAX_BLOCKS: usize = 264;
 
 /// Whether a pass of `rows` rows of width `dim` takes the shared-memory form of the fused kernels
 /// (`*_shared`: the CUDA kernels normalize the row once per block into shared memory and read the
-/// weights through a shared-memory stage; the same values either way), and its launch shape: one
+/// weights through a shared-memory stage; the same values, rounded to int8 for the 32-value block
+/// formats where the int8 row fits too), and its launch shape: one
 /// warp per output (pair); for the shared form eight-warp blocks, at most [`SHARED_MAX_BLOCKS`],
 /// with that memory.
-fn fused_launch(outputs: usize, rows: usize, dim: usize) -> (bool, crate::graph::Grid) {
-    let bytes = dim * 4 + WEIGHT_STAGE;
+fn fused_launch(outputs: usize, rows: usize, dim: usize, w: DType) -> (bool, crate::graph::Grid) {
+    let f32_bytes = dim * 4 + WEIGHT_STAGE;
+    // The int8 row after the tail where it fits (see `fb_quantize_row` in fused_block.cu).
+    let bytes = match super::matmul::int8_row_bytes(w, dim) {
+        Some(q8) if f32_bytes + q8 <= MAX_SHARED_ROW => f32_bytes + q8,
+        _ => f32_bytes,
+    };
     if rows == 1 && dim * 4 >= MIN_SHARED_ROW && bytes <= MAX_SHARED_ROW {
         let warps_per_block = (SHARED_THREADS / 32) as usize;
         let blocks = outputs
@@ -236,7 +248,7 @@ pub(crate) fn qkv_rope_spec<'a>(p: &QkvRope<'a>) -> Result<DispatchSpec<'a>> {
             RopeMode::NeoX => 1,
         }),
     ];
-    let (shared, grid) = fused_launch(pairs, rows, dim);
+    let (shared, grid) = fused_launch(pairs, rows, dim, p.wq.dtype());
     let family = if shared {
         &mm::NORM_QKV_ROPE_SHARED
     } else {
@@ -322,7 +334,7 @@ pub(crate) fn gate_up_spec<'a>(
         ArgRef::u32(to_u32(OP_GATE_UP, "w_gate", ffn)?),
         ArgRef::u32(act.code()),
     ];
-    let (shared, grid) = fused_launch(ffn, rows, dim);
+    let (shared, grid) = fused_launch(ffn, rows, dim, w_gate.dtype());
     let family = if shared {
         &mm::NORM_GATE_UP_SHARED
     } else {

@@ -57,6 +57,48 @@ pub(crate) fn warp_per_output(n: usize, rows: usize) -> Grid {
     warp_per_output_and_row(n, groups)
 }
 
+/// Most threads of a block of the int8 one-row form (`MM_Q8_THREADS` in
+/// `backend/cuda/kernels/matmul.cu`).
+const Q8_THREADS: u32 = 256;
+/// Most blocks of the int8 one-row form: each block quantizes the row before its warps stride
+/// over the outputs, two at a time, so a wide product pays a few hundred quantizations, not one
+/// per eight outputs.
+const Q8_MAX_BLOCKS: usize = 264;
+/// The most dynamic shared memory a one-row product asks for (the CUDA default limit).
+const Q8_MAX_SHARED: usize = 48 * 1024;
+/// Weights from which a one-row product takes the int8 form: a smaller product is a few
+/// microseconds of latency, which the form's quantizing prologue lengthens (SmolLM2's 576 x 576
+/// and 576 x 1536 products measured 6.7 -> 7.5 us on an H100).
+const Q8_MIN_WEIGHTS: usize = 1 << 22;
+
+/// Bytes of shared memory the int8 form of a row of `k` activations takes (`MM_Q8_BYTES` in
+/// `backend/cuda/kernels/matmul_blocks.cuh`: k int8 values and a pair of f32 per 32), for the
+/// weight formats whose one-row CUDA products read int8 activations (the 32-value block formats);
+/// `None` for the others and for `k` not a multiple of 32.
+pub(crate) fn int8_row_bytes(w: DType, k: usize) -> Option<usize> {
+    let q8 = matches!(w, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0);
+    (q8 && k.is_multiple_of(32)).then(|| k + k / 4)
+}
+
+/// The launch shape of a one-row product: for the formats of [`int8_row_bytes`] and at least
+/// [`Q8_MIN_WEIGHTS`] weights, blocks of up to
+/// [`Q8_THREADS`] with that shared memory (at most [`Q8_MAX_BLOCKS`], two outputs a warp; fewer
+/// warps a block for narrow products, so that they still spread over about 132 SMs), else
+/// [`warp_per_output`].
+fn vector_grid(w: DType, n: usize, k: usize) -> Grid {
+    match int8_row_bytes(w, k) {
+        Some(bytes) if bytes <= Q8_MAX_SHARED && n.saturating_mul(k) >= Q8_MIN_WEIGHTS => {
+            let mut warps = (Q8_THREADS / 32) as usize;
+            while warps > 1 && n < 2 * warps * 132 {
+                warps /= 2;
+            }
+            let blocks = n.div_ceil(2 * warps).clamp(1, Q8_MAX_BLOCKS);
+            Grid::new(blocks as u32, 32 * warps as u32).with_shared(bytes as u32)
+        }
+        _ => warp_per_output(n, 1),
+    }
+}
+
 /// Rows from which the CUDA matmul takes its tiled form (`MM_TILE_MIN_ROWS` in
 /// `backend/cuda/kernels/matmul.cu`): blocks of 128 threads, each a tile of [`MM_TILE_M`] rows by
 /// [`MM_TILE_N`] outputs.
@@ -130,9 +172,24 @@ pub(crate) fn check_rows(c: &Check, x: &Buffer, out: &Buffer, k: usize, n: usize
 }
 
 /// `out[rows, n] = x[rows, k] · W[n, k]ᵀ` for a weight of any of [`WEIGHT_DTYPES`]. One row takes
-/// the vector (decode) form, more rows the matrix (prefill) form, and from [`MMA_MIN_ROWS`] rows
-/// the tensor-core kernels (on the GPU: x and w rounded to f16, sums in f32).
+/// the vector (decode) form (on the GPU, for the 32-value block formats, x rounded to int8 in
+/// blocks of 32 values, see [`int8_row_bytes`]), more rows the matrix (prefill) form, and from
+/// [`MMA_MIN_ROWS`] rows the tensor-core kernels (on the GPU: x and w rounded to f16, sums in
+/// f32).
 pub fn matmul(x: &Buffer, w: &Buffer, out: &Buffer) -> Result<Dispatch> {
+    product(x, w, out, true)
+}
+
+/// [`matmul`] whose one-row form reads x as f32 on every backend (no int8 rounding on the GPU):
+/// for a product whose outputs decide tokens, such as a model's output head, where a rounding of
+/// the activations would move every logit (on an H100 the 8B shape's head gains 60 us of a 3.6 ms
+/// step from int8).
+pub fn matmul_f32_activations(x: &Buffer, w: &Buffer, out: &Buffer) -> Result<Dispatch> {
+    product(x, w, out, false)
+}
+
+/// The plain product; `int8`: the one-row form may read int8 activations.
+fn product(x: &Buffer, w: &Buffer, out: &Buffer, int8: bool) -> Result<Dispatch> {
     let c = Check::op("matmul");
     c.dtype("w", w, &WEIGHT_DTYPES)?;
     c.require("w", w.shape().rank() == 2, || {
@@ -155,7 +212,13 @@ pub fn matmul(x: &Buffer, w: &Buffer, out: &Buffer) -> Result<Dispatch> {
         let kernel = for_weight("matmul", &mm::MATMUL_MMA, w)?;
         return Dispatch::new(kernel, args, mma_grid(n, rows));
     }
-    let grid = matmul_grid(n, rows);
+    let grid = if rows == 1 && int8 {
+        vector_grid(w.dtype(), n, k)
+    } else if rows == 1 {
+        warp_per_output(n, 1)
+    } else {
+        matmul_grid(n, rows)
+    };
     Dispatch::new(for_weight("matmul", &mm::MATMUL, w)?, args, grid)
 }
 

@@ -264,6 +264,16 @@ mod matmul {
             self.push(matmul(x, w, out)?)
         }
 
+        /// Pushes [`matmul_f32_activations`]: [`matmul`] with x never rounded to int8.
+        pub fn matmul_f32_activations(
+            &mut self,
+            x: &Buffer,
+            w: &Buffer,
+            out: &Buffer,
+        ) -> Result<()> {
+            self.push(matmul_f32_activations(x, w, out)?)
+        }
+
         /// Pushes [`matmul_affine`]: the MLX affine product.
         #[allow(clippy::too_many_arguments)]
         pub fn matmul_affine(

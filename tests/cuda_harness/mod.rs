@@ -124,16 +124,35 @@ pub(crate) fn compare_except(
     op: &OpFn<'_>,
     skip: &[usize],
 ) {
+    compare_inputs(what, dev, inputs, inputs, outputs, atol, rtol, op, skip);
+}
+
+/// [`compare`] where the CPU runs on `cpu_inputs` (the same shapes and dtypes as `inputs`): the
+/// values CUDA's arithmetic stands for, such as an activation row rounded as the int8 products
+/// round it ([`int8_rounded`]). An input given differently to the two is not compared.
+#[allow(clippy::too_many_arguments)] // compare's arguments, the CPU's inputs and the skip list
+pub(crate) fn compare_inputs(
+    what: &str,
+    dev: &Device,
+    inputs: &[Host],
+    cpu_inputs: &[Host],
+    outputs: &[(DType, Vec<usize>)],
+    atol: f64,
+    rtol: f64,
+    op: &OpFn<'_>,
+    skip: &[usize],
+) {
     let cpu = Device::cpu(2).unwrap();
-    let want = run_on(&cpu, inputs, outputs, op);
+    let want = run_on(&cpu, cpu_inputs, outputs, op);
     let got = run_on(dev, inputs, outputs, op);
     let dtypes: Vec<DType> = inputs
         .iter()
         .map(|h| h.dtype)
         .chain(outputs.iter().map(|o| o.0))
         .collect();
+    let differs = |t: usize| t < inputs.len() && inputs[t].bytes != cpu_inputs[t].bytes;
     for (t, ((w, g), dt)) in want.iter().zip(&got).zip(&dtypes).enumerate() {
-        if skip.contains(&t) {
+        if skip.contains(&t) || differs(t) {
             continue;
         }
         if dt.is_block() || *dt == DType::U8 {
@@ -182,4 +201,87 @@ pub(crate) fn weight_tensor(dtype: DType, n: usize, k: usize, seed: u64) -> Host
         dtype,
         dims: vec![n, k],
     }
+}
+
+/// The activation row the one-row CUDA products of the 32-value block formats multiply
+/// (`backend/cuda/kernels/matmul_blocks.cuh`, int8 activations): per 32 values, `m` the largest
+/// magnitude (a NaN counts as infinite), `q = rint(x * (127 / m))` in f32, the value `q * (m / 127)`.
+/// The products then differ from the CPU's on these values only by f32 rounding.
+pub(crate) fn int8_rounded(x: &[f32]) -> Vec<f32> {
+    x.chunks(32)
+        .flat_map(|b| {
+            let m = b
+                .iter()
+                .map(|v| if v.is_nan() { f32::INFINITY } else { v.abs() })
+                .fold(0f32, f32::max);
+            let id = if m > 0.0 { 127.0 / m } else { 0.0 };
+            let d = m / 127.0;
+            b.iter().map(move |&v| (v * id).round_ties_even() * d)
+        })
+        .collect()
+}
+
+/// Whether CUDA's one-row product of an `[n, k]` weight of dtype `w` reads int8 activations
+/// (`ops::matmul::vector_grid`: the 32-value block formats, at least 2^22 weights, the row
+/// within the 48 KiB of shared memory the launch asks for).
+pub(crate) fn takes_int8(w: DType, rows: usize, n: usize, k: usize) -> bool {
+    rows == 1 && int8_format(w, k) && n * k >= 1 << 22 && k + k / 4 <= 48 * 1024
+}
+
+/// Whether CUDA's fused block kernels (`norm_qkv_rope`, `norm_gate_up`) read a one-row pass of
+/// width `dim` as int8 (`ops::fused_block::fused_launch`: the shared-memory form, from 1024
+/// values, with the f32 row, the weight stage and the int8 row within 48 KiB).
+pub(crate) fn fused_takes_int8(w: DType, dim: usize) -> bool {
+    int8_format(w, dim) && dim >= 1024 && dim * 4 + 17664 + dim + dim / 4 <= 48 * 1024
+}
+
+fn int8_format(w: DType, k: usize) -> bool {
+    matches!(w, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0) && k.is_multiple_of(32)
+}
+
+/// An f32 activation tensor as the CPU should see it to stand for CUDA's product with the weight
+/// `w`: [`int8_rounded`] where [`takes_int8`], else unchanged.
+pub(crate) fn cpu_activations(x: &Host, w: &Host) -> Host {
+    let k = *x.dims.last().unwrap();
+    let rows = x.dims.iter().product::<usize>() / k.max(1);
+    if x.dtype != DType::F32 || !takes_int8(w.dtype, rows, w.dims[0], k) {
+        return x.clone();
+    }
+    let v: Vec<f32> = x
+        .bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    float_tensor(&int8_rounded(&v), DType::F32, &x.dims)
+}
+
+/// [`compare`] for a product op whose inputs are `x`, the weight `w` and then `rest`: the CPU
+/// multiplies [`cpu_activations`] (CUDA's int8-rounded row where its product reads one).
+#[allow(clippy::too_many_arguments)] // compare's arguments, split into the product's inputs
+pub(crate) fn compare_product(
+    what: &str,
+    dev: &Device,
+    x: &Host,
+    w: &Host,
+    rest: &[Host],
+    outputs: &[(DType, Vec<usize>)],
+    atol: f64,
+    rtol: f64,
+    op: &OpFn<'_>,
+) {
+    let mut inputs = vec![x.clone(), w.clone()];
+    inputs.extend_from_slice(rest);
+    let mut cpu_inputs = inputs.clone();
+    cpu_inputs[0] = cpu_activations(x, w);
+    compare_inputs(
+        what,
+        dev,
+        &inputs,
+        &cpu_inputs,
+        outputs,
+        atol,
+        rtol,
+        op,
+        &[],
+    );
 }

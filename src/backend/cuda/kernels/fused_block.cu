@@ -6,7 +6,13 @@
 //                      n_head, n_kv_head, head_dim, base, mode
 //   norm_gate_up_<w>:  x, norm, w_gate, w_up, hidden, eps, dim, ffn, act (0 SiLU, 1 GELU tanh)
 // The optimizer makes them on a GPU for decode steps only: each block (one-row passes with shared
-// memory) or warp normalizes the row, which a prefill pass would pay per output.
+// memory) or warp normalizes the row, which a prefill pass would pay per output. A one-row pass
+// of a 32-value block format given the memory for it also quantizes the normalized row to int8
+// (`fb_quantize_row`; matmul_blocks.cuh's int8 activations) and sums every product with `dp4a`,
+// whatever its size. (Keeping f32 for the products under MM_Q8_MIN_WEIGHTS, the plain matmul's
+// rule, so that the fused kernels would give the separate ops' bits, cost 8B 272 -> 263 tok/s and
+// 1B 864 -> 820 on an H100: both arithmetic paths in one kernel. CUDA declares these fusions
+// within rounding, not bit-exact.)
 // The activation row is RMS-normalized as it is read: each warp sums the squares of its row in
 // f64 (each lane its share, then a shuffle tree), inv = 1 / sqrt(ss / k + eps) rounded to f32, and value
 // i is (x[i] * inv) * norm[i], the rms_norm kernel's float order.
@@ -85,6 +91,32 @@ struct FbShared {
 // Shared memory of the `_shared` kernels after the row: the weight stage and 32 doubles.
 #define FB_SHARED_TAIL (16u * MM_STAGE_WARPS * MM_STAGE_MAX_WORDS + 32u * 8u)
 
+// The one row, normalized once per block and then quantized to int8 after the tail (the 32-value
+// block formats, where the launch gives MM_Q8_BYTES(k) more: see matmul_blocks.cuh).
+struct FbSharedQ8 {
+    XQ8 x;
+    uint32_t k;
+    __device__ __forceinline__ XQ8 operator()(uint64_t) const { return x; }
+    __device__ __forceinline__ uint4* stage() const { return (uint4*)(x.s + k); }
+};
+
+// Whether the one-row pass also quantizes its normalized row (block-uniform).
+template <int FMT>
+__device__ __forceinline__ bool fb_q8_ok(uint32_t k) {
+    return mm_q8_format<FMT>() && k % 32 == 0 &&
+           mm_dynamic_smem() >= 4u * k + FB_SHARED_TAIL + MM_Q8_BYTES(k);
+}
+
+// Quantizes the normalized row `s` (fb_shared_row's) into the memory after the tail.
+__device__ __forceinline__ FbSharedQ8 fb_quantize_row(const float* s, uint32_t k) {
+    uint8_t* base = (uint8_t*)(s + k) + FB_SHARED_TAIL;
+    int* q = (int*)base;
+    float2* ds = (float2*)(base + k);
+    mm_quantize_row(XShared{s}, k, q, ds);
+    __syncthreads();
+    return FbSharedQ8{XQ8{s, q, ds}, k};
+}
+
 // Whether a pass of `rows` rows takes the shared row (block-uniform): one row, the row and its
 // tail of dynamic shared memory, x and the weight 16-byte aligned with k a multiple of 4.
 __device__ __forceinline__ bool fb_shared_ok(uint64_t rows, const float* x, const float* nw,
@@ -115,6 +147,39 @@ __device__ __forceinline__ const float* fb_shared_row(const float* x, const floa
     return fb_smem;
 }
 
+// Output pair p of a norm_qkv_rope row: which product (0 q, 1 k, 2 v), head h, pair i, its two
+// output columns d0 and d1 and their weight rows a and b.
+struct QkvTask {
+    int which;
+    uint32_t h, i, d0, d1;
+    const uint8_t *a, *b;
+};
+__device__ __forceinline__ QkvTask qkv_task(uint64_t p, const uint8_t* wq, const uint8_t* wk,
+                                            const uint8_t* wv, uint32_t n_head, uint32_t n_kv,
+                                            uint32_t hd, uint32_t mode, uint64_t row_bytes) {
+    const uint32_t half = hd / 2;
+    const uint64_t q_pairs = (uint64_t)n_head * half, kv_pairs = (uint64_t)n_kv * half;
+    QkvTask t;
+    t.which = 0;
+    const uint8_t* w = wq;
+    if (p >= q_pairs + kv_pairs) {
+        t.which = 2;
+        w = wv;
+        p -= q_pairs + kv_pairs;
+    } else if (p >= q_pairs) {
+        t.which = 1;
+        w = wk;
+        p -= q_pairs;
+    }
+    t.h = (uint32_t)(p / half);
+    t.i = (uint32_t)(p % half);
+    t.d0 = mode == 1 ? t.i : 2 * t.i;
+    t.d1 = mode == 1 ? t.i + half : 2 * t.i + 1;
+    t.a = w + ((uint64_t)t.h * hd + t.d0) * row_bytes;
+    t.b = w + ((uint64_t)t.h * hd + t.d1) * row_bytes;
+    return t;
+}
+
 // q = rope(norm(x) Wq), k_cache[pos] = rope(norm(x) Wk), v_cache[pos] = norm(x) Wv for each row,
 // one warp per output pair (the two values one rotation mixes; mode 0 pairs (2i, 2i + 1), mode 1
 // (i, i + head_dim / 2)), the whole head rotating, angles as the rope kernel computes them (f64
@@ -132,34 +197,19 @@ __device__ void norm_qkv_rope_rows(RowX row_x, const uint8_t* wq,
         op_fail(tag, OP_ERR_POS0, pos0, max_ctx, rows);
         return;
     }
-    const uint32_t half = hd / 2;
-    const uint64_t q_pairs = (uint64_t)n_head * half, kv_pairs = (uint64_t)n_kv * half;
-    const uint64_t pairs = q_pairs + 2 * kv_pairs;
+    const uint64_t pairs = ((uint64_t)n_head + 2 * n_kv) * (hd / 2);
     const uint64_t row_bytes = op_row_bytes(FMT, k);
     const int lane = threadIdx.x & 31;
     const bool even = (((uint64_t)wq | (uint64_t)wk | (uint64_t)wv) & 1u) == 0;
     for (uint64_t t = mm_warp_id(); t < rows * pairs; t += mm_warp_count()) {
         const uint64_t r = t / pairs;
-        uint64_t p = t % pairs;
-        int which = 0;
-        const uint8_t* w = wq;
-        if (p >= q_pairs + kv_pairs) {
-            which = 2;
-            w = wv;
-            p -= q_pairs + kv_pairs;
-        } else if (p >= q_pairs) {
-            which = 1;
-            w = wk;
-            p -= q_pairs;
-        }
-        const uint32_t h = (uint32_t)(p / half), i = (uint32_t)(p % half);
-        const uint32_t d0 = mode == 1 ? i : 2 * i, d1 = mode == 1 ? i + half : 2 * i + 1;
+        const QkvTask task = qkv_task(t % pairs, wq, wk, wv, n_head, n_kv, hd, mode, row_bytes);
+        const int which = task.which;
+        const uint32_t h = task.h, i = task.i, d0 = task.d0, d1 = task.d1;
         const auto xn = row_x(r);
-        const bool blocks = even && mm_blocks_ok<FMT>(xn, wq, k);
+        const bool blocks = even && mm_blocks_ok<FMT>(xn, task.a, k);
         float a, b;
-        mm_dot_pair<FMT>(xn, w + ((uint64_t)h * hd + d0) * row_bytes,
-                         w + ((uint64_t)h * hd + d1) * row_bytes, k, row_bytes, lane, blocks,
-                         row_x.stage(), a, b);
+        mm_dot_pair<FMT>(xn, task.a, task.b, k, row_bytes, lane, blocks, row_x.stage(), a, b);
         if (lane != 0) continue;
         if (which < 2) {
             const double inv_freq = pow((double)base, -2.0 * (double)i / (double)hd);
@@ -197,6 +247,11 @@ __device__ void norm_qkv_rope(const float* x, const float* nw, const uint8_t* wq
                n_kc == n_vc && n_kv != 0 && n_kc % ((uint64_t)n_kv * hd) == 0);
     if (SHARED && fb_shared_ok(n_pos, x, nw, k)) {
         const FbShared row{fb_shared_row(x, nw, k, eps), k};
+        if (fb_q8_ok<FMT>(k)) {
+            norm_qkv_rope_rows<FMT>(fb_quantize_row(row.s, k), wq, wk, wv, positions, step, q, kc,
+                                    vc, k, n_head, n_kv, hd, base, mode, n_pos, n_kc, tag);
+            return;
+        }
         norm_qkv_rope_rows<FMT>(row, wq, wk, wv, positions, step, q, kc, vc, k, n_head, n_kv, hd,
                                 base, mode, n_pos, n_kc, tag);
     } else {
@@ -233,6 +288,10 @@ __device__ void norm_gate_up(const float* x, const float* nw, const uint8_t* wg,
                n_hidden == n_x / k * n && act <= 1);
     if (SHARED && fb_shared_ok(n_x / k, x, nw, k)) {
         const FbShared row{fb_shared_row(x, nw, k, eps), k};
+        if (fb_q8_ok<FMT>(k)) {
+            norm_gate_up_rows<FMT>(fb_quantize_row(row.s, k), wg, wu, hidden, k, n, act, n_hidden);
+            return;
+        }
         norm_gate_up_rows<FMT>(row, wg, wu, hidden, k, n, act, n_hidden);
     } else {
         const FbPerWarp row{x, nw, k, eps, (int)(threadIdx.x & 31)};
@@ -240,8 +299,10 @@ __device__ void norm_gate_up(const float* x, const float* nw, const uint8_t* wg,
     }
 }
 
+// At most 256 threads a block and two blocks an SM (at most 128 registers a thread): the shared
+// form's blocks are eight warps, and one block an SM leaves too few loads in flight.
 #define NORM_QKV_ROPE_KERNEL(NAME, FMT, SH)                                                          \
-    extern "C" __global__ void NAME(                                                                \
+    extern "C" __global__ __launch_bounds__(256, 2) void NAME(                                      \
         const float* x, const float* nw, const uint8_t* wq, const uint8_t* wk, const uint8_t* wv,    \
         const int32_t* positions, const int32_t* step, float* q, float* kc, float* vc, float eps,    \
         uint32_t k, uint32_t n_head, uint32_t n_kv, uint32_t hd, float base, uint32_t mode,          \
@@ -251,10 +312,10 @@ __device__ void norm_gate_up(const float* x, const float* nw, const uint8_t* wg,
                            base, mode, n_x, n_nw, n_pos, n_step, n_q, n_kc, n_vc, op_tag(#NAME));   \
     }
 #define NORM_GATE_UP_KERNEL(NAME, FMT, SH)                                                           \
-    extern "C" __global__ void NAME(const float* x, const float* nw, const uint8_t* wg,              \
-                                    const uint8_t* wu, float* hidden, float eps, uint32_t k,          \
-                                    uint32_t n, uint32_t act, uint64_t n_x, uint64_t n_nw,            \
-                                    uint64_t n_wg, uint64_t n_wu, uint64_t n_hidden) {                \
+    extern "C" __global__ __launch_bounds__(256, 2) void NAME(                                      \
+        const float* x, const float* nw, const uint8_t* wg, const uint8_t* wu, float* hidden,         \
+        float eps, uint32_t k, uint32_t n, uint32_t act, uint64_t n_x, uint64_t n_nw, uint64_t n_wg,  \
+        uint64_t n_wu, uint64_t n_hidden) {                                                           \
         norm_gate_up<FMT, SH>(x, nw, wg, wu, hidden, eps, k, n, act, n_x, n_nw, n_hidden,             \
                               op_tag(#NAME));                                                         \
     }

@@ -3,7 +3,8 @@
 // type (`XPlain`; the fused kernels add normalized forms), one element per lane (`mm_dot`; Q4_K
 // rows a super-block per half-warp, `mm_dot_q4k_rows`, Q6_K a super-block per warp, `mm_dot_q6k`), the
 // 32-value block formats read as whole words by four lanes a block (`mm_dot_blocks`), and the
-// staged form of two weight rows read through shared memory with 16-byte loads (`mm_dot_pair`).
+// staged form of two weight rows read through shared memory with 16-byte loads (`mm_dot_pair`),
+// and the int8 activation row those block formats' one-row products read (`XQ8`).
 
 // The activation row a matmul reads (a type parameter, so that a fused producer can compute its
 // values as they are read).
@@ -192,9 +193,148 @@ __device__ __forceinline__ MmQuarter mm_load_quarter(const uint8_t* row, uint32_
     return w;
 }
 
+
+// ---- Int8 activations: the one-row products of the 32-value block formats (q4_0, q4_1, q5_0,
+// q8_0) read the activation row quantized once per block of threads into shared memory. Per
+// 32-value block b: m = max |x_i|, d = m / 127, q_i = rint(x_i * (127 / m)) (all 0 where m = 0),
+// stored as eight words (word 2t: values 4t..4t+3, word 2t + 1: values 16 + 4t..16 + 4t + 3, the
+// two words a lane's quarter reads as one 8-byte load) and ds[b] = (d, d * sum q). The products
+// sum q_w * q_x exactly with `dp4a` and scale once per quarter, so against f32 activations each
+// product w_i x_i moves by at most |w_i| d / 2. A block holding a NaN or an infinity gets m = inf,
+// so its d * sum q is NaN and the output is NaN. `docs/kernels.md` item 12 has the measurements.
+struct XQ8 {
+    const float* s;  // the f32 row, where the kernel keeps it (formats without the int8 path)
+    const int* q;
+    const float2* ds;
+    __device__ __forceinline__ float at(uint64_t i) const { return s[i]; }
+    __device__ __forceinline__ float4 at4(uint64_t i) const { return *(const float4*)(s + i); }
+    __device__ __forceinline__ bool aligned16() const { return true; }
+};
+template <typename X>
+struct MmIsQ8 {
+    static constexpr bool value = false;
+};
+template <>
+struct MmIsQ8<XQ8> {
+    static constexpr bool value = true;
+};
+
+// Whether a format's one-row products take int8 activations.
+template <int FMT>
+__device__ __forceinline__ constexpr bool mm_q8_format() {
+    return FMT == OP_FMT_Q4_0 || FMT == OP_FMT_Q4_1 || FMT == OP_FMT_Q5_0 || FMT == OP_FMT_Q8_0;
+}
+// Weights from which the plain one-row matmul reads the int8 row (`ops::matmul::Q8_MIN_WEIGHTS`;
+// the fused block kernels take it for every product of a row they quantize).
+#define MM_Q8_MIN_WEIGHTS (1ull << 22)
+// Bytes of shared memory the quantized row of k values (k a multiple of 32) takes: k int8 values
+// and k / 32 (d, d * sum q) pairs.
+#define MM_Q8_BYTES(k) ((k) + (k) / 4)
+// float4 loads a thread issues before it quantizes them.
+#define MM_Q8_BATCH 8
+
+// Block b's values 4p..4p+3 (p = lane % 8, eight lanes a block) quantized; `live` is false for a
+// group past the row's end (it still takes part in the shuffles).
+__device__ __forceinline__ void mm_quantize_group(float4 v, bool live, uint32_t b, uint32_t p,
+                                                  int* q, float2* ds) {
+    auto mag = [](float f) { return f != f ? __int_as_float(0x7f800000) : fabsf(f); };
+    float m = fmaxf(fmaxf(mag(v.x), mag(v.y)), fmaxf(mag(v.z), mag(v.w)));
+    m = fmaxf(m, __shfl_xor_sync(ONEPASS_FULL_MASK, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(ONEPASS_FULL_MASK, m, 2));
+    m = fmaxf(m, __shfl_xor_sync(ONEPASS_FULL_MASK, m, 4));
+    const float id = m > 0.0f ? 127.0f / m : 0.0f;
+    const int a0 = __float2int_rn(v.x * id), a1 = __float2int_rn(v.y * id);
+    const int a2 = __float2int_rn(v.z * id), a3 = __float2int_rn(v.w * id);
+    int sum = a0 + a1 + a2 + a3;
+    sum += __shfl_xor_sync(ONEPASS_FULL_MASK, sum, 1);
+    sum += __shfl_xor_sync(ONEPASS_FULL_MASK, sum, 2);
+    sum += __shfl_xor_sync(ONEPASS_FULL_MASK, sum, 4);
+    if (!live) return;
+    q[b * 8 + (p < 4 ? 2 * p : 2 * (p - 4) + 1)] =
+        (int)((uint32_t)(a0 & 255) | ((uint32_t)(a1 & 255) << 8) | ((uint32_t)(a2 & 255) << 16) |
+              ((uint32_t)a3 << 24));
+    if (p == 0) {
+        const float d = m / 127.0f;
+        ds[b] = make_float2(d, d * (float)sum);
+    }
+}
+
+// Quantizes the row `src` (k values, k a multiple of 32, 16-byte aligned) into q and ds. Every
+// thread of the block calls it (blockDim.x a multiple of 32); the caller synchronizes after it.
+// Each thread issues MM_Q8_BATCH loads before it uses them.
+template <typename X>
+__device__ __forceinline__ void mm_quantize_row(X src, uint32_t k, int* q, float2* ds) {
+    const uint32_t nb = k / 32, p = threadIdx.x & 7, warps = blockDim.x / 32;
+    const uint32_t group = (threadIdx.x & 31) >> 3;
+    for (uint32_t base = 4 * (threadIdx.x / 32); base < nb; base += 4 * warps * MM_Q8_BATCH) {
+        float4 v[MM_Q8_BATCH];
+#pragma unroll
+        for (int j = 0; j < MM_Q8_BATCH; ++j) {
+            const uint32_t b = base + 4 * warps * j + group;
+            v[j] = b < nb ? src.at4((uint64_t)b * 32 + 4 * p) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int j = 0; j < MM_Q8_BATCH; ++j) {
+            if (base + 4 * warps * j >= nb) break;  // warp-uniform
+            const uint32_t b = base + 4 * warps * j + group;
+            mm_quantize_group(v[j], b < nb, b, p, q, ds);
+        }
+    }
+}
+
+// The 5th bits of four q5_0 values (bits 0..3 of h) moved to bit 4 of each byte.
+__device__ __forceinline__ uint32_t mm_q5_high(uint32_t h) {
+    return ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
+}
+
+// Quarter t of block b (the words `mm_load_quarter` read) against the int8 row: its share of the
+// block's sum. The offsets of the 4-bit formats (-8, -16) and q4_1's minimum multiply the whole
+// block's sum of q_x, a quarter of which each of the block's four lanes adds.
+template <int FMT>
+__device__ __forceinline__ float mm_q8_quarter(XQ8 x, MmQuarter w, uint32_t b, uint32_t t) {
+    const float2 dx = x.ds[b];
+    const int* xb = x.q + b * 8;
+    if (FMT == OP_FMT_Q8_0) {
+        // Values 8t..8t+7: the groups of four 2t and 2t + 1 (group j is word 2j below 4, else
+        // word 2 (j - 4) + 1).
+        const uint32_t j0 = 2 * t, j1 = 2 * t + 1;
+        const int a = xb[j0 < 4 ? 2 * j0 : 2 * (j0 - 4) + 1];
+        const int c = xb[j1 < 4 ? 2 * j1 : 2 * (j1 - 4) + 1];
+        return w.d * (dx.x * (float)__dp4a((int)w.q0, a, __dp4a((int)w.q1, c, 0)));
+    }
+    const int2 xv = *(const int2*)(xb + 2 * t);
+    uint32_t lo = w.q0 & 0x0f0f0f0fu, hi = (w.q0 >> 4) & 0x0f0f0f0fu;
+    if (FMT == OP_FMT_Q5_0) {
+        lo |= mm_q5_high(w.q1);
+        hi |= mm_q5_high(w.q1 >> 16);
+    }
+    const float s = (float)__dp4a((int)lo, xv.x, __dp4a((int)hi, xv.y, 0));
+    if (FMT == OP_FMT_Q4_1) return w.d * (dx.x * s) + w.m * (0.25f * dx.y);
+    if (FMT == OP_FMT_Q5_0) return w.d * (dx.x * s - 4.0f * dx.y);
+    return w.d * (dx.x * s - 2.0f * dx.y);
+}
+
+// Two rows' dots against the int8 row, four lanes a block as `mm_dot_blocks` (the same quarters
+// in the same order per lane), the activation words read once for both rows.
+template <int FMT>
+__device__ __forceinline__ void mm_q8_dot2(XQ8 x, const uint8_t* ra, const uint8_t* rb, uint32_t k,
+                                           int lane, float& va, float& vb) {
+    const uint32_t blocks = k / 32, t = lane & 3;
+    float a = 0.0f, b = 0.0f;
+#pragma unroll 4
+    for (uint32_t bl = lane >> 2; bl < blocks; bl += 8) {
+        const MmQuarter wa = mm_load_quarter<FMT>(ra, bl, t), wb = mm_load_quarter<FMT>(rb, bl, t);
+        a += mm_q8_quarter<FMT>(x, wa, bl, t);
+        b += mm_q8_quarter<FMT>(x, wb, bl, t);
+    }
+    va = op_warp_sum(a);
+    vb = op_warp_sum(b);
+}
+
 // Quarter `t` of block `b` dotted with the activation row `x`.
 template <int FMT, typename X>
 __device__ __forceinline__ float mm_apply_quarter(X x, MmQuarter w, uint32_t b, uint32_t t) {
+    if constexpr (MmIsQ8<X>::value) return mm_q8_quarter<FMT>(x, w, b, t);
     const uint64_t xb = (uint64_t)b * 32;
     if (FMT == OP_FMT_Q8_0) {
         const float4 a = x.at4(xb + 8 * t), c = x.at4(xb + 8 * t + 4);
