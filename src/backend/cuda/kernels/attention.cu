@@ -312,6 +312,30 @@ __device__ __forceinline__ void attn_chunk_record(const float* q_row, const T* k
     for (uint32_t dd = threadIdx.x; dd < hd; dd += blockDim.x) rec[2 + dd] = vsum[dd];
 }
 
+// The ticket of a block that has written its record (every thread calls it): fenced so that the
+// record is visible, thread 0 takes a ticket from `counter` (zero between launches); true, for
+// every thread of the block, in the block that takes the last of `expected` tickets, which resets
+// the counter and then reads the others' records (fenced again). A ticket at or past `expected` (a
+// scratch that was not zeroed, or shared with something else) is a kernel error naming `what`.
+__device__ __forceinline__ bool attn_last_ticket(uint32_t* counter, uint64_t expected, uint64_t what,
+                                                 uint32_t tag) {
+    __shared__ uint32_t last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const uint32_t ticket = atomicAdd(counter, 1u);
+        last = ticket + 1 == expected;
+        if (ticket >= expected) op_fail(tag, OP_ERR_SCRATCH, ticket, expected, what);
+        if (last) *counter = 0;
+    }
+    __syncthreads();
+    const bool mine = last != 0;
+    // Every thread has read `last` before a later call's thread 0 writes it again.
+    __syncthreads();
+    if (mine) __threadfence();
+    return mine;
+}
+
 // The partial pass; with `out`, also the combine, in one launch: after writing its record, a
 // block takes a ticket from its head's counter (u32 words after the records, zero between
 // launches); the block that takes the last ticket resets the counter and merges the head's
@@ -331,7 +355,6 @@ __device__ void attention_partial(const float* q, const T* k, const T* v, const 
     __shared__ float qs[ATTN_MAX_HD];
     __shared__ float ps[ATTN_MAX_TILE];
     __shared__ float vsum[4 * ATTN_MAX_TILE];
-    __shared__ uint32_t last;
     const uint64_t records = (uint64_t)max_chunks * n_head * (hd + 2);
     OP_REQUIRE(n_head != 0 && n_kv_head != 0 && hd != 0 && hd <= ATTN_MAX_HD &&
                n_head % n_kv_head == 0 && blockDim.x <= ATTN_MAX_TILE && hd <= ATTN_ACC * blockDim.x &&
@@ -360,18 +383,7 @@ __device__ void attention_partial(const float* q, const T* k, const T* v, const 
         attn_chunk_record<T>(q, k, v, max_ctx, h, kv, hd, chunk, chunk_len, lo, kv_len, n_head, scale,
                              softcap, qs, ps, vsum, partials);
         if (out == nullptr) continue;
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            uint32_t* counter = (uint32_t*)(partials + records) + h;
-            const uint32_t ticket = atomicAdd(counter, 1u);
-            last = ticket + 1 == live;
-            if (ticket >= live) op_fail(tag, OP_ERR_SCRATCH, ticket, live, h);
-            if (last) *counter = 0;
-        }
-        __syncthreads();
-        if (last) {
-            __threadfence();
+        if (attn_last_ticket((uint32_t*)(partials + records) + h, live, h, tag)) {
             attn_combine_head(partials + first * n_head * (hd + 2), live, n_head, h, hd, out);
         }
     }

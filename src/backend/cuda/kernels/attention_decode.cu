@@ -95,7 +95,6 @@ __device__ void ad_block(const float* q, const T* k, const T* v, float* partials
                          float* acc_s, uint32_t tag) {
     constexpr int LPK = HD / 16, KPI = 32 / LPK, DV = HD / 32;
     __shared__ float m_s[AD_WARPS][AD_HEADS], l_s[AD_WARPS][AD_HEADS];
-    __shared__ uint32_t last;
     const uint64_t keys = kv_len - lo;
     const uint32_t group = n_head / n_kv, hpb = ad_heads_per_block(n_kv, keys);
     const uint32_t hgroups = (group + hpb - 1) / hpb;
@@ -238,18 +237,7 @@ __device__ void ad_block(const float* q, const T* k, const T* v, float* partials
         }
     }
     if (splits == 1) return;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        uint32_t* counter = (uint32_t*)(partials + records) + owner;
-        const uint32_t ticket = atomicAdd(counter, 1u);
-        last = ticket + 1 == splits;
-        if (ticket >= splits) op_fail(tag, OP_ERR_SCRATCH, ticket, splits, h0);
-        if (last) *counter = 0;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!attn_last_ticket((uint32_t*)(partials + records) + owner, splits, h0, tag)) return;
     ad_merge_splits(partials, splits, n_head, h0, nh, HD, out);
 }
 
