@@ -9,6 +9,11 @@
 //       launch (their warps stride over the rows), since every block quantizes the row.
 //   dqg<R>: a separate quantizing kernel writes the int8 row to global memory; the product reads
 //       it through L1 (a graph node more, no prologue).
+//   dqb<R> / dqx<R>: dq with every prologue load of a thread issued first (up to 16 float4); dqx
+//       also has each warp ask L2 for its first R rows before the prologue. dqx2c264 is the form
+//       src/backend/cuda/kernels/matmul.cu took (`mm_vector_q8`).
+// Measured on an H100 (part 2, 8B step): v0 3,176 us, dq2c528 2,574, dqg1 2,100, dqb2c528 2,418,
+// dqx2c264 2,322, read floor 1,466 (docs/kernels.md item 12).
 //   read floor: the weight bytes read once with 16-byte loads, nothing computed.
 // The int8 forms are checked against float64 with a tolerance from the rounding: each activation
 // moves by at most d / 2, so |error| <= sum over blocks of |w| . d / 2 (reported as a fraction of it).
