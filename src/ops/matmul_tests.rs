@@ -313,3 +313,43 @@ fn wrong_dtypes_and_shapes_name_op_and_argument() {
         .to_string();
     assert!(e.contains("matmul_id") && e.contains("`ids`"), "{e}");
 }
+
+/// Where a one-row product may read int8 activations on a GPU (its launch carries the int8 row's
+/// shared memory, `k + k / 4` bytes): the 32-value block formats from 2^22 weights, in blocks of
+/// fewer warps for narrow products; never a small product, a K format, two rows, or a product
+/// recorded through `matmul_f32_activations`. The CPU runs the f32 kernel whatever the launch.
+#[test]
+fn the_int8_one_row_form_is_chosen_by_format_and_size() {
+    let dev = device();
+    let launch = |dt: DType, rows: usize, n: usize, k: usize, int8: bool| {
+        let x = dev.alloc(DType::F32, &[rows, k]).unwrap();
+        let w = dev.alloc(dt, &[n, k]).unwrap();
+        let out = dev.alloc(DType::F32, &[rows, n]).unwrap();
+        let d = if int8 {
+            matmul(&x, &w, &out)
+        } else {
+            matmul_f32_activations(&x, &w, &out)
+        };
+        let g = d.unwrap().grid();
+        (g.shared_bytes, g.threads[0], g.blocks[0])
+    };
+    assert_eq!(launch(DType::Q4_0, 1, 4096, 4096, true), (5120, 256, 256));
+    assert_eq!(launch(DType::Q8_0, 1, 4096, 14336, true), (17920, 256, 256));
+    assert_eq!(launch(DType::Q4_1, 1, 128256, 4096, true), (5120, 256, 264));
+    // 2048 outputs: four-warp blocks, so that 256 blocks spread over the SMs.
+    assert_eq!(launch(DType::Q5_0, 1, 2048, 2048, true), (2560, 128, 256));
+    for (dt, rows, n, k, int8) in [
+        (DType::Q4_0, 1, 576, 1536, true),
+        (DType::Q4K, 1, 4096, 4096, true),
+        (DType::F16, 1, 4096, 4096, true),
+        (DType::Q4_0, 2, 4096, 4096, true),
+        (DType::Q4_0, 1, 4096, 4096, false),
+    ] {
+        let (shared, threads, _) = launch(dt, rows, n, k, int8);
+        assert_eq!(
+            (shared, threads),
+            (0, 128),
+            "{dt} rows {rows} {n}x{k} int8 {int8}"
+        );
+    }
+}
