@@ -141,12 +141,13 @@ fn check_product(
 fn tensor_core_products_in_every_format_at_odd_sizes() {
     let dev = cuda_device();
     for (j, &dt) in WEIGHT_DTYPES.iter().enumerate() {
-        // Q4_K and Q6_K rows are whole 256-value super-blocks; the others take 32-value steps, and
-        // float weights a k that ends inside a step.
+        // Q4_K and Q6_K rows are whole 256-value super-blocks; the others take 32-value steps
+        // (544: 17 blocks, rows of q4_0, q8_0 and q5_0 not a whole number of words, so not the
+        // pipelined form), and float weights a k that ends inside a step.
         let shapes: &[(usize, usize)] = match dt {
             DType::Q4K | DType::Q6K => &[(129, 512), (40, 768)],
             d if d.is_float() => &[(129, 576), (40, 100)],
-            _ => &[(129, 576), (200, 4352)],
+            _ => &[(129, 576), (200, 4352), (70, 544)],
         };
         for (s, &(n, k)) in shapes.iter().enumerate() {
             let w = weight_tensor(dt, n, k, 3000 + (10 * j + s) as u64);

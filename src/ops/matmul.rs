@@ -131,9 +131,12 @@ pub(crate) const MMA_MIN_ROWS: usize = 64;
 const MMA_TILE: usize = 128;
 /// Threads of a block of the tensor-core form (`MMA_THREADS`: eight warps).
 const MMA_THREADS: u32 = 256;
-/// Dynamic shared memory of the tensor-core form (`MMA_SMEM`): two buffers of 128 activation rows
-/// and 128 weight rows of 32 f16 values, each row padded to 40 values.
-const MMA_SMEM: u32 = (2 * 2 * MMA_TILE * 40 * 2) as u32;
+/// Dynamic shared memory of the tensor-core forms (`MMP_SMEM`, which covers `MMA_SMEM`): three
+/// copy slots (128 activation rows of 32 f32 values and 128 weight rows of up to 9 words), then
+/// two buffers of 128 activation rows and 128 weight rows of 32 f16 values, each row padded to 40
+/// values. Two blocks fit an SM of sm_80 and newer.
+const MMA_SMEM: u32 =
+    (3 * (MMA_TILE * 32 * 4 + MMA_TILE * 9 * 4) + 2 * 2 * MMA_TILE * 40 * 2) as u32;
 
 /// The launch shape of the tensor-core form: a block per tile of 128 rows x 128 outputs.
 pub(crate) fn mma_grid(n: usize, rows: usize) -> Grid {

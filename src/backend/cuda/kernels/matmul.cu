@@ -262,7 +262,8 @@ __device__ void matmul_mma(X x, const uint8_t* w, float* out, uint32_t rows, uin
                n_out == (uint64_t)rows * n);
     if (blockDim.x == MMA_THREADS && blockDim.y == 1 && blockDim.z == 1 &&
         mm_dynamic_smem() >= MMA_SMEM &&
-        mm_mma<FMT, ACC>(x, w, out, rows, k, n, op_row_bytes(FMT, k)))
+        (mm_mma_pipe<FMT, ACC>(x.x, w, out, rows, k, n, op_row_bytes(FMT, k)) ||
+         mm_mma<FMT, ACC>(x, w, out, rows, k, n, op_row_bytes(FMT, k))))
         return;
     matmul<FMT, ACC>(x, w, out, rows, k, n, n_x, n_out, tag);
 }

@@ -275,6 +275,41 @@ __device__ __forceinline__ void mma_store(const MmaLoads& L, __half* as, __half*
     *(uint4*)&bs[o * MMA_LD + 16 * h] = q0;
     *(uint4*)&bs[o * MMA_LD + 16 * h + 8] = q1;
 }
+
+// Writes (or with ACC adds) a warp's 64 x 32 accumulators of the tile at rows r0, outputs o0.
+// Accumulator e of tile (i, j): row lane / 4 (+ 8 for e >= 2), outputs 2 (lane % 4) + e % 2; the
+// two outputs of a row go as one 8-byte access where they are both in the matrix and aligned.
+template <bool ACC>
+__device__ __forceinline__ void mma_write(const float (&acc)[4][4][4], float* out, uint64_t r0,
+                                          uint64_t o0, uint32_t rows, uint32_t n, int wm, int wn,
+                                          int lane) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const uint64_t gr = r0 + wm * 64 + i * 16 + lane / 4 + 8 * hf;
+                const uint64_t go = o0 + wn * 32 + j * 8 + 2 * (lane % 4);
+                if (gr >= rows || go >= n) continue;
+                float* y = out + gr * n + go;
+                const float v0 = acc[i][j][2 * hf], v1 = acc[i][j][2 * hf + 1];
+                if (go + 1 < n && ((uint64_t)y & 7u) == 0) {
+                    float2 p = make_float2(v0, v1);
+                    if (ACC) {
+                        const float2 o = *(const float2*)y;
+                        p.x += o.x;
+                        p.y += o.y;
+                    }
+                    *(float2*)y = p;
+                } else {
+                    y[0] = ACC ? y[0] + v0 : v0;
+                    if (go + 1 < n) y[1] = ACC ? y[1] + v1 : v1;
+                }
+            }
+        }
+    }
+}
 #endif
 
 // The tensor-core tiled product (see MMA_BM above); `false` where the architecture has no
@@ -342,22 +377,7 @@ __device__ bool mm_mma(X x, const uint8_t* w, float* out, uint32_t rows, uint32_
             }
             __syncthreads();
         }
-        // Accumulator e of tile (i, j): row lane / 4 (+ 8 for e >= 2), outputs 2 (lane % 4) + e % 2.
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const uint64_t gr = r0 + wm * 64 + i * 16 + lane / 4 + (e >= 2 ? 8 : 0);
-                    const uint64_t go = o0 + wn * 32 + j * 8 + 2 * (lane % 4) + e % 2;
-                    if (gr < rows && go < n) {
-                        float* y = out + gr * n + go;
-                        *y = ACC ? *y + acc[i][j][e] : acc[i][j][e];
-                    }
-                }
-            }
-        }
+        mma_write<ACC>(acc, out, r0, o0, rows, n, wm, wn, lane);
     }
     return true;
 #else

@@ -1,0 +1,240 @@
+// The pipelined tensor-core form of the prompt products (compiled after matmul_mma.cuh, whose
+// fragments, raw block words and f16 dequantization it shares), for the 32-value block formats
+// whose rows start at 4-byte aligned addresses and activations whose rows start at 16-byte
+// aligned ones.
+//
+// The same 128 x 128 tile and eight warps as `mm_mma`, but the global reads never pass through
+// registers: each 32-value step's activations (f32) and raw weight blocks are copied into a ring
+// of MMP_STAGES shared-memory slots by `cp.async`, up to MMP_STAGES steps ahead. A step's copy is
+// turned into f16 tiles (activations rounded, weights dequantized as `mm_mma` does) one step
+// before its products, in two f16 buffers, so one barrier a step orders everything: at step s
+// the block waits for step s + 1's copy, frees step s's slot for step s + MMP_STAGES, converts
+// step s + 1 and multiplies step s. The products therefore see exactly what `mm_mma`'s see.
+#define MMP_STAGES 3
+// A slot: 128 activation rows of 32 f32 values, then 128 weight rows of at most 9 words (q8_0's
+// 34-byte block with the 2 bytes in front of it that make an odd block's copy word-aligned).
+#define MMP_A_BYTES (MMA_BM * MMA_BK * 4)
+#define MMP_B_WORDS_MAX 9
+#define MMP_SLOT (MMP_A_BYTES + MMA_BN * MMP_B_WORDS_MAX * 4)
+#define MMP_SMEM (MMP_STAGES * MMP_SLOT + 2 * (MMA_BM + MMA_BN) * MMA_LD * 2)
+
+#if __CUDA_ARCH__ >= 800
+// `bytes` (4 or 16) from global `src` to shared `dst`, asynchronously; zeros instead when
+// `!live` (then `src` is only a valid address, never read).
+template <int BYTES>
+__device__ __forceinline__ void mmp_copy(void* dst, const void* src, bool live) {
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    const uint32_t n = live ? BYTES : 0;
+    if (BYTES == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(n));
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(n));
+    }
+}
+
+__device__ __forceinline__ void mmp_commit() { asm volatile("cp.async.commit_group;"); }
+
+template <int N>
+__device__ __forceinline__ void mmp_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
+// Bytes of one block of a 32-value format, the words a step copies per weight row (the block,
+// and for an odd block of a format whose block is not a whole number of words the 2 bytes in
+// front of it), and where in those words the block starts.
+template <int FMT>
+struct MmpFormat {
+    static constexpr uint32_t bytes = FMT == OP_FMT_Q8_0   ? 34
+                                      : FMT == OP_FMT_Q5_0 ? 22
+                                      : FMT == OP_FMT_Q4_1 ? 20
+                                                           : 18;
+    static constexpr uint32_t words = bytes % 4 == 0 ? bytes / 4 : (bytes + 2) / 4;
+    __device__ static __forceinline__ uint32_t lead(uint32_t b) {
+        return bytes % 4 != 0 && (b & 1u) ? 2u : 0u;
+    }
+};
+
+// Where one thread's copies of a tile come from (at step 0) and go to in a slot: activation
+// rows t / 8 + 32 j (16 bytes at 4 (t % 8) of each step's 32 values), then weight words t + 256 i
+// of the slot's MMA_BN x words. Sources past the matrix are the matrix's first address, copied
+// as zero bytes. Computed once per tile so that each step's issue is an add per copy.
+template <int FMT>
+struct MmpCursor {
+    static constexpr uint32_t b_copies = (MMA_BN * MmpFormat<FMT>::words + MMA_THREADS - 1) /
+                                         MMA_THREADS;
+    const float* a[4];
+    const uint8_t* b[b_copies];
+    uint32_t a_live, b_live;
+
+    __device__ __forceinline__ MmpCursor(const float* x, const uint8_t* w, uint32_t r0, uint32_t o0,
+                                         uint32_t rows, uint32_t k, uint32_t n,
+                                         uint64_t row_bytes) {
+        using F = MmpFormat<FMT>;
+        const uint32_t t = threadIdx.x;
+        a_live = 0;
+        b_live = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const uint32_t r = r0 + t / 8 + 32 * j;
+            const bool live = r < rows;
+            a[j] = live ? x + (uint64_t)r * k + 4 * (t % 8) : x;
+            a_live |= (uint32_t)live << j;
+        }
+#pragma unroll
+        for (int i = 0; i < (int)b_copies; ++i) {
+            const uint32_t c = t + MMA_THREADS * i, o = c / F::words, wd = c % F::words;
+            const bool live = c < MMA_BN * F::words && o0 + o < n;
+            b[i] = live ? w + (uint64_t)(o0 + o) * row_bytes + 4 * wd : w;
+            b_live |= (uint32_t)live << i;
+        }
+    }
+};
+
+// Issues the copies of step s (values 32 s ..) of the tile `cur` describes into `slot`.
+template <int FMT>
+__device__ __forceinline__ void mmp_issue(uint8_t* slot, const MmpCursor<FMT>& cur, uint32_t s) {
+    using F = MmpFormat<FMT>;
+    const uint32_t t = threadIdx.x;
+    float* a = (float*)slot;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const bool live = (cur.a_live >> j) & 1u;
+        mmp_copy<16>(a + (t / 8 + 32 * j) * MMA_BK + 4 * (t % 8),
+                     live ? cur.a[j] + s * MMA_BK : cur.a[j], live);
+    }
+    uint8_t* b = slot + MMP_A_BYTES;
+    const uint32_t start = s * F::bytes - F::lead(s);
+#pragma unroll
+    for (int i = 0; i < (int)MmpCursor<FMT>::b_copies; ++i) {
+        const uint32_t c = t + MMA_THREADS * i;
+        const bool live = (cur.b_live >> i) & 1u;
+        if (c < MMA_BN * F::words)
+            mmp_copy<4>(b + 4 * c, live ? cur.b[i] + start : cur.b[i], live);
+    }
+}
+
+// Turns the copy of step s in `slot` into the f16 tiles `as` (activations) and `bs` (weights).
+template <int FMT>
+__device__ __forceinline__ void mmp_convert(const uint8_t* slot, uint32_t s, __half* as,
+                                            __half* bs) {
+    using F = MmpFormat<FMT>;
+    const uint32_t t = threadIdx.x;
+    const float* a = (const float*)slot;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const uint32_t r = t / 8 + 32 * j, q = t % 8;
+        const float4 v = *(const float4*)(a + r * MMA_BK + 4 * q);
+        uint2 p;
+        p.x = mma_pack(v.x, v.y);
+        p.y = mma_pack(v.z, v.w);
+        *(uint2*)&as[r * MMA_LD + 4 * q] = p;
+    }
+    const uint32_t o = t / 2, h = t % 2;
+    const uint8_t* blk = slot + MMP_A_BYTES + o * F::words * 4 + F::lead(s);
+    const MmRaw raw = mm_raw_load<FMT>(blk, 0, h);
+    constexpr bool halves = FMT == OP_FMT_Q4_0 || FMT == OP_FMT_Q4_1 || FMT == OP_FMT_Q8_0;
+    uint4 q0, q1;
+    if (halves) {
+        uint32_t hv[8];
+        mm_raw_halves<FMT>(raw, h, hv);
+        q0 = make_uint4(hv[0], hv[1], hv[2], hv[3]);
+        q1 = make_uint4(hv[4], hv[5], hv[6], hv[7]);
+    } else {
+        float v[16];
+        mm_raw_values<FMT>(raw, h, v);
+        q0 = make_uint4(mma_pack(v[0], v[1]), mma_pack(v[2], v[3]), mma_pack(v[4], v[5]),
+                        mma_pack(v[6], v[7]));
+        q1 = make_uint4(mma_pack(v[8], v[9]), mma_pack(v[10], v[11]), mma_pack(v[12], v[13]),
+                        mma_pack(v[14], v[15]));
+    }
+    *(uint4*)&bs[o * MMA_LD + 16 * h] = q0;
+    *(uint4*)&bs[o * MMA_LD + 16 * h + 8] = q1;
+}
+#endif
+
+// The pipelined form (see MMP_STAGES above); `false` where it does not apply (another format,
+// rows or activations not aligned for the copies, before sm_80) and the caller takes `mm_mma`.
+template <int FMT, bool ACC>
+__device__ bool mm_mma_pipe(const float* x, const uint8_t* w, float* out, uint32_t rows,
+                            uint32_t k, uint32_t n, uint64_t row_bytes) {
+#if __CUDA_ARCH__ >= 800
+    constexpr bool block32 =
+        FMT == OP_FMT_Q4_0 || FMT == OP_FMT_Q4_1 || FMT == OP_FMT_Q5_0 || FMT == OP_FMT_Q8_0;
+    if (!block32 || k % MMA_BK != 0 || ((uint64_t)x & 15u) != 0 || ((uint64_t)w & 3u) != 0 ||
+        row_bytes % 4 != 0 || mm_dynamic_smem() < MMP_SMEM)
+        return false;
+    extern __shared__ __align__(16) float mm_smem[];
+    uint8_t* ring = (uint8_t*)mm_smem;
+    __half* f16 = (__half*)(ring + MMP_STAGES * MMP_SLOT);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wm = warp / 4, wn = warp % 4;
+    const uint64_t tiles_m = ((uint64_t)rows + MMA_BM - 1) / MMA_BM;
+    const uint64_t tiles_n = ((uint64_t)n + MMA_BN - 1) / MMA_BN;
+    const uint32_t steps = k / MMA_BK;
+    for (uint64_t tile = blockIdx.y * (uint64_t)gridDim.x + blockIdx.x; tile < tiles_m * tiles_n;
+         tile += (uint64_t)gridDim.x * gridDim.y) {
+        const uint64_t r0 = tile / tiles_n * MMA_BM, o0 = tile % tiles_n * MMA_BN;
+        float acc[4][4][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+        const MmpCursor<FMT> cur(x, w, (uint32_t)r0, (uint32_t)o0, rows, k, n, row_bytes);
+        // Steps 0 .. MMP_STAGES - 1 in flight (one group each, empty past the last step), then
+        // step 0 converted into the first f16 buffer.
+#pragma unroll
+        for (uint32_t s = 0; s < MMP_STAGES; ++s) {
+            if (s < steps)
+                mmp_issue<FMT>(ring + s * MMP_SLOT, cur, s);
+            mmp_commit();
+        }
+        mmp_wait<MMP_STAGES - 1>();
+        __syncthreads();
+        mmp_convert<FMT>(ring, 0, f16, f16 + MMA_BM * MMA_LD);
+        for (uint32_t s = 0; s < steps; ++s) {
+            // Step s + 1's copy has landed (this thread's part, then everyone's at the barrier);
+            // every warp is done with step s - 1's products and step s's slot.
+            mmp_wait<MMP_STAGES - 2>();
+            __syncthreads();
+            if (s + MMP_STAGES < steps)
+                mmp_issue<FMT>(ring + (s % MMP_STAGES) * MMP_SLOT, cur, s + MMP_STAGES);
+            mmp_commit();
+            if (s + 1 < steps) {
+                __half* nas = f16 + ((s + 1) % 2) * (MMA_BM + MMA_BN) * MMA_LD;
+                mmp_convert<FMT>(ring + ((s + 1) % MMP_STAGES) * MMP_SLOT, s + 1, nas,
+                                 nas + MMA_BM * MMA_LD);
+            }
+            const __half* as = f16 + (s % 2) * (MMA_BM + MMA_BN) * MMA_LD;
+            const __half* bs = as + MMA_BM * MMA_LD;
+#pragma unroll
+            for (int kk = 0; kk < MMA_BK; kk += 16) {
+                uint32_t a[4][4], b[2][4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    mma_ldmatrix4(a[i], as + (wm * 64 + i * 16 + (lane & 15)) * MMA_LD + kk +
+                                            (lane >> 4) * 8);
+#pragma unroll
+                for (int p = 0; p < 2; ++p)
+                    mma_ldmatrix4(b[p], bs + (wn * 32 + p * 16 + (lane & 7) + (lane >> 4) * 8) *
+                                                 MMA_LD +
+                                             kk + ((lane >> 3) & 1) * 8);
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j)
+                        mma_16816(acc[i][j], a[i], b[j / 2][2 * (j % 2)], b[j / 2][2 * (j % 2) + 1]);
+            }
+        }
+        // Nothing of this tile's copies is left in flight (the last groups are empty) before the
+        // next tile reuses the slots; the barrier keeps its first copies off slots still read.
+        mmp_wait<0>();
+        __syncthreads();
+        mma_write<ACC>(acc, out, r0, o0, rows, n, wm, wn, lane);
+    }
+    return true;
+#else
+    return false;
+#endif
+}
