@@ -274,7 +274,7 @@ pub fn attention(
     let c = Check::op("attention");
     let checked = check_common(&c, q, k_cache, v_cache, step, out, &params)?;
     c.dims("out", out, q.dims())?;
-    let mma = params.head_dim == MMA_HD && checked.rows >= MMA_MIN_ROWS;
+    let mma = MMA_HEAD_DIMS.contains(&params.head_dim) && checked.rows >= MMA_MIN_ROWS;
     let family = if mma {
         &ka::ATTENTION_MMA
     } else {
@@ -294,7 +294,7 @@ pub fn attention(
     ];
     args.extend(score_args(&params));
     let grid = if mma {
-        mma_grid(checked.rows, params.n_head)
+        mma_grid(checked.rows, params.n_head, params.head_dim)
     } else {
         Grid::new(items, 128)
     };
@@ -302,10 +302,10 @@ pub fn attention(
 }
 
 /// The tensor-core form of the prompt attention (`attention_mma_<t>`, `attention_mma.cuh`):
-/// heads of [`MMA_HD`] values, from [`MMA_MIN_ROWS`] rows. Measured on an H100 against the
+/// heads of 64 or 128 values, from [`MMA_MIN_ROWS`] rows. Measured on an H100 against the
 /// one-row-per-block form: the 8B shape's 512-token prompt spends 1.9 ms in attention instead of
 /// 12.3 ms (a tiled f32 form, tried first, reached 8 TFLOP/s and was dropped for it).
-const MMA_HD: usize = 128;
+const MMA_HEAD_DIMS: [usize; 2] = [64, 128];
 /// Rows from which the tensor-core form is taken.
 const MMA_MIN_ROWS: usize = 64;
 /// Threads of a block of the tensor-core form (`ATTN_M_THREADS`).
@@ -314,14 +314,14 @@ const MMA_THREADS: u32 = 128;
 const MMA_ROWS: usize = 64;
 
 /// The launch shape of the tensor-core form: a block per 64 query rows of one head, with its
-/// shared memory (`ATTN_M_SMEM`: Q, K and V tiles of 64 rows of 128 f16 values, rows padded to
-/// 136).
-fn mma_grid(rows: usize, n_head: usize) -> Grid {
+/// shared memory (`ATTN_M_SMEM`: Q, K and V tiles of 64 rows of `head_dim` f16 values, rows
+/// padded by 8).
+fn mma_grid(rows: usize, n_head: usize, head_dim: usize) -> Grid {
     let blocks = rows
         .div_ceil(MMA_ROWS)
         .saturating_mul(n_head)
         .clamp(1, 1 << 30);
-    let smem = 3 * MMA_ROWS * (MMA_HD + 8) * 2;
+    let smem = 3 * MMA_ROWS * (head_dim + 8) * 2;
     Grid::new(blocks as u32, MMA_THREADS).with_shared(smem as u32)
 }
 

@@ -225,8 +225,12 @@ __device__ void attention_prefill(const float* q, const T* k, const T* v, const 
     }
     const uint32_t group = n_head / n_kv_head;
     if (MMA && attn_mma_ok(hd)) {
-        attention_mma<T>(q, k, v, out, rows, max_ctx, pos0, n_head, n_kv_head, scale, softcap,
-                         window);
+        if (hd == 64)
+            attention_mma<T, 64>(q, k, v, out, rows, max_ctx, pos0, n_head, n_kv_head, scale,
+                                 softcap, window);
+        else
+            attention_mma<T, 128>(q, k, v, out, rows, max_ctx, pos0, n_head, n_kv_head, scale,
+                                  softcap, window);
         return;
     }
     OP_ROW_LOOP(item, rows * n_head) {

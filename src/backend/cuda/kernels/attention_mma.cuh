@@ -1,4 +1,4 @@
-// The tensor-core form of the prompt attention for heads of 128 values (compiled in front of
+// The tensor-core form of the prompt attention for heads of 64 or 128 values (compiled in front of
 // attention.cu, whose `attention_mma_<t>` kernels take it; sm_80 and newer): a block of ATTN_M_THREADS threads
 // takes ATTN_M_ROWS query rows of one head, 16 a warp. Q, and each tile of ATTN_M_KEYS keys of K
 // and V, are rounded to f16 in shared memory; the scores S = Q K^T and the sums P V are
@@ -20,14 +20,14 @@ __device__ __forceinline__ uint32_t attn_dynamic_smem() {
 #define ATTN_M_THREADS 128
 #define ATTN_M_ROWS 64
 #define ATTN_M_KEYS 64
-#define ATTN_M_HD 128
-#define ATTN_M_LD (ATTN_M_HD + 8)
-#define ATTN_M_SMEM (3 * ATTN_M_ROWS * ATTN_M_LD * 2)
+// Shared memory for heads of `hd` values: Q, K and V tiles of 64 rows, each row padded by 8
+// values so the eight rows one `ldmatrix` phase reads fall in distinct banks.
+#define ATTN_M_SMEM(hd) (3 * ATTN_M_ROWS * ((hd) + 8) * 2)
 
 __device__ __forceinline__ bool attn_mma_ok(uint32_t hd) {
 #if __CUDA_ARCH__ >= 800
-    return blockDim.x == ATTN_M_THREADS && blockDim.y == 1 && hd == ATTN_M_HD &&
-           attn_dynamic_smem() >= ATTN_M_SMEM;
+    return blockDim.x == ATTN_M_THREADS && blockDim.y == 1 && (hd == 64 || hd == 128) &&
+           attn_dynamic_smem() >= ATTN_M_SMEM(hd);
 #else
     return false;
 #endif
@@ -61,13 +61,13 @@ __device__ __forceinline__ void attn_mma16816(float (&c)[4], const uint32_t (&a)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Rows `rows` of ATTN_M_HD values at `src` (row stride `stride` values; rows at or past `live`
-// are zeros) rounded to f16 into `dst` (row stride ATTN_M_LD).
-template <typename T>
+// ATTN_M_ROWS rows of HD values at `src` (row stride `stride` values; rows at or past `live` are
+// zeros) rounded to f16 into `dst` (row stride HD + 8).
+template <typename T, int HD>
 __device__ __forceinline__ void attn_stage_f16(__half* dst, const T* src, uint64_t stride,
                                                uint32_t live) {
-    for (uint32_t i = threadIdx.x; i < ATTN_M_ROWS * ATTN_M_HD / 4; i += ATTN_M_THREADS) {
-        const uint32_t row = i / (ATTN_M_HD / 4), c = 4 * (i % (ATTN_M_HD / 4));
+    for (uint32_t i = threadIdx.x; i < ATTN_M_ROWS * HD / 4; i += ATTN_M_THREADS) {
+        const uint32_t row = i / (HD / 4), c = 4 * (i % (HD / 4));
         float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (row < live) {
 #pragma unroll
@@ -76,20 +76,20 @@ __device__ __forceinline__ void attn_stage_f16(__half* dst, const T* src, uint64
         uint2 p;
         p.x = attn_pack(a[0], a[1]);
         p.y = attn_pack(a[2], a[3]);
-        *(uint2*)&dst[row * ATTN_M_LD + c] = p;
+        *(uint2*)&dst[row * (HD + 8) + c] = p;
     }
 }
 #endif
 
-template <typename T>
+template <typename T, int HD>
 __device__ void attention_mma(const float* q, const T* k, const T* v, float* out, uint64_t rows,
                               uint64_t max_ctx, int64_t pos0, uint32_t n_head, uint32_t n_kv_head,
                               float scale, float softcap, uint32_t window) {
 #if __CUDA_ARCH__ >= 800
     extern __shared__ __align__(16) float attn_smem[];
     __half* qs = (__half*)attn_smem;
-    __half* ks = qs + ATTN_M_ROWS * ATTN_M_LD;
-    __half* vs = ks + ATTN_M_KEYS * ATTN_M_LD;
+    __half* ks = qs + ATTN_M_ROWS * (HD + 8);
+    __half* vs = ks + ATTN_M_KEYS * (HD + 8);
     const float neg_inf = -__int_as_float(0x7f800000);
     const uint32_t group = n_head / n_kv_head;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -99,13 +99,13 @@ __device__ void attention_mma(const float* q, const T* k, const T* v, float* out
         const uint64_t r0 = item / n_head * ATTN_M_ROWS;
         const uint64_t r_end = min(rows, r0 + ATTN_M_ROWS);
         __syncthreads();
-        attn_stage_f16<float>(qs, q + (r0 * n_head + h) * ATTN_M_HD, (uint64_t)n_head * ATTN_M_HD,
+        attn_stage_f16<float, HD>(qs, q + (r0 * n_head + h) * HD, (uint64_t)n_head * HD,
                               (uint32_t)(r_end - r0));
         __syncthreads();
-        uint32_t qf[ATTN_M_HD / 16][4];
+        uint32_t qf[HD / 16][4];
 #pragma unroll
-        for (int kk = 0; kk < ATTN_M_HD / 16; ++kk)
-            attn_ldmatrix4(qf[kk], qs + (warp * 16 + (lane & 15)) * ATTN_M_LD + kk * 16 + (lane >> 4) * 8,
+        for (int kk = 0; kk < HD / 16; ++kk)
+            attn_ldmatrix4(qf[kk], qs + (warp * 16 + (lane & 15)) * (HD + 8) + kk * 16 + (lane >> 4) * 8,
                            false);
         // This thread's two rows: g and g + 8 of the warp's 16.
         uint64_t pos[2], first[2];
@@ -117,21 +117,21 @@ __device__ void attention_mma(const float* q, const T* k, const T* v, float* out
             pos[b] = (uint64_t)pos0 + row;
             first[b] = attn_first_key(pos[b], window);
         }
-        float o[ATTN_M_HD / 8][4];
+        float o[HD / 8][4];
 #pragma unroll
-        for (int nt = 0; nt < ATTN_M_HD / 8; ++nt)
+        for (int nt = 0; nt < HD / 8; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) o[nt][e] = 0.0f;
         float m[2] = {neg_inf, neg_inf}, l[2] = {0.0f, 0.0f};
-        const T* kh = k + (uint64_t)kvh * max_ctx * ATTN_M_HD;
-        const T* vh = v + (uint64_t)kvh * max_ctx * ATTN_M_HD;
+        const T* kh = k + (uint64_t)kvh * max_ctx * HD;
+        const T* vh = v + (uint64_t)kvh * max_ctx * HD;
         const uint64_t lo = attn_first_key((uint64_t)pos0 + r0, window);
         const uint64_t hi = (uint64_t)pos0 + r_end;
         for (uint64_t k0 = lo; k0 < hi; k0 += ATTN_M_KEYS) {
             const uint32_t keys = (uint32_t)min((uint64_t)ATTN_M_KEYS, hi - k0);
             __syncthreads();
-            attn_stage_f16<T>(ks, kh + k0 * ATTN_M_HD, ATTN_M_HD, keys);
-            attn_stage_f16<T>(vs, vh + k0 * ATTN_M_HD, ATTN_M_HD, keys);
+            attn_stage_f16<T, HD>(ks, kh + k0 * HD, HD, keys);
+            attn_stage_f16<T, HD>(vs, vh + k0 * HD, HD, keys);
             __syncthreads();
             float s[ATTN_M_KEYS / 8][4];
 #pragma unroll
@@ -139,11 +139,11 @@ __device__ void attention_mma(const float* q, const T* k, const T* v, float* out
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
 #pragma unroll
-            for (int kk = 0; kk < ATTN_M_HD / 16; ++kk) {
+            for (int kk = 0; kk < HD / 16; ++kk) {
 #pragma unroll
                 for (int p = 0; p < ATTN_M_KEYS / 16; ++p) {
                     uint32_t b[4];
-                    attn_ldmatrix4(b, ks + (p * 16 + (lane & 7) + (lane >> 4) * 8) * ATTN_M_LD +
+                    attn_ldmatrix4(b, ks + (p * 16 + (lane & 7) + (lane >> 4) * 8) * (HD + 8) +
                                           kk * 16 + ((lane >> 3) & 1) * 8,
                                    false);
                     attn_mma16816(s[2 * p], qf[kk], b[0], b[1]);
@@ -189,7 +189,7 @@ __device__ void attention_mma(const float* q, const T* k, const T* v, float* out
 #pragma unroll
             for (int b = 0; b < 2; ++b) l[b] = l[b] * c[b] + rowsum[b];
 #pragma unroll
-            for (int nt = 0; nt < ATTN_M_HD / 8; ++nt) {
+            for (int nt = 0; nt < HD / 8; ++nt) {
                 o[nt][0] *= c[0];
                 o[nt][1] *= c[0];
                 o[nt][2] *= c[1];
@@ -202,9 +202,9 @@ __device__ void attention_mma(const float* q, const T* k, const T* v, float* out
                                        attn_pack(s[2 * j + 1][0], s[2 * j + 1][1]),
                                        attn_pack(s[2 * j + 1][2], s[2 * j + 1][3])};
 #pragma unroll
-                for (int dp = 0; dp < ATTN_M_HD / 16; ++dp) {
+                for (int dp = 0; dp < HD / 16; ++dp) {
                     uint32_t b[4];
-                    attn_ldmatrix4(b, vs + (j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ATTN_M_LD +
+                    attn_ldmatrix4(b, vs + (j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * (HD + 8) +
                                           dp * 16 + (lane >> 4) * 8,
                                    true);
                     attn_mma16816(o[2 * dp], a, b[0], b[1]);
@@ -222,9 +222,9 @@ __device__ void attention_mma(const float* q, const T* k, const T* v, float* out
             if (!live[b]) continue;
             const uint64_t row = r0 + warp * 16 + lane / 4 + 8 * b;
             const float inv = 1.0f / l[b];
-            float* dst = out + (row * n_head + h) * ATTN_M_HD;
+            float* dst = out + (row * n_head + h) * HD;
 #pragma unroll
-            for (int nt = 0; nt < ATTN_M_HD / 8; ++nt) {
+            for (int nt = 0; nt < HD / 8; ++nt) {
                 const uint32_t d = nt * 8 + 2 * (lane % 4);
                 dst[d] = o[nt][2 * b] * inv;
                 dst[d + 1] = o[nt][2 * b + 1] * inv;
