@@ -138,10 +138,26 @@ const MMA_THREADS: u32 = 256;
 const MMA_SMEM: u32 =
     (3 * (MMA_TILE * 32 * 4 + MMA_TILE * 9 * 4) + 2 * 2 * MMA_TILE * 40 * 2) as u32;
 
-/// The launch shape of the tensor-core form: a block per tile of 128 rows x 128 outputs.
-pub(crate) fn mma_grid(n: usize, rows: usize) -> Grid {
-    let tiles = rows.div_ceil(MMA_TILE).saturating_mul(n.div_ceil(MMA_TILE));
-    Grid::new(tiles.clamp(1, 1 << 30) as u32, MMA_THREADS).with_shared(MMA_SMEM)
+/// SMs of the GPU the tile choice below is tuned for (an H100); on another GPU the choice is
+/// only less tuned, never wrong.
+const MMA_TUNED_SMS: usize = 132;
+
+/// The launch shape of the tensor-core form: a block per tile of 128 rows x 128 outputs, the
+/// grid `[output tiles, row tiles]`. For the 32-value block formats (the pipelined form), where
+/// 128-row tiles would not give every SM of an H100 a block, tiles of 64 rows instead (twice the
+/// blocks, each half the work): the kernel reads the tile height from the grid's height.
+pub(crate) fn mma_grid(n: usize, rows: usize, w: DType) -> Grid {
+    let pipelined = matches!(w, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0);
+    let cols = n.div_ceil(MMA_TILE);
+    let tall = rows.div_ceil(MMA_TILE);
+    let row_tiles = if pipelined && cols.saturating_mul(tall) <= MMA_TUNED_SMS {
+        rows.div_ceil(MMA_TILE / 2)
+    } else {
+        tall
+    };
+    Grid::new(cols.clamp(1, 1 << 30) as u32, MMA_THREADS)
+        .with_y(row_tiles.clamp(1, 65535) as u32)
+        .with_shared(MMA_SMEM)
 }
 
 /// One warp per output value and row (the kernels without a matrix form: the expert-routed and
@@ -213,7 +229,7 @@ fn product(x: &Buffer, w: &Buffer, out: &Buffer, int8: bool) -> Result<Dispatch>
     ];
     if rows >= MMA_MIN_ROWS {
         let kernel = for_weight("matmul", &mm::MATMUL_MMA, w)?;
-        return Dispatch::new(kernel, args, mma_grid(n, rows));
+        return Dispatch::new(kernel, args, mma_grid(n, rows, w.dtype()));
     }
     let grid = if rows == 1 && int8 {
         vector_grid(w.dtype(), n, k)

@@ -202,7 +202,7 @@ __device__ __forceinline__ void mma_ldmatrix4(uint32_t (&r)[4], const __half* p)
 
 __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                           uint32_t b1) {
-    asm volatile(
+    asm(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
         "{%8, %9}, {%0, %1, %2, %3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -276,20 +276,21 @@ __device__ __forceinline__ void mma_store(const MmaLoads& L, __half* as, __half*
     *(uint4*)&bs[o * MMA_LD + 16 * h + 8] = q1;
 }
 
-// Writes (or with ACC adds) a warp's 64 x 32 accumulators of the tile at rows r0, outputs o0.
-// Accumulator e of tile (i, j): row lane / 4 (+ 8 for e >= 2), outputs 2 (lane % 4) + e % 2; the
-// two outputs of a row go as one 8-byte access where they are both in the matrix and aligned.
-template <bool ACC>
-__device__ __forceinline__ void mma_write(const float (&acc)[4][4][4], float* out, uint64_t r0,
+// Writes (or with ACC adds) a warp's 16 MI x 32 accumulators of the tile at rows r0, outputs
+// o0 (the warp's rows start at 16 MI wm). Accumulator e of tile (i, j): row lane / 4 (+ 8 for
+// e >= 2), outputs 2 (lane % 4) + e % 2; the two outputs of a row go as one 8-byte access where
+// they are both in the matrix and aligned.
+template <bool ACC, int MI>
+__device__ __forceinline__ void mma_write(const float (&acc)[MI][4][4], float* out, uint64_t r0,
                                           uint64_t o0, uint32_t rows, uint32_t n, int wm, int wn,
                                           int lane) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < MI; ++i) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
-                const uint64_t gr = r0 + wm * 64 + i * 16 + lane / 4 + 8 * hf;
+                const uint64_t gr = r0 + wm * 16 * MI + i * 16 + lane / 4 + 8 * hf;
                 const uint64_t go = o0 + wn * 32 + j * 8 + 2 * (lane % 4);
                 if (gr >= rows || go >= n) continue;
                 float* y = out + gr * n + go;
@@ -377,7 +378,7 @@ __device__ bool mm_mma(X x, const uint8_t* w, float* out, uint32_t rows, uint32_
             }
             __syncthreads();
         }
-        mma_write<ACC>(acc, out, r0, o0, rows, n, wm, wn, lane);
+        mma_write<ACC, 4>(acc, out, r0, o0, rows, n, wm, wn, lane);
     }
     return true;
 #else

@@ -3,7 +3,9 @@
 // whose rows start at 4-byte aligned addresses and activations whose rows start at 16-byte
 // aligned ones.
 //
-// The same 128 x 128 tile and eight warps as `mm_mma`, but the global reads never pass through
+// Tiles of BM = 128 or 64 rows x 128 outputs (the host picks 64 where 128-row tiles would not
+// give every SM a block, and says so by the grid's height: one block row per 64 rows), eight
+// warps of 16 MI = BM / 2 rows x 32 outputs each. Unlike `mm_mma` the global reads never pass through
 // registers: each 32-value step's activations (f32) and raw weight blocks are copied into a ring
 // of MMP_STAGES shared-memory slots by `cp.async`, up to MMP_STAGES steps ahead. A step's copy is
 // turned into f16 tiles (activations rounded, weights dequantized as `mm_mma` does) one step
@@ -58,11 +60,11 @@ struct MmpFormat {
 // rows t / 8 + 32 j (16 bytes at 4 (t % 8) of each step's 32 values), then weight words t + 256 i
 // of the slot's MMA_BN x words. Sources past the matrix are the matrix's first address, copied
 // as zero bytes. Computed once per tile so that each step's issue is an add per copy.
-template <int FMT>
+template <int FMT, int BM>
 struct MmpCursor {
     static constexpr uint32_t b_copies = (MMA_BN * MmpFormat<FMT>::words + MMA_THREADS - 1) /
                                          MMA_THREADS;
-    const float* a[4];
+    const float* a[BM / 32];
     const uint8_t* b[b_copies];
     uint32_t a_live, b_live;
 
@@ -74,7 +76,7 @@ struct MmpCursor {
         a_live = 0;
         b_live = 0;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < BM / 32; ++j) {
             const uint32_t r = r0 + t / 8 + 32 * j;
             const bool live = r < rows;
             a[j] = live ? x + (uint64_t)r * k + 4 * (t % 8) : x;
@@ -91,13 +93,14 @@ struct MmpCursor {
 };
 
 // Issues the copies of step s (values 32 s ..) of the tile `cur` describes into `slot`.
-template <int FMT>
-__device__ __forceinline__ void mmp_issue(uint8_t* slot, const MmpCursor<FMT>& cur, uint32_t s) {
+template <int FMT, int BM>
+__device__ __forceinline__ void mmp_issue(uint8_t* slot, const MmpCursor<FMT, BM>& cur,
+                                          uint32_t s) {
     using F = MmpFormat<FMT>;
     const uint32_t t = threadIdx.x;
     float* a = (float*)slot;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < BM / 32; ++j) {
         const bool live = (cur.a_live >> j) & 1u;
         mmp_copy<16>(a + (t / 8 + 32 * j) * MMA_BK + 4 * (t % 8),
                      live ? cur.a[j] + s * MMA_BK : cur.a[j], live);
@@ -105,7 +108,7 @@ __device__ __forceinline__ void mmp_issue(uint8_t* slot, const MmpCursor<FMT>& c
     uint8_t* b = slot + MMP_A_BYTES;
     const uint32_t start = s * F::bytes - F::lead(s);
 #pragma unroll
-    for (int i = 0; i < (int)MmpCursor<FMT>::b_copies; ++i) {
+    for (int i = 0; i < (int)MmpCursor<FMT, BM>::b_copies; ++i) {
         const uint32_t c = t + MMA_THREADS * i;
         const bool live = (cur.b_live >> i) & 1u;
         if (c < MMA_BN * F::words)
@@ -114,14 +117,14 @@ __device__ __forceinline__ void mmp_issue(uint8_t* slot, const MmpCursor<FMT>& c
 }
 
 // Turns the copy of step s in `slot` into the f16 tiles `as` (activations) and `bs` (weights).
-template <int FMT>
+template <int FMT, int BM>
 __device__ __forceinline__ void mmp_convert(const uint8_t* slot, uint32_t s, __half* as,
                                             __half* bs) {
     using F = MmpFormat<FMT>;
     const uint32_t t = threadIdx.x;
     const float* a = (const float*)slot;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < BM / 32; ++j) {
         const uint32_t r = t / 8 + 32 * j, q = t % 8;
         const float4 v = *(const float4*)(a + r * MMA_BK + 4 * q);
         uint2 p;
@@ -152,8 +155,87 @@ __device__ __forceinline__ void mmp_convert(const uint8_t* slot, uint32_t s, __h
 }
 #endif
 
-// The pipelined form (see MMP_STAGES above); `false` where it does not apply (another format,
-// rows or activations not aligned for the copies, before sm_80) and the caller takes `mm_mma`.
+// The tiles of BM rows (see MMP_STAGES above) this block takes.
+template <int FMT, bool ACC, int BM>
+__device__ void mmp_tiles(const float* x, const uint8_t* w, float* out, uint32_t rows, uint32_t k,
+                          uint32_t n, uint64_t row_bytes) {
+#if __CUDA_ARCH__ >= 800
+    constexpr int MI = BM / 32;
+    extern __shared__ __align__(16) float mm_smem[];
+    uint8_t* ring = (uint8_t*)mm_smem;
+    __half* f16 = (__half*)(ring + MMP_STAGES * MMP_SLOT);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wm = warp / 4, wn = warp % 4;
+    const uint64_t tiles_m = ((uint64_t)rows + BM - 1) / BM;
+    const uint64_t tiles_n = ((uint64_t)n + MMA_BN - 1) / MMA_BN;
+    const uint32_t steps = k / MMA_BK;
+    for (uint64_t tile = blockIdx.y * (uint64_t)gridDim.x + blockIdx.x; tile < tiles_m * tiles_n;
+         tile += (uint64_t)gridDim.x * gridDim.y) {
+        const uint64_t r0 = tile / tiles_n * BM, o0 = tile % tiles_n * MMA_BN;
+        float acc[MI][4][4];
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+        const MmpCursor<FMT, BM> cur(x, w, (uint32_t)r0, (uint32_t)o0, rows, k, n, row_bytes);
+        // Steps 0 .. MMP_STAGES - 1 in flight (one group each, empty past the last step), then
+        // step 0 converted into the first f16 buffer.
+#pragma unroll
+        for (uint32_t s = 0; s < MMP_STAGES; ++s) {
+            if (s < steps) mmp_issue<FMT, BM>(ring + s * MMP_SLOT, cur, s);
+            mmp_commit();
+        }
+        mmp_wait<MMP_STAGES - 1>();
+        __syncthreads();
+        mmp_convert<FMT, BM>(ring, 0, f16, f16 + BM * MMA_LD);
+        for (uint32_t s = 0; s < steps; ++s) {
+            // Step s + 1's copy has landed (this thread's part, then everyone's at the barrier);
+            // every warp is done with step s - 1's products and step s's slot.
+            mmp_wait<MMP_STAGES - 2>();
+            __syncthreads();
+            if (s + MMP_STAGES < steps)
+                mmp_issue<FMT, BM>(ring + (s % MMP_STAGES) * MMP_SLOT, cur, s + MMP_STAGES);
+            mmp_commit();
+            const __half* as = f16 + (s % 2) * (BM + MMA_BN) * MMA_LD;
+            const __half* bs = as + BM * MMA_LD;
+#pragma unroll
+            for (int kk = 0; kk < MMA_BK; kk += 16) {
+                uint32_t a[MI][4], b[2][4];
+#pragma unroll
+                for (int i = 0; i < MI; ++i)
+                    mma_ldmatrix4(a[i], as + (wm * 16 * MI + i * 16 + (lane & 15)) * MMA_LD + kk +
+                                            (lane >> 4) * 8);
+#pragma unroll
+                for (int p = 0; p < 2; ++p)
+                    mma_ldmatrix4(b[p], bs + (wn * 32 + p * 16 + (lane & 7) + (lane >> 4) * 8) *
+                                                 MMA_LD +
+                                             kk + ((lane >> 3) & 1) * 8);
+#pragma unroll
+                for (int i = 0; i < MI; ++i)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j)
+                        mma_16816(acc[i][j], a[i], b[j / 2][2 * (j % 2)], b[j / 2][2 * (j % 2) + 1]);
+            }
+            if (s + 1 < steps) {
+                __half* nas = f16 + ((s + 1) % 2) * (BM + MMA_BN) * MMA_LD;
+                mmp_convert<FMT, BM>(ring + ((s + 1) % MMP_STAGES) * MMP_SLOT, s + 1, nas,
+                                     nas + BM * MMA_LD);
+            }
+        }
+        // Nothing of this tile's copies is left in flight (the last groups are empty) before the
+        // next tile reuses the slots; the barrier keeps its first copies off slots still read.
+        mmp_wait<0>();
+        __syncthreads();
+        mma_write<ACC, MI>(acc, out, r0, o0, rows, n, wm, wn, lane);
+    }
+#endif
+}
+
+// The pipelined form; `false` where it does not apply (another format, rows or activations not
+// aligned for the copies, before sm_80) and the caller takes `mm_mma`. Tiles of 64 rows where the
+// grid has one block row per 64 rows (and that is more than one per 128).
 template <int FMT, bool ACC>
 __device__ bool mm_mma_pipe(const float* x, const uint8_t* w, float* out, uint32_t rows,
                             uint32_t k, uint32_t n, uint64_t row_bytes) {
@@ -163,76 +245,11 @@ __device__ bool mm_mma_pipe(const float* x, const uint8_t* w, float* out, uint32
     if (!block32 || k % MMA_BK != 0 || ((uint64_t)x & 15u) != 0 || ((uint64_t)w & 3u) != 0 ||
         row_bytes % 4 != 0 || mm_dynamic_smem() < MMP_SMEM)
         return false;
-    extern __shared__ __align__(16) float mm_smem[];
-    uint8_t* ring = (uint8_t*)mm_smem;
-    __half* f16 = (__half*)(ring + MMP_STAGES * MMP_SLOT);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int wm = warp / 4, wn = warp % 4;
-    const uint64_t tiles_m = ((uint64_t)rows + MMA_BM - 1) / MMA_BM;
-    const uint64_t tiles_n = ((uint64_t)n + MMA_BN - 1) / MMA_BN;
-    const uint32_t steps = k / MMA_BK;
-    for (uint64_t tile = blockIdx.y * (uint64_t)gridDim.x + blockIdx.x; tile < tiles_m * tiles_n;
-         tile += (uint64_t)gridDim.x * gridDim.y) {
-        const uint64_t r0 = tile / tiles_n * MMA_BM, o0 = tile % tiles_n * MMA_BN;
-        float acc[4][4][4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
-        const MmpCursor<FMT> cur(x, w, (uint32_t)r0, (uint32_t)o0, rows, k, n, row_bytes);
-        // Steps 0 .. MMP_STAGES - 1 in flight (one group each, empty past the last step), then
-        // step 0 converted into the first f16 buffer.
-#pragma unroll
-        for (uint32_t s = 0; s < MMP_STAGES; ++s) {
-            if (s < steps)
-                mmp_issue<FMT>(ring + s * MMP_SLOT, cur, s);
-            mmp_commit();
-        }
-        mmp_wait<MMP_STAGES - 1>();
-        __syncthreads();
-        mmp_convert<FMT>(ring, 0, f16, f16 + MMA_BM * MMA_LD);
-        for (uint32_t s = 0; s < steps; ++s) {
-            // Step s + 1's copy has landed (this thread's part, then everyone's at the barrier);
-            // every warp is done with step s - 1's products and step s's slot.
-            mmp_wait<MMP_STAGES - 2>();
-            __syncthreads();
-            if (s + MMP_STAGES < steps)
-                mmp_issue<FMT>(ring + (s % MMP_STAGES) * MMP_SLOT, cur, s + MMP_STAGES);
-            mmp_commit();
-            if (s + 1 < steps) {
-                __half* nas = f16 + ((s + 1) % 2) * (MMA_BM + MMA_BN) * MMA_LD;
-                mmp_convert<FMT>(ring + ((s + 1) % MMP_STAGES) * MMP_SLOT, s + 1, nas,
-                                 nas + MMA_BM * MMA_LD);
-            }
-            const __half* as = f16 + (s % 2) * (MMA_BM + MMA_BN) * MMA_LD;
-            const __half* bs = as + MMA_BM * MMA_LD;
-#pragma unroll
-            for (int kk = 0; kk < MMA_BK; kk += 16) {
-                uint32_t a[4][4], b[2][4];
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    mma_ldmatrix4(a[i], as + (wm * 64 + i * 16 + (lane & 15)) * MMA_LD + kk +
-                                            (lane >> 4) * 8);
-#pragma unroll
-                for (int p = 0; p < 2; ++p)
-                    mma_ldmatrix4(b[p], bs + (wn * 32 + p * 16 + (lane & 7) + (lane >> 4) * 8) *
-                                                 MMA_LD +
-                                             kk + ((lane >> 3) & 1) * 8);
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-#pragma unroll
-                    for (int j = 0; j < 4; ++j)
-                        mma_16816(acc[i][j], a[i], b[j / 2][2 * (j % 2)], b[j / 2][2 * (j % 2) + 1]);
-            }
-        }
-        // Nothing of this tile's copies is left in flight (the last groups are empty) before the
-        // next tile reuses the slots; the barrier keeps its first copies off slots still read.
-        mmp_wait<0>();
-        __syncthreads();
-        mma_write<ACC>(acc, out, r0, o0, rows, n, wm, wn, lane);
-    }
+    const uint32_t rows64 = (rows + 63) / 64, rows128 = (rows + 127) / 128;
+    if (gridDim.y == rows64 && rows64 != rows128)
+        mmp_tiles<FMT, ACC, 64>(x, w, out, rows, k, n, row_bytes);
+    else
+        mmp_tiles<FMT, ACC, 128>(x, w, out, rows, k, n, row_bytes);
     return true;
 #else
     return false;
