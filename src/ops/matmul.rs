@@ -134,7 +134,8 @@ const MMA_THREADS: u32 = 256;
 /// Dynamic shared memory of the tensor-core forms (`MMP_SMEM`, which covers `MMA_SMEM`): three
 /// copy slots (128 activation rows of 32 f32 values and 128 weight rows of up to 9 words), then
 /// two buffers of 128 activation rows and 128 weight rows of 32 f16 values, each row padded to 40
-/// values. Two blocks fit an SM of sm_80 and newer.
+/// values. Two blocks fit an SM of an H100 (one of an A100); a GPU with less shared memory a
+/// block gets what it allows and the kernels take their two-buffer form.
 const MMA_SMEM: u32 =
     (3 * (MMA_TILE * 32 * 4 + MMA_TILE * 9 * 4) + 2 * 2 * MMA_TILE * 40 * 2) as u32;
 

@@ -68,7 +68,7 @@ impl LaunchParams {
     /// be bound to this thread.
     pub(crate) fn launch(&mut self, device: &CudaDevice, dispatch: DispatchRef<'_>) -> Result<()> {
         let name = dispatch.kernel().name();
-        let kernel = self.prepare(device, dispatch)?;
+        let (kernel, shared) = self.prepare(device, dispatch)?;
         let grid = dispatch.grid();
         // SAFETY: the function handle is valid while `kernel` lives (it holds its module); the
         // parameters were laid out by `prepare` under this module's contract (each slot holds a
@@ -80,7 +80,7 @@ impl LaunchParams {
                 kernel.cu_function(),
                 (grid.blocks[0], grid.blocks[1], grid.blocks[2]),
                 (grid.threads[0], grid.threads[1], grid.threads[2]),
-                grid.shared_bytes,
+                shared,
                 device.cu_stream(),
                 &mut self.pointers,
             )
@@ -104,7 +104,7 @@ impl LaunchParams {
         dispatch: DispatchRef<'_>,
     ) -> Result<(sys::CUgraphNode, Kernel)> {
         let name = dispatch.kernel().name();
-        let kernel = self.prepare(device, dispatch)?;
+        let (kernel, shared) = self.prepare(device, dispatch)?;
         let grid = dispatch.grid();
         // SAFETY: the all-zero bit pattern is valid for this plain C struct (null pointers, zero
         // sizes).
@@ -116,7 +116,7 @@ impl LaunchParams {
         np.blockDimX = grid.threads[0];
         np.blockDimY = grid.threads[1];
         np.blockDimZ = grid.threads[2];
-        np.sharedMemBytes = grid.shared_bytes;
+        np.sharedMemBytes = shared;
         np.kernelParams = self.pointers.as_mut_ptr();
         let mut node: sys::CUgraphNode = std::ptr::null_mut();
         // SAFETY: `graph` is live and `deps` are its nodes (the caller's contract); `np` points to
@@ -131,8 +131,14 @@ impl LaunchParams {
     }
 
     /// Looks the dispatch's kernel up, checks its launch geometry and shared memory, and lays out
-    /// its parameters. The pointers stay valid until the next `prepare`.
-    fn prepare(&mut self, device: &CudaDevice, dispatch: DispatchRef<'_>) -> Result<Kernel> {
+    /// its parameters; returns the kernel and the dynamic shared memory to launch it with. The
+    /// pointers stay valid until the next `prepare`.
+    ///
+    /// A dispatch asking for more shared memory than a block of this device may have gets what
+    /// the device allows: every kernel that takes a shared-memory form checks the size it was
+    /// given (`%dynamic_smem_size`) and takes a smaller form otherwise (the pipelined prompt
+    /// products' 102 KiB, for example, on a GPU with 99 KiB a block).
+    fn prepare(&mut self, device: &CudaDevice, dispatch: DispatchRef<'_>) -> Result<(Kernel, u32)> {
         let name = dispatch.kernel().name();
         let kernel = device.registry().get(dispatch.kernel())?;
         let grid = dispatch.grid();
@@ -142,7 +148,10 @@ impl LaunchParams {
                 msg: format!("empty launch geometry {grid:?}"),
             });
         }
-        kernel.ensure_dynamic_shared(grid.shared_bytes)?;
+        let shared = grid
+            .shared_bytes
+            .min(u32::try_from(device.info().max_shared_per_block).unwrap_or(u32::MAX));
+        kernel.ensure_dynamic_shared(shared)?;
         self.slots.clear();
         for (i, arg) in dispatch.args().iter().enumerate() {
             self.slots.push(match arg {
@@ -164,6 +173,6 @@ impl LaunchParams {
             // SAFETY: `i` is in bounds of `slots`, which is not resized until the next `prepare`.
             self.pointers.push(unsafe { base.add(i) } as *mut c_void);
         }
-        Ok(kernel)
+        Ok((kernel, shared))
     }
 }
