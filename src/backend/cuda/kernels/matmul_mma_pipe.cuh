@@ -10,8 +10,9 @@
 // of MMP_STAGES shared-memory slots by `cp.async`, up to MMP_STAGES steps ahead. A step's copy is
 // turned into f16 tiles (activations rounded, weights dequantized as `mm_mma` does) one step
 // before its products, in two f16 buffers, so one barrier a step orders everything: at step s
-// the block waits for step s + 1's copy, frees step s's slot for step s + MMP_STAGES, converts
-// step s + 1 and multiplies step s. The products therefore see exactly what `mm_mma`'s see.
+// the block waits for step s + 1's copy, frees step s's slot for step s + MMP_STAGES, multiplies
+// step s and then converts step s + 1 (whose shared-memory reads so overlap the tensor cores'
+// work). The products therefore see exactly what `mm_mma`'s see.
 #define MMP_STAGES 3
 // A slot: 128 activation rows of 32 f32 values, then 128 weight rows of at most 9 words (q8_0's
 // 34-byte block with the 2 bytes in front of it that make an odd block's copy word-aligned).
