@@ -1,0 +1,350 @@
+// A standalone harness for the prompt product of Q4_0 weights on tensor cores (issue 20):
+//   nvcc -O3 -arch=sm_90 -o gemm_q4_0 benches/cuda/gemm_q4_0.cu && ./gemm_q4_0
+// Forms (blocks of 8 warps, tiles of 128 rows x 128 outputs, 32-value steps, `mma.sync` m16n8k16
+// f16 with f32 sums, `ldmatrix` from rows padded to 40 halves):
+//   p32: the form of src/backend/cuda/kernels/matmul_mma_pipe.cuh: `cp.async` copies each step's
+//       f32 activations and raw weight blocks into three slots, the block converts both to f16
+//       (two buffers) one step ahead; one barrier a step.
+//   p16: activations rounded to f16 once per product by a kernel of their own (its time
+//       included), then copied by `cp.async` straight into the padded layout `ldmatrix` reads, in
+//       four slots; only the weights are converted in the block. Half the activation bytes from
+//       L2, no activation conversion per output tile.
+// Both round x and w to f16 once, as the real form does; each output is checked against float64
+// sums of the f16-rounded operands (bound: 2^-22 of sum |x w| per term added, i.e. k 2^-23 S).
+// Prints, per shape of the Llama-3.1-8B prompt (512 rows), the time and TFLOP/s of each form.
+#include <cuda_fp16.h>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#define CK(x)                                                                                     \
+    do {                                                                                          \
+        cudaError_t e = (x);                                                                      \
+        if (e != cudaSuccess) {                                                                   \
+            printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__);       \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+#define BM 128
+#define BN 128
+#define BK 32
+#define LD 40
+#define THREADS 256
+#define BLOCK_BYTES 18
+#define B_WORDS 5
+
+__device__ __forceinline__ void cp16(void* dst, const void* src, bool live) {
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(live ? 16 : 0));
+}
+__device__ __forceinline__ void cp4(void* dst, const void* src, bool live) {
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(live ? 4 : 0));
+}
+__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void wait_groups() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+__device__ __forceinline__ void ldsm4(uint32_t (&r)[4], const __half* p) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack(float a, float b) {
+    const __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// Block b of a weight row is copied as the 5 words from 18 b (even b) or 18 b - 2 (odd b).
+__device__ __forceinline__ uint32_t lead(uint32_t b) { return (b & 1u) ? 2u : 0u; }
+
+// Values 16 h .. 16 h + 15 of the Q4_0 block at `p` (shared memory, 2-byte aligned) as 8 f16
+// pairs: quants placed in the mantissa of 1024, 1032 subtracted, times the scale.
+__device__ __forceinline__ void dequant(const uint8_t* p, uint32_t h, __half* dst) {
+    const uint16_t* u = (const uint16_t*)p;
+    const __half2 d2 = __half2half2(__ushort_as_half(u[0]));
+    const __half2 bias = __float2half2_rn(1032.0f);
+    uint32_t out[8];
+#pragma unroll
+    for (int wd = 0; wd < 4; ++wd) {
+        const uint32_t q = (uint32_t)u[1 + 2 * wd] | ((uint32_t)u[2 + 2 * wd] << 16);
+        const uint32_t nibs = (q >> (4 * h)) & 0x0f0f0f0fu;
+#pragma unroll
+        for (int pr = 0; pr < 2; ++pr) {
+            const uint32_t bits = __byte_perm(nibs, 0x64646464u, pr ? 0x4342u : 0x4140u);
+            const __half2 v = __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&bits), bias), d2);
+            out[2 * wd + pr] = *reinterpret_cast<const uint32_t*>(&v);
+        }
+    }
+    *(uint4*)dst = make_uint4(out[0], out[1], out[2], out[3]);
+    *(uint4*)(dst + 8) = make_uint4(out[4], out[5], out[6], out[7]);
+}
+
+// One step's products of a warp (64 rows x 32 outputs) from f16 tiles `as`, `bs` (row stride LD).
+__device__ __forceinline__ void step_mma(float (&acc)[4][4][4], const __half* as, const __half* bs,
+                                         int wm, int wn, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+        uint32_t a[4][4], b[2][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            ldsm4(a[i], as + (wm * 64 + i * 16 + (lane & 15)) * LD + kk + (lane >> 4) * 8);
+#pragma unroll
+        for (int p = 0; p < 2; ++p)
+            ldsm4(b[p], bs + (wn * 32 + p * 16 + (lane & 7) + (lane >> 4) * 8) * LD + kk +
+                            ((lane >> 3) & 1) * 8);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) mma(acc[i][j], a[i], b[j / 2][2 * (j % 2)], b[j / 2][2 * (j % 2) + 1]);
+    }
+}
+
+__device__ __forceinline__ void write_out(const float (&acc)[4][4][4], float* out, uint32_t r0,
+                                          uint32_t o0, uint32_t rows, uint32_t n, int wm, int wn,
+                                          int lane) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const uint32_t r = r0 + wm * 64 + i * 16 + lane / 4 + 8 * hf;
+                const uint32_t o = o0 + wn * 32 + j * 8 + 2 * (lane % 4);
+                if (r < rows && o + 1 < n)  // n is even in every shape here
+                    *(float2*)(out + (uint64_t)r * n + o) = make_float2(acc[i][j][2 * hf], acc[i][j][2 * hf + 1]);
+            }
+}
+
+// Issues the raw weight words of step s of outputs o0.. into `b` (MMA rows of B_WORDS words).
+__device__ __forceinline__ void issue_w(uint8_t* b, const uint8_t* w, uint32_t o0, uint32_t n,
+                                        uint64_t row_bytes, uint32_t s) {
+    for (uint32_t c = threadIdx.x; c < BN * B_WORDS; c += THREADS) {
+        const uint32_t o = c / B_WORDS, wd = c % B_WORDS;
+        const bool live = o0 + o < n;
+        cp4(b + 4 * c, live ? w + (uint64_t)(o0 + o) * row_bytes + s * BLOCK_BYTES - lead(s) + 4 * wd : w, live);
+    }
+}
+
+// ---- p32 ----
+#define P32_SLOT (BM * BK * 4 + BN * B_WORDS * 4)
+#define P32_SMEM (3 * P32_SLOT + 2 * (BM + BN) * LD * 2)
+
+__global__ __launch_bounds__(THREADS, 2) void p32(const float* x, const uint8_t* w, float* out,
+                                                  uint32_t rows, uint32_t k, uint32_t n) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    __half* f16 = (__half*)(smem + 3 * P32_SLOT);
+    const int t = threadIdx.x, warp = t / 32, lane = t % 32, wm = warp / 4, wn = warp % 4;
+    const uint32_t r0 = blockIdx.y * BM, o0 = blockIdx.x * BN, steps = k / BK;
+    const uint64_t row_bytes = (uint64_t)k / 32 * BLOCK_BYTES;
+    auto issue = [&](uint32_t s) {
+        uint8_t* slot = smem + (s % 3) * P32_SLOT;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const uint32_t r = t / 8 + 32 * j;
+            const bool live = r0 + r < rows;
+            cp16(slot + (r * BK + 4 * (t % 8)) * 4, live ? x + (uint64_t)(r0 + r) * k + s * BK + 4 * (t % 8) : x, live);
+        }
+        issue_w(slot + BM * BK * 4, w, o0, n, row_bytes, s);
+    };
+    auto convert = [&](uint32_t s) {
+        const uint8_t* slot = smem + (s % 3) * P32_SLOT;
+        __half* as = f16 + (s % 2) * (BM + BN) * LD;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const uint32_t r = t / 8 + 32 * j;
+            const float4 v = *(const float4*)(slot + (r * BK + 4 * (t % 8)) * 4);
+            *(uint2*)&as[r * LD + 4 * (t % 8)] = make_uint2(pack(v.x, v.y), pack(v.z, v.w));
+        }
+        const uint32_t o = t / 2, h = t % 2;
+        dequant(slot + BM * BK * 4 + o * B_WORDS * 4 + lead(s), h, as + BM * LD + o * LD + 16 * h);
+    };
+    float acc[4][4][4] = {};
+    for (uint32_t s = 0; s < 3; ++s) {
+        if (s < steps) issue(s);
+        commit();
+    }
+    wait_groups<2>();
+    __syncthreads();
+    convert(0);
+    for (uint32_t s = 0; s < steps; ++s) {
+        wait_groups<1>();
+        __syncthreads();
+        if (s + 3 < steps) issue(s + 3);
+        commit();
+        const __half* as = f16 + (s % 2) * (BM + BN) * LD;
+        step_mma(acc, as, as + BM * LD, wm, wn, lane);
+        if (s + 1 < steps) convert(s + 1);
+    }
+    write_out(acc, out, r0, o0, rows, n, wm, wn, lane);
+}
+
+// ---- p16 ----
+#define P16_STAGES 4
+#define P16_SLOT (BM * LD * 2 + BN * B_WORDS * 4)
+#define P16_SMEM (P16_STAGES * P16_SLOT + 2 * BN * LD * 2)
+
+__global__ void to_f16(const float* x, __half* y, uint64_t count) {
+    for (uint64_t i = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) * 4; i < count;
+         i += (uint64_t)gridDim.x * blockDim.x * 4) {
+        const float4 v = *(const float4*)(x + i);
+        *(uint2*)(y + i) = make_uint2(pack(v.x, v.y), pack(v.z, v.w));
+    }
+}
+
+__global__ __launch_bounds__(THREADS, 2) void p16(const __half* x, const uint8_t* w, float* out,
+                                                  uint32_t rows, uint32_t k, uint32_t n) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    __half* bf = (__half*)(smem + P16_STAGES * P16_SLOT);
+    const int t = threadIdx.x, warp = t / 32, lane = t % 32, wm = warp / 4, wn = warp % 4;
+    const uint32_t r0 = blockIdx.y * BM, o0 = blockIdx.x * BN, steps = k / BK;
+    const uint64_t row_bytes = (uint64_t)k / 32 * BLOCK_BYTES;
+    auto issue = [&](uint32_t s) {
+        uint8_t* slot = smem + (s % P16_STAGES) * P16_SLOT;
+        __half* a = (__half*)slot;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const uint32_t c = t + THREADS * j, r = c / 4, q = c % 4;
+            const bool live = r0 + r < rows;
+            cp16(a + r * LD + 8 * q, live ? x + (uint64_t)(r0 + r) * k + s * BK + 8 * q : x, live);
+        }
+        issue_w(slot + BM * LD * 2, w, o0, n, row_bytes, s);
+    };
+    auto convert = [&](uint32_t s) {
+        const uint8_t* slot = smem + (s % P16_STAGES) * P16_SLOT;
+        const uint32_t o = t / 2, h = t % 2;
+        dequant(slot + BM * LD * 2 + o * B_WORDS * 4 + lead(s), h, bf + (s % 2) * BN * LD + o * LD + 16 * h);
+    };
+    float acc[4][4][4] = {};
+    for (uint32_t s = 0; s < P16_STAGES - 1; ++s) {
+        if (s < steps) issue(s);
+        commit();
+    }
+    wait_groups<P16_STAGES - 2>();
+    __syncthreads();
+    convert(0);
+    for (uint32_t s = 0; s < steps; ++s) {
+        // Step s + 1 landed; every warp is done with step s - 1 (its slot is free).
+        wait_groups<P16_STAGES - 3>();
+        __syncthreads();
+        if (s + P16_STAGES - 1 < steps) issue(s + P16_STAGES - 1);
+        commit();
+        step_mma(acc, (const __half*)(smem + (s % P16_STAGES) * P16_SLOT), bf + (s % 2) * BN * LD, wm, wn, lane);
+        if (s + 1 < steps) convert(s + 1);
+    }
+    write_out(acc, out, r0, o0, rows, n, wm, wn, lane);
+}
+
+// ---- host ----
+static float h2f(uint16_t h) {
+    __half v;
+    memcpy(&v, &h, 2);
+    return __half2float(v);
+}
+
+int main() {
+    struct Shape {
+        uint32_t rows, n, k;
+        const char* name;
+    };
+    const Shape shapes[] = {{512, 4096, 4096, "q/o 4096x4096"},
+                            {512, 1024, 4096, "k/v 1024x4096"},
+                            {512, 14336, 4096, "gate/up 14336x4096"},
+                            {512, 4096, 14336, "down 4096x14336"}};
+    CK(cudaFuncSetAttribute(p32, cudaFuncAttributeMaxDynamicSharedMemorySize, P32_SMEM));
+    CK(cudaFuncSetAttribute(p16, cudaFuncAttributeMaxDynamicSharedMemorySize, P16_SMEM));
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+    printf("%-20s %10s %10s %10s %10s %10s\n", "shape", "p32 us", "TFLOP/s", "p16 us", "(to_f16)", "TFLOP/s");
+    for (const Shape& sh : shapes) {
+        const uint64_t nx = (uint64_t)sh.rows * sh.k, row_bytes = sh.k / 32 * BLOCK_BYTES;
+        std::vector<float> x(nx);
+        for (auto& v : x) v = uni(rng);
+        std::vector<uint8_t> w(row_bytes * sh.n);
+        for (uint64_t b = 0; b < w.size() / BLOCK_BYTES; ++b) {
+            const __half d = __float2half(0.01f + 0.02f * std::fabs(uni(rng)));
+            memcpy(&w[b * BLOCK_BYTES], &d, 2);
+            for (int i = 2; i < BLOCK_BYTES; ++i) w[b * BLOCK_BYTES + i] = (uint8_t)(rng() & 255);
+        }
+        float *dx, *dout32, *dout16;
+        __half* dxh;
+        uint8_t* dw;
+        CK(cudaMalloc(&dx, nx * 4));
+        CK(cudaMalloc(&dxh, nx * 2));
+        CK(cudaMalloc(&dw, w.size()));
+        CK(cudaMalloc(&dout32, (uint64_t)sh.rows * sh.n * 4));
+        CK(cudaMalloc(&dout16, (uint64_t)sh.rows * sh.n * 4));
+        CK(cudaMemcpy(dx, x.data(), nx * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dw, w.data(), w.size(), cudaMemcpyHostToDevice));
+        const dim3 grid((sh.n + BN - 1) / BN, (sh.rows + BM - 1) / BM);
+        cudaEvent_t e0, e1;
+        CK(cudaEventCreate(&e0));
+        CK(cudaEventCreate(&e1));
+        const int reps = 20;
+        float ms32 = 0, ms16 = 0, msc = 0;
+        for (int pass = 0; pass < 2; ++pass) {
+            CK(cudaEventRecord(e0));
+            for (int i = 0; i < reps; ++i) p32<<<grid, THREADS, P32_SMEM>>>(dx, dw, dout32, sh.rows, sh.k, sh.n);
+            CK(cudaEventRecord(e1));
+            CK(cudaEventSynchronize(e1));
+            CK(cudaEventElapsedTime(&ms32, e0, e1));
+            CK(cudaEventRecord(e0));
+            for (int i = 0; i < reps; ++i) to_f16<<<264, 256>>>(dx, dxh, nx);
+            CK(cudaEventRecord(e1));
+            CK(cudaEventSynchronize(e1));
+            CK(cudaEventElapsedTime(&msc, e0, e1));
+            CK(cudaEventRecord(e0));
+            for (int i = 0; i < reps; ++i) {
+                to_f16<<<264, 256>>>(dx, dxh, nx);
+                p16<<<grid, THREADS, P16_SMEM>>>(dxh, dw, dout16, sh.rows, sh.k, sh.n);
+            }
+            CK(cudaEventRecord(e1));
+            CK(cudaEventSynchronize(e1));
+            CK(cudaEventElapsedTime(&ms16, e0, e1));
+        }
+        CK(cudaGetLastError());
+        std::vector<float> o32((uint64_t)sh.rows * sh.n), o16(o32.size());
+        CK(cudaMemcpy(o32.data(), dout32, o32.size() * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(o16.data(), dout16, o16.size() * 4, cudaMemcpyDeviceToHost));
+        // 512 sampled outputs against float64 sums of the f16-rounded operands.
+        double worst32 = 0, worst16 = 0;
+        for (int c = 0; c < 512; ++c) {
+            const uint32_t r = rng() % sh.rows, o = rng() % sh.n;
+            double sum = 0, mag = 0;
+            for (uint32_t i = 0; i < sh.k; ++i) {
+                const uint8_t* blk = &w[o * row_bytes + i / 32 * BLOCK_BYTES];
+                const uint32_t j = i % 32;
+                const int q = j < 16 ? (blk[2 + j] & 15) : (blk[2 + j - 16] >> 4);
+                const float wv = __half2float(__float2half(h2f(blk[0] | (blk[1] << 8)) * (float)(q - 8)));
+                const float xv = __half2float(__float2half(x[(uint64_t)r * sh.k + i]));
+                sum += (double)wv * xv;
+                mag += std::fabs((double)wv * xv);
+            }
+            const double bound = sh.k * std::ldexp(1.0, -23) * mag + 1e-30;
+            worst32 = std::fmax(worst32, std::fabs(o32[(uint64_t)r * sh.n + o] - sum) / bound);
+            worst16 = std::fmax(worst16, std::fabs(o16[(uint64_t)r * sh.n + o] - sum) / bound);
+        }
+        const double flop = 2.0 * sh.rows * sh.n * sh.k;
+        const double us32 = ms32 * 1e3 / reps, us16 = ms16 * 1e3 / reps, usc = msc * 1e3 / reps;
+        printf("%-20s %10.1f %10.1f %10.1f %10.1f %10.1f   (error / bound: p32 %.3f, p16 %.3f)\n", sh.name, us32,
+               flop / us32 * 1e-6, us16, usc, flop / us16 * 1e-6, worst32, worst16);
+        if (worst32 > 1.0 || worst16 > 1.0) printf("  OUT OF BOUND\n");
+        CK(cudaFree(dx));
+        CK(cudaFree(dxh));
+        CK(cudaFree(dw));
+        CK(cudaFree(dout32));
+        CK(cudaFree(dout16));
+    }
+    return 0;
+}
