@@ -5,13 +5,16 @@
 //   p32: the form of src/backend/cuda/kernels/matmul_mma_pipe.cuh: `cp.async` copies each step's
 //       f32 activations and raw weight blocks into three slots, the block converts both to f16
 //       (two buffers) one step ahead; one barrier a step.
-//   p16: activations rounded to f16 once per product by a kernel of their own (its time
+//   p16 k32 s4: activations rounded to f16 once per product by a kernel of their own (its time
 //       included), then copied by `cp.async` straight into the padded layout `ldmatrix` reads, in
 //       four slots; only the weights are converted in the block. Half the activation bytes from
 //       L2, no activation conversion per output tile.
+//   p16 k64 s3: the same with 64-value steps (two weight blocks a row, 36 bytes, always
+//       word-aligned) in three slots: half the barriers and copy bookkeeping per `mma`.
 // Both round x and w to f16 once, as the real form does; each output is checked against float64
 // sums of the f16-rounded operands (bound: 2^-22 of sum |x w| per term added, i.e. k 2^-23 S).
-// Prints, per shape of the Llama-3.1-8B prompt (512 rows), the time and TFLOP/s of each form.
+// Prints, per shape of the Llama-3.1-8B prompt (512 rows), the time and TFLOP/s of each form
+// (outputs poisoned between forms, so a form that writes nothing fails its check).
 #include <cuda_fp16.h>
 #include <cstdint>
 #include <cstdio>
@@ -190,10 +193,18 @@ __global__ __launch_bounds__(THREADS, 2) void p32(const float* x, const uint8_t*
     write_out(acc, out, r0, o0, rows, n, wm, wn, lane);
 }
 
-// ---- p16 ----
-#define P16_STAGES 4
-#define P16_SLOT (BM * LD * 2 + BN * B_WORDS * 4)
-#define P16_SMEM (P16_STAGES * P16_SLOT + 2 * BN * LD * 2)
+// ---- p16<KB, S> ----
+// Steps of KB values (32: one block a weight row; 64: two, 36 bytes, always word-aligned), S
+// slots of [128 activation rows of KB + 8 halves][128 weight rows of the step's words].
+template <int KB>
+struct P16 {
+    static constexpr int ld = KB + 8;
+    static constexpr int words = KB == 32 ? 5 : 9;
+    static constexpr int slot = BM * ld * 2 + BN * words * 4;
+    __device__ static __forceinline__ uint32_t lead(uint32_t s) { return KB == 32 ? ((s & 1u) ? 2u : 0u) : 0u; }
+};
+template <int KB, int S>
+constexpr int p16_smem() { return S * P16<KB>::slot + 2 * BN * P16<KB>::ld * 2; }
 
 __global__ void to_f16(const float* x, __half* y, uint64_t count) {
     for (uint64_t i = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) * 4; i < count;
@@ -203,44 +214,80 @@ __global__ void to_f16(const float* x, __half* y, uint64_t count) {
     }
 }
 
+template <int KB>
+__device__ __forceinline__ void step_mma_k(float (&acc)[4][4][4], const __half* as, const __half* bs,
+                                           int wm, int wn, int lane) {
+    constexpr int L = P16<KB>::ld;
+#pragma unroll
+    for (int kk = 0; kk < KB; kk += 16) {
+        uint32_t a[4][4], b[2][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            ldsm4(a[i], as + (wm * 64 + i * 16 + (lane & 15)) * L + kk + (lane >> 4) * 8);
+#pragma unroll
+        for (int p = 0; p < 2; ++p)
+            ldsm4(b[p], bs + (wn * 32 + p * 16 + (lane & 7) + (lane >> 4) * 8) * L + kk +
+                            ((lane >> 3) & 1) * 8);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) mma(acc[i][j], a[i], b[j / 2][2 * (j % 2)], b[j / 2][2 * (j % 2) + 1]);
+    }
+}
+
+template <int KB, int S>
 __global__ __launch_bounds__(THREADS, 2) void p16(const __half* x, const uint8_t* w, float* out,
                                                   uint32_t rows, uint32_t k, uint32_t n) {
+    using G = P16<KB>;
     extern __shared__ __align__(16) uint8_t smem[];
-    __half* bf = (__half*)(smem + P16_STAGES * P16_SLOT);
+    __half* bf = (__half*)(smem + S * G::slot);
     const int t = threadIdx.x, warp = t / 32, lane = t % 32, wm = warp / 4, wn = warp % 4;
-    const uint32_t r0 = blockIdx.y * BM, o0 = blockIdx.x * BN, steps = k / BK;
+    const uint32_t r0 = blockIdx.y * BM, o0 = blockIdx.x * BN, steps = k / KB;
     const uint64_t row_bytes = (uint64_t)k / 32 * BLOCK_BYTES;
     auto issue = [&](uint32_t s) {
-        uint8_t* slot = smem + (s % P16_STAGES) * P16_SLOT;
+        uint8_t* slot = smem + (s % S) * G::slot;
         __half* a = (__half*)slot;
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            const uint32_t c = t + THREADS * j, r = c / 4, q = c % 4;
+        for (int j = 0; j < KB / 16; ++j) {
+            const uint32_t c = t + THREADS * j, r = c / (KB / 8), q = c % (KB / 8);
             const bool live = r0 + r < rows;
-            cp16(a + r * LD + 8 * q, live ? x + (uint64_t)(r0 + r) * k + s * BK + 8 * q : x, live);
+            cp16(a + r * G::ld + 8 * q, live ? x + (uint64_t)(r0 + r) * k + s * KB + 8 * q : x, live);
         }
-        issue_w(slot + BM * LD * 2, w, o0, n, row_bytes, s);
+        uint8_t* b = slot + BM * G::ld * 2;
+        for (uint32_t c = t; c < BN * G::words; c += THREADS) {
+            const uint32_t o = c / G::words, wd = c % G::words;
+            const bool live = o0 + o < n;
+            cp4(b + 4 * c,
+                live ? w + (uint64_t)(o0 + o) * row_bytes + s * (BLOCK_BYTES * KB / 32) - G::lead(s) + 4 * wd : w,
+                live);
+        }
     };
     auto convert = [&](uint32_t s) {
-        const uint8_t* slot = smem + (s % P16_STAGES) * P16_SLOT;
-        const uint32_t o = t / 2, h = t % 2;
-        dequant(slot + BM * LD * 2 + o * B_WORDS * 4 + lead(s), h, bf + (s % 2) * BN * LD + o * LD + 16 * h);
+        const uint8_t* raw = smem + (s % S) * G::slot + BM * G::ld * 2 + (t / 2) * G::words * 4 + G::lead(s);
+        __half* dst = bf + (s % 2) * BN * G::ld + (t / 2) * G::ld;
+        if (KB == 32) {
+            dequant(raw, t % 2, dst + 16 * (t % 2));
+        } else {
+            const uint32_t blk = t % 2;
+            dequant(raw + BLOCK_BYTES * blk, 0, dst + 32 * blk);
+            dequant(raw + BLOCK_BYTES * blk, 1, dst + 32 * blk + 16);
+        }
     };
     float acc[4][4][4] = {};
-    for (uint32_t s = 0; s < P16_STAGES - 1; ++s) {
+    for (uint32_t s = 0; s < S - 1; ++s) {
         if (s < steps) issue(s);
         commit();
     }
-    wait_groups<P16_STAGES - 2>();
+    wait_groups<S - 2>();
     __syncthreads();
     convert(0);
     for (uint32_t s = 0; s < steps; ++s) {
         // Step s + 1 landed; every warp is done with step s - 1 (its slot is free).
-        wait_groups<P16_STAGES - 3>();
+        wait_groups<S - 3>();
         __syncthreads();
-        if (s + P16_STAGES - 1 < steps) issue(s + P16_STAGES - 1);
+        if (s + S - 1 < steps) issue(s + S - 1);
         commit();
-        step_mma(acc, (const __half*)(smem + (s % P16_STAGES) * P16_SLOT), bf + (s % 2) * BN * LD, wm, wn, lane);
+        step_mma_k<KB>(acc, (const __half*)(smem + (s % S) * G::slot), bf + (s % 2) * BN * G::ld, wm, wn, lane);
         if (s + 1 < steps) convert(s + 1);
     }
     write_out(acc, out, r0, o0, rows, n, wm, wn, lane);
@@ -262,11 +309,14 @@ int main() {
                             {512, 1024, 4096, "k/v 1024x4096"},
                             {512, 14336, 4096, "gate/up 14336x4096"},
                             {512, 4096, 14336, "down 4096x14336"}};
+    constexpr int smem16a = p16_smem<32, 4>(), smem16b = p16_smem<64, 3>();
     CK(cudaFuncSetAttribute(p32, cudaFuncAttributeMaxDynamicSharedMemorySize, P32_SMEM));
-    CK(cudaFuncSetAttribute(p16, cudaFuncAttributeMaxDynamicSharedMemorySize, P16_SMEM));
+    CK(cudaFuncSetAttribute(p16<32, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem16a));
+    CK(cudaFuncSetAttribute(p16<64, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem16b));
+    const char* forms[] = {"p32", "p16 k32 s4", "p16 k64 s3"};
     std::mt19937 rng(7);
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
-    printf("%-20s %10s %10s %10s %10s %10s\n", "shape", "p32 us", "TFLOP/s", "p16 us", "(to_f16)", "TFLOP/s");
+    printf("per form: us a product (p16: with its to_f16 pass), TFLOP/s, worst error / bound\n");
     for (const Shape& sh : shapes) {
         const uint64_t nx = (uint64_t)sh.rows * sh.k, row_bytes = sh.k / 32 * BLOCK_BYTES;
         std::vector<float> x(nx);
@@ -277,49 +327,30 @@ int main() {
             memcpy(&w[b * BLOCK_BYTES], &d, 2);
             for (int i = 2; i < BLOCK_BYTES; ++i) w[b * BLOCK_BYTES + i] = (uint8_t)(rng() & 255);
         }
-        float *dx, *dout32, *dout16;
+        float *dx, *dout;
         __half* dxh;
         uint8_t* dw;
         CK(cudaMalloc(&dx, nx * 4));
         CK(cudaMalloc(&dxh, nx * 2));
         CK(cudaMalloc(&dw, w.size()));
-        CK(cudaMalloc(&dout32, (uint64_t)sh.rows * sh.n * 4));
-        CK(cudaMalloc(&dout16, (uint64_t)sh.rows * sh.n * 4));
+        CK(cudaMalloc(&dout, (uint64_t)sh.rows * sh.n * 4));
         CK(cudaMemcpy(dx, x.data(), nx * 4, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(dw, w.data(), w.size(), cudaMemcpyHostToDevice));
         const dim3 grid((sh.n + BN - 1) / BN, (sh.rows + BM - 1) / BM);
-        cudaEvent_t e0, e1;
-        CK(cudaEventCreate(&e0));
-        CK(cudaEventCreate(&e1));
-        const int reps = 20;
-        float ms32 = 0, ms16 = 0, msc = 0;
-        for (int pass = 0; pass < 2; ++pass) {
-            CK(cudaEventRecord(e0));
-            for (int i = 0; i < reps; ++i) p32<<<grid, THREADS, P32_SMEM>>>(dx, dw, dout32, sh.rows, sh.k, sh.n);
-            CK(cudaEventRecord(e1));
-            CK(cudaEventSynchronize(e1));
-            CK(cudaEventElapsedTime(&ms32, e0, e1));
-            CK(cudaEventRecord(e0));
-            for (int i = 0; i < reps; ++i) to_f16<<<264, 256>>>(dx, dxh, nx);
-            CK(cudaEventRecord(e1));
-            CK(cudaEventSynchronize(e1));
-            CK(cudaEventElapsedTime(&msc, e0, e1));
-            CK(cudaEventRecord(e0));
-            for (int i = 0; i < reps; ++i) {
-                to_f16<<<264, 256>>>(dx, dxh, nx);
-                p16<<<grid, THREADS, P16_SMEM>>>(dxh, dw, dout16, sh.rows, sh.k, sh.n);
+        auto launch = [&](int f) {
+            if (f == 0) {
+                p32<<<grid, THREADS, P32_SMEM>>>(dx, dw, dout, sh.rows, sh.k, sh.n);
+                return;
             }
-            CK(cudaEventRecord(e1));
-            CK(cudaEventSynchronize(e1));
-            CK(cudaEventElapsedTime(&ms16, e0, e1));
-        }
-        CK(cudaGetLastError());
-        std::vector<float> o32((uint64_t)sh.rows * sh.n), o16(o32.size());
-        CK(cudaMemcpy(o32.data(), dout32, o32.size() * 4, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(o16.data(), dout16, o16.size() * 4, cudaMemcpyDeviceToHost));
-        // 512 sampled outputs against float64 sums of the f16-rounded operands.
-        double worst32 = 0, worst16 = 0;
-        for (int c = 0; c < 512; ++c) {
+            to_f16<<<264, 256>>>(dx, dxh, nx);
+            if (f == 1) p16<32, 4><<<grid, THREADS, smem16a>>>(dxh, dw, dout, sh.rows, sh.k, sh.n);
+            if (f == 2) p16<64, 3><<<grid, THREADS, smem16b>>>(dxh, dw, dout, sh.rows, sh.k, sh.n);
+        };
+        // The sampled outputs' float64 references (f16-rounded operands) and their bounds.
+        const int samples = 512;
+        std::vector<uint32_t> sr(samples), so(samples);
+        std::vector<double> want(samples), bound(samples);
+        for (int c = 0; c < samples; ++c) {
             const uint32_t r = rng() % sh.rows, o = rng() % sh.n;
             double sum = 0, mag = 0;
             for (uint32_t i = 0; i < sh.k; ++i) {
@@ -331,20 +362,39 @@ int main() {
                 sum += (double)wv * xv;
                 mag += std::fabs((double)wv * xv);
             }
-            const double bound = sh.k * std::ldexp(1.0, -23) * mag + 1e-30;
-            worst32 = std::fmax(worst32, std::fabs(o32[(uint64_t)r * sh.n + o] - sum) / bound);
-            worst16 = std::fmax(worst16, std::fabs(o16[(uint64_t)r * sh.n + o] - sum) / bound);
+            sr[c] = r, so[c] = o, want[c] = sum, bound[c] = sh.k * std::ldexp(1.0, -23) * mag + 1e-30;
         }
+        cudaEvent_t e0, e1;
+        CK(cudaEventCreate(&e0));
+        CK(cudaEventCreate(&e1));
+        const int reps = 20;
         const double flop = 2.0 * sh.rows * sh.n * sh.k;
-        const double us32 = ms32 * 1e3 / reps, us16 = ms16 * 1e3 / reps, usc = msc * 1e3 / reps;
-        printf("%-20s %10.1f %10.1f %10.1f %10.1f %10.1f   (error / bound: p32 %.3f, p16 %.3f)\n", sh.name, us32,
-               flop / us32 * 1e-6, us16, usc, flop / us16 * 1e-6, worst32, worst16);
-        if (worst32 > 1.0 || worst16 > 1.0) printf("  OUT OF BOUND\n");
+        printf("%-20s", sh.name);
+        for (int f = 0; f < 3; ++f) {
+            float ms = 0;
+            for (int pass = 0; pass < 2; ++pass) {
+                CK(cudaEventRecord(e0));
+                for (int i = 0; i < reps; ++i) launch(f);
+                CK(cudaEventRecord(e1));
+                CK(cudaEventSynchronize(e1));
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+            }
+            CK(cudaGetLastError());
+            std::vector<float> o((uint64_t)sh.rows * sh.n);
+            CK(cudaMemcpy(o.data(), dout, o.size() * 4, cudaMemcpyDeviceToHost));
+            double worst = 0;
+            for (int c = 0; c < samples; ++c)
+                worst = std::fmax(worst, std::fabs(o[(uint64_t)sr[c] * sh.n + so[c]] - want[c]) / bound[c]);
+            const double us = ms * 1e3 / reps;
+            printf(" | %s %8.1f us %6.1f TFLOP/s %5.3f%s", forms[f], us, flop / us * 1e-6, worst,
+                   worst > 1.0 ? " OUT OF BOUND" : "");
+            CK(cudaMemset(dout, 0xff, (uint64_t)sh.rows * sh.n * 4));
+        }
+        printf("\n");
         CK(cudaFree(dx));
         CK(cudaFree(dxh));
         CK(cudaFree(dw));
-        CK(cudaFree(dout32));
-        CK(cudaFree(dout16));
+        CK(cudaFree(dout));
     }
     return 0;
 }
