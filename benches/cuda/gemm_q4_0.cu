@@ -11,6 +11,7 @@
 //       L2, no activation conversion per output tile.
 //   p16 k64 s3: the same with 64-value steps (two weight blocks a row, 36 bytes, always
 //       word-aligned) in three slots: half the barriers and copy bookkeeping per `mma`.
+//   p16w: p16 k32 s4 with four warps a block, each 64 x 64 (fewer `ldmatrix` per `mma`).
 // Both round x and w to f16 once, as the real form does; each output is checked against float64
 // sums of the f16-rounded operands (bound: 2^-22 of sum |x w| per term added, i.e. k 2^-23 S).
 // Prints, per shape of the Llama-3.1-8B prompt (512 rows), the time and TFLOP/s of each form
@@ -293,6 +294,87 @@ __global__ __launch_bounds__(THREADS, 2) void p16(const __half* x, const uint8_t
     write_out(acc, out, r0, o0, rows, n, wm, wn, lane);
 }
 
+// ---- p16w: four warps of 64 x 64 ----
+// p16 k32 s4 with blocks of four warps (2 x 2), each 64 rows x 64 outputs (128 accumulators a
+// thread, two blocks an SM): a quarter fewer `ldmatrix` per `mma`, half the warps to hide latency.
+#define W_THREADS 128
+__global__ __launch_bounds__(W_THREADS, 2) void p16w(const __half* x, const uint8_t* w, float* out,
+                                                     uint32_t rows, uint32_t k, uint32_t n) {
+    using G = P16<32>;
+    constexpr int S = 4, L = G::ld;
+    extern __shared__ __align__(16) uint8_t smem[];
+    __half* bf = (__half*)(smem + S * G::slot);
+    const int t = threadIdx.x, warp = t / 32, lane = t % 32, wm = warp / 2, wn = warp % 2;
+    const uint32_t r0 = blockIdx.y * BM, o0 = blockIdx.x * BN, steps = k / 32;
+    const uint64_t row_bytes = (uint64_t)k / 32 * BLOCK_BYTES;
+    auto issue = [&](uint32_t s) {
+        uint8_t* slot = smem + (s % S) * G::slot;
+        __half* a = (__half*)slot;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const uint32_t c = t + W_THREADS * j, r = c / 4, q = c % 4;
+            const bool live = r0 + r < rows;
+            cp16(a + r * L + 8 * q, live ? x + (uint64_t)(r0 + r) * k + s * 32 + 8 * q : x, live);
+        }
+        uint8_t* b = slot + BM * L * 2;
+        for (uint32_t c = t; c < BN * G::words; c += W_THREADS) {
+            const uint32_t o = c / G::words, wd = c % G::words;
+            const bool live = o0 + o < n;
+            cp4(b + 4 * c, live ? w + (uint64_t)(o0 + o) * row_bytes + s * BLOCK_BYTES - G::lead(s) + 4 * wd : w,
+                live);
+        }
+    };
+    auto convert = [&](uint32_t s) {
+        const uint8_t* raw = smem + (s % S) * G::slot + BM * L * 2 + t * G::words * 4 + G::lead(s);
+        __half* dst = bf + (s % 2) * BN * L + t * L;
+        dequant(raw, 0, dst);
+        dequant(raw, 1, dst + 16);
+    };
+    float acc[4][8][4] = {};
+    for (uint32_t s = 0; s < S - 1; ++s) {
+        if (s < steps) issue(s);
+        commit();
+    }
+    wait_groups<S - 2>();
+    __syncthreads();
+    convert(0);
+    for (uint32_t s = 0; s < steps; ++s) {
+        wait_groups<S - 3>();
+        __syncthreads();
+        if (s + S - 1 < steps) issue(s + S - 1);
+        commit();
+        const __half* as = (const __half*)(smem + (s % S) * G::slot);
+        const __half* bs = bf + (s % 2) * BN * L;
+#pragma unroll
+        for (int kk = 0; kk < 32; kk += 16) {
+            uint32_t a[4][4], b[4][4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+                ldsm4(a[i], as + (wm * 64 + i * 16 + (lane & 15)) * L + kk + (lane >> 4) * 8);
+#pragma unroll
+            for (int p = 0; p < 4; ++p)
+                ldsm4(b[p], bs + (wn * 64 + p * 16 + (lane & 7) + (lane >> 4) * 8) * L + kk +
+                                ((lane >> 3) & 1) * 8);
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 8; ++j) mma(acc[i][j], a[i], b[j / 2][2 * (j % 2)], b[j / 2][2 * (j % 2) + 1]);
+        }
+        if (s + 1 < steps) convert(s + 1);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const uint32_t r = r0 + wm * 64 + i * 16 + lane / 4 + 8 * hf;
+                const uint32_t o = o0 + wn * 64 + j * 8 + 2 * (lane % 4);
+                if (r < rows && o + 1 < n)  // n is even in every shape here
+                    *(float2*)(out + (uint64_t)r * n + o) = make_float2(acc[i][j][2 * hf], acc[i][j][2 * hf + 1]);
+            }
+}
+
 // ---- host ----
 static float h2f(uint16_t h) {
     __half v;
@@ -313,7 +395,9 @@ int main() {
     CK(cudaFuncSetAttribute(p32, cudaFuncAttributeMaxDynamicSharedMemorySize, P32_SMEM));
     CK(cudaFuncSetAttribute(p16<32, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem16a));
     CK(cudaFuncSetAttribute(p16<64, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem16b));
-    const char* forms[] = {"p32", "p16 k32 s4", "p16 k64 s3"};
+    CK(cudaFuncSetAttribute(p16w, cudaFuncAttributeMaxDynamicSharedMemorySize, smem16a));
+    const char* forms[] = {"p32", "p16 k32 s4", "p16 k64 s3", "p16w"};
+    const int n_forms = 4;
     std::mt19937 rng(7);
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
     printf("per form: us a product (p16: with its to_f16 pass), TFLOP/s, worst error / bound\n");
@@ -345,6 +429,7 @@ int main() {
             to_f16<<<264, 256>>>(dx, dxh, nx);
             if (f == 1) p16<32, 4><<<grid, THREADS, smem16a>>>(dxh, dw, dout, sh.rows, sh.k, sh.n);
             if (f == 2) p16<64, 3><<<grid, THREADS, smem16b>>>(dxh, dw, dout, sh.rows, sh.k, sh.n);
+            if (f == 3) p16w<<<grid, W_THREADS, smem16a>>>(dxh, dw, dout, sh.rows, sh.k, sh.n);
         };
         // The sampled outputs' float64 references (f16-rounded operands) and their bounds.
         const int samples = 512;
@@ -370,7 +455,7 @@ int main() {
         const int reps = 20;
         const double flop = 2.0 * sh.rows * sh.n * sh.k;
         printf("%-20s", sh.name);
-        for (int f = 0; f < 3; ++f) {
+        for (int f = 0; f < n_forms; ++f) {
             float ms = 0;
             for (int pass = 0; pass < 2; ++pass) {
                 CK(cudaEventRecord(e0));
