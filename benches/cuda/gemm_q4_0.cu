@@ -95,26 +95,6 @@ __device__ __forceinline__ void dequant(const uint8_t* p, uint32_t h, __half* ds
     *(uint4*)(dst + 8) = make_uint4(out[4], out[5], out[6], out[7]);
 }
 
-// One step's products of a warp (64 rows x 32 outputs) from f16 tiles `as`, `bs` (row stride LD).
-__device__ __forceinline__ void step_mma(float (&acc)[4][4][4], const __half* as, const __half* bs,
-                                         int wm, int wn, int lane) {
-#pragma unroll
-    for (int kk = 0; kk < BK; kk += 16) {
-        uint32_t a[4][4], b[2][4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-            ldsm4(a[i], as + (wm * 64 + i * 16 + (lane & 15)) * LD + kk + (lane >> 4) * 8);
-#pragma unroll
-        for (int p = 0; p < 2; ++p)
-            ldsm4(b[p], bs + (wn * 32 + p * 16 + (lane & 7) + (lane >> 4) * 8) * LD + kk +
-                            ((lane >> 3) & 1) * 8);
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) mma(acc[i][j], a[i], b[j / 2][2 * (j % 2)], b[j / 2][2 * (j % 2) + 1]);
-    }
-}
-
 __device__ __forceinline__ void write_out(const float (&acc)[4][4][4], float* out, uint32_t r0,
                                           uint32_t o0, uint32_t rows, uint32_t n, int wm, int wn,
                                           int lane) {
@@ -138,6 +118,29 @@ __device__ __forceinline__ void issue_w(uint8_t* b, const uint8_t* w, uint32_t o
         const uint32_t o = c / B_WORDS, wd = c % B_WORDS;
         const bool live = o0 + o < n;
         cp4(b + 4 * c, live ? w + (uint64_t)(o0 + o) * row_bytes + s * BLOCK_BYTES - lead(s) + 4 * wd : w, live);
+    }
+}
+
+// One step's products of a warp (64 rows x 32 outputs) from f16 tiles `as`, `bs` (rows of KB + 8
+// halves).
+template <int KB>
+__device__ __forceinline__ void step_mma_k(float (&acc)[4][4][4], const __half* as, const __half* bs,
+                                           int wm, int wn, int lane) {
+    constexpr int L = KB + 8;
+#pragma unroll
+    for (int kk = 0; kk < KB; kk += 16) {
+        uint32_t a[4][4], b[2][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            ldsm4(a[i], as + (wm * 64 + i * 16 + (lane & 15)) * L + kk + (lane >> 4) * 8);
+#pragma unroll
+        for (int p = 0; p < 2; ++p)
+            ldsm4(b[p], bs + (wn * 32 + p * 16 + (lane & 7) + (lane >> 4) * 8) * L + kk +
+                            ((lane >> 3) & 1) * 8);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) mma(acc[i][j], a[i], b[j / 2][2 * (j % 2)], b[j / 2][2 * (j % 2) + 1]);
     }
 }
 
@@ -188,7 +191,7 @@ __global__ __launch_bounds__(THREADS, 2) void p32(const float* x, const uint8_t*
         if (s + 3 < steps) issue(s + 3);
         commit();
         const __half* as = f16 + (s % 2) * (BM + BN) * LD;
-        step_mma(acc, as, as + BM * LD, wm, wn, lane);
+        step_mma_k<BK>(acc, as, as + BM * LD, wm, wn, lane);
         if (s + 1 < steps) convert(s + 1);
     }
     write_out(acc, out, r0, o0, rows, n, wm, wn, lane);
@@ -212,27 +215,6 @@ __global__ void to_f16(const float* x, __half* y, uint64_t count) {
          i += (uint64_t)gridDim.x * blockDim.x * 4) {
         const float4 v = *(const float4*)(x + i);
         *(uint2*)(y + i) = make_uint2(pack(v.x, v.y), pack(v.z, v.w));
-    }
-}
-
-template <int KB>
-__device__ __forceinline__ void step_mma_k(float (&acc)[4][4][4], const __half* as, const __half* bs,
-                                           int wm, int wn, int lane) {
-    constexpr int L = P16<KB>::ld;
-#pragma unroll
-    for (int kk = 0; kk < KB; kk += 16) {
-        uint32_t a[4][4], b[2][4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-            ldsm4(a[i], as + (wm * 64 + i * 16 + (lane & 15)) * L + kk + (lane >> 4) * 8);
-#pragma unroll
-        for (int p = 0; p < 2; ++p)
-            ldsm4(b[p], bs + (wn * 32 + p * 16 + (lane & 7) + (lane >> 4) * 8) * L + kk +
-                            ((lane >> 3) & 1) * 8);
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) mma(acc[i][j], a[i], b[j / 2][2 * (j % 2)], b[j / 2][2 * (j % 2) + 1]);
     }
 }
 
