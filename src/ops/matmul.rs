@@ -132,23 +132,25 @@ const MMA_TILE: usize = 128;
 /// Threads of a block of the tensor-core form (`MMA_THREADS`: eight warps).
 const MMA_THREADS: u32 = 256;
 /// Dynamic shared memory of the tensor-core forms (`MMP_SMEM`, which covers `MMA_SMEM`): three
-/// copy slots (128 activation rows of 32 f32 values and 128 weight rows of up to 9 words), then
+/// copy slots (128 activation rows of 32 f32 values and 128 weight rows of up to 48 bytes), then
 /// two buffers of 128 activation rows and 128 weight rows of 32 f16 values, each row padded to 40
 /// values. Two blocks fit an SM of an H100 (one of an A100); a GPU with less shared memory a
 /// block gets what it allows and the kernels take their two-buffer form.
-const MMA_SMEM: u32 =
-    (3 * (MMA_TILE * 32 * 4 + MMA_TILE * 9 * 4) + 2 * 2 * MMA_TILE * 40 * 2) as u32;
+const MMA_SMEM: u32 = (3 * (MMA_TILE * 32 * 4 + MMA_TILE * 48) + 2 * 2 * MMA_TILE * 40 * 2) as u32;
 
 /// SMs of the GPU the tile choice below is tuned for (an H100); on another GPU the choice is
 /// only less tuned, never wrong.
 const MMA_TUNED_SMS: usize = 132;
 
 /// The launch shape of the tensor-core form: a block per tile of 128 rows x 128 outputs, the
-/// grid `[output tiles, row tiles]`. For the 32-value block formats (the pipelined form), where
+/// grid `[output tiles, row tiles]`. For the 32-value block formats and Q4_K (the pipelined form), where
 /// 128-row tiles would not give every SM of an H100 a block, tiles of 64 rows instead (twice the
 /// blocks, each half the work): the kernel reads the tile height from the grid's height.
 pub(crate) fn mma_grid(n: usize, rows: usize, w: DType) -> Grid {
-    let pipelined = matches!(w, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0);
+    let pipelined = matches!(
+        w,
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0 | DType::Q4K
+    );
     let cols = n.div_ceil(MMA_TILE);
     let tall = rows.div_ceil(MMA_TILE);
     let row_tiles = if pipelined && cols.saturating_mul(tall) <= MMA_TUNED_SMS {

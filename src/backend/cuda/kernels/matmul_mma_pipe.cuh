@@ -1,7 +1,7 @@
 // The pipelined tensor-core form of the prompt products (compiled after matmul_mma.cuh, whose
 // fragments, raw block words and f16 dequantization it shares), for the 32-value block formats
-// whose rows start at 4-byte aligned addresses and activations whose rows start at 16-byte
-// aligned ones.
+// whose rows start at 4-byte aligned addresses and Q4_K whose rows start at 16-byte aligned ones,
+// with activations whose rows start at 16-byte aligned addresses.
 //
 // Tiles of BM = 128 or 64 rows x 128 outputs (the host picks 64 where 128-row tiles would not
 // give every SM a block, and says so by the grid's height: one block row per 64 rows), eight
@@ -14,11 +14,12 @@
 // step s and then converts step s + 1 (whose shared-memory reads so overlap the tensor cores'
 // work). The products therefore see exactly what `mm_mma`'s see.
 #define MMP_STAGES 3
-// A slot: 128 activation rows of 32 f32 values, then 128 weight rows of at most 9 words (q8_0's
-// 34-byte block with the 2 bytes in front of it that make an odd block's copy word-aligned).
+// A slot: 128 activation rows of 32 f32 values, then 128 weight rows of at most 48 bytes (a Q4_K
+// step's header and nibbles; q8_0's 34-byte block with the 2 bytes in front of it that make an
+// odd block's copy word-aligned takes 36).
 #define MMP_A_BYTES (MMA_BM * MMA_BK * 4)
-#define MMP_B_WORDS_MAX 9
-#define MMP_SLOT (MMP_A_BYTES + MMA_BN * MMP_B_WORDS_MAX * 4)
+#define MMP_B_ROW_MAX 48
+#define MMP_SLOT (MMP_A_BYTES + MMA_BN * MMP_B_ROW_MAX)
 #define MMP_SMEM (MMP_STAGES * MMP_SLOT + 2 * (MMA_BM + MMA_BN) * MMA_LD * 2)
 
 #if __CUDA_ARCH__ >= 800
@@ -42,29 +43,42 @@ __device__ __forceinline__ void mmp_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
 
-// Bytes of one block of a 32-value format, the words a step copies per weight row (the block,
-// and for an odd block of a format whose block is not a whole number of words the 2 bytes in
-// front of it), and where in those words the block starts.
+// What a step copies of each weight row, in `units` copies of `unit` bytes (4 or 16), where copy
+// `u` of step s starts in the row, and where the step's values start in what was copied.
+// The 32-value formats: the step's block and, for an odd block of a format whose block is not a
+// whole number of words, the 2 bytes in front of it. Q4_K (256 values in 144 bytes: d, dmin, 12
+// bytes of 6-bit scales and minimums, then 128 bytes of nibbles, the low and high nibbles of each
+// 32 bytes two 32-value sub-blocks): the super-block's 16-byte header and the 32 nibble bytes of
+// the step's sub-block, as three 16-byte copies.
 template <int FMT>
 struct MmpFormat {
+    static constexpr bool q4k = FMT == OP_FMT_Q4_K;
     static constexpr uint32_t bytes = FMT == OP_FMT_Q8_0   ? 34
                                       : FMT == OP_FMT_Q5_0 ? 22
                                       : FMT == OP_FMT_Q4_1 ? 20
+                                      : q4k                ? 48
                                                            : 18;
-    static constexpr uint32_t words = bytes % 4 == 0 ? bytes / 4 : (bytes + 2) / 4;
-    __device__ static __forceinline__ uint32_t lead(uint32_t b) {
-        return bytes % 4 != 0 && (b & 1u) ? 2u : 0u;
+    static constexpr uint32_t unit = q4k ? 16 : 4;
+    static constexpr uint32_t units = q4k ? 3 : bytes % 4 == 0 ? bytes / 4 : (bytes + 2) / 4;
+    // Bytes of a row's copy in a slot.
+    static constexpr uint32_t row_bytes = units * unit;
+    __device__ static __forceinline__ uint32_t lead(uint32_t s) {
+        return !q4k && bytes % 4 != 0 && (s & 1u) ? 2u : 0u;
+    }
+    __device__ static __forceinline__ uint32_t offset(uint32_t s, uint32_t u) {
+        if (q4k) return s / 8 * 144 + (u == 0 ? 0 : 16 + 32 * (s % 8 / 2) + 16 * (u - 1));
+        return s * bytes - lead(s) + 4 * u;
     }
 };
 
-// Where one thread's copies of a tile come from (at step 0) and go to in a slot: activation
-// rows t / 8 + 32 j (16 bytes at 4 (t % 8) of each step's 32 values), then weight words t + 256 i
-// of the slot's MMA_BN x words. Sources past the matrix are the matrix's first address, copied
-// as zero bytes. Computed once per tile so that each step's issue is an add per copy.
+// Where one thread's copies of a tile come from and go to in a slot: activation rows t / 8 + 32 j
+// (16 bytes at 4 (t % 8) of each step's 32 values), then weight copies t + 256 i of the slot's
+// MMA_BN x units (row c / units, copy c % units). Sources past the matrix are the matrix's first
+// address, copied as zero bytes. Rows are found once per tile; a step adds its offsets.
 template <int FMT, int BM>
 struct MmpCursor {
-    static constexpr uint32_t b_copies = (MMA_BN * MmpFormat<FMT>::words + MMA_THREADS - 1) /
-                                         MMA_THREADS;
+    using F = MmpFormat<FMT>;
+    static constexpr uint32_t b_copies = (MMA_BN * F::units + MMA_THREADS - 1) / MMA_THREADS;
     const float* a[BM / 32];
     const uint8_t* b[b_copies];
     uint32_t a_live, b_live;
@@ -72,7 +86,6 @@ struct MmpCursor {
     __device__ __forceinline__ MmpCursor(const float* x, const uint8_t* w, uint32_t r0, uint32_t o0,
                                          uint32_t rows, uint32_t k, uint32_t n,
                                          uint64_t row_bytes) {
-        using F = MmpFormat<FMT>;
         const uint32_t t = threadIdx.x;
         a_live = 0;
         b_live = 0;
@@ -85,9 +98,9 @@ struct MmpCursor {
         }
 #pragma unroll
         for (int i = 0; i < (int)b_copies; ++i) {
-            const uint32_t c = t + MMA_THREADS * i, o = c / F::words, wd = c % F::words;
-            const bool live = c < MMA_BN * F::words && o0 + o < n;
-            b[i] = live ? w + (uint64_t)(o0 + o) * row_bytes + 4 * wd : w;
+            const uint32_t c = t + MMA_THREADS * i, o = c / F::units;
+            const bool live = c < MMA_BN * F::units && o0 + o < n;
+            b[i] = live ? w + (uint64_t)(o0 + o) * row_bytes : w;
             b_live |= (uint32_t)live << i;
         }
     }
@@ -107,13 +120,13 @@ __device__ __forceinline__ void mmp_issue(uint8_t* slot, const MmpCursor<FMT, BM
                      live ? cur.a[j] + s * MMA_BK : cur.a[j], live);
     }
     uint8_t* b = slot + MMP_A_BYTES;
-    const uint32_t start = s * F::bytes - F::lead(s);
 #pragma unroll
     for (int i = 0; i < (int)MmpCursor<FMT, BM>::b_copies; ++i) {
         const uint32_t c = t + MMA_THREADS * i;
         const bool live = (cur.b_live >> i) & 1u;
-        if (c < MMA_BN * F::words)
-            mmp_copy<4>(b + 4 * c, live ? cur.b[i] + start : cur.b[i], live);
+        if (c < MMA_BN * F::units)
+            mmp_copy<F::unit>(b + F::unit * c,
+                              live ? cur.b[i] + F::offset(s, c % F::units) : cur.b[i], live);
     }
 }
 
@@ -134,16 +147,37 @@ __device__ __forceinline__ void mmp_convert(const uint8_t* slot, uint32_t s, __h
         *(uint2*)&as[r * MMA_LD + 4 * q] = p;
     }
     const uint32_t o = t / 2, h = t % 2;
-    const uint8_t* blk = slot + MMP_A_BYTES + o * F::words * 4 + F::lead(s);
-    const MmRaw raw = mm_raw_load<FMT>(blk, 0, h);
+    const uint8_t* blk = slot + MMP_A_BYTES + o * F::row_bytes + F::lead(s);
     constexpr bool halves = FMT == OP_FMT_Q4_0 || FMT == OP_FMT_Q4_1 || FMT == OP_FMT_Q8_0;
     uint4 q0, q1;
-    if (halves) {
+    if (F::q4k) {
+        // Sub-block s % 8 of the super-block: its scale and minimum, then values 16 h .. of its
+        // nibbles, computed as `op_weight` computes them (the same f32 bits), rounded to f16.
+        const uint32_t sub = s % 8;
+        uint32_t sc, mn;
+        op_q4k_scale_min(blk + 4, sub, sc, mn);
+        const float d1 = op_half_bits(blk) * (float)sc;
+        const float m1 = op_half_bits(blk + 2) * (float)mn;
+        const uint4 raw = *(const uint4*)(blk + 16 + 16 * h);
+        const uint32_t wd[4] = {raw.x, raw.y, raw.z, raw.w};
+        float v[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            const uint32_t q = (wd[i / 4] >> (8 * (i % 4) + 4 * (sub % 2))) & 0x0F;
+            v[i] = d1 * (float)q - m1;
+        }
+        q0 = make_uint4(mma_pack(v[0], v[1]), mma_pack(v[2], v[3]), mma_pack(v[4], v[5]),
+                        mma_pack(v[6], v[7]));
+        q1 = make_uint4(mma_pack(v[8], v[9]), mma_pack(v[10], v[11]), mma_pack(v[12], v[13]),
+                        mma_pack(v[14], v[15]));
+    } else if (halves) {
+        const MmRaw raw = mm_raw_load<FMT>(blk, 0, h);
         uint32_t hv[8];
         mm_raw_halves<FMT>(raw, h, hv);
         q0 = make_uint4(hv[0], hv[1], hv[2], hv[3]);
         q1 = make_uint4(hv[4], hv[5], hv[6], hv[7]);
     } else {
+        const MmRaw raw = mm_raw_load<FMT>(blk, 0, h);
         float v[16];
         mm_raw_values<FMT>(raw, h, v);
         q0 = make_uint4(mma_pack(v[0], v[1]), mma_pack(v[2], v[3]), mma_pack(v[4], v[5]),
@@ -243,8 +277,10 @@ __device__ bool mm_mma_pipe(const float* x, const uint8_t* w, float* out, uint32
 #if __CUDA_ARCH__ >= 800
     constexpr bool block32 =
         FMT == OP_FMT_Q4_0 || FMT == OP_FMT_Q4_1 || FMT == OP_FMT_Q5_0 || FMT == OP_FMT_Q8_0;
-    if (!block32 || k % MMA_BK != 0 || ((uint64_t)x & 15u) != 0 || ((uint64_t)w & 3u) != 0 ||
-        row_bytes % 4 != 0 || mm_dynamic_smem() < MMP_SMEM)
+    if constexpr (!(block32 || FMT == OP_FMT_Q4_K)) return false;
+    constexpr uint32_t unit = MmpFormat<FMT>::unit;
+    if (k % MMA_BK != 0 || ((uint64_t)x & 15u) != 0 ||
+        ((uint64_t)w & (unit - 1)) != 0 || row_bytes % unit != 0 || mm_dynamic_smem() < MMP_SMEM)
         return false;
     const uint32_t rows64 = (rows + 63) / 64, rows128 = (rows + 127) / 128;
     if (gridDim.y == rows64 && rows64 != rows128)
