@@ -143,13 +143,13 @@ const MMA_SMEM: u32 = (3 * (MMA_TILE * 32 * 4 + MMA_TILE * 48) + 2 * 2 * MMA_TIL
 const MMA_TUNED_SMS: usize = 132;
 
 /// The launch shape of the tensor-core form: a block per tile of 128 rows x 128 outputs, the
-/// grid `[output tiles, row tiles]`. For the 32-value block formats and Q4_K (the pipelined form), where
+/// grid `[output tiles, row tiles]`. For the block formats (the pipelined form), where
 /// 128-row tiles would not give every SM of an H100 a block, tiles of 64 rows instead (twice the
 /// blocks, each half the work): the kernel reads the tile height from the grid's height.
 pub(crate) fn mma_grid(n: usize, rows: usize, w: DType) -> Grid {
     let pipelined = matches!(
         w,
-        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0 | DType::Q4K
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0 | DType::Q4K | DType::Q6K
     );
     let cols = n.div_ceil(MMA_TILE);
     let tall = rows.div_ceil(MMA_TILE);

@@ -357,8 +357,8 @@ fn the_int8_one_row_form_is_chosen_by_format_and_size() {
 /// The launch shape of a prompt product (64 rows and more, the tensor-core kernels): a grid of
 /// `[output tiles, row tiles]` with the pipelined form's shared memory; the kernel reads a tile
 /// height of 64 rows from a grid one block row per 64 rows high, which the host asks for only for
-/// the 32-value block formats and Q4_K (the pipelined form) and only where 128-row tiles would
-/// number at most 132 (an H100's SMs). The CPU runs its kernel whatever the launch.
+/// the block formats (the pipelined form) and only where 128-row tiles would number at most
+/// 132 (an H100's SMs). The CPU runs its kernel whatever the launch.
 #[test]
 fn prompt_products_take_64_row_tiles_where_128_row_tiles_leave_sms_idle() {
     let dev = device();
@@ -378,10 +378,10 @@ fn prompt_products_take_64_row_tiles_where_128_row_tiles_leave_sms_idle() {
     assert_eq!(launch(DType::Q8_0, 128, 133 * 128, 64), (133, 1, 256, smem));
     // 100 rows: two 64-row tiles, against one of 128.
     assert_eq!(launch(DType::Q4_1, 100, 576, 576), (5, 2, 256, smem));
-    // Q4_K is pipelined too; Q6_K and float weights keep 128-row tiles (their two-buffer form
+    // The K-quants are pipelined too; float weights keep 128-row tiles (their two-buffer form
     // has no other).
     assert_eq!(launch(DType::Q4K, 512, 4096, 4096), (32, 8, 256, smem));
-    assert_eq!(launch(DType::Q6K, 512, 4096, 4096), (32, 4, 256, smem));
+    assert_eq!(launch(DType::Q6K, 512, 4096, 4096), (32, 8, 256, smem));
     assert_eq!(launch(DType::F16, 100, 576, 576), (5, 1, 256, smem));
     // Below 64 rows the products keep their CUDA-core forms (blocks of 128 threads).
     assert_eq!(launch(DType::Q4_0, 63, 4096, 4096).2, 128);

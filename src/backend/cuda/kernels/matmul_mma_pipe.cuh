@@ -13,14 +13,15 @@
 // the block waits for step s + 1's copy, frees step s's slot for step s + MMP_STAGES, multiplies
 // step s and then converts step s + 1 (whose shared-memory reads so overlap the tensor cores'
 // work). The products therefore see exactly what `mm_mma`'s see.
+// Copy slots of a format (3, or 2 for Q6_K's larger rows) and the ring they make: MMP_RING bytes
+// at most, then the two f16 buffers.
 #define MMP_STAGES 3
-// A slot: 128 activation rows of 32 f32 values, then 128 weight rows of at most 48 bytes (a Q4_K
-// step's header and nibbles; q8_0's 34-byte block with the 2 bytes in front of it that make an
-// odd block's copy word-aligned takes 36).
+// A slot: 128 activation rows of 32 f32 values, then 128 weight rows of the format's copy (at
+// most 80 bytes: Q6_K's; 48 for Q4_K, 36 for q8_0's 34-byte block with the 2 bytes in front of
+// it that make an odd block's copy word-aligned).
 #define MMP_A_BYTES (MMA_BM * MMA_BK * 4)
-#define MMP_B_ROW_MAX 48
-#define MMP_SLOT (MMP_A_BYTES + MMA_BN * MMP_B_ROW_MAX)
-#define MMP_SMEM (MMP_STAGES * MMP_SLOT + 2 * (MMA_BM + MMA_BN) * MMA_LD * 2)
+#define MMP_RING (3 * (MMP_A_BYTES + MMA_BN * 48))
+#define MMP_SMEM (MMP_RING + 2 * (MMA_BM + MMA_BN) * MMA_LD * 2)
 
 #if __CUDA_ARCH__ >= 800
 // `bytes` (4 or 16) from global `src` to shared `dst`, asynchronously; zeros instead when
@@ -50,26 +51,51 @@ __device__ __forceinline__ void mmp_wait() {
 // bytes of 6-bit scales and minimums, then 128 bytes of nibbles, the low and high nibbles of each
 // 32 bytes two 32-value sub-blocks): the super-block's 16-byte header and the 32 nibble bytes of
 // the step's sub-block, as three 16-byte copies.
+//
+// Q6_K (256 values in 210 bytes: ql[128], qh[64], 16 int8 scales, d; sub-block j of a half hh
+// takes ql bytes 64 hh + 32 (j % 2) .., qh bytes 128 + 32 hh .., scales 2 j and 2 j + 1 of
+// the 16): 9 words of ql and 9 of qh (the 32 bytes and, for an odd super-block, the 2
+// in front), the word holding the two scales and the word holding d. Rows must be a whole
+// number of words (an even count of super-blocks), so no word reaches past the matrix.
 template <int FMT>
 struct MmpFormat {
-    static constexpr bool q4k = FMT == OP_FMT_Q4_K;
+    static constexpr bool q4k = FMT == OP_FMT_Q4_K, q6k = FMT == OP_FMT_Q6_K;
     static constexpr uint32_t bytes = FMT == OP_FMT_Q8_0   ? 34
                                       : FMT == OP_FMT_Q5_0 ? 22
                                       : FMT == OP_FMT_Q4_1 ? 20
                                       : q4k                ? 48
+                                      : q6k                ? 80
                                                            : 18;
     static constexpr uint32_t unit = q4k ? 16 : 4;
-    static constexpr uint32_t units = q4k ? 3 : bytes % 4 == 0 ? bytes / 4 : (bytes + 2) / 4;
-    // Bytes of a row's copy in a slot.
+    static constexpr uint32_t units = q4k   ? 3
+                                      : q6k ? 20
+                                      : bytes % 4 == 0 ? bytes / 4
+                                                       : (bytes + 2) / 4;
+    // Bytes of a row's copy in a slot, a slot, and the slots of the ring.
     static constexpr uint32_t row_bytes = units * unit;
+    static constexpr uint32_t slot = MMP_A_BYTES + MMA_BN * row_bytes;
+    static constexpr uint32_t stages = q6k ? 2 : MMP_STAGES;
+    // Where the step's block starts in a row's copy (the 32-value formats; Q6_K: its ql and qh).
     __device__ static __forceinline__ uint32_t lead(uint32_t s) {
+        if (q6k) return (s / 8) % 2 ? 2u : 0u;
         return !q4k && bytes % 4 != 0 && (s & 1u) ? 2u : 0u;
     }
     __device__ static __forceinline__ uint32_t offset(uint32_t s, uint32_t u) {
         if (q4k) return s / 8 * 144 + (u == 0 ? 0 : 16 + 32 * (s % 8 / 2) + 16 * (u - 1));
+        if (q6k) {
+            const uint32_t base = s / 8 * 210, j = s % 8, hh = j / 4, l = lead(s);
+            if (u < 9) return base + 64 * hh + 32 * (j % 2) - l + 4 * u;
+            if (u < 18) return base + 128 + 32 * hh - l + 4 * (u - 9);
+            const uint32_t at = base + (u == 18 ? 192 + 2 * j : 208);
+            return at - at % 4;
+        }
         return s * bytes - lead(s) + 4 * u;
     }
 };
+static_assert(MmpFormat<OP_FMT_Q6_K>::stages * MmpFormat<OP_FMT_Q6_K>::slot <= MMP_RING,
+              "the Q6_K ring must fit the shared memory the host gives");
+static_assert(MmpFormat<OP_FMT_Q4_K>::stages * MmpFormat<OP_FMT_Q4_K>::slot <= MMP_RING,
+              "the Q4_K ring must fit the shared memory the host gives");
 
 // Where one thread's copies of a tile come from and go to in a slot: activation rows t / 8 + 32 j
 // (16 bytes at 4 (t % 8) of each step's 32 values), then weight copies t + 256 i of the slot's
@@ -150,7 +176,7 @@ __device__ __forceinline__ void mmp_convert(const uint8_t* slot, uint32_t s, __h
     const uint8_t* blk = slot + MMP_A_BYTES + o * F::row_bytes + F::lead(s);
     constexpr bool halves = FMT == OP_FMT_Q4_0 || FMT == OP_FMT_Q4_1 || FMT == OP_FMT_Q8_0;
     uint4 q0, q1;
-    if (F::q4k) {
+    if constexpr (F::q4k) {
         // Sub-block s % 8 of the super-block: its scale and minimum, then values 16 h .. of its
         // nibbles, computed as `op_weight` computes them (the same f32 bits), rounded to f16.
         const uint32_t sub = s % 8;
@@ -170,7 +196,28 @@ __device__ __forceinline__ void mmp_convert(const uint8_t* slot, uint32_t s, __h
                         mma_pack(v[6], v[7]));
         q1 = make_uint4(mma_pack(v[8], v[9]), mma_pack(v[10], v[11]), mma_pack(v[12], v[13]),
                         mma_pack(v[14], v[15]));
-    } else if (halves) {
+    } else if constexpr (F::q6k) {
+        // Sub-block j of the super-block, values 16 h ..: quarter j % 4 of its half takes the
+        // low (quarters 0, 1) or high (2, 3) nibbles of its ql bytes and bits 2 (j % 4) .. of its
+        // qh bytes; the value is what `op_weight` computes (the same f32 bits), rounded to f16.
+        const uint32_t j = s % 8, b = s / 8;
+        const uint8_t* row = slot + MMP_A_BYTES + o * F::row_bytes;
+        const uint8_t* ql = row + F::lead(s) + 16 * h;
+        const uint8_t* qh = row + 36 + F::lead(s) + 16 * h;
+        const float sc = (float)(int8_t)row[72 + (2 * (b % 2) + 2 * (j % 2)) % 4 + h];
+        const float d = op_half_bits(row + 76 + 2 * (b % 2));
+        float v[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            const uint32_t q = ((ql[i] >> (4 * ((j % 4) / 2))) & 0x0F) |
+                               (((qh[i] >> (2 * (j % 4))) & 3) << 4);
+            v[i] = d * sc * (float)((int)q - 32);
+        }
+        q0 = make_uint4(mma_pack(v[0], v[1]), mma_pack(v[2], v[3]), mma_pack(v[4], v[5]),
+                        mma_pack(v[6], v[7]));
+        q1 = make_uint4(mma_pack(v[8], v[9]), mma_pack(v[10], v[11]), mma_pack(v[12], v[13]),
+                        mma_pack(v[14], v[15]));
+    } else if constexpr (halves) {
         const MmRaw raw = mm_raw_load<FMT>(blk, 0, h);
         uint32_t hv[8];
         mm_raw_halves<FMT>(raw, h, hv);
@@ -195,10 +242,11 @@ template <int FMT, bool ACC, int BM>
 __device__ void mmp_tiles(const float* x, const uint8_t* w, float* out, uint32_t rows, uint32_t k,
                           uint32_t n, uint64_t row_bytes) {
 #if __CUDA_ARCH__ >= 800
+    using F = MmpFormat<FMT>;
     constexpr int MI = BM / 32;
     extern __shared__ __align__(16) float mm_smem[];
     uint8_t* ring = (uint8_t*)mm_smem;
-    __half* f16 = (__half*)(ring + MMP_STAGES * MMP_SLOT);
+    __half* f16 = (__half*)(ring + MMP_RING);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wm = warp / 4, wn = warp % 4;
     const uint64_t tiles_m = ((uint64_t)rows + BM - 1) / BM;
@@ -215,23 +263,23 @@ __device__ void mmp_tiles(const float* x, const uint8_t* w, float* out, uint32_t
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
         const MmpCursor<FMT, BM> cur(x, w, (uint32_t)r0, (uint32_t)o0, rows, k, n, row_bytes);
-        // Steps 0 .. MMP_STAGES - 1 in flight (one group each, empty past the last step), then
+        // Steps 0 .. F::stages - 1 in flight (one group each, empty past the last step), then
         // step 0 converted into the first f16 buffer.
 #pragma unroll
-        for (uint32_t s = 0; s < MMP_STAGES; ++s) {
-            if (s < steps) mmp_issue<FMT, BM>(ring + s * MMP_SLOT, cur, s);
+        for (uint32_t s = 0; s < F::stages; ++s) {
+            if (s < steps) mmp_issue<FMT, BM>(ring + s * F::slot, cur, s);
             mmp_commit();
         }
-        mmp_wait<MMP_STAGES - 1>();
+        mmp_wait<F::stages - 1>();
         __syncthreads();
         mmp_convert<FMT, BM>(ring, 0, f16, f16 + BM * MMA_LD);
         for (uint32_t s = 0; s < steps; ++s) {
             // Step s + 1's copy has landed (this thread's part, then everyone's at the barrier);
             // every warp is done with step s - 1's products and step s's slot.
-            mmp_wait<MMP_STAGES - 2>();
+            mmp_wait<F::stages - 2>();
             __syncthreads();
-            if (s + MMP_STAGES < steps)
-                mmp_issue<FMT, BM>(ring + (s % MMP_STAGES) * MMP_SLOT, cur, s + MMP_STAGES);
+            if (s + F::stages < steps)
+                mmp_issue<FMT, BM>(ring + (s % F::stages) * F::slot, cur, s + F::stages);
             mmp_commit();
             const __half* as = f16 + (s % 2) * (BM + MMA_BN) * MMA_LD;
             const __half* bs = as + BM * MMA_LD;
@@ -255,7 +303,7 @@ __device__ void mmp_tiles(const float* x, const uint8_t* w, float* out, uint32_t
             }
             if (s + 1 < steps) {
                 __half* nas = f16 + ((s + 1) % 2) * (BM + MMA_BN) * MMA_LD;
-                mmp_convert<FMT, BM>(ring + ((s + 1) % MMP_STAGES) * MMP_SLOT, s + 1, nas,
+                mmp_convert<FMT, BM>(ring + ((s + 1) % F::stages) * F::slot, s + 1, nas,
                                      nas + BM * MMA_LD);
             }
         }
@@ -277,7 +325,7 @@ __device__ bool mm_mma_pipe(const float* x, const uint8_t* w, float* out, uint32
 #if __CUDA_ARCH__ >= 800
     constexpr bool block32 =
         FMT == OP_FMT_Q4_0 || FMT == OP_FMT_Q4_1 || FMT == OP_FMT_Q5_0 || FMT == OP_FMT_Q8_0;
-    if constexpr (!(block32 || FMT == OP_FMT_Q4_K)) return false;
+    if constexpr (!(block32 || FMT == OP_FMT_Q4_K || FMT == OP_FMT_Q6_K)) return false;
     constexpr uint32_t unit = MmpFormat<FMT>::unit;
     if (k % MMA_BK != 0 || ((uint64_t)x & 15u) != 0 ||
         ((uint64_t)w & (unit - 1)) != 0 || row_bytes % unit != 0 || mm_dynamic_smem() < MMP_SMEM)
