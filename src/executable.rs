@@ -317,7 +317,9 @@ impl Executable {
             Some(crate::kernels::Scalar::U32(v)) => Some(u64::from(v)),
             _ => None,
         };
-        let flops = match (d.op(), size("rows"), size("k"), size("n")) {
+        // A product's outputs: `n`, or the three widths of a `matmul3_mma`.
+        let outputs = size("n").or_else(|| Some(size("n0")? + size("n1")? + size("n2")?));
+        let flops = match (d.op(), size("rows"), size("k"), outputs) {
             (crate::kernels::OpKind::MatMul, Some(rows), Some(k), Some(n)) => 2 * rows * k * n,
             _ => 0,
         };

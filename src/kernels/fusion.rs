@@ -20,17 +20,21 @@ pub enum Fusion {
     /// A per-head `rms_norm` (the query and key norms of Gemma 3 and Qwen 3) and the in-place
     /// RoPE of its output: one `rms_norm_rope`.
     RmsNormRope,
+    /// Three tensor-core products of one x with weights of one format (a prompt's q, k and v
+    /// products): one `matmul3_mma`.
+    ProductTriple,
 }
 
 impl Fusion {
     /// Every fusion, in the order the optimizer tries them where two share an anchor.
-    pub const ALL: [Fusion; 6] = [
+    pub const ALL: [Fusion; 7] = [
         Fusion::NormQkvRope,
         Fusion::NormGateUp,
         Fusion::MatMulAdd,
         Fusion::RmsNormMul,
         Fusion::RmsNormAdd,
         Fusion::RmsNormRope,
+        Fusion::ProductTriple,
     ];
 }
 

@@ -45,6 +45,24 @@ pub static MATMUL_MMA: [KernelSig; 9] =
 /// [`MATMUL_ADD`] in the tensor-core form (the residual add fused into [`MATMUL_MMA`]).
 pub static MATMUL_ADD_MMA: [KernelSig; 9] = per_format!(OpKind::MatMul; "matmul_add_mma"; |W| product_params!(W, Param::read_write("acc", F32)));
 
+/// Three products of one x in the tensor-core form, `out_i[r, o] = x[r] . w_i[o]` for i = 0, 1, 2
+/// (weights of one format and one k, e.g. a prompt's q, k and v products): x, w0, w1, w2, out0,
+/// out1, out2, rows, k, n0, n1, n2. The three [`MATMUL_MMA`] results bit for bit, in one launch.
+pub static MATMUL3_MMA: [KernelSig; 9] = per_format!(OpKind::MatMul; "matmul3_mma"; |W| [
+    Param::read("x", F32),
+    Param::read("w0", W),
+    Param::read("w1", W),
+    Param::read("w2", W),
+    Param::write("out0", F32),
+    Param::write("out1", F32),
+    Param::write("out2", F32),
+    Param::u32("rows"),
+    Param::u32("k"),
+    Param::u32("n0"),
+    Param::u32("n1"),
+    Param::u32("n2"),
+]);
+
 /// Expert products, `out[r, s] = x[r] . w[ids[r, s]]`: x, w, ids, out, rows, k, n, slots,
 /// experts.
 pub static MATMUL_ID: [KernelSig; 9] = per_format!(OpKind::MatMulId; "matmul_id"; |W| [

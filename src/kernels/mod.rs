@@ -510,6 +510,7 @@ pub fn all() -> Vec<&'static KernelSig> {
         &matmul::MATMUL_ADD,
         &matmul::MATMUL_MMA,
         &matmul::MATMUL_ADD_MMA,
+        &matmul::MATMUL3_MMA,
         &matmul::MATMUL_ID,
         &matmul::MATMUL_AFFINE,
         &matmul::NORM_QKV_ROPE,

@@ -128,7 +128,7 @@ pub(crate) fn matmul_grid(n: usize, rows: usize) -> Grid {
 /// whose per-row sums do not depend on the row count up to [`MM_TILE_MIN_ROWS`].
 pub(crate) const MMA_MIN_ROWS: usize = 64;
 /// Rows and outputs of one tile of the tensor-core form (`MMA_BM`, `MMA_BN`).
-const MMA_TILE: usize = 128;
+pub(crate) const MMA_TILE: usize = 128;
 /// Threads of a block of the tensor-core form (`MMA_THREADS`: eight warps).
 const MMA_THREADS: u32 = 256;
 /// Dynamic shared memory of the tensor-core forms (`MMP_SMEM`, which covers `MMA_SMEM`): three
@@ -147,11 +147,16 @@ const MMA_TUNED_SMS: usize = 132;
 /// 128-row tiles would not give every SM of an H100 a block, tiles of 64 rows instead (twice the
 /// blocks, each half the work): the kernel reads the tile height from the grid's height.
 pub(crate) fn mma_grid(n: usize, rows: usize, w: DType) -> Grid {
+    mma_grid_for_tiles(n.div_ceil(MMA_TILE), rows, w)
+}
+
+/// [`mma_grid`] for `cols` tiles of outputs side by side (one product's, or several products'
+/// of one launch, `ops::matmul_triple`).
+pub(crate) fn mma_grid_for_tiles(cols: usize, rows: usize, w: DType) -> Grid {
     let pipelined = matches!(
         w,
         DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0 | DType::Q4K | DType::Q6K
     );
-    let cols = n.div_ceil(MMA_TILE);
     let tall = rows.div_ceil(MMA_TILE);
     let row_tiles = if pipelined && cols.saturating_mul(tall) <= MMA_TUNED_SMS {
         rows.div_ceil(MMA_TILE / 2)

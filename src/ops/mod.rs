@@ -18,6 +18,7 @@ pub mod kv_slots;
 pub mod matmul;
 pub mod matmul_fused;
 pub mod matmul_rows;
+pub mod matmul_triple;
 pub mod norm;
 pub mod norm_rope;
 pub mod rope;
@@ -38,6 +39,7 @@ pub fn fusion_rule(fusion: Fusion) -> FusionRule {
         Fusion::RmsNormMul => norm::RMS_NORM_MUL_FUSION,
         Fusion::RmsNormAdd => norm::RMS_NORM_ADD_FUSION,
         Fusion::RmsNormRope => norm_rope::RMS_NORM_ROPE_FUSION,
+        Fusion::ProductTriple => matmul_triple::PRODUCT_TRIPLE_FUSION,
     }
 }
 

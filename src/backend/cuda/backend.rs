@@ -31,6 +31,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
         FusionUse::always(Fusion::RmsNormMul),
         FusionUse::always(Fusion::RmsNormAdd),
         FusionUse::always(Fusion::RmsNormRope),
+        FusionUse::always(Fusion::ProductTriple),
     ],
     decode_attention_chunk: 32,
     single_dispatch_decode_attention: true,

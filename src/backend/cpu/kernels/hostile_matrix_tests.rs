@@ -105,6 +105,38 @@ fn matmuls_refuse_hostile_sizes_and_overflowing_products() {
 }
 
 #[test]
+fn three_product_kernels_refuse_hostile_sizes_naming_the_product() {
+    for (sig, dtype) in mm::MATMUL3_MMA.iter().zip(WEIGHT_FORMATS) {
+        // Two rows of 256 activations, weights of 5, 4 and 3 rows of k = 256; `n` the three
+        // widths, `outs` the outputs' lengths.
+        let call = |rows: u32, k: u32, n: [u32; 3], outs: [usize; 3]| {
+            Call::new(sig)
+                .buf("x", &[512])
+                .buf("w0", &[5, 256])
+                .buf("w1", &[4, 256])
+                .buf("w2", &[3, 256])
+                .buf("out0", &[outs[0]])
+                .buf("out1", &[outs[1]])
+                .buf("out2", &[outs[2]])
+                .u32("rows", rows)
+                .u32("k", k)
+                .u32("n0", n[0])
+                .u32("n1", n[1])
+                .u32("n2", n[2])
+        };
+        call(2, 256, [5, 4, 3], [10, 8, 6]).accepted();
+        call(2, 256, [5, 5, 3], [10, 10, 6]).refused("w1");
+        call(2, 256, [5, 4, MAX], [10, 8, 6]).refused("n2 = 4294967295");
+        call(2, 256, [5, 4, 3], [10, 8, 5]).refused("out2");
+        call(2, 100, [5, 4, 3], [10, 8, 6]).refused("k = 100");
+        call(MAX, 256, [5, 4, 3], [10, 8, 6]).refused("rows = 4294967295");
+        if dtype == DType::F32 {
+            call(2, WRAP, [WRAP, 4, 3], [0, 0, 0]).refused("n0 = 2147483648");
+        }
+    }
+}
+
+#[test]
 fn matmul_adds_refuse_hostile_sizes_and_overflowing_products() {
     let families = mm::MATMUL_ADD.iter().chain(&mm::MATMUL_ADD_MMA);
     for (sig, dtype) in families.zip(WEIGHT_FORMATS.iter().cycle()) {

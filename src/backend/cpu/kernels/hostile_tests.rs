@@ -262,6 +262,7 @@ fn families() -> Vec<&'static [KernelSig]> {
         &mm::MATMUL_ADD,
         &mm::MATMUL_MMA,
         &mm::MATMUL_ADD_MMA,
+        &mm::MATMUL3_MMA,
         &mm::MATMUL_ID,
         &mm::MATMUL_AFFINE,
         &mm::NORM_QKV_ROPE,

@@ -32,6 +32,7 @@ pub(super) fn register(registry: &mut CpuRegistry) {
     registry.family(&mm::MATMUL, [matmul_kernel; 9]);
     // The tensor-core form is a GPU launch shape: on the CPU it is the same product.
     registry.family(&mm::MATMUL_MMA, [matmul_kernel; 9]);
+    registry.family(&mm::MATMUL3_MMA, [matmul3_kernel; 9]);
     registry.family(&mm::MATMUL_ID, [matmul_id_kernel; 9]);
     registry.family(&mm::MATMUL_AFFINE, [matmul_affine_kernel; 2]);
 }
@@ -335,16 +336,59 @@ fn check_rows(
     expect_len(args, "out", out, &[("rows", rows), ("n", n)])
 }
 
+/// One product's parameter names (weights, output, outputs count) and argument indices.
+struct ProductArgs {
+    names: [&'static str; 3],
+    at: [usize; 3],
+}
+
 fn matmul_kernel(args: &KernelArgs<'_>) -> Result<()> {
-    let x = args.input::<f32>(0)?;
-    let (wbuf, _) = args.buffer(1)?;
-    let w = args.input_bytes(1)?;
-    let out = args.output::<f32>(2)?;
     let (rows, k, n) = (args.usize(3)?, args.usize(4)?, args.usize(5)?);
+    let p = ProductArgs {
+        names: ["w", "out", "n"],
+        at: [0, 1, 2],
+    };
+    product_of(args, &p, rows, k, n)
+}
+
+/// `matmul3_mma_<w>`: the three products one after the other (x, w0..w2, out0..out2, rows, k,
+/// n0..n2).
+fn matmul3_kernel(args: &KernelArgs<'_>) -> Result<()> {
+    const NAMES: [[&str; 3]; 3] = [
+        ["w0", "out0", "n0"],
+        ["w1", "out1", "n1"],
+        ["w2", "out2", "n2"],
+    ];
+    let (rows, k) = (args.usize(7)?, args.usize(8)?);
+    for (i, names) in NAMES.into_iter().enumerate() {
+        let p = ProductArgs {
+            names,
+            at: [0, 1 + i, 4 + i],
+        };
+        product_of(args, &p, rows, k, args.usize(9 + i)?)?;
+    }
+    Ok(())
+}
+
+/// The product of the arguments at `p.at` (x, w, out).
+fn product_of(
+    args: &KernelArgs<'_>,
+    p: &ProductArgs,
+    rows: usize,
+    k: usize,
+    n: usize,
+) -> Result<()> {
+    let [w_name, out_name, n_name] = p.names;
+    let x = args.input::<f32>(p.at[0])?;
+    let (wbuf, _) = args.buffer(p.at[1])?;
+    let w = args.input_bytes(p.at[1])?;
+    let out = args.output::<f32>(p.at[2])?;
     let dtype = wbuf.dtype();
     // The weights first: their size is the product that can overflow.
-    let row_bytes = expect_matrix(args, "w", dtype, w.len(), &[("n", n)], ("k", k))?.row_bytes;
-    check_rows(args, x.len(), out.len(), rows, k, n)?;
+    let row_bytes =
+        expect_matrix(args, w_name, dtype, w.len(), &[(n_name, n)], ("k", k))?.row_bytes;
+    expect_len(args, "x", x.len(), &[("rows", rows), ("k", k)])?;
+    expect_len(args, out_name, out.len(), &[("rows", rows), (n_name, n)])?;
     matmul_rows(
         Isa::detect(),
         &WeightRows::Plain {

@@ -268,6 +268,24 @@ __device__ void matmul_mma(X x, const uint8_t* w, float* out, uint32_t rows, uin
     matmul<FMT, ACC>(x, w, out, rows, k, n, n_x, n_out, tag);
 }
 
+// Three products of one x (`matmul3_mma_<w>`, the fusion of `ops/matmul_triple.rs`): the
+// pipelined form over the three's output tiles side by side; where it does not apply, the three
+// `matmul_mma` one after the other over the same grid (each strides over its own tiles).
+template <int FMT>
+__device__ void matmul3_mma(const float* x, const Mm3& m, uint32_t rows, uint32_t k, uint64_t n_x,
+                            uint64_t n_out0, uint64_t n_out1, uint64_t n_out2, uint32_t tag) {
+    OP_REQUIRE(k % op_block_elems(FMT) == 0 && n_x == (uint64_t)rows * k &&
+               n_out0 == (uint64_t)rows * m.n0 && n_out1 == (uint64_t)rows * m.n1 &&
+               n_out2 == (uint64_t)rows * m.n2);
+    if (blockDim.x == MMA_THREADS && blockDim.y == 1 && blockDim.z == 1 &&
+        mm_mma_pipe3<FMT>(x, m, rows, k, op_row_bytes(FMT, k)))
+        return;
+#pragma unroll 1
+    for (int p = 0; p < 3; ++p)
+        matmul_mma<FMT, false>(XPlain{x}, m.w(p), m.out(p), rows, k, m.n(p), n_x,
+                               (uint64_t)rows * m.n(p), tag);
+}
+
 template <int FMT>
 __device__ void matmul_id(const float* x, const uint8_t* w, const int32_t* ids, float* out,
                           uint32_t rows, uint32_t k, uint32_t n, uint32_t slots, uint32_t experts,
@@ -311,6 +329,15 @@ __device__ void matmul_id(const float* x, const uint8_t* w, const int32_t* ids, 
         const float* x, const uint8_t* w, float* out, uint32_t rows, uint32_t k, uint32_t n,          \
         uint64_t n_x, uint64_t n_w, uint64_t n_out) {                                                 \
         matmul_mma<FMT, ACC>(XPlain{x}, w, out, rows, k, n, n_x, n_out, op_tag(#NAME));            \
+    }
+#define MATMUL3_MMA_KERNEL(NAME, FMT)                                                              \
+    extern "C" __global__ __launch_bounds__(MMA_THREADS, 2) void NAME(                              \
+        const float* x, const uint8_t* w0, const uint8_t* w1, const uint8_t* w2, float* out0,         \
+        float* out1, float* out2, uint32_t rows, uint32_t k, uint32_t n0, uint32_t n1, uint32_t n2,   \
+        uint64_t n_x, uint64_t n_w0, uint64_t n_w1, uint64_t n_w2, uint64_t n_out0, uint64_t n_out1,  \
+        uint64_t n_out2) {                                                                            \
+        const Mm3 m{w0, w1, w2, out0, out1, out2, n0, n1, n2};                                        \
+        matmul3_mma<FMT>(x, m, rows, k, n_x, n_out0, n_out1, n_out2, op_tag(#NAME));                  \
     }
 #define MATMUL_ID_KERNEL(NAME, FMT)                                                                 \
     extern "C" __global__ void NAME(const float* x, const uint8_t* w, const int32_t* ids, float* out, \
@@ -357,6 +384,15 @@ MATMUL_MMA_KERNEL(matmul_add_mma_q5_0, OP_FMT_Q5_0, true)
 MATMUL_MMA_KERNEL(matmul_add_mma_q8_0, OP_FMT_Q8_0, true)
 MATMUL_MMA_KERNEL(matmul_add_mma_q4_k, OP_FMT_Q4_K, true)
 MATMUL_MMA_KERNEL(matmul_add_mma_q6_k, OP_FMT_Q6_K, true)
+MATMUL3_MMA_KERNEL(matmul3_mma_f32, OP_FMT_F32)
+MATMUL3_MMA_KERNEL(matmul3_mma_f16, OP_FMT_F16)
+MATMUL3_MMA_KERNEL(matmul3_mma_bf16, OP_FMT_BF16)
+MATMUL3_MMA_KERNEL(matmul3_mma_q4_0, OP_FMT_Q4_0)
+MATMUL3_MMA_KERNEL(matmul3_mma_q4_1, OP_FMT_Q4_1)
+MATMUL3_MMA_KERNEL(matmul3_mma_q5_0, OP_FMT_Q5_0)
+MATMUL3_MMA_KERNEL(matmul3_mma_q8_0, OP_FMT_Q8_0)
+MATMUL3_MMA_KERNEL(matmul3_mma_q4_k, OP_FMT_Q4_K)
+MATMUL3_MMA_KERNEL(matmul3_mma_q6_k, OP_FMT_Q6_K)
 MATMUL_ID_KERNEL(matmul_id_f32, OP_FMT_F32)
 MATMUL_ID_KERNEL(matmul_id_f16, OP_FMT_F16)
 MATMUL_ID_KERNEL(matmul_id_bf16, OP_FMT_BF16)

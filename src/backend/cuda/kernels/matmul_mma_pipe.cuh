@@ -237,10 +237,10 @@ __device__ __forceinline__ void mmp_convert(const uint8_t* slot, uint32_t s, __h
 }
 #endif
 
-// The tiles of BM rows (see MMP_STAGES above) this block takes.
+// One tile of BM rows (see MMP_STAGES above) from row r0 and output o0.
 template <int FMT, bool ACC, int BM>
-__device__ void mmp_tiles(const float* x, const uint8_t* w, float* out, uint32_t rows, uint32_t k,
-                          uint32_t n, uint64_t row_bytes) {
+__device__ __forceinline__ void mmp_tile(const float* x, const uint8_t* w, float* out,
+                                         uint32_t rows, uint32_t k, uint32_t n, uint64_t row_bytes, uint64_t r0, uint64_t o0) {
 #if __CUDA_ARCH__ >= 800
     using F = MmpFormat<FMT>;
     constexpr int MI = BM / 32;
@@ -249,92 +249,159 @@ __device__ void mmp_tiles(const float* x, const uint8_t* w, float* out, uint32_t
     __half* f16 = (__half*)(ring + MMP_RING);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wm = warp / 4, wn = warp % 4;
-    const uint64_t tiles_m = ((uint64_t)rows + BM - 1) / BM;
-    const uint64_t tiles_n = ((uint64_t)n + MMA_BN - 1) / MMA_BN;
     const uint32_t steps = k / MMA_BK;
-    for (uint64_t tile = blockIdx.y * (uint64_t)gridDim.x + blockIdx.x; tile < tiles_m * tiles_n;
-         tile += (uint64_t)gridDim.x * gridDim.y) {
-        const uint64_t r0 = tile / tiles_n * BM, o0 = tile % tiles_n * MMA_BN;
-        float acc[MI][4][4];
+    float acc[MI][4][4];
 #pragma unroll
-        for (int i = 0; i < MI; ++i)
+    for (int i = 0; i < MI; ++i)
 #pragma unroll
-            for (int j = 0; j < 4; ++j)
+        for (int j = 0; j < 4; ++j)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
-        const MmpCursor<FMT, BM> cur(x, w, (uint32_t)r0, (uint32_t)o0, rows, k, n, row_bytes);
-        // Steps 0 .. F::stages - 1 in flight (one group each, empty past the last step), then
-        // step 0 converted into the first f16 buffer.
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+    const MmpCursor<FMT, BM> cur(x, w, (uint32_t)r0, (uint32_t)o0, rows, k, n, row_bytes);
+    // Steps 0 .. F::stages - 1 in flight (one group each, empty past the last step), then
+    // step 0 converted into the first f16 buffer.
 #pragma unroll
-        for (uint32_t s = 0; s < F::stages; ++s) {
-            if (s < steps) mmp_issue<FMT, BM>(ring + s * F::slot, cur, s);
-            mmp_commit();
-        }
-        mmp_wait<F::stages - 1>();
-        __syncthreads();
-        mmp_convert<FMT, BM>(ring, 0, f16, f16 + BM * MMA_LD);
-        for (uint32_t s = 0; s < steps; ++s) {
-            // Step s + 1's copy has landed (this thread's part, then everyone's at the barrier);
-            // every warp is done with step s - 1's products and step s's slot.
-            mmp_wait<F::stages - 2>();
-            __syncthreads();
-            if (s + F::stages < steps)
-                mmp_issue<FMT, BM>(ring + (s % F::stages) * F::slot, cur, s + F::stages);
-            mmp_commit();
-            const __half* as = f16 + (s % 2) * (BM + MMA_BN) * MMA_LD;
-            const __half* bs = as + BM * MMA_LD;
-#pragma unroll
-            for (int kk = 0; kk < MMA_BK; kk += 16) {
-                uint32_t a[MI][4], b[2][4];
-#pragma unroll
-                for (int i = 0; i < MI; ++i)
-                    mma_ldmatrix4(a[i], as + (wm * 16 * MI + i * 16 + (lane & 15)) * MMA_LD + kk +
-                                            (lane >> 4) * 8);
-#pragma unroll
-                for (int p = 0; p < 2; ++p)
-                    mma_ldmatrix4(b[p], bs + (wn * 32 + p * 16 + (lane & 7) + (lane >> 4) * 8) *
-                                                 MMA_LD +
-                                             kk + ((lane >> 3) & 1) * 8);
-#pragma unroll
-                for (int i = 0; i < MI; ++i)
-#pragma unroll
-                    for (int j = 0; j < 4; ++j)
-                        mma_16816(acc[i][j], a[i], b[j / 2][2 * (j % 2)], b[j / 2][2 * (j % 2) + 1]);
-            }
-            if (s + 1 < steps) {
-                __half* nas = f16 + ((s + 1) % 2) * (BM + MMA_BN) * MMA_LD;
-                mmp_convert<FMT, BM>(ring + ((s + 1) % F::stages) * F::slot, s + 1, nas,
-                                     nas + BM * MMA_LD);
-            }
-        }
-        // Nothing of this tile's copies is left in flight (the last groups are empty) before the
-        // next tile reuses the slots; the barrier keeps its first copies off slots still read.
-        mmp_wait<0>();
-        __syncthreads();
-        mma_write<ACC, MI>(acc, out, r0, o0, rows, n, wm, wn, lane);
+    for (uint32_t s = 0; s < F::stages; ++s) {
+        if (s < steps) mmp_issue<FMT, BM>(ring + s * F::slot, cur, s);
+        mmp_commit();
     }
+    mmp_wait<F::stages - 1>();
+    __syncthreads();
+    mmp_convert<FMT, BM>(ring, 0, f16, f16 + BM * MMA_LD);
+    for (uint32_t s = 0; s < steps; ++s) {
+        // Step s + 1's copy has landed (this thread's part, then everyone's at the barrier);
+        // every warp is done with step s - 1's products and step s's slot.
+        mmp_wait<F::stages - 2>();
+        __syncthreads();
+        if (s + F::stages < steps)
+            mmp_issue<FMT, BM>(ring + (s % F::stages) * F::slot, cur, s + F::stages);
+        mmp_commit();
+        const __half* as = f16 + (s % 2) * (BM + MMA_BN) * MMA_LD;
+        const __half* bs = as + BM * MMA_LD;
+#pragma unroll
+        for (int kk = 0; kk < MMA_BK; kk += 16) {
+            uint32_t a[MI][4], b[2][4];
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+                mma_ldmatrix4(a[i], as + (wm * 16 * MI + i * 16 + (lane & 15)) * MMA_LD + kk +
+                                        (lane >> 4) * 8);
+#pragma unroll
+            for (int p = 0; p < 2; ++p)
+                mma_ldmatrix4(b[p], bs + (wn * 32 + p * 16 + (lane & 7) + (lane >> 4) * 8) *
+                                             MMA_LD +
+                                         kk + ((lane >> 3) & 1) * 8);
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    mma_16816(acc[i][j], a[i], b[j / 2][2 * (j % 2)], b[j / 2][2 * (j % 2) + 1]);
+        }
+        if (s + 1 < steps) {
+            __half* nas = f16 + ((s + 1) % 2) * (BM + MMA_BN) * MMA_LD;
+            mmp_convert<FMT, BM>(ring + ((s + 1) % F::stages) * F::slot, s + 1, nas,
+                                 nas + BM * MMA_LD);
+        }
+    }
+    // Nothing of this tile's copies is left in flight (the last groups are empty) before the
+    // next tile reuses the slots; the barrier keeps its first copies off slots still read.
+    mmp_wait<0>();
+    __syncthreads();
+    mma_write<ACC, MI>(acc, out, r0, o0, rows, n, wm, wn, lane);
 #endif
 }
 
-// The pipelined form; `false` where it does not apply (another format, rows or activations not
-// aligned for the copies, before sm_80) and the caller takes `mm_mma`. Tiles of 64 rows where the
-// grid has one block row per 64 rows (and that is more than one per 128).
-template <int FMT, bool ACC>
-__device__ bool mm_mma_pipe(const float* x, const uint8_t* w, float* out, uint32_t rows,
-                            uint32_t k, uint32_t n, uint64_t row_bytes) {
-#if __CUDA_ARCH__ >= 800
+// The tiles of BM rows this block takes: consecutive blocks take consecutive output tiles of one
+// row tile (the rows stay hot in L2).
+template <int FMT, bool ACC, int BM>
+__device__ void mmp_tiles(const float* x, const uint8_t* w, float* out, uint32_t rows, uint32_t k,
+                          uint32_t n, uint64_t row_bytes) {
+    const uint64_t tiles_m = ((uint64_t)rows + BM - 1) / BM;
+    const uint64_t tiles_n = ((uint64_t)n + MMA_BN - 1) / MMA_BN;
+    for (uint64_t tile = blockIdx.y * (uint64_t)gridDim.x + blockIdx.x; tile < tiles_m * tiles_n;
+         tile += (uint64_t)gridDim.x * gridDim.y)
+        mmp_tile<FMT, ACC, BM>(x, w, out, rows, k, n, row_bytes, tile / tiles_n * BM,
+                               tile % tiles_n * MMA_BN);
+}
+
+// Three products of one x (`matmul3_mma_<w>`): weights, outputs and widths of each, picked with
+// selects rather than an indexed array (which would live in local memory).
+struct Mm3 {
+    const uint8_t *w0, *w1, *w2;
+    float *out0, *out1, *out2;
+    uint32_t n0, n1, n2;
+    __device__ __forceinline__ const uint8_t* w(int p) const { return p == 0 ? w0 : p == 1 ? w1 : w2; }
+    __device__ __forceinline__ float* out(int p) const { return p == 0 ? out0 : p == 1 ? out1 : out2; }
+    __device__ __forceinline__ uint32_t n(int p) const { return p == 0 ? n0 : p == 1 ? n1 : n2; }
+};
+
+// The tiles of the three products this block takes: their output tiles side by side, so one
+// launch fills the GPU where each alone would leave SMs idle (a prompt's k and v products).
+template <int FMT, int BM>
+__device__ void mmp_tiles3(const float* x, const Mm3& m, uint32_t rows, uint32_t k,
+                           uint64_t row_bytes) {
+    const uint64_t t0 = ((uint64_t)m.n0 + MMA_BN - 1) / MMA_BN;
+    const uint64_t t1 = ((uint64_t)m.n1 + MMA_BN - 1) / MMA_BN;
+    const uint64_t tiles_n = t0 + t1 + ((uint64_t)m.n2 + MMA_BN - 1) / MMA_BN;
+    const uint64_t tiles_m = ((uint64_t)rows + BM - 1) / BM;
+    for (uint64_t tile = blockIdx.y * (uint64_t)gridDim.x + blockIdx.x; tile < tiles_m * tiles_n;
+         tile += (uint64_t)gridDim.x * gridDim.y) {
+        const uint64_t r0 = tile / tiles_n * BM, c = tile % tiles_n;
+        const int p = c < t0 ? 0 : c < t0 + t1 ? 1 : 2;
+        const uint64_t o0 = (c - (p == 0 ? 0 : p == 1 ? t0 : t0 + t1)) * MMA_BN;
+        mmp_tile<FMT, false, BM>(x, m.w(p), m.out(p), rows, k, m.n(p), row_bytes, r0, o0);
+    }
+}
+
+// Whether the pipelined form takes weights `w` of format FMT with activations `x`: a format it
+// stages, k whole steps, x 16-byte aligned, w and its rows aligned to the format's copy unit, and
+// the launch given the form's shared memory.
+template <int FMT>
+__device__ __forceinline__ bool mmp_applies(const float* x, const uint8_t* w, uint32_t k,
+                                            uint64_t row_bytes) {
     constexpr bool block32 =
         FMT == OP_FMT_Q4_0 || FMT == OP_FMT_Q4_1 || FMT == OP_FMT_Q5_0 || FMT == OP_FMT_Q8_0;
     if constexpr (!(block32 || FMT == OP_FMT_Q4_K || FMT == OP_FMT_Q6_K)) return false;
     constexpr uint32_t unit = MmpFormat<FMT>::unit;
-    if (k % MMA_BK != 0 || ((uint64_t)x & 15u) != 0 ||
-        ((uint64_t)w & (unit - 1)) != 0 || row_bytes % unit != 0 || mm_dynamic_smem() < MMP_SMEM)
-        return false;
+    return k % MMA_BK == 0 && ((uint64_t)x & 15u) == 0 && ((uint64_t)w & (unit - 1)) == 0 &&
+           row_bytes % unit == 0 && mm_dynamic_smem() >= MMP_SMEM;
+}
+
+// Tiles of 64 rows where the grid has one block row per 64 rows and that is more than one per
+// 128 (the host's choice, `ops::matmul::mma_grid`).
+__device__ __forceinline__ bool mmp_short_tiles(uint32_t rows) {
     const uint32_t rows64 = (rows + 63) / 64, rows128 = (rows + 127) / 128;
-    if (gridDim.y == rows64 && rows64 != rows128)
+    return gridDim.y == rows64 && rows64 != rows128;
+}
+
+// The pipelined form; `false` where it does not apply (`mmp_applies`, or before sm_80) and the
+// caller takes `mm_mma`.
+template <int FMT, bool ACC>
+__device__ bool mm_mma_pipe(const float* x, const uint8_t* w, float* out, uint32_t rows,
+                            uint32_t k, uint32_t n, uint64_t row_bytes) {
+#if __CUDA_ARCH__ >= 800
+    if (!mmp_applies<FMT>(x, w, k, row_bytes)) return false;
+    if (mmp_short_tiles(rows))
         mmp_tiles<FMT, ACC, 64>(x, w, out, rows, k, n, row_bytes);
     else
         mmp_tiles<FMT, ACC, 128>(x, w, out, rows, k, n, row_bytes);
+    return true;
+#else
+    return false;
+#endif
+}
+
+// `mm_mma_pipe` for the three products of `matmul3_mma_<w>` (one weight format, one k).
+template <int FMT>
+__device__ bool mm_mma_pipe3(const float* x, const Mm3& m, uint32_t rows, uint32_t k,
+                             uint64_t row_bytes) {
+#if __CUDA_ARCH__ >= 800
+    if (!mmp_applies<FMT>(x, m.w0, k, row_bytes) || !mmp_applies<FMT>(x, m.w1, k, row_bytes) ||
+        !mmp_applies<FMT>(x, m.w2, k, row_bytes))
+        return false;
+    if (mmp_short_tiles(rows))
+        mmp_tiles3<FMT, 64>(x, m, rows, k, row_bytes);
+    else
+        mmp_tiles3<FMT, 128>(x, m, rows, k, row_bytes);
     return true;
 #else
     return false;
