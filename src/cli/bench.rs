@@ -16,7 +16,9 @@ use onepass::model::transformer::{Logits, Transformer};
 use onepass::trace::{op_summary, write_chrome_trace, Timeline};
 use onepass::Executor;
 
-use super::common::{check_output_path, count, open_model, ModelArgs, RunArgs};
+use super::common::{
+    check_output_path, count, load_with_prefill_rows, open_model, ModelArgs, RunArgs,
+};
 use super::synth::SynthQuant;
 
 /// Flags of `bench`.
@@ -206,7 +208,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
         return super::bench_rows::run(&args, file, &model_name, &device, executor, modes[0], ctx);
     }
-    let llama = Transformer::load(file, &device, ctx, args.run.batch)?;
+    let llama = load_with_prefill_rows(&args.run, &device, |rows| {
+        Transformer::load(file.clone(), &device, ctx, rows)
+    })?;
     let mut engine = Engine::new(llama, executor, modes[0]);
     let prompt = pseudo_random_prompt(args.prompt, engine.model().config().vocab as u64);
 

@@ -17,6 +17,7 @@ use onepass::trace::Timeline;
 use onepass::{Device, Executor};
 
 use super::bench::{pseudo_random_prompt, spread, write_op_table, BenchArgs, OpJson, Spread};
+use super::common::load_with_prefill_rows;
 
 /// One row count's figures.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -61,7 +62,9 @@ pub(super) fn run(
     if args.rows.contains(&0) || max > 32 {
         anyhow::bail!("--rows takes row counts from 1 to 32, got {:?}", args.rows);
     }
-    let model = Transformer::load_slots(file, device, ctx, args.run.batch, max, max)?;
+    let model = load_with_prefill_rows(&args.run, device, |rows| {
+        Transformer::load_slots(file.clone(), device, ctx, rows, max, max)
+    })?;
     let mut engine = BatchEngine::new(model, executor, mode)?;
     let prompt = pseudo_random_prompt(args.prompt, engine.vocab() as u64);
     let mut prefill = Vec::new();

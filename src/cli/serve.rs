@@ -16,7 +16,7 @@ use onepass::model::transformer::Transformer;
 use onepass::serve::{Limits, ServeOptions, ServedModel};
 use onepass::Executor;
 
-use super::common::{count, model_path, ModelArgs, RunArgs};
+use super::common::{count, load_with_prefill_rows, model_path, ModelArgs, RunArgs};
 
 /// Flags of `serve`.
 #[derive(Args, Debug)]
@@ -94,14 +94,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let tokenizer = Tokenizer::from_gguf(&file)?;
     let template = ChatTemplate::from_gguf(&file, &tokenizer)?;
     let device = config.open_device()?;
-    let transformer = Transformer::load_slots(
-        file,
-        &device,
-        args.run.ctx,
-        args.run.batch,
-        args.parallel,
-        args.parallel,
-    )?;
+    let transformer = load_with_prefill_rows(&args.run, &device, |rows| {
+        Transformer::load_slots(
+            file.clone(),
+            &device,
+            args.run.ctx,
+            rows,
+            args.parallel,
+            args.parallel,
+        )
+    })?;
     let executor = Executor::new(device).with_config(config.clone());
     let model = BatchEngine::new(transformer, executor, config.mode)?;
     let ctx = model.slot_ctx();

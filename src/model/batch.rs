@@ -15,8 +15,8 @@
 //! sequence's greedy tokens equal `Engine::generate`'s when its prompt was prefilled as `generate`
 //! prefills it. Prefill passes of two or more tokens give the same bits whatever their length;
 //! a one-token chunk takes the one-row (decode) form, whose sums run in another order. So chunk a
-//! prompt as `generate` does (chunks of its `max_batch`, `--batch`, 512 by default, from position
-//! 0), or at least never leave a one-token chunk where it has none.
+//! prompt as `generate` does (chunks of its `max_batch`, `--batch`: 512 by default on the CPU, 4096 on CUDA, from
+//! position 0), or at least never leave a one-token chunk where it has none.
 
 use crate::backend::EncoderOptions;
 use crate::error::{Error, Result};
