@@ -12,6 +12,9 @@
 //   p16 k64 s3: the same with 64-value steps (two weight blocks a row, 36 bytes, always
 //       word-aligned) in three slots: half the barriers and copy bookkeeping per `mma`.
 //   p16w: p16 k32 s4 with four warps a block, each 64 x 64 (fewer `ldmatrix` per `mma`).
+//   p32 s4: p32 with four slots (a step more in flight).
+//   p32 k64 s2: f32 activations as p32, in 64-value steps, two slots and one f16 buffer (two
+//       barriers a step): what 64-value steps give without f16 activations in memory.
 // Both round x and w to f16 once, as the real form does; each output is checked against float64
 // sums of the f16-rounded operands (bound: 2^-22 of sum |x w| per term added, i.e. k 2^-23 S).
 // Prints, per shape of the Llama-3.1-8B prompt (512 rows), the time and TFLOP/s of each form
@@ -144,19 +147,21 @@ __device__ __forceinline__ void step_mma_k(float (&acc)[4][4][4], const __half* 
     }
 }
 
-// ---- p32 ----
+// ---- p32<S> ----
 #define P32_SLOT (BM * BK * 4 + BN * B_WORDS * 4)
-#define P32_SMEM (3 * P32_SLOT + 2 * (BM + BN) * LD * 2)
+template <int S>
+constexpr int p32_smem() { return S * P32_SLOT + 2 * (BM + BN) * LD * 2; }
 
+template <int S>
 __global__ __launch_bounds__(THREADS, 2) void p32(const float* x, const uint8_t* w, float* out,
                                                   uint32_t rows, uint32_t k, uint32_t n) {
     extern __shared__ __align__(16) uint8_t smem[];
-    __half* f16 = (__half*)(smem + 3 * P32_SLOT);
+    __half* f16 = (__half*)(smem + S * P32_SLOT);
     const int t = threadIdx.x, warp = t / 32, lane = t % 32, wm = warp / 4, wn = warp % 4;
     const uint32_t r0 = blockIdx.y * BM, o0 = blockIdx.x * BN, steps = k / BK;
     const uint64_t row_bytes = (uint64_t)k / 32 * BLOCK_BYTES;
     auto issue = [&](uint32_t s) {
-        uint8_t* slot = smem + (s % 3) * P32_SLOT;
+        uint8_t* slot = smem + (s % S) * P32_SLOT;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const uint32_t r = t / 8 + 32 * j;
@@ -166,7 +171,7 @@ __global__ __launch_bounds__(THREADS, 2) void p32(const float* x, const uint8_t*
         issue_w(slot + BM * BK * 4, w, o0, n, row_bytes, s);
     };
     auto convert = [&](uint32_t s) {
-        const uint8_t* slot = smem + (s % 3) * P32_SLOT;
+        const uint8_t* slot = smem + (s % S) * P32_SLOT;
         __half* as = f16 + (s % 2) * (BM + BN) * LD;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
@@ -178,21 +183,84 @@ __global__ __launch_bounds__(THREADS, 2) void p32(const float* x, const uint8_t*
         dequant(slot + BM * BK * 4 + o * B_WORDS * 4 + lead(s), h, as + BM * LD + o * LD + 16 * h);
     };
     float acc[4][4][4] = {};
-    for (uint32_t s = 0; s < 3; ++s) {
+    for (uint32_t s = 0; s < S; ++s) {
         if (s < steps) issue(s);
         commit();
     }
-    wait_groups<2>();
+    wait_groups<S - 1>();
     __syncthreads();
     convert(0);
     for (uint32_t s = 0; s < steps; ++s) {
-        wait_groups<1>();
+        wait_groups<S - 2>();
         __syncthreads();
-        if (s + 3 < steps) issue(s + 3);
+        if (s + S < steps) issue(s + S);
         commit();
         const __half* as = f16 + (s % 2) * (BM + BN) * LD;
         step_mma_k<BK>(acc, as, as + BM * LD, wm, wn, lane);
         if (s + 1 < steps) convert(s + 1);
+    }
+    write_out(acc, out, r0, o0, rows, n, wm, wn, lane);
+}
+
+// ---- p32 k64 s2 ----
+// f32 activations as p32, in 64-value steps (two weight blocks a row, 36 bytes) and two copy
+// slots, converted into one f16 buffer: wait, barrier, convert step s, barrier, issue step s + 2
+// into the slot just converted, multiply step s. Two barriers a 64-value step (one per 32, as
+// p32), two steps (128 values) of copies in flight while a step is multiplied; 110.6 KiB, two
+// blocks an SM.
+#define K64_LD 72
+#define K64_SLOT (BM * 64 * 4 + BN * 9 * 4)
+#define K64_SMEM (2 * K64_SLOT + (BM + BN) * K64_LD * 2)
+
+__global__ __launch_bounds__(THREADS, 2) void p32k64(const float* x, const uint8_t* w, float* out,
+                                                     uint32_t rows, uint32_t k, uint32_t n) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    __half* as = (__half*)(smem + 2 * K64_SLOT);
+    __half* bs = as + BM * K64_LD;
+    const int t = threadIdx.x, warp = t / 32, lane = t % 32, wm = warp / 4, wn = warp % 4;
+    const uint32_t r0 = blockIdx.y * BM, o0 = blockIdx.x * BN, steps = k / 64;
+    const uint64_t row_bytes = (uint64_t)k / 32 * BLOCK_BYTES;
+    auto issue = [&](uint32_t s) {
+        uint8_t* slot = smem + (s % 2) * K64_SLOT;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const uint32_t c = t + THREADS * j, r = c / 16, q = c % 16;
+            const bool live = r0 + r < rows;
+            cp16(slot + (r * 64 + 4 * q) * 4, live ? x + (uint64_t)(r0 + r) * k + s * 64 + 4 * q : x, live);
+        }
+        uint8_t* b = slot + BM * 64 * 4;
+        for (uint32_t c = t; c < BN * 9; c += THREADS) {
+            const uint32_t o = c / 9, wd = c % 9;
+            const bool live = o0 + o < n;
+            cp4(b + 4 * c, live ? w + (uint64_t)(o0 + o) * row_bytes + s * 2 * BLOCK_BYTES + 4 * wd : w, live);
+        }
+    };
+    auto convert = [&](uint32_t s) {
+        const uint8_t* slot = smem + (s % 2) * K64_SLOT;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const uint32_t c = t + THREADS * j, r = c / 16, q = c % 16;
+            const float4 v = *(const float4*)(slot + (r * 64 + 4 * q) * 4);
+            *(uint2*)&as[r * K64_LD + 4 * q] = make_uint2(pack(v.x, v.y), pack(v.z, v.w));
+        }
+        const uint32_t o = t / 2, blk = t % 2;
+        const uint8_t* raw = slot + BM * 64 * 4 + o * 9 * 4 + BLOCK_BYTES * blk;
+        dequant(raw, 0, bs + o * K64_LD + 32 * blk);
+        dequant(raw, 1, bs + o * K64_LD + 32 * blk + 16);
+    };
+    float acc[4][4][4] = {};
+    issue(0);
+    commit();
+    if (steps > 1) issue(1);
+    commit();
+    for (uint32_t s = 0; s < steps; ++s) {
+        wait_groups<1>();
+        __syncthreads();
+        convert(s);
+        __syncthreads();
+        if (s + 2 < steps) issue(s + 2);
+        commit();
+        step_mma_k<64>(acc, as, bs, wm, wn, lane);
     }
     write_out(acc, out, r0, o0, rows, n, wm, wn, lane);
 }
@@ -374,12 +442,14 @@ int main() {
                             {512, 14336, 4096, "gate/up 14336x4096"},
                             {512, 4096, 14336, "down 4096x14336"}};
     constexpr int smem16a = p16_smem<32, 4>(), smem16b = p16_smem<64, 3>();
-    CK(cudaFuncSetAttribute(p32, cudaFuncAttributeMaxDynamicSharedMemorySize, P32_SMEM));
+    CK(cudaFuncSetAttribute(p32<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, p32_smem<3>()));
+    CK(cudaFuncSetAttribute(p32<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, p32_smem<4>()));
+    CK(cudaFuncSetAttribute(p32k64, cudaFuncAttributeMaxDynamicSharedMemorySize, K64_SMEM));
     CK(cudaFuncSetAttribute(p16<32, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem16a));
     CK(cudaFuncSetAttribute(p16<64, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem16b));
     CK(cudaFuncSetAttribute(p16w, cudaFuncAttributeMaxDynamicSharedMemorySize, smem16a));
-    const char* forms[] = {"p32", "p16 k32 s4", "p16 k64 s3", "p16w"};
-    const int n_forms = 4;
+    const char* forms[] = {"p32", "p16 k32 s4", "p16 k64 s3", "p16w", "p32 s4", "p32 k64 s2"};
+    const int n_forms = 6;
     std::mt19937 rng(7);
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
     printf("per form: us a product (p16: with its to_f16 pass), TFLOP/s, worst error / bound\n");
@@ -404,8 +474,13 @@ int main() {
         CK(cudaMemcpy(dw, w.data(), w.size(), cudaMemcpyHostToDevice));
         const dim3 grid((sh.n + BN - 1) / BN, (sh.rows + BM - 1) / BM);
         auto launch = [&](int f) {
-            if (f == 0) {
-                p32<<<grid, THREADS, P32_SMEM>>>(dx, dw, dout, sh.rows, sh.k, sh.n);
+            if (f == 0 || f == 4) {
+                if (f == 0) p32<3><<<grid, THREADS, p32_smem<3>()>>>(dx, dw, dout, sh.rows, sh.k, sh.n);
+                if (f == 4) p32<4><<<grid, THREADS, p32_smem<4>()>>>(dx, dw, dout, sh.rows, sh.k, sh.n);
+                return;
+            }
+            if (f == 5) {
+                p32k64<<<grid, THREADS, K64_SMEM>>>(dx, dw, dout, sh.rows, sh.k, sh.n);
                 return;
             }
             to_f16<<<264, 256>>>(dx, dxh, nx);
