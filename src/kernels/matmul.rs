@@ -29,7 +29,7 @@ macro_rules! product_params {
 pub(crate) use product_params;
 
 /// `out[r, o] = x[r] . w[o]`: x, w, out, rows, k, n. On CUDA a one-row product of a 32-value
-/// block format launched with the int8 row's shared memory (`ops::matmul::matmul` gives it from
+/// block format or Q4_K launched with the int8 row's shared memory (`ops::matmul::matmul` gives it from
 /// 2^22 weights) rounds x to int8 in blocks of 32 values: the same results up to that rounding.
 pub static MATMUL: [KernelSig; 9] =
     per_format!(OpKind::MatMul; "matmul"; |W| product_params!(W, Param::write("out", F32)));
@@ -155,7 +155,7 @@ pub static NORM_QKV_ROPE: [KernelSig; 9] =
     per_format!(OpKind::MatMul; "norm_qkv_rope"; |W| qkv_rope_params!(W));
 
 /// [`NORM_QKV_ROPE`] for one row with the row normalized once per block in shared memory (the
-/// CUDA form for long rows; the same values, and for the 32-value block formats rounded to int8
+/// CUDA form for long rows; the same values, and for the 32-value block formats and Q4_K rounded to int8
 /// in blocks of 32 values where the launch gives that memory too).
 pub static NORM_QKV_ROPE_SHARED: [KernelSig; 9] =
     per_format!(OpKind::MatMul; "norm_qkv_rope_shared"; |W| qkv_rope_params!(W));

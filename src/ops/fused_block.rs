@@ -22,7 +22,7 @@
 //!
 //! A one-row pass of at least 1024 activations takes the `_shared` kernels: on CUDA each block
 //! normalizes the row once into shared memory and reads the weight rows of its output pairs
-//! through a shared-memory stage; for the 32-value block formats (Q4_0, Q4_1, Q5_0, Q8_0) it also
+//! through a shared-memory stage; for the 32-value block formats (Q4_0, Q4_1, Q5_0, Q8_0) and Q4_K it also
 //! rounds the normalized row to int8 in blocks of 32 values (each block scaled by its largest
 //! magnitude over 127) and sums with integer dot products, as the one-row `matmul` does on CUDA,
 //! so a product `w_i x_i` moves by at most `|w_i| d / 2` (`d` the block's scale); the other formats

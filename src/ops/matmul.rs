@@ -73,10 +73,13 @@ const Q8_MIN_WEIGHTS: usize = 1 << 22;
 
 /// Bytes of shared memory the int8 form of a row of `k` activations takes (`MM_Q8_BYTES` in
 /// `backend/cuda/kernels/matmul_blocks.cuh`: k int8 values and a pair of f32 per 32), for the
-/// weight formats whose one-row CUDA products read int8 activations (the 32-value block formats);
-/// `None` for the others and for `k` not a multiple of 32.
+/// weight formats whose one-row CUDA products read int8 activations (the 32-value block formats
+/// and Q4_K); `None` for the others and for `k` not a multiple of 32.
 pub(crate) fn int8_row_bytes(w: DType, k: usize) -> Option<usize> {
-    let q8 = matches!(w, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0);
+    let q8 = matches!(
+        w,
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0 | DType::Q4K
+    );
     (q8 && k.is_multiple_of(32)).then(|| k + k / 4)
 }
 
@@ -199,7 +202,7 @@ pub(crate) fn check_rows(c: &Check, x: &Buffer, out: &Buffer, k: usize, n: usize
 }
 
 /// `out[rows, n] = x[rows, k] · W[n, k]ᵀ` for a weight of any of [`WEIGHT_DTYPES`]. One row takes
-/// the vector (decode) form (on the GPU, for the 32-value block formats, x rounded to int8 in
+/// the vector (decode) form (on the GPU, for the 32-value block formats and Q4_K, x rounded to int8 in
 /// blocks of 32 values, see [`int8_row_bytes`]), more rows the matrix (prefill) form, and from
 /// [`MMA_MIN_ROWS`] rows the tensor-core kernels (on the GPU: x and w rounded to f16, sums in
 /// f32).

@@ -203,7 +203,7 @@ pub(crate) fn weight_tensor(dtype: DType, n: usize, k: usize, seed: u64) -> Host
     }
 }
 
-/// The activation row the one-row CUDA products of the 32-value block formats multiply
+/// The activation row the one-row CUDA products of the 32-value block formats and Q4_K multiply
 /// (`backend/cuda/kernels/matmul_blocks.cuh`, int8 activations): per 32 values, `m` the largest
 /// magnitude (a NaN counts as infinite), `q = rint(x * (127 / m))` in f32, the value `q * (m / 127)`.
 /// The products then differ from the CPU's on these values only by f32 rounding.
@@ -222,7 +222,7 @@ pub(crate) fn int8_rounded(x: &[f32]) -> Vec<f32> {
 }
 
 /// Whether CUDA's one-row product of an `[n, k]` weight of dtype `w` reads int8 activations
-/// (`ops::matmul::vector_grid`: the 32-value block formats, at least 2^22 weights, the row
+/// (`ops::matmul::vector_grid`: the 32-value block formats and Q4_K, at least 2^22 weights, the row
 /// within the 48 KiB of shared memory the launch asks for).
 pub(crate) fn takes_int8(w: DType, rows: usize, n: usize, k: usize) -> bool {
     rows == 1 && int8_format(w, k) && n * k >= 1 << 22 && k + k / 4 <= 48 * 1024
@@ -236,7 +236,14 @@ pub(crate) fn fused_takes_int8(w: DType, dim: usize) -> bool {
 }
 
 fn int8_format(w: DType, k: usize) -> bool {
-    matches!(w, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0) && k.is_multiple_of(32)
+    let formats = [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q8_0,
+        DType::Q4K,
+    ];
+    formats.contains(&w) && k.is_multiple_of(32)
 }
 
 /// An f32 activation tensor as the CPU should see it to stand for CUDA's product with the weight

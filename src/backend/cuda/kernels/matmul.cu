@@ -181,7 +181,7 @@ __device__ __forceinline__ bool mm_vector_q8(X x, const uint8_t* w, float* out, 
                                              uint32_t n, uint64_t row_bytes) {
     if (!mm_q8_format<FMT>() || blockDim.x > MM_Q8_THREADS || blockDim.x % 32 != 0 ||
         blockDim.y != 1 || k % 32 != 0 || (uint64_t)n * k < MM_Q8_MIN_WEIGHTS || !x.aligned16() ||
-        ((uint64_t)w & 1u) != 0 || mm_dynamic_smem() < MM_Q8_BYTES(k))
+        !mm_q8_rows_ok<FMT>(w, row_bytes) || mm_dynamic_smem() < MM_Q8_BYTES(k))
         return false;
     extern __shared__ __align__(16) float mm_smem[];
     int* q = (int*)mm_smem;

@@ -219,10 +219,19 @@ struct MmIsQ8<XQ8> {
     static constexpr bool value = true;
 };
 
-// Whether a format's one-row products take int8 activations.
+// Whether a format's one-row products take int8 activations (Q4_K's through `mm_q8_q4k_rows`,
+// with its rows at 8-byte aligned addresses: `mm_q8_rows_ok`).
 template <int FMT>
 __device__ __forceinline__ constexpr bool mm_q8_format() {
-    return FMT == OP_FMT_Q4_0 || FMT == OP_FMT_Q4_1 || FMT == OP_FMT_Q5_0 || FMT == OP_FMT_Q8_0;
+    return FMT == OP_FMT_Q4_0 || FMT == OP_FMT_Q4_1 || FMT == OP_FMT_Q5_0 || FMT == OP_FMT_Q8_0 ||
+           FMT == OP_FMT_Q4_K;
+}
+// Whether weight rows from `w` (row_bytes apart) suit the int8 products of FMT: even addresses
+// for the block formats, 8-byte aligned ones for Q4_K (its quants are read 8 bytes at a time).
+template <int FMT>
+__device__ __forceinline__ bool mm_q8_rows_ok(const uint8_t* w, uint64_t row_bytes) {
+    const uint64_t align = FMT == OP_FMT_Q4_K ? 8 : 2;
+    return ((uint64_t)w % align) == 0 && row_bytes % align == 0;
 }
 // Weights from which the plain one-row matmul reads the int8 row (`ops::matmul::Q8_MIN_WEIGHTS`;
 // the fused block kernels take it for every product of a row they quantize).
@@ -314,11 +323,60 @@ __device__ __forceinline__ float mm_q8_quarter(XQ8 x, MmQuarter w, uint32_t b, u
     return w.d * (dx.x * s - 2.0f * dx.y);
 }
 
+// `mm_dot_q4k_rows` against the int8 row: the same lanes and bytes (lane t of a half-warp: the 8
+// quant bytes of values 8 (t % 4).. of sub-blocks 2 (t / 4) and 2 (t / 4) + 1), each sub-block's
+// part d s d_x sum(q q_x) - dmin m (d_x sum q_x) / 4 (a quarter of the block's sum of q_x, as each
+// of its four lanes adds one): the CPU's product on the int8-rounded row, up to f32 rounding.
+template <int R>
+__device__ __forceinline__ void mm_q8_q4k_rows(XQ8 x, const uint8_t* const (&rows)[R], uint32_t k,
+                                               int lane, float (&out)[R]) {
+    const uint32_t sbs = k / 256, t = lane & 15, pair = t >> 2, part = t & 3;
+    // The int8 words of values 8 part .. 8 part + 3 and 8 part + 4 .. 8 part + 7 of a block.
+    const uint32_t w0 = part < 2 ? 4 * part : 4 * (part - 2) + 1, w1 = w0 + 2;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+#pragma unroll 2
+    for (uint32_t sb = lane >> 4; sb < sbs; sb += 2) {
+        const uint32_t b = sb * 8 + 2 * pair;
+        const int* xlo = x.q + (uint64_t)b * 8;
+        const int lo0 = xlo[w0], lo1 = xlo[w1], hi0 = xlo[8 + w0], hi1 = xlo[8 + w1];
+        const float2 dlo = x.ds[b], dhi = x.ds[b + 1];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const uint8_t* p = rows[r] + (uint64_t)sb * 144;
+            const uint2 q = *(const uint2*)(p + 16 + 32 * pair + 8 * part);
+            uint32_t s0, m0, s1, m1;
+            op_q4k_scale_min(p + 4, 2 * pair, s0, m0);
+            op_q4k_scale_min(p + 4, 2 * pair + 1, s1, m1);
+            const int lo = __dp4a((int)(q.x & 0x0f0f0f0fu), lo0,
+                                  __dp4a((int)(q.y & 0x0f0f0f0fu), lo1, 0));
+            const int hi = __dp4a((int)((q.x >> 4) & 0x0f0f0f0fu), hi0,
+                                  __dp4a((int)((q.y >> 4) & 0x0f0f0f0fu), hi1, 0));
+            acc[r] += op_half_bits(p) * ((float)s0 * (dlo.x * (float)lo) +
+                                         (float)s1 * (dhi.x * (float)hi)) -
+                      op_half_bits(p + 2) * ((float)m0 * (0.25f * dlo.y) +
+                                             (float)m1 * (0.25f * dhi.y));
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) out[r] = op_warp_sum(acc[r]);
+}
+
 // Two rows' dots against the int8 row, four lanes a block as `mm_dot_blocks` (the same quarters
-// in the same order per lane), the activation words read once for both rows.
+// in the same order per lane), the activation words read once for both rows; Q4_K rows by
+// `mm_q8_q4k_rows`.
 template <int FMT>
 __device__ __forceinline__ void mm_q8_dot2(XQ8 x, const uint8_t* ra, const uint8_t* rb, uint32_t k,
                                            int lane, float& va, float& vb) {
+    if constexpr (FMT == OP_FMT_Q4_K) {
+        const uint8_t* const rows[2] = {ra, rb};
+        float v[2];
+        mm_q8_q4k_rows<2>(x, rows, k, lane, v);
+        va = v[0];
+        vb = v[1];
+        return;
+    }
     const uint32_t blocks = k / 32, t = lane & 3;
     float a = 0.0f, b = 0.0f;
 #pragma unroll 4
@@ -467,7 +525,10 @@ __device__ __forceinline__ void mm_dot_pair(X x, const uint8_t* a, const uint8_t
         vb = mm_dot_blocks<FMT>(x, b, k, lane);
     } else if (FMT == OP_FMT_Q4_K && mm_q4k_ok(x, a, b)) {
         float v[2];
-        mm_dot_q4k_rows<2>(x, rows, k, lane, v);
+        if constexpr (MmIsQ8<X>::value)
+            mm_q8_q4k_rows<2>(x, rows, k, lane, v);
+        else
+            mm_dot_q4k_rows<2>(x, rows, k, lane, v);
         va = v[0];
         vb = v[1];
     } else {
