@@ -62,6 +62,12 @@ pub struct Capabilities {
     /// What [`Backend::step_timer`] measures. CPU: [`StepClock::HostWall`]. CUDA:
     /// [`StepClock::DeviceEvents`].
     pub step_clock: StepClock,
+    /// Whether the optimizer narrows an f32 norm whose every reader is a tensor-core product to
+    /// f16 (`graph::passes::narrow`, `ops::narrow`): the backend's `_h` products then read half
+    /// the activation bytes, with the bits of the f32 forms. CPU: `false` (its products read the
+    /// f32 norm: the f16 rounding would be new there). CUDA: `false` until its `_h` kernels are
+    /// checked on a GPU (branch work).
+    pub f16_prompt_activations: bool,
 }
 
 impl Capabilities {

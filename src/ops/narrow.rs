@@ -72,3 +72,137 @@ pub const NORM_TO_F16_PRODUCTS: NarrowRule = NarrowRule {
     producer: narrow_norm,
     reader: narrow_product,
 };
+
+#[cfg(test)]
+mod tests {
+    use crate::backend::{cpu, Capabilities, DType, Device};
+    use crate::testutil::random_f32;
+    use crate::{Buffer, Executor, Mode, Plan};
+
+    const ROWS: usize = 64;
+    const K: usize = 256;
+    /// Four products of the norm's output: the first three fuse into a `matmul3_mma`, the fourth
+    /// stays a `matmul_mma`; widths that end in a partial tile of 128.
+    const WIDTHS: [usize; 4] = [200, 64, 72, 96];
+
+    struct Case {
+        dev: Device,
+        x: Buffer,
+        norm: Buffer,
+        xn: Buffer,
+        ws: Vec<Buffer>,
+        outs: Vec<Buffer>,
+    }
+
+    fn case() -> Case {
+        let dev = Device::cpu(2).unwrap();
+        let x = dev
+            .upload(&random_f32(ROWS * K, 2.0, 3), &[ROWS, K])
+            .unwrap();
+        let norm = dev.upload(&random_f32(K, 1.0, 4), &[K]).unwrap();
+        let xn = dev.alloc(DType::F32, &[ROWS, K]).unwrap();
+        let ws = WIDTHS
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let bytes =
+                    crate::quant::quantize(DType::Q4_0, &random_f32(n * K, 1.0, 10 + i as u64))
+                        .unwrap();
+                dev.upload_bytes(&bytes, DType::Q4_0, &[n, K]).unwrap()
+            })
+            .collect();
+        let outs = WIDTHS
+            .iter()
+            .map(|&n| dev.alloc(DType::F32, &[ROWS, n]).unwrap())
+            .collect();
+        Case {
+            dev,
+            x,
+            norm,
+            xn,
+            ws,
+            outs,
+        }
+    }
+
+    /// The norm and the four products recorded, optimized with `caps` (and `extra`, a read of
+    /// the norm's output by an add, when set) and run; the four outputs.
+    fn run(c: &Case, caps: &Capabilities, extra: Option<&Buffer>) -> Vec<Vec<f32>> {
+        let exec = Executor::new(c.dev.clone());
+        let mut s = exec.begin(Mode::Recorded);
+        s.rms_norm(&c.x, &c.norm, &c.xn, 1e-5).unwrap();
+        for (w, out) in c.ws.iter().zip(&c.outs) {
+            s.matmul(&c.xn, w, out).unwrap();
+        }
+        if let Some(acc) = extra {
+            s.add_inplace(acc, &c.xn).unwrap();
+        }
+        s.mark_scratch(&c.xn);
+        let mut graph = s.into_graph().unwrap();
+        Executor::optimize(&mut graph, &Plan::OPTIMIZED, caps);
+        exec.run(&graph, false).unwrap();
+        c.outs.iter().map(|o| c.dev.download(o).unwrap()).collect()
+    }
+
+    fn bits(v: &[Vec<f32>]) -> Vec<Vec<u32>> {
+        v.iter()
+            .map(|o| o.iter().map(|x| x.to_bits()).collect())
+            .collect()
+    }
+
+    /// With the narrowing declared, the norm writes f16 and the products read it: their results
+    /// are the products of the f32 norm's values rounded to f16 (computed here by rounding the
+    /// unnarrowed norm's output on the host), bit for bit, and differ from the f32 products (so
+    /// the narrowing happened). Without it, or where something else reads the norm's output, the
+    /// products read f32.
+    #[test]
+    fn a_norm_read_only_by_tensor_core_products_is_narrowed_to_f16() {
+        let c = case();
+        let narrowing = Capabilities {
+            f16_prompt_activations: true,
+            ..cpu::CAPABILITIES
+        };
+        let plain = run(&c, &cpu::CAPABILITIES, None);
+        let narrowed = run(&c, &narrowing, None);
+        // The reference: the f32 norm (as the plain run left it), rounded to f16, multiplied.
+        let exec = Executor::new(c.dev.clone());
+        let mut s = exec.begin(Mode::Direct);
+        s.rms_norm(&c.x, &c.norm, &c.xn, 1e-5).unwrap();
+        s.finish(&Plan::SEQUENTIAL).unwrap();
+        let rounded: Vec<f32> = c
+            .dev
+            .download::<f32>(&c.xn)
+            .unwrap()
+            .iter()
+            .map(|&v| half::f16::from_f32(v).to_f32())
+            .collect();
+        let xr = c.dev.upload(&rounded, &[ROWS, K]).unwrap();
+        let mut s = exec.begin(Mode::Direct);
+        for (w, out) in c.ws.iter().zip(&c.outs) {
+            s.matmul(&xr, w, out).unwrap();
+        }
+        s.finish(&Plan::SEQUENTIAL).unwrap();
+        let want: Vec<Vec<f32>> = c.outs.iter().map(|o| c.dev.download(o).unwrap()).collect();
+        assert_eq!(
+            bits(&narrowed),
+            bits(&want),
+            "narrowed against f16-rounded products"
+        );
+        assert_ne!(
+            bits(&narrowed),
+            bits(&plain),
+            "the narrowing did not happen"
+        );
+        // An add reading the norm's output keeps it f32 (the products too).
+        let acc = c
+            .dev
+            .upload(&random_f32(ROWS * K, 1.0, 9), &[ROWS, K])
+            .unwrap();
+        let kept = run(&c, &narrowing, Some(&acc));
+        assert_eq!(
+            bits(&kept),
+            bits(&plain),
+            "a norm read by an add must stay f32"
+        );
+    }
+}

@@ -91,17 +91,24 @@ impl Executor {
         } else {
             Vec::new()
         };
+        let narrowings: &[passes::NarrowRule] = if plan.fuse && caps.f16_prompt_activations {
+            &[crate::ops::narrow::NORM_TO_F16_PRODUCTS]
+        } else {
+            &[]
+        };
         let passes::Optimized {
             fusions,
             fusions_by_rule,
+            narrowed,
             reordered,
             barriers,
-        } = passes::optimize(graph, &rules, plan.reorder.unwrap_or(0));
+        } = passes::optimize(graph, &rules, narrowings, plan.reorder.unwrap_or(0));
         tracing::debug!(
             dispatches = graph.dispatch_count(),
             barriers,
             barriers_sequential,
             fusions,
+            narrowed,
             reordered,
             "optimized graph"
         );

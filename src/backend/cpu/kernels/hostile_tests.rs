@@ -254,6 +254,7 @@ fn families() -> Vec<&'static [KernelSig]> {
         &kn::RMS_NORM_NO_SCALE_MUL,
         &kn::RMS_NORM_ADD,
         &kn::RMS_NORM_ROPE,
+        std::slice::from_ref(&kn::RMS_NORM_TO_F16),
         &ka::ATTENTION,
         &ka::ATTENTION_MMA,
         &ka::DECODE_PARTIAL,
@@ -263,6 +264,8 @@ fn families() -> Vec<&'static [KernelSig]> {
         &mm::MATMUL_MMA,
         &mm::MATMUL_ADD_MMA,
         &mm::MATMUL3_MMA,
+        &mm::MATMUL_MMA_H,
+        &mm::MATMUL3_MMA_H,
         &mm::MATMUL_ID,
         &mm::MATMUL_AFFINE,
         &mm::NORM_QKV_ROPE,
@@ -549,6 +552,24 @@ fn unary_elementwise_kernels_refuse_lengths_that_differ() {
             call(24, 23, 0.5).refused("out");
         }
     }
+}
+
+#[test]
+fn the_f16_norm_refuses_hostile_dims() {
+    let call = |x: usize, weight: usize, out: usize, dim: u32| {
+        Call::new(&kn::RMS_NORM_TO_F16)
+            .buf("x", &[x])
+            .buf("weight", &[weight])
+            .buf("out", &[out])
+            .f32("eps", 1e-5)
+            .u32("dim", dim)
+    };
+    call(24, 8, 24, 8).accepted();
+    call(24, 8, 24, 0).refused("dim = 0");
+    call(24, 8, 24, 5).refused("dim = 5");
+    call(24, 8, 24, MAX).refused("dim = 4294967295");
+    call(24, 7, 24, 8).refused("weight");
+    call(24, 8, 16, 8).refused("out");
 }
 
 #[test]
