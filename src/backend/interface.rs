@@ -71,6 +71,13 @@ pub struct Capabilities {
 }
 
 impl Capabilities {
+    /// These capabilities with the f16 narrowing of prompt activations on or off (see
+    /// [`Capabilities::f16_prompt_activations`]): for tests and measurements of the pass.
+    pub const fn with_f16_prompt_activations(mut self, on: bool) -> Capabilities {
+        self.f16_prompt_activations = on;
+        self
+    }
+
     /// How this backend uses `fusion`, if it uses it at all.
     pub fn fusion(&self, fusion: Fusion) -> Option<&FusionUse> {
         self.fusions.iter().find(|u| u.fusion == fusion)

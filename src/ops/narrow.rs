@@ -51,6 +51,20 @@ fn narrow_product<'a>(
     } else {
         (&mm::MATMUL3_MMA_H, kernel.index_in(&mm::MATMUL3_MMA)?)
     };
+    // Only where the f16 form is the fast one (`MmhFormat::fast` in `matmul_mma_h.cuh`): Q4_0,
+    // Q4_1 and Q5_0 in 64-value steps. Elsewhere it would take its two-buffer form, slower than
+    // the f32 pipelined one.
+    let fast = matches!(
+        crate::kernels::WEIGHT_FORMATS[index],
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0
+    );
+    let k = match d.scalar("k")? {
+        crate::graph::Scalar::U32(k) => k,
+        _ => return None,
+    };
+    if !fast || k % 64 != 0 {
+        return None;
+    }
     // Every argument as it was, x (the first) replaced by the narrow view.
     let args: Vec<ArgRef<'a>> = d
         .args()

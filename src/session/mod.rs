@@ -26,6 +26,8 @@ pub struct FinishReport {
     pub fusions: usize,
     /// Fusions per rule name.
     pub fusions_by_rule: BTreeMap<&'static str, usize>,
+    /// Producers the narrowing pass narrowed to f16 (`graph::passes::narrow`).
+    pub narrowed: usize,
     /// Dispatches the reorder pass moved.
     pub reordered: usize,
     /// Concurrent-group size -> number of groups of that size.
@@ -118,6 +120,7 @@ impl Executor {
             barriers_sequential,
             fusions,
             fusions_by_rule: fusions_by_rule.into_iter().collect(),
+            narrowed,
             reordered,
             group_sizes: histogram(&graph.group_sizes()),
             ..FinishReport::default()

@@ -16,9 +16,9 @@
 //! never read again (no reader is left that reads the wide value), so leaving it stale changes
 //! nothing a dispatch or the caller sees.
 
-use crate::backend::Buffer;
 use crate::graph::compute_graph::Resolved;
 use crate::graph::{ComputeGraph, DispatchRef, DispatchSpec, Range};
+use crate::memory::Buffer;
 
 /// One narrowing: how to find a producer's output, and the narrowed forms.
 #[derive(Clone, Copy)]
