@@ -62,11 +62,11 @@ pub struct Capabilities {
     /// What [`Backend::step_timer`] measures. CPU: [`StepClock::HostWall`]. CUDA:
     /// [`StepClock::DeviceEvents`].
     pub step_clock: StepClock,
-    /// Whether the optimizer narrows an f32 norm whose every reader is a tensor-core product to
-    /// f16 (`graph::passes::narrow`, `ops::narrow`): the backend's `_h` products then read half
-    /// the activation bytes, with the bits of the f32 forms. CPU: `false` (its products read the
-    /// f32 norm: the f16 rounding would be new there). CUDA: `false` until its `_h` kernels are
-    /// checked on a GPU (branch work).
+    /// Whether the optimizer narrows an f32 norm or SwiGLU whose every reader is a tensor-core
+    /// product to f16 (`graph::passes::narrow`, `ops::narrow`): the backend's `_h` products then
+    /// read half the activation bytes, with the bits of the f32 forms. CPU: `false` (its products
+    /// read the f32 values: the f16 rounding would be new there). CUDA: `true` (the Llama 3.1 8B's
+    /// 512-token prompt 19% faster on an H100, `tests/cuda_narrow.rs` checks the bits).
     pub f16_prompt_activations: bool,
 }
 

@@ -76,6 +76,18 @@ pub static MATMUL_MMA_H: [KernelSig; 9] = per_format!(OpKind::MatMul; "matmul_mm
     Param::u32("n"),
 ]);
 
+/// [`MATMUL_ADD_MMA`] on f16 activations (see [`MATMUL_MMA_H`]): x (f16), w, acc, rows, k, n;
+/// `acc[r, o] += x[r] . w[o]`. What the narrowing makes of a fused product and residual add whose
+/// x an f32 SwiGLU wrote (a block's down product).
+pub static MATMUL_ADD_MMA_H: [KernelSig; 9] = per_format!(OpKind::MatMul; "matmul_add_mma_h"; |W| [
+    Param::read("x", one(DType::F16)),
+    Param::read("w", W),
+    Param::read_write("acc", F32),
+    Param::u32("rows"),
+    Param::u32("k"),
+    Param::u32("n"),
+]);
+
 /// [`MATMUL3_MMA`] on f16 activations (see [`MATMUL_MMA_H`]): x (f16), w0, w1, w2, out0, out1,
 /// out2, rows, k, n0, n1, n2.
 pub static MATMUL3_MMA_H: [KernelSig; 9] = per_format!(OpKind::MatMul; "matmul3_mma_h"; |W| [

@@ -94,7 +94,10 @@ impl Executor {
             Vec::new()
         };
         let narrowings: &[passes::NarrowRule] = if plan.fuse && caps.f16_prompt_activations {
-            &[crate::ops::narrow::NORM_TO_F16_PRODUCTS]
+            &[
+                crate::ops::narrow::NORM_TO_F16_PRODUCTS,
+                crate::ops::narrow::SWIGLU_TO_F16_PRODUCTS,
+            ]
         } else {
             &[]
         };

@@ -1,12 +1,13 @@
 //! Narrowing: where every reader of a producer's output can take it in a narrower dtype that it
 //! would round it to anyway, the producer writes that dtype into the first bytes of the same
-//! buffer and the readers read it there. The one rule today (`ops::narrow`): an f32 `rms_norm`
-//! whose every reader is a tensor-core product (which rounds its activations to f16) writes f16,
-//! and the products read f16: half the activation bytes, no conversion per output tile, the same
-//! bits.
+//! buffer and the readers read it there. The rules today (`ops::narrow`): an f32 `rms_norm` or
+//! SwiGLU whose every reader is a tensor-core product (which rounds its activations to f16)
+//! writes f16, and the products read f16: half the activation bytes, no conversion per output
+//! tile, the same bits.
 //!
 //! Dispatches keep their places; what the pass proves before it rewrites a producer and its
 //! readers:
+//! - the producer reads no byte of its output (its narrow writes land on bytes of other rows);
 //! - the readers are every dispatch that reads a byte of the producer's output before a later
 //!   dispatch overwrites all of it (the whole order is walked, not a window);
 //! - where nothing overwrites it, the output is marked as scratch (the caller does not read it);
@@ -65,6 +66,11 @@ fn rewrite(graph: &mut ComputeGraph, rule: &NarrowRule, i: usize) -> Option<Vec<
     let (wide, narrow) = (rule.output)(producer)?;
     let range = Range::of(&wide);
     let table = graph.view_ranges();
+    // A producer reading its own output's bytes would read values the narrow writes clobber.
+    let (own_reads, _) = graph.ids_at(order[i]);
+    if own_reads.iter().any(|&k| table[k as usize].overlaps(&range)) {
+        return None;
+    }
     let mut readers = Vec::new();
     let mut overwritten = false;
     for (j, &h) in order.iter().enumerate().skip(i + 1) {

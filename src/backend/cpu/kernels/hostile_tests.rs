@@ -236,6 +236,7 @@ fn families() -> Vec<&'static [KernelSig]> {
         &ew::MUL_INPLACE,
         &ew::SWIGLU,
         &ew::SWIGLU_INPLACE,
+        std::slice::from_ref(&ew::SWIGLU_TO_F16),
         &ew::GEGLU,
         &ew::GEGLU_INPLACE,
         &ew::SCALE,
@@ -266,6 +267,7 @@ fn families() -> Vec<&'static [KernelSig]> {
         &mm::MATMUL3_MMA,
         &mm::MATMUL_MMA_H,
         &mm::MATMUL3_MMA_H,
+        &mm::MATMUL_ADD_MMA_H,
         &mm::MATMUL_ID,
         &mm::MATMUL_AFFINE,
         &mm::NORM_QKV_ROPE,
@@ -513,6 +515,21 @@ fn binary_elementwise_kernels_refuse_hostile_row_lengths() {
             call(24, 8, 16, 8).refused("out");
         }
     }
+}
+
+#[test]
+fn the_f16_swiglu_refuses_lengths_that_differ() {
+    let call = |gate: usize, up: usize, out: usize| {
+        Call::new(&ew::SWIGLU_TO_F16)
+            .buf("gate", &[gate])
+            .buf("up", &[up])
+            .buf("out", &[out])
+    };
+    call(24, 24, 24).accepted();
+    call(0, 0, 0).accepted();
+    call(24, 8, 24).refused("up (8)");
+    call(23, 24, 24).refused("gate (23)");
+    call(24, 24, 16).refused("out (16)");
 }
 
 #[test]

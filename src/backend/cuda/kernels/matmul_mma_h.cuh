@@ -63,7 +63,9 @@ __device__ __forceinline__ void mmh_issue(uint8_t* slot, const __half* x, const 
                      live ? x + (uint64_t)(r0 + r) * k + (uint64_t)s * MMH_BK + 8 * q : x, live);
     }
     uint8_t* b = slot + MMH_A_BYTES;
-#pragma unroll
+    // Not unrolled: unrolled, the compiler keeps every copy's address across the main loop and
+    // the 128-row tiles spill to local memory (measured: 440 MB of local loads a gate product).
+#pragma unroll 1
     for (int i = 0; i < (int)F::copies; ++i) {
         const uint32_t c = t + MMA_THREADS * i, o = c / F::words, u = c % F::words;
         const bool live = c < MMA_BN * F::words && o0 + o < n;
@@ -107,7 +109,7 @@ __device__ __forceinline__ void mmh_convert(const uint8_t* slot, __half* bs) {
 #endif
 
 // One tile of BM rows from row r0 and output o0, on f16 activations (see the top of the file).
-template <int FMT, int BM>
+template <int FMT, bool ACC, int BM>
 __device__ __forceinline__ void mmh_tile(const __half* x, const uint8_t* w, float* out,
                                          uint32_t rows, uint32_t k, uint32_t n,
                                          uint64_t row_bytes, uint64_t r0, uint64_t o0) {
@@ -174,7 +176,7 @@ __device__ __forceinline__ void mmh_tile(const __half* x, const uint8_t* w, floa
     // No copy left in flight (the last groups are empty) before the next tile reuses the slots.
     mmp_wait<0>();
     __syncthreads();
-    mma_write<false, MI>(acc, out, r0, o0, rows, n, wm, wn, lane);
+    mma_write<ACC, MI>(acc, out, r0, o0, rows, n, wm, wn, lane);
 #endif
 }
 
@@ -187,31 +189,36 @@ __device__ __forceinline__ bool mmh_applies(const __half* x, const uint8_t* w, u
            row_bytes % 4 == 0 && mm_dynamic_smem() >= MMH_SMEM;
 }
 
-// The fast form over one product's tiles, or the three products' side by side; `false` where it
-// does not apply (the caller takes the two-buffer form on `XHalf`).
-template <int FMT>
-__device__ bool mm_mma_h(const __half* x, const Mm3& m, int products, uint32_t rows, uint32_t k,
-                         uint64_t row_bytes) {
-#if __CUDA_ARCH__ >= 800
-    for (int p = 0; p < products; ++p)
-        if (!mmh_applies<FMT>(x, m.w(p), k, row_bytes)) return false;
-    uint64_t starts[4] = {0, 0, 0, 0};
-    for (int p = 0; p < products; ++p)
-        starts[p + 1] = starts[p] + ((uint64_t)m.n(p) + MMA_BN - 1) / MMA_BN;
-    const uint64_t tiles_n = starts[products];
-    const bool short_tiles = mmp_short_tiles(rows);
-    const uint64_t bm = short_tiles ? 64 : 128;
-    const uint64_t tiles_m = ((uint64_t)rows + bm - 1) / bm;
+// The tiles of P products (1, or 3 side by side) this block takes. The product of a tile is
+// chosen by comparisons, not an array indexed at run time (which would live in local memory).
+template <int FMT, bool ACC, int P, int BM>
+__device__ __forceinline__ void mmh_tiles(const __half* x, const Mm3& m, uint32_t rows, uint32_t k,
+                                          uint64_t row_bytes) {
+    const uint64_t t0 = ((uint64_t)m.n0 + MMA_BN - 1) / MMA_BN;
+    const uint64_t t1 = P == 1 ? 0 : ((uint64_t)m.n1 + MMA_BN - 1) / MMA_BN;
+    const uint64_t tiles_n = P == 1 ? t0 : t0 + t1 + ((uint64_t)m.n2 + MMA_BN - 1) / MMA_BN;
+    const uint64_t tiles_m = ((uint64_t)rows + BM - 1) / BM;
     for (uint64_t tile = blockIdx.y * (uint64_t)gridDim.x + blockIdx.x; tile < tiles_m * tiles_n;
          tile += (uint64_t)gridDim.x * gridDim.y) {
-        const uint64_t r0 = tile / tiles_n * bm, c = tile % tiles_n;
-        const int p = c < starts[1] ? 0 : c < starts[2] ? 1 : 2;
-        const uint64_t o0 = (c - (p == 0 ? 0 : p == 1 ? starts[1] : starts[2])) * MMA_BN;
-        if (short_tiles)
-            mmh_tile<FMT, 64>(x, m.w(p), m.out(p), rows, k, m.n(p), row_bytes, r0, o0);
-        else
-            mmh_tile<FMT, 128>(x, m.w(p), m.out(p), rows, k, m.n(p), row_bytes, r0, o0);
+        const uint64_t r0 = tile / tiles_n * BM, c = tile % tiles_n;
+        const int p = P == 1 ? 0 : c < t0 ? 0 : c < t0 + t1 ? 1 : 2;
+        const uint64_t o0 = (c - (p == 0 ? 0 : p == 1 ? t0 : t0 + t1)) * MMA_BN;
+        mmh_tile<FMT, ACC, BM>(x, m.w(p), m.out(p), rows, k, m.n(p), row_bytes, r0, o0);
     }
+}
+
+// The fast form over P products' tiles (ACC: added into the outputs); `false` where it does not apply (the caller takes the
+// two-buffer form on `XHalf`).
+template <int FMT, bool ACC, int P>
+__device__ bool mm_mma_h(const __half* x, const Mm3& m, uint32_t rows, uint32_t k,
+                         uint64_t row_bytes) {
+#if __CUDA_ARCH__ >= 800
+    for (int p = 0; p < P; ++p)
+        if (!mmh_applies<FMT>(x, m.w(p), k, row_bytes)) return false;
+    if (mmp_short_tiles(rows))
+        mmh_tiles<FMT, ACC, P, 64>(x, m, rows, k, row_bytes);
+    else
+        mmh_tiles<FMT, ACC, P, 128>(x, m, rows, k, row_bytes);
     return true;
 #else
     return false;
