@@ -36,7 +36,7 @@ fn bench_shape(c: &mut Criterion, label: &str, layers: usize) {
     let rules = [norm_mul_rule()];
     let recorded = dg.record().expect("record");
     let mut sample = recorded.clone();
-    let done = passes::optimize(&mut sample, &rules, passes::DEFAULT_LOOKAHEAD);
+    let done = passes::optimize(&mut sample, &rules, &[], passes::DEFAULT_LOOKAHEAD);
     eprintln!(
         "{label}: {} dispatches recorded, {} after fusion, {} barriers, {} groups",
         recorded.dispatch_count(),
@@ -51,7 +51,12 @@ fn bench_shape(c: &mut Criterion, label: &str, layers: usize) {
     group.bench_function("record+optimize+drop", |b| {
         b.iter(|| {
             let mut g = dg.record().expect("record");
-            black_box(passes::optimize(&mut g, &rules, passes::DEFAULT_LOOKAHEAD))
+            black_box(passes::optimize(
+                &mut g,
+                &rules,
+                &[],
+                passes::DEFAULT_LOOKAHEAD,
+            ))
         })
     });
     group.bench_function("record+drop", |b| {
@@ -67,7 +72,7 @@ fn bench_shape(c: &mut Criterion, label: &str, layers: usize) {
     group.bench_function("optimize", |b| {
         b.iter_batched_ref(
             || dg.record().expect("record"),
-            |g| black_box(passes::optimize(g, &rules, passes::DEFAULT_LOOKAHEAD)),
+            |g| black_box(passes::optimize(g, &rules, &[], passes::DEFAULT_LOOKAHEAD)),
             BatchSize::SmallInput,
         )
     });
@@ -119,6 +124,7 @@ fn bench_headline<M: Measurement>(c: &mut Criterion<M>, label: &str, layers: usi
             black_box(passes::optimize(
                 &mut kept,
                 &rules,
+                &[],
                 passes::DEFAULT_LOOKAHEAD,
             ))
         })
@@ -126,7 +132,12 @@ fn bench_headline<M: Measurement>(c: &mut Criterion<M>, label: &str, layers: usi
     group.bench_function("record+optimize+drop", |b| {
         b.iter(|| {
             let mut g = dg.record().expect("record");
-            black_box(passes::optimize(&mut g, &rules, passes::DEFAULT_LOOKAHEAD))
+            black_box(passes::optimize(
+                &mut g,
+                &rules,
+                &[],
+                passes::DEFAULT_LOOKAHEAD,
+            ))
         })
     });
     group.bench_function("record+drop", |b| {

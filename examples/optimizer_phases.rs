@@ -83,6 +83,7 @@ fn main() -> ExitCode {
             last = black_box(passes::optimize(
                 &mut graph,
                 &rules,
+                &[],
                 passes::DEFAULT_LOOKAHEAD,
             ));
             let t2 = Instant::now();

@@ -254,7 +254,7 @@ proptest! {
         let fusions = passes::fuse(&mut one_by_one, &rules);
         let reordered = passes::reorder(&mut one_by_one, lookahead);
         let barriers = passes::place_barriers(&mut one_by_one);
-        let done = passes::optimize(&mut together, &rules, lookahead);
+        let done = passes::optimize(&mut together, &rules, &[], lookahead);
         prop_assert_eq!(done.fusions, fusions);
         prop_assert_eq!(done.reordered, reordered);
         prop_assert_eq!(done.barriers, barriers);

@@ -173,7 +173,7 @@ fn given_kept_overlaps_when_a_recorded_again_write_meets_a_view_should_still_fai
         .expect("copy");
     };
     record_step(&mut g);
-    passes::optimize(&mut g, &[], 64);
+    passes::optimize(&mut g, &[], &[], 64);
     g.clear();
     record_step(&mut g);
     assert!(g.kept_overlaps().is_some(), "the overlaps should be kept");
@@ -289,7 +289,7 @@ fn given_a_cleared_graph_when_the_step_is_recorded_again_should_match_a_fresh_on
     let mut kept = dg.record().expect("record");
     let views = kept.view_count();
     for round in 0..3 {
-        passes::optimize(&mut kept, &rules, 64);
+        passes::optimize(&mut kept, &rules, &[], 64);
         kept.clear();
         assert!(kept.is_empty() && kept.dispatch_count() == 0);
         dg.record_into(&mut kept).expect("record");
@@ -305,8 +305,8 @@ fn given_a_cleared_graph_when_the_step_is_recorded_again_should_match_a_fresh_on
     // Optimized, the graph recorded again is the fresh one, node for node.
     let mut fresh = fresh;
     assert_eq!(
-        passes::optimize(&mut kept, &rules, 64),
-        passes::optimize(&mut fresh, &rules, 64)
+        passes::optimize(&mut kept, &rules, &[], 64),
+        passes::optimize(&mut fresh, &rules, &[], 64)
     );
     let (a, b) = (format!("{kept:?}"), format!("{fresh:?}"));
     assert_eq!(a, b);
@@ -488,7 +488,7 @@ fn given_random_aliased_arguments_when_recorded_should_pass_the_checks_of_a_disp
             }
         }
         // Computes the overlaps the second round records over.
-        passes::optimize(&mut g, &[], 64);
+        passes::optimize(&mut g, &[], &[], 64);
     }
     assert!(accepted > 100 && rejected > 100, "{accepted} / {rejected}");
 }

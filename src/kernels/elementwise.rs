@@ -5,7 +5,7 @@
 //! length of `b`; unary kernels take `x` and, for `scale` and `softcap`, one float.
 
 use super::OpKind;
-use super::{per_float, KernelSig, Param};
+use super::{one, per_float, KernelSig, Param};
 use crate::dtype::DType;
 
 macro_rules! binary {
@@ -69,6 +69,19 @@ binary!(
     "swiglu_f16_inplace",
     "swiglu_bf16_inplace"
 );
+/// [`SWIGLU`]'s f32 values rounded to f16 (round to nearest even): gate, up (f32, as many values
+/// as gate), out (f16). What the optimizer's narrowing (`graph::passes::narrow`) makes of an f32
+/// SwiGLU whose every reader is a tensor-core product, which rounds its activations to f16 anyway.
+pub static SWIGLU_TO_F16: KernelSig = KernelSig::new(
+    "swiglu_f32_to_f16",
+    OpKind::Elementwise,
+    &[
+        Param::read("gate", one(DType::F32)),
+        Param::read("up", one(DType::F32)),
+        Param::write("out", one(DType::F16)),
+    ],
+);
+
 binary!(
     "gelu_tanh(gate) * up",
     GEGLU,

@@ -63,6 +63,48 @@ pub static MATMUL3_MMA: [KernelSig; 9] = per_format!(OpKind::MatMul; "matmul3_mm
     Param::u32("n2"),
 ]);
 
+/// [`MATMUL_MMA`] on f16 activations (x already rounded to f16, as the tensor-core form rounds
+/// it): x (f16), w, out, rows, k, n. What the optimizer's narrowing makes of a tensor-core product
+/// whose x an f32 norm wrote (`graph::passes::narrow`); the same bits as the f32 form on the norm's
+/// f32 output.
+pub static MATMUL_MMA_H: [KernelSig; 9] = per_format!(OpKind::MatMul; "matmul_mma_h"; |W| [
+    Param::read("x", one(DType::F16)),
+    Param::read("w", W),
+    Param::write("out", F32),
+    Param::u32("rows"),
+    Param::u32("k"),
+    Param::u32("n"),
+]);
+
+/// [`MATMUL_ADD_MMA`] on f16 activations (see [`MATMUL_MMA_H`]): x (f16), w, acc, rows, k, n;
+/// `acc[r, o] += x[r] . w[o]`. What the narrowing makes of a fused product and residual add whose
+/// x an f32 SwiGLU wrote (a block's down product).
+pub static MATMUL_ADD_MMA_H: [KernelSig; 9] = per_format!(OpKind::MatMul; "matmul_add_mma_h"; |W| [
+    Param::read("x", one(DType::F16)),
+    Param::read("w", W),
+    Param::read_write("acc", F32),
+    Param::u32("rows"),
+    Param::u32("k"),
+    Param::u32("n"),
+]);
+
+/// [`MATMUL3_MMA`] on f16 activations (see [`MATMUL_MMA_H`]): x (f16), w0, w1, w2, out0, out1,
+/// out2, rows, k, n0, n1, n2.
+pub static MATMUL3_MMA_H: [KernelSig; 9] = per_format!(OpKind::MatMul; "matmul3_mma_h"; |W| [
+    Param::read("x", one(DType::F16)),
+    Param::read("w0", W),
+    Param::read("w1", W),
+    Param::read("w2", W),
+    Param::write("out0", F32),
+    Param::write("out1", F32),
+    Param::write("out2", F32),
+    Param::u32("rows"),
+    Param::u32("k"),
+    Param::u32("n0"),
+    Param::u32("n1"),
+    Param::u32("n2"),
+]);
+
 /// Expert products, `out[r, s] = x[r] . w[ids[r, s]]`: x, w, ids, out, rows, k, n, slots,
 /// experts.
 pub static MATMUL_ID: [KernelSig; 9] = per_format!(OpKind::MatMulId; "matmul_id"; |W| [

@@ -494,6 +494,7 @@ pub fn all() -> Vec<&'static KernelSig> {
         &elementwise::MUL_INPLACE,
         &elementwise::SWIGLU,
         &elementwise::SWIGLU_INPLACE,
+        std::slice::from_ref(&elementwise::SWIGLU_TO_F16),
         &elementwise::GEGLU,
         &elementwise::GEGLU_INPLACE,
         &elementwise::SCALE,
@@ -511,6 +512,9 @@ pub fn all() -> Vec<&'static KernelSig> {
         &matmul::MATMUL_MMA,
         &matmul::MATMUL_ADD_MMA,
         &matmul::MATMUL3_MMA,
+        &matmul::MATMUL_MMA_H,
+        &matmul::MATMUL3_MMA_H,
+        &matmul::MATMUL_ADD_MMA_H,
         &matmul::MATMUL_ID,
         &matmul::MATMUL_AFFINE,
         &matmul::NORM_QKV_ROPE,
@@ -532,6 +536,7 @@ pub fn all() -> Vec<&'static KernelSig> {
         &norm::RMS_NORM_NO_SCALE_MUL,
         &norm::RMS_NORM_ADD,
         &norm::RMS_NORM_ROPE,
+        std::slice::from_ref(&norm::RMS_NORM_TO_F16),
     ];
     families.into_iter().flatten().collect()
 }

@@ -20,6 +20,21 @@ pub static RMS_NORM: [KernelSig; 3] = per_float!(OpKind::RmsNorm;
     Param::u32("dim"),
 ]);
 
+/// [`RMS_NORM`]'s f32 values rounded to f16 (round to nearest even): x, weight (f32), out (f16),
+/// eps, dim. What the optimizer's narrowing (`graph::passes::narrow`) makes of an f32 norm whose
+/// every reader is a tensor-core product, which rounds its activations to f16 anyway.
+pub static RMS_NORM_TO_F16: KernelSig = KernelSig::new(
+    "rms_norm_f32_to_f16",
+    OpKind::RmsNorm,
+    &[
+        Param::read("x", F32),
+        Param::read("weight", F32),
+        Param::write("out", one(DType::F16)),
+        Param::f32("eps"),
+        Param::u32("dim"),
+    ],
+);
+
 /// `out = x / rms(x)`: x, out, eps, dim.
 pub static RMS_NORM_NO_SCALE: [KernelSig; 3] = per_float!(OpKind::RmsNorm;
 "rms_norm_no_scale_f32", "rms_norm_no_scale_f16", "rms_norm_no_scale_bf16";

@@ -139,7 +139,17 @@ const MMA_THREADS: u32 = 256;
 /// two buffers of 128 activation rows and 128 weight rows of 32 f16 values, each row padded to 40
 /// values. Two blocks fit an SM of an H100 (one of an A100); a GPU with less shared memory a
 /// block gets what it allows and the kernels take their two-buffer form.
-const MMA_SMEM: u32 = (3 * (MMA_TILE * 32 * 4 + MMA_TILE * 48) + 2 * 2 * MMA_TILE * 40 * 2) as u32;
+const MMP_SMEM: usize = 3 * (MMA_TILE * 32 * 4 + MMA_TILE * 48) + 2 * 2 * MMA_TILE * 40 * 2;
+/// The f16-activation form's (`MMH_SMEM`, `matmul_mma_h.cuh`): three slots of 128 activation rows
+/// of 64 f16 values padded to 72 and 128 weight rows of up to 44 bytes, then two f16 weight
+/// buffers of 128 rows padded to 72 values.
+const MMH_SMEM: usize = 3 * (MMA_TILE * 72 * 2 + MMA_TILE * 44) + 2 * MMA_TILE * 72 * 2;
+/// What a tensor-core launch asks for: the larger of the two.
+const MMA_SMEM: u32 = (if MMP_SMEM > MMH_SMEM {
+    MMP_SMEM
+} else {
+    MMH_SMEM
+}) as u32;
 
 /// SMs of the GPU the tile choice below is tuned for (an H100); on another GPU the choice is
 /// only less tuned, never wrong.

@@ -371,7 +371,8 @@ fn prompt_products_take_64_row_tiles_where_128_row_tiles_leave_sms_idle() {
         let g = matmul(&x, &w, &out).unwrap().grid();
         (g.blocks[0], g.blocks[1], g.threads[0], g.shared_bytes)
     };
-    let smem = 3 * (128 * 32 * 4 + 128 * 48) + 2 * 2 * 128 * 40 * 2;
+    // The f16-activation form's (`MMH_SMEM`), larger than the f32 pipelined form's (`MMP_SMEM`).
+    let smem = 3 * (128 * 72 * 2 + 128 * 44) + 2 * 128 * 72 * 2;
     // The 8B's q product at 512 rows: 32 x 4 = 128 tiles of 128 rows, so 64-row tiles.
     assert_eq!(launch(DType::Q4_0, 512, 4096, 4096), (32, 8, 256, smem));
     // Its gate product: 112 x 4 = 448 tiles, 128 rows each.

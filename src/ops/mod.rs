@@ -19,6 +19,7 @@ pub mod matmul;
 pub mod matmul_fused;
 pub mod matmul_rows;
 pub mod matmul_triple;
+pub mod narrow;
 pub mod norm;
 pub mod norm_rope;
 pub mod rope;

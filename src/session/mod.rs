@@ -26,6 +26,8 @@ pub struct FinishReport {
     pub fusions: usize,
     /// Fusions per rule name.
     pub fusions_by_rule: BTreeMap<&'static str, usize>,
+    /// Producers the narrowing pass narrowed to f16 (`graph::passes::narrow`).
+    pub narrowed: usize,
     /// Dispatches the reorder pass moved.
     pub reordered: usize,
     /// Concurrent-group size -> number of groups of that size.
@@ -91,17 +93,27 @@ impl Executor {
         } else {
             Vec::new()
         };
+        let narrowings: &[passes::NarrowRule] = if plan.fuse && caps.f16_prompt_activations {
+            &[
+                crate::ops::narrow::NORM_TO_F16_PRODUCTS,
+                crate::ops::narrow::SWIGLU_TO_F16_PRODUCTS,
+            ]
+        } else {
+            &[]
+        };
         let passes::Optimized {
             fusions,
             fusions_by_rule,
+            narrowed,
             reordered,
             barriers,
-        } = passes::optimize(graph, &rules, plan.reorder.unwrap_or(0));
+        } = passes::optimize(graph, &rules, narrowings, plan.reorder.unwrap_or(0));
         tracing::debug!(
             dispatches = graph.dispatch_count(),
             barriers,
             barriers_sequential,
             fusions,
+            narrowed,
             reordered,
             "optimized graph"
         );
@@ -111,6 +123,7 @@ impl Executor {
             barriers_sequential,
             fusions,
             fusions_by_rule: fusions_by_rule.into_iter().collect(),
+            narrowed,
             reordered,
             group_sizes: histogram(&graph.group_sizes()),
             ..FinishReport::default()

@@ -36,6 +36,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     host_memory: true,
     custom_cpu_kernels: true,
     replay_ordering: ReplayOrdering::Barriers,
+    f16_prompt_activations: false,
     step_clock: StepClock::HostWall,
 };
 

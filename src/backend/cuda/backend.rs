@@ -39,6 +39,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     host_memory: false,
     custom_cpu_kernels: false,
     replay_ordering: ReplayOrdering::Edges,
+    f16_prompt_activations: true,
     step_clock: StepClock::DeviceEvents,
 };
 

@@ -90,6 +90,8 @@ pub const SOURCES: &[KernelSource] = &[
             include_str!("kernels/matmul_mma.cuh"),
             "#line 1 \"matmul_mma_pipe.cuh\"\n",
             include_str!("kernels/matmul_mma_pipe.cuh"),
+            "#line 1 \"matmul_mma_h.cuh\"\n",
+            include_str!("kernels/matmul_mma_h.cuh"),
             "#line 1 \"matmul.cu\"\n",
             include_str!("kernels/matmul.cu"),
             "#line 1 \"matmul_rows.cu\"\n",

@@ -4,6 +4,7 @@
 
 mod barriers;
 mod fuse;
+mod narrow;
 mod optimize;
 mod reorder;
 
@@ -11,6 +12,7 @@ pub use barriers::{place_barriers, program_order_barriers, split_index};
 pub use fuse::{
     fuse, At, Found, FusionRule, Fusions, Matcher, Pattern, MAX_PATTERN_NODES, PATTERN_WINDOW,
 };
+pub use narrow::{narrow, NarrowRule};
 pub use optimize::{optimize, Optimized};
 pub use reorder::{reorder, DEFAULT_LOOKAHEAD};
 

@@ -5,6 +5,7 @@
 
 use super::barriers::{conflict_cuts, insert_barriers};
 use super::fuse::fuse_dispatches;
+use super::narrow::{narrow, NarrowRule};
 use super::reorder::{apply_order, greedy};
 use super::FusionRule;
 use crate::graph::footprint::Footprint;
@@ -17,17 +18,25 @@ pub struct Optimized {
     pub fusions: usize,
     /// Fusions per rule name.
     pub fusions_by_rule: Vec<(&'static str, usize)>,
+    /// Producers narrowed (with their readers).
+    pub narrowed: usize,
     /// Dispatches that ended at a different index (after fusion).
     pub reordered: usize,
     /// Barriers placed.
     pub barriers: usize,
 }
 
-/// Fuses with `rules` (none: no fusion), reorders with a `lookahead` window (0: no reordering)
-/// and places barriers, dropping the graph's old barriers.
-pub fn optimize(graph: &mut ComputeGraph, rules: &[FusionRule], lookahead: usize) -> Optimized {
+/// Fuses with `rules` (none: no fusion), narrows with `narrowings` (`narrow`), reorders with a
+/// `lookahead` window (0: no reordering) and places barriers, dropping the graph's old barriers.
+pub fn optimize(
+    graph: &mut ComputeGraph,
+    rules: &[FusionRule],
+    narrowings: &[NarrowRule],
+    lookahead: usize,
+) -> Optimized {
     graph.drop_barriers();
     let fused = fuse_dispatches(graph, rules);
+    let narrowed = narrow(graph, narrowings);
     graph.refresh_overlaps();
     let fp = Footprint::new(graph);
     let (reordered, cuts) = if lookahead > 0 && fp.len() >= 2 {
@@ -41,6 +50,7 @@ pub fn optimize(graph: &mut ComputeGraph, rules: &[FusionRule], lookahead: usize
     Optimized {
         fusions: fused.total,
         fusions_by_rule: fused.by_rule,
+        narrowed,
         reordered,
         barriers: cuts.len(),
     }

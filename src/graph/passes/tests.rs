@@ -556,7 +556,7 @@ fn given_random_graphs_when_reordered_should_place_the_same_barriers_as_a_fresh_
         let ds = random_dispatches(seed + 1000, 80);
         let mut walked = graph(ds.clone());
         let rules: [FusionRule; 0] = [];
-        let done = optimize(&mut walked, &rules, DEFAULT_LOOKAHEAD);
+        let done = optimize(&mut walked, &rules, &[], DEFAULT_LOOKAHEAD);
         let mut fresh = walked.clone();
         assert_eq!(place_barriers(&mut fresh), done.barriers, "seed {seed}");
         assert_eq!(layout(&fresh), layout(&walked), "seed {seed}");
@@ -702,8 +702,8 @@ fn given_a_graph_recorded_again_over_kept_views_when_optimized_should_match_a_fr
             kept.push_ref(x.as_view());
         }
         let mut fresh = graph(twins);
-        let a = optimize(&mut kept, &rules(), DEFAULT_LOOKAHEAD);
-        let b = optimize(&mut fresh, &rules(), DEFAULT_LOOKAHEAD);
+        let a = optimize(&mut kept, &rules(), &[], DEFAULT_LOOKAHEAD);
+        let b = optimize(&mut fresh, &rules(), &[], DEFAULT_LOOKAHEAD);
         assert_eq!(a, b, "step {step}");
         assert_eq!(layout(&kept), layout(&fresh), "step {step}");
         fusions += a.fusions;

@@ -259,6 +259,33 @@ fn unary<T: Float, O: UnaryOp, const INPLACE: bool>(args: &KernelArgs<'_>) -> Re
     Ok(())
 }
 
+/// `swiglu_f32_to_f16`: the f32 SwiGLU's values, then each rounded to f16 (gate and up as long as
+/// out: the narrowing takes only SwiGLUs without a broadcast row).
+fn swiglu_to_f16(args: &KernelArgs<'_>) -> Result<()> {
+    let (gate, up) = (args.input::<f32>(0)?, args.input::<f32>(1)?);
+    let out = args.output::<f16>(2)?;
+    let n = out.len();
+    if gate.len() != n || up.len() != n {
+        return Err(kernel_err(
+            args,
+            format!(
+                "gate ({}) and up ({}) must hold as many values as out ({n})",
+                gate.len(),
+                up.len()
+            ),
+        ));
+    }
+    out.par_chunks_mut(FLAT_CHUNK)
+        .enumerate()
+        .for_each(|(c, o)| {
+            let at = c * FLAT_CHUNK;
+            for (i, o) in o.iter_mut().enumerate() {
+                *o = f16::from_f32(Swiglu::apply(gate[at + i], up[at + i]));
+            }
+        });
+    Ok(())
+}
+
 /// Registers one op for every float dtype, out of place and in place.
 macro_rules! register_float_op {
     ($registry:expr, $out:ident, $inplace:ident, $kernel:ident, $op:ty) => {
@@ -287,6 +314,7 @@ pub(super) fn register(registry: &mut CpuRegistry) {
     register_float_op!(registry, ADD, ADD_INPLACE, binary, Add);
     register_float_op!(registry, MUL, MUL_INPLACE, binary, Mul);
     register_float_op!(registry, SWIGLU, SWIGLU_INPLACE, binary, Swiglu);
+    registry.add(&SWIGLU_TO_F16, swiglu_to_f16);
     register_float_op!(registry, GEGLU, GEGLU_INPLACE, binary, Geglu);
     register_float_op!(registry, SCALE, SCALE_INPLACE, unary, Scale);
     register_float_op!(registry, GELU_TANH, GELU_TANH_INPLACE, unary, GeluTanh);

@@ -47,6 +47,7 @@ pub(super) fn register(registry: &mut CpuRegistry) {
     registry.family(&mm::NORM_GATE_UP_SHARED, [norm_gate_up_kernel; 9]);
     registry.family(&mm::MATMUL_ADD, [matmul_add_kernel; 9]);
     registry.family(&mm::MATMUL_ADD_MMA, [matmul_add_kernel; 9]);
+    registry.family(&mm::MATMUL_ADD_MMA_H, [matmul_add_h_kernel; 9]);
 }
 
 /// Weights per task of a one-row product below which it runs on the calling thread alone (the
@@ -685,7 +686,22 @@ fn gate_up_one_row(
 
 /// `acc[r, o] += x[r] . W[o]`: the matmul's product, then the in-place add's `acc + product`.
 fn matmul_add_kernel(args: &KernelArgs<'_>) -> Result<()> {
-    let x = args.input::<f32>(0)?;
+    matmul_add_on(args, args.input::<f32>(0)?)
+}
+
+/// `matmul_add_mma_h_<w>`: x in f16, widened to f32 (exactly), then `matmul_add_kernel`'s
+/// product and add.
+fn matmul_add_h_kernel(args: &KernelArgs<'_>) -> Result<()> {
+    let x: Vec<f32> = args
+        .input::<half::f16>(0)?
+        .iter()
+        .map(|v| v.to_f32())
+        .collect();
+    matmul_add_on(args, &x)
+}
+
+/// The product of `x` (argument 0's values) with argument 1's rows, added into argument 2.
+fn matmul_add_on(args: &KernelArgs<'_>, x: &[f32]) -> Result<()> {
     let (rows, k, n) = (args.usize(3)?, args.usize(4)?, args.usize(5)?);
     let dtype = args.buffer(1)?.0.dtype();
     let w = matrix(args, 1, "w", dtype, &[("n", n)], ("k", k))?;

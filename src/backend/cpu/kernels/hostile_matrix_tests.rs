@@ -105,8 +105,55 @@ fn matmuls_refuse_hostile_sizes_and_overflowing_products() {
 }
 
 #[test]
+fn f16_activation_products_refuse_hostile_sizes() {
+    for sig in &mm::MATMUL_MMA_H {
+        let call = |x: usize, out: usize, (rows, k, n): (u32, u32, u32)| {
+            Call::new(sig)
+                .buf("x", &[x])
+                .buf("w", &[5, 256])
+                .buf("out", &[out])
+                .u32("rows", rows)
+                .u32("k", k)
+                .u32("n", n)
+        };
+        call(512, 10, (2, 256, 5)).accepted();
+        call(512, 10, (2, 100, 5)).refused("k = 100");
+        call(512, 10, (MAX, 256, 5)).refused("rows = 4294967295");
+        call(512, 10, (2, 256, MAX)).refused("n = 4294967295");
+        call(512, 9, (2, 256, 5)).refused("out");
+        call(500, 10, (2, 256, 5)).refused("x");
+    }
+}
+
+#[test]
+fn f16_activation_product_adds_refuse_hostile_sizes() {
+    for sig in &mm::MATMUL_ADD_MMA_H {
+        let call = |x: usize, acc: usize, (rows, k, n): (u32, u32, u32)| {
+            Call::new(sig)
+                .buf("x", &[x])
+                .buf("w", &[5, 256])
+                .buf("acc", &[acc])
+                .u32("rows", rows)
+                .u32("k", k)
+                .u32("n", n)
+        };
+        call(512, 10, (2, 256, 5)).accepted();
+        call(0, 0, (0, 256, 5)).accepted();
+        call(512, 10, (2, 100, 5)).refused("k = 100");
+        call(512, 10, (MAX, 256, 5)).refused("rows = 4294967295");
+        call(512, 10, (2, 256, MAX)).refused("n = 4294967295");
+        call(512, 9, (2, 256, 5)).refused("acc");
+        call(500, 10, (2, 256, 5)).refused("x");
+    }
+}
+
+#[test]
 fn three_product_kernels_refuse_hostile_sizes_naming_the_product() {
-    for (sig, dtype) in mm::MATMUL3_MMA.iter().zip(WEIGHT_FORMATS) {
+    for (sig, dtype) in mm::MATMUL3_MMA
+        .iter()
+        .chain(&mm::MATMUL3_MMA_H)
+        .zip(WEIGHT_FORMATS.iter().cycle().copied())
+    {
         // Two rows of 256 activations, weights of 5, 4 and 3 rows of k = 256; `n` the three
         // widths, `outs` the outputs' lengths.
         let call = |rows: u32, k: u32, n: [u32; 3], outs: [usize; 3]| {

@@ -236,6 +236,7 @@ fn families() -> Vec<&'static [KernelSig]> {
         &ew::MUL_INPLACE,
         &ew::SWIGLU,
         &ew::SWIGLU_INPLACE,
+        std::slice::from_ref(&ew::SWIGLU_TO_F16),
         &ew::GEGLU,
         &ew::GEGLU_INPLACE,
         &ew::SCALE,
@@ -254,6 +255,7 @@ fn families() -> Vec<&'static [KernelSig]> {
         &kn::RMS_NORM_NO_SCALE_MUL,
         &kn::RMS_NORM_ADD,
         &kn::RMS_NORM_ROPE,
+        std::slice::from_ref(&kn::RMS_NORM_TO_F16),
         &ka::ATTENTION,
         &ka::ATTENTION_MMA,
         &ka::DECODE_PARTIAL,
@@ -263,6 +265,9 @@ fn families() -> Vec<&'static [KernelSig]> {
         &mm::MATMUL_MMA,
         &mm::MATMUL_ADD_MMA,
         &mm::MATMUL3_MMA,
+        &mm::MATMUL_MMA_H,
+        &mm::MATMUL3_MMA_H,
+        &mm::MATMUL_ADD_MMA_H,
         &mm::MATMUL_ID,
         &mm::MATMUL_AFFINE,
         &mm::NORM_QKV_ROPE,
@@ -513,6 +518,21 @@ fn binary_elementwise_kernels_refuse_hostile_row_lengths() {
 }
 
 #[test]
+fn the_f16_swiglu_refuses_lengths_that_differ() {
+    let call = |gate: usize, up: usize, out: usize| {
+        Call::new(&ew::SWIGLU_TO_F16)
+            .buf("gate", &[gate])
+            .buf("up", &[up])
+            .buf("out", &[out])
+    };
+    call(24, 24, 24).accepted();
+    call(0, 0, 0).accepted();
+    call(24, 8, 24).refused("up (8)");
+    call(23, 24, 24).refused("gate (23)");
+    call(24, 24, 16).refused("out (16)");
+}
+
+#[test]
 fn unary_elementwise_kernels_refuse_lengths_that_differ() {
     let families: [&[KernelSig; 3]; 10] = [
         &ew::SCALE,
@@ -549,6 +569,24 @@ fn unary_elementwise_kernels_refuse_lengths_that_differ() {
             call(24, 23, 0.5).refused("out");
         }
     }
+}
+
+#[test]
+fn the_f16_norm_refuses_hostile_dims() {
+    let call = |x: usize, weight: usize, out: usize, dim: u32| {
+        Call::new(&kn::RMS_NORM_TO_F16)
+            .buf("x", &[x])
+            .buf("weight", &[weight])
+            .buf("out", &[out])
+            .f32("eps", 1e-5)
+            .u32("dim", dim)
+    };
+    call(24, 8, 24, 8).accepted();
+    call(24, 8, 24, 0).refused("dim = 0");
+    call(24, 8, 24, 5).refused("dim = 5");
+    call(24, 8, 24, MAX).refused("dim = 4294967295");
+    call(24, 7, 24, 8).refused("weight");
+    call(24, 8, 16, 8).refused("out");
 }
 
 #[test]

@@ -33,6 +33,8 @@ pub(super) fn register(registry: &mut CpuRegistry) {
     // The tensor-core form is a GPU launch shape: on the CPU it is the same product.
     registry.family(&mm::MATMUL_MMA, [matmul_kernel; 9]);
     registry.family(&mm::MATMUL3_MMA, [matmul3_kernel; 9]);
+    registry.family(&mm::MATMUL_MMA_H, [matmul_h_kernel; 9]);
+    registry.family(&mm::MATMUL3_MMA_H, [matmul3_h_kernel; 9]);
     registry.family(&mm::MATMUL_ID, [matmul_id_kernel; 9]);
     registry.family(&mm::MATMUL_AFFINE, [matmul_affine_kernel; 2]);
 }
@@ -370,6 +372,44 @@ fn matmul3_kernel(args: &KernelArgs<'_>) -> Result<()> {
     Ok(())
 }
 
+/// `matmul_mma_h_<w>`: x in f16, widened to f32 (exactly), then `matmul_kernel`'s product.
+fn matmul_h_kernel(args: &KernelArgs<'_>) -> Result<()> {
+    let (rows, k, n) = (args.usize(3)?, args.usize(4)?, args.usize(5)?);
+    let p = ProductArgs {
+        names: ["w", "out", "n"],
+        at: [0, 1, 2],
+    };
+    product_on(args, &p, &widened(args)?, rows, k, n)
+}
+
+/// `matmul3_mma_h_<w>`: x in f16, widened once, then `matmul3_kernel`'s three products.
+fn matmul3_h_kernel(args: &KernelArgs<'_>) -> Result<()> {
+    const NAMES: [[&str; 3]; 3] = [
+        ["w0", "out0", "n0"],
+        ["w1", "out1", "n1"],
+        ["w2", "out2", "n2"],
+    ];
+    let (rows, k) = (args.usize(7)?, args.usize(8)?);
+    let x = widened(args)?;
+    for (i, names) in NAMES.into_iter().enumerate() {
+        let p = ProductArgs {
+            names,
+            at: [0, 1 + i, 4 + i],
+        };
+        product_on(args, &p, &x, rows, k, args.usize(9 + i)?)?;
+    }
+    Ok(())
+}
+
+/// The f16 activations (argument 0) as f32.
+fn widened(args: &KernelArgs<'_>) -> Result<Vec<f32>> {
+    Ok(args
+        .input::<half::f16>(0)?
+        .iter()
+        .map(|v| v.to_f32())
+        .collect())
+}
+
 /// The product of the arguments at `p.at` (x, w, out).
 fn product_of(
     args: &KernelArgs<'_>,
@@ -378,8 +418,19 @@ fn product_of(
     k: usize,
     n: usize,
 ) -> Result<()> {
+    product_on(args, p, args.input::<f32>(p.at[0])?, rows, k, n)
+}
+
+/// [`product_of`] with the activations `x` given (widened from f16 by the `_h` kernels).
+fn product_on(
+    args: &KernelArgs<'_>,
+    p: &ProductArgs,
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    n: usize,
+) -> Result<()> {
     let [w_name, out_name, n_name] = p.names;
-    let x = args.input::<f32>(p.at[0])?;
     let (wbuf, _) = args.buffer(p.at[1])?;
     let w = args.input_bytes(p.at[1])?;
     let out = args.output::<f32>(p.at[2])?;

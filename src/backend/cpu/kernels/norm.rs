@@ -169,6 +169,26 @@ fn rms_norm<T: Float>(args: &KernelArgs<'_>) -> Result<()> {
     run_norm::<T, false>(args, op)
 }
 
+/// `rms_norm_f32_to_f16`: the f32 norm's values, then each rounded to f16.
+fn rms_norm_to_f16(args: &KernelArgs<'_>) -> Result<()> {
+    let x = args.input::<f32>(0)?;
+    let out = args.output::<f16>(2)?;
+    let mut values = vec![0f32; out.len()];
+    let op = NormOperands {
+        x,
+        weight: Some(args.input::<f32>(1)?),
+        m: None,
+        out: &mut values,
+        eps: args.f32(3)?,
+        dim: args.usize(4)?,
+    };
+    run_norm::<f32, false>(args, op)?;
+    for (o, v) in out.iter_mut().zip(&values) {
+        *o = f16::from_f32(*v);
+    }
+    Ok(())
+}
+
 fn rms_norm_no_scale<T: Float>(args: &KernelArgs<'_>) -> Result<()> {
     let op = NormOperands {
         x: args.input::<T>(0)?,
@@ -255,4 +275,5 @@ pub(super) fn register(registry: &mut CpuRegistry) {
             rms_norm_add::<bf16>,
         ],
     );
+    registry.add(&kn::RMS_NORM_TO_F16, rms_norm_to_f16);
 }

@@ -94,6 +94,14 @@ BINARY_KERNEL(swiglu_bf16, __nv_bfloat16, OpSwiglu)
 BINARY_INPLACE_KERNEL(swiglu_f32_inplace, float, OpSwiglu)
 BINARY_INPLACE_KERNEL(swiglu_f16_inplace, __half, OpSwiglu)
 BINARY_INPLACE_KERNEL(swiglu_bf16_inplace, __nv_bfloat16, OpSwiglu)
+// `swiglu_f32_to_f16`: the f32 SwiGLU's values rounded to f16 (round to nearest even); gate and
+// up as long as out (the narrowing's form, `graph::passes::narrow`).
+extern "C" __global__ void swiglu_f32_to_f16(const float* gate, const float* up, __half* out,
+                                             uint64_t n_gate, uint64_t n_up, uint64_t n_out) {
+    const uint32_t tag = op_tag("swiglu_f32_to_f16");
+    OP_REQUIRE(n_gate == n_out && n_up == n_out);
+    OP_GRID_STRIDE_LOOP(i, n_out) { out[i] = __float2half_rn(OpSwiglu::apply(gate[i], up[i])); }
+}
 BINARY_KERNEL(geglu_f32, float, OpGeglu)
 BINARY_KERNEL(geglu_f16, __half, OpGeglu)
 BINARY_KERNEL(geglu_bf16, __nv_bfloat16, OpGeglu)

@@ -286,6 +286,26 @@ __device__ void matmul3_mma(const float* x, const Mm3& m, uint32_t rows, uint32_
                                (uint64_t)rows * m.n(p), tag);
 }
 
+// The products of `matmul_mma_h_<w>` and `matmul_add_mma_h_<w>` (ACC: added into the output;
+// `products` 1, the Mm3's first) and `matmul3_mma_h_<w>` on f16 activations (matmul_mma_h.cuh): the fast form, else each product in the two-buffer form
+// (or, launched otherwise, the CUDA-core forms) on `XHalf`.
+template <int FMT, bool ACC, int products>
+__device__ void matmul_mma_h(const __half* x, const Mm3& m, uint32_t rows,
+                             uint32_t k, uint64_t n_x, const uint64_t (&n_out)[3], uint32_t tag) {
+    OP_REQUIRE(k % op_block_elems(FMT) == 0 && n_x == (uint64_t)rows * k);
+    for (int p = 0; p < products; ++p) OP_REQUIRE(n_out[p] == (uint64_t)rows * m.n(p));
+    const uint64_t row_bytes = op_row_bytes(FMT, k);
+    const bool block = blockDim.x == MMA_THREADS && blockDim.y == 1 && blockDim.z == 1;
+    if (block && mm_mma_h<FMT, ACC, products>(x, m, rows, k, row_bytes)) return;
+#pragma unroll 1
+    for (int p = 0; p < products; ++p) {
+        if (block && mm_dynamic_smem() >= MMA_SMEM &&
+            mm_mma<FMT, ACC>(XHalf{x}, m.w(p), m.out(p), rows, k, m.n(p), row_bytes))
+            continue;
+        matmul<FMT, ACC>(XHalf{x}, m.w(p), m.out(p), rows, k, m.n(p), n_x, n_out[p], tag);
+    }
+}
+
 template <int FMT>
 __device__ void matmul_id(const float* x, const uint8_t* w, const int32_t* ids, float* out,
                           uint32_t rows, uint32_t k, uint32_t n, uint32_t slots, uint32_t experts,
@@ -338,6 +358,32 @@ __device__ void matmul_id(const float* x, const uint8_t* w, const int32_t* ids, 
         uint64_t n_out2) {                                                                            \
         const Mm3 m{w0, w1, w2, out0, out1, out2, n0, n1, n2};                                        \
         matmul3_mma<FMT>(x, m, rows, k, n_x, n_out0, n_out1, n_out2, op_tag(#NAME));                  \
+    }
+#define MATMUL_MMA_H_KERNEL(NAME, FMT)                                                             \
+    extern "C" __global__ __launch_bounds__(MMA_THREADS, 2) void NAME(                              \
+        const __half* x, const uint8_t* w, float* out, uint32_t rows, uint32_t k, uint32_t n,         \
+        uint64_t n_x, uint64_t n_w, uint64_t n_out) {                                                 \
+        const Mm3 m{w, w, w, out, out, out, n, n, n};                                                 \
+        const uint64_t outs[3] = {n_out, n_out, n_out};                                               \
+        matmul_mma_h<FMT, false, 1>(x, m, rows, k, n_x, outs, op_tag(#NAME));                                \
+    }
+#define MATMUL3_MMA_H_KERNEL(NAME, FMT)                                                            \
+    extern "C" __global__ __launch_bounds__(MMA_THREADS, 2) void NAME(                              \
+        const __half* x, const uint8_t* w0, const uint8_t* w1, const uint8_t* w2, float* out0,       \
+        float* out1, float* out2, uint32_t rows, uint32_t k, uint32_t n0, uint32_t n1, uint32_t n2,   \
+        uint64_t n_x, uint64_t n_w0, uint64_t n_w1, uint64_t n_w2, uint64_t n_out0, uint64_t n_out1,  \
+        uint64_t n_out2) {                                                                            \
+        const Mm3 m{w0, w1, w2, out0, out1, out2, n0, n1, n2};                                        \
+        const uint64_t outs[3] = {n_out0, n_out1, n_out2};                                            \
+        matmul_mma_h<FMT, false, 3>(x, m, rows, k, n_x, outs, op_tag(#NAME));                                \
+    }
+#define MATMUL_ADD_MMA_H_KERNEL(NAME, FMT)                                                         \
+    extern "C" __global__ __launch_bounds__(MMA_THREADS, 2) void NAME(                              \
+        const __half* x, const uint8_t* w, float* acc, uint32_t rows, uint32_t k, uint32_t n,         \
+        uint64_t n_x, uint64_t n_w, uint64_t n_acc) {                                                 \
+        const Mm3 m{w, w, w, acc, acc, acc, n, n, n};                                                 \
+        const uint64_t outs[3] = {n_acc, n_acc, n_acc};                                               \
+        matmul_mma_h<FMT, true, 1>(x, m, rows, k, n_x, outs, op_tag(#NAME));                          \
     }
 #define MATMUL_ID_KERNEL(NAME, FMT)                                                                 \
     extern "C" __global__ void NAME(const float* x, const uint8_t* w, const int32_t* ids, float* out, \
@@ -393,6 +439,33 @@ MATMUL3_MMA_KERNEL(matmul3_mma_q5_0, OP_FMT_Q5_0)
 MATMUL3_MMA_KERNEL(matmul3_mma_q8_0, OP_FMT_Q8_0)
 MATMUL3_MMA_KERNEL(matmul3_mma_q4_k, OP_FMT_Q4_K)
 MATMUL3_MMA_KERNEL(matmul3_mma_q6_k, OP_FMT_Q6_K)
+MATMUL_MMA_H_KERNEL(matmul_mma_h_f32, OP_FMT_F32)
+MATMUL_MMA_H_KERNEL(matmul_mma_h_f16, OP_FMT_F16)
+MATMUL_MMA_H_KERNEL(matmul_mma_h_bf16, OP_FMT_BF16)
+MATMUL_MMA_H_KERNEL(matmul_mma_h_q4_0, OP_FMT_Q4_0)
+MATMUL_MMA_H_KERNEL(matmul_mma_h_q4_1, OP_FMT_Q4_1)
+MATMUL_MMA_H_KERNEL(matmul_mma_h_q5_0, OP_FMT_Q5_0)
+MATMUL_MMA_H_KERNEL(matmul_mma_h_q8_0, OP_FMT_Q8_0)
+MATMUL_MMA_H_KERNEL(matmul_mma_h_q4_k, OP_FMT_Q4_K)
+MATMUL_MMA_H_KERNEL(matmul_mma_h_q6_k, OP_FMT_Q6_K)
+MATMUL3_MMA_H_KERNEL(matmul3_mma_h_f32, OP_FMT_F32)
+MATMUL3_MMA_H_KERNEL(matmul3_mma_h_f16, OP_FMT_F16)
+MATMUL3_MMA_H_KERNEL(matmul3_mma_h_bf16, OP_FMT_BF16)
+MATMUL3_MMA_H_KERNEL(matmul3_mma_h_q4_0, OP_FMT_Q4_0)
+MATMUL3_MMA_H_KERNEL(matmul3_mma_h_q4_1, OP_FMT_Q4_1)
+MATMUL3_MMA_H_KERNEL(matmul3_mma_h_q5_0, OP_FMT_Q5_0)
+MATMUL3_MMA_H_KERNEL(matmul3_mma_h_q8_0, OP_FMT_Q8_0)
+MATMUL3_MMA_H_KERNEL(matmul3_mma_h_q4_k, OP_FMT_Q4_K)
+MATMUL3_MMA_H_KERNEL(matmul3_mma_h_q6_k, OP_FMT_Q6_K)
+MATMUL_ADD_MMA_H_KERNEL(matmul_add_mma_h_f32, OP_FMT_F32)
+MATMUL_ADD_MMA_H_KERNEL(matmul_add_mma_h_f16, OP_FMT_F16)
+MATMUL_ADD_MMA_H_KERNEL(matmul_add_mma_h_bf16, OP_FMT_BF16)
+MATMUL_ADD_MMA_H_KERNEL(matmul_add_mma_h_q4_0, OP_FMT_Q4_0)
+MATMUL_ADD_MMA_H_KERNEL(matmul_add_mma_h_q4_1, OP_FMT_Q4_1)
+MATMUL_ADD_MMA_H_KERNEL(matmul_add_mma_h_q5_0, OP_FMT_Q5_0)
+MATMUL_ADD_MMA_H_KERNEL(matmul_add_mma_h_q8_0, OP_FMT_Q8_0)
+MATMUL_ADD_MMA_H_KERNEL(matmul_add_mma_h_q4_k, OP_FMT_Q4_K)
+MATMUL_ADD_MMA_H_KERNEL(matmul_add_mma_h_q6_k, OP_FMT_Q6_K)
 MATMUL_ID_KERNEL(matmul_id_f32, OP_FMT_F32)
 MATMUL_ID_KERNEL(matmul_id_f16, OP_FMT_F16)
 MATMUL_ID_KERNEL(matmul_id_bf16, OP_FMT_BF16)

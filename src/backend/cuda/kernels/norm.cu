@@ -7,8 +7,8 @@
 
 // The rows of x, one block per row (grid-stride); the row code is rms_norm_row (norm_row.cuh).
 // With ACC the fused kernel gives the bits of `rms_norm` then `add` (with the same block size).
-template <typename T, bool ACC>
-__device__ void rms_norm_rows(const T* x, const T* w, const T* m, T* out, float eps, uint32_t dim,
+template <typename T, bool ACC, typename O = T>
+__device__ void rms_norm_rows(const T* x, const T* w, const T* m, O* out, float eps, uint32_t dim,
                               uint64_t n_x, uint64_t n_m, uint64_t n_out) {
     __shared__ double scratch[32];
     if (dim == 0) return;
@@ -18,7 +18,7 @@ __device__ void rms_norm_rows(const T* x, const T* w, const T* m, T* out, float 
     if (m != nullptr && !m_full && n_m < dim) return;
     OP_ROW_LOOP(r, rows) {
         const T* mr = m == nullptr ? nullptr : (m_full ? m + r * dim : m);
-        rms_norm_row<T, ACC>(x + r * dim, w, mr, out + r * dim, eps, dim, scratch);
+        rms_norm_row<T, ACC, O>(x + r * dim, w, mr, out + r * dim, eps, dim, scratch);
     }
 }
 
@@ -68,3 +68,13 @@ RMS_NORM_NO_SCALE_MUL_KERNEL(rms_norm_no_scale_mul_bf16, __nv_bfloat16)
 RMS_NORM_ADD_KERNEL(rms_norm_add_f32, float)
 RMS_NORM_ADD_KERNEL(rms_norm_add_f16, __half)
 RMS_NORM_ADD_KERNEL(rms_norm_add_bf16, __nv_bfloat16)
+
+// The f32 norm's values rounded to f16 (the narrowing of `graph::passes::narrow`: the tensor-core
+// products that read them round to f16 anyway); launched with the f32 norm's block size, so the
+// f32 values are that kernel's.
+extern "C" __global__ void rms_norm_f32_to_f16(const float* x, const float* w, __half* out,
+                                               float eps, uint32_t dim, uint64_t n_x,
+                                               uint64_t n_w, uint64_t n_out) {
+    if (n_w < dim) return;
+    rms_norm_rows<float, false, __half>(x, w, nullptr, out, eps, dim, n_x, 0, n_out);
+}

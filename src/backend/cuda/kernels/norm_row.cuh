@@ -15,8 +15,8 @@ __device__ __forceinline__ float norm_round(float v) {
 // accumulator; each normalized value, rounded to T as `rms_norm` stores it, is added to it as the
 // in-place add kernel does (elementwise.cu: `a + b` in f32, stored as T). Every thread of the
 // block must call it (it synchronizes); `scratch` holds 32 doubles of shared memory.
-template <typename T, bool ACC>
-__device__ __forceinline__ void rms_norm_row(const T* xr, const T* w, const T* mr, T* o, float eps,
+template <typename T, bool ACC, typename O = T>
+__device__ __forceinline__ void rms_norm_row(const T* xr, const T* w, const T* mr, O* o, float eps,
                                              uint32_t dim, double* scratch) {
     double ss = 0.0;
     for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x) {

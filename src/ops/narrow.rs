@@ -1,0 +1,336 @@
+//! The narrowing rules (`graph::passes::narrow`) for prompt products: an f32 `rms_norm` or SwiGLU
+//! whose every reader is a tensor-core product (`matmul_mma_<w>`, `matmul3_mma_<w>`,
+//! `matmul_add_mma_<w>`) of exactly its output becomes `rms_norm_f32_to_f16` /
+//! `swiglu_f32_to_f16` writing f16 into the first half of the output's bytes, and the products
+//! their `_h` forms reading it. The tensor-core products round x to f16 (round to nearest even)
+//! before they multiply, and the producer's f32 values are the same in both forms, so the
+//! products see the same f16 operands: the same bits, half the activation bytes read.
+
+use crate::backend::{Buffer, DType};
+use crate::graph::passes::NarrowRule;
+use crate::graph::{Arg, ArgRef, DispatchRef, DispatchSpec, KernelId, Range};
+use crate::kernels::{elementwise as ew, matmul as mm, norm as kn};
+
+fn norm_output(d: DispatchRef<'_>) -> Option<(Buffer, Buffer)> {
+    if d.kernel() != KernelId::of(&kn::RMS_NORM[0]) {
+        return None;
+    }
+    let out = d.buffer("out")?;
+    let narrow = out.view(0, DType::F16, out.dims()).ok()?;
+    Some((out.clone(), narrow))
+}
+
+fn narrow_norm<'a>(d: DispatchRef<'a>, narrow: &'a Buffer) -> Option<DispatchSpec<'a>> {
+    DispatchSpec::new(
+        KernelId::of(&kn::RMS_NORM_TO_F16),
+        &[
+            ArgRef::read(d.buffer("x")?),
+            ArgRef::read(d.buffer("weight")?),
+            ArgRef::write(narrow),
+            ArgRef::Scalar(d.scalar("eps")?),
+            ArgRef::Scalar(d.scalar("dim")?),
+        ],
+        d.grid(),
+    )
+    .ok()
+}
+
+/// The shortest k the f16 forms take. Measured on an H100 (`onepass bench -p 512`, one call
+/// each): narrowed, the Llama 3.1 8B's products (k 4096 and 14336) gained 19% of the prompt's
+/// speed and the 1B's (k 2048 and 8192) 9%; SmolLM2's (k 576 and 1536) measured 3% slower in two
+/// calls, within the 7% by which two runs of the same code differed in a third: no gain shown,
+/// so they stay f32.
+const MIN_K: u32 = 2048;
+
+/// A tensor-core product of exactly `wide` (one of the three kernels' families), reading
+/// `narrow` instead.
+fn narrow_product<'a>(
+    d: DispatchRef<'a>,
+    wide: &'a Buffer,
+    narrow: &'a Buffer,
+) -> Option<DispatchSpec<'a>> {
+    let x = d.buffer("x")?;
+    if Range::of(x) != Range::of(wide) || x.dims() != wide.dims() {
+        return None;
+    }
+    let kernel = d.kernel();
+    let (family, index) = if let Some(f) = kernel.index_in(&mm::MATMUL_MMA) {
+        (&mm::MATMUL_MMA_H, f)
+    } else if let Some(f) = kernel.index_in(&mm::MATMUL_ADD_MMA) {
+        (&mm::MATMUL_ADD_MMA_H, f)
+    } else {
+        (&mm::MATMUL3_MMA_H, kernel.index_in(&mm::MATMUL3_MMA)?)
+    };
+    // Only where the f16 form is the fast one (`MmhFormat::fast` in `matmul_mma_h.cuh`): Q4_0,
+    // Q4_1 and Q5_0 in 64-value steps. Elsewhere it would take its two-buffer form, slower than
+    // the f32 pipelined one.
+    let fast = matches!(
+        crate::kernels::WEIGHT_FORMATS[index],
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0
+    );
+    let k = match d.scalar("k")? {
+        crate::graph::Scalar::U32(k) => k,
+        _ => return None,
+    };
+    if !fast || k % 64 != 0 || k < MIN_K {
+        return None;
+    }
+    // Every argument as it was, x (the first) replaced by the narrow view.
+    let args: Vec<ArgRef<'a>> = d
+        .args()
+        .iter()
+        .enumerate()
+        .map(|(i, a)| match a {
+            Arg::Buffer(_, access) if i == 0 => ArgRef::Buffer(narrow, *access),
+            Arg::Buffer(b, access) => ArgRef::Buffer(b, *access),
+            Arg::Scalar(s) => ArgRef::Scalar(*s),
+        })
+        .collect();
+    DispatchSpec::new(KernelId::of(&family[index]), &args, d.grid()).ok()
+}
+
+/// An f32 norm read only by tensor-core products: f16 written, f16 read.
+pub const NORM_TO_F16_PRODUCTS: NarrowRule = NarrowRule {
+    name: "rms_norm->f16 products",
+    output: norm_output,
+    producer: narrow_norm,
+    reader: narrow_product,
+};
+
+/// The output of an out-of-place f32 SwiGLU whose gate and up are as long as it (no broadcast
+/// row), and its f16 view.
+fn swiglu_output(d: DispatchRef<'_>) -> Option<(Buffer, Buffer)> {
+    if d.kernel() != KernelId::of(&ew::SWIGLU[0]) {
+        return None;
+    }
+    let out = d.buffer("out")?;
+    let n = out.elems();
+    if d.buffer("gate")?.elems() != n || d.buffer("up")?.elems() != n {
+        return None;
+    }
+    let narrow = out.view(0, DType::F16, out.dims()).ok()?;
+    Some((out.clone(), narrow))
+}
+
+fn narrow_swiglu<'a>(d: DispatchRef<'a>, narrow: &'a Buffer) -> Option<DispatchSpec<'a>> {
+    DispatchSpec::new(
+        KernelId::of(&ew::SWIGLU_TO_F16),
+        &[
+            ArgRef::read(d.buffer("gate")?),
+            ArgRef::read(d.buffer("up")?),
+            ArgRef::write(narrow),
+        ],
+        d.grid(),
+    )
+    .ok()
+}
+
+/// An f32 SwiGLU read only by tensor-core products (a block's down product, with its residual
+/// add fused): f16 written, f16 read.
+pub const SWIGLU_TO_F16_PRODUCTS: NarrowRule = NarrowRule {
+    name: "swiglu->f16 products",
+    output: swiglu_output,
+    producer: narrow_swiglu,
+    reader: narrow_product,
+};
+
+#[cfg(test)]
+mod tests {
+    use crate::backend::{cpu, Capabilities, DType, Device};
+    use crate::testutil::random_f32;
+    use crate::{Buffer, Executor, Mode, Plan};
+
+    const ROWS: usize = 64;
+    /// The shortest k narrowed (`MIN_K`).
+    const K: usize = 2048;
+    /// Four products of the norm's output: the first three fuse into a `matmul3_mma`, the fourth
+    /// stays a `matmul_mma`; widths that end in a partial tile of 128.
+    const WIDTHS: [usize; 4] = [200, 64, 72, 96];
+
+    struct Case {
+        dev: Device,
+        x: Buffer,
+        norm: Buffer,
+        xn: Buffer,
+        ws: Vec<Buffer>,
+        outs: Vec<Buffer>,
+    }
+
+    fn case() -> Case {
+        let dev = Device::cpu(2).unwrap();
+        let x = dev
+            .upload(&random_f32(ROWS * K, 2.0, 3), &[ROWS, K])
+            .unwrap();
+        let norm = dev.upload(&random_f32(K, 1.0, 4), &[K]).unwrap();
+        let xn = dev.alloc(DType::F32, &[ROWS, K]).unwrap();
+        let ws = WIDTHS
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let bytes =
+                    crate::quant::quantize(DType::Q4_0, &random_f32(n * K, 1.0, 10 + i as u64))
+                        .unwrap();
+                dev.upload_bytes(&bytes, DType::Q4_0, &[n, K]).unwrap()
+            })
+            .collect();
+        let outs = WIDTHS
+            .iter()
+            .map(|&n| dev.alloc(DType::F32, &[ROWS, n]).unwrap())
+            .collect();
+        Case {
+            dev,
+            x,
+            norm,
+            xn,
+            ws,
+            outs,
+        }
+    }
+
+    /// The norm and the four products recorded, optimized with `caps` (and `extra`, a read of
+    /// the norm's output by an add, when set) and run; the four outputs.
+    fn run(c: &Case, caps: &Capabilities, extra: Option<&Buffer>) -> Vec<Vec<f32>> {
+        let exec = Executor::new(c.dev.clone());
+        let mut s = exec.begin(Mode::Recorded);
+        s.rms_norm(&c.x, &c.norm, &c.xn, 1e-5).unwrap();
+        for (w, out) in c.ws.iter().zip(&c.outs) {
+            s.matmul(&c.xn, w, out).unwrap();
+        }
+        if let Some(acc) = extra {
+            s.add_inplace(acc, &c.xn).unwrap();
+        }
+        s.mark_scratch(&c.xn);
+        let mut graph = s.into_graph().unwrap();
+        Executor::optimize(&mut graph, &Plan::OPTIMIZED, caps);
+        exec.run(&graph, false).unwrap();
+        c.outs.iter().map(|o| c.dev.download(o).unwrap()).collect()
+    }
+
+    fn bits(v: &[Vec<f32>]) -> Vec<Vec<u32>> {
+        v.iter()
+            .map(|o| o.iter().map(|x| x.to_bits()).collect())
+            .collect()
+    }
+
+    /// With the narrowing declared, the norm writes f16 and the products read it: their results
+    /// are the products of the f32 norm's values rounded to f16 (computed here by rounding the
+    /// unnarrowed norm's output on the host), bit for bit, and differ from the f32 products (so
+    /// the narrowing happened). Without it, or where something else reads the norm's output, the
+    /// products read f32.
+    #[test]
+    fn a_norm_read_only_by_tensor_core_products_is_narrowed_to_f16() {
+        let c = case();
+        let narrowing = Capabilities {
+            f16_prompt_activations: true,
+            ..cpu::CAPABILITIES
+        };
+        let plain = run(&c, &cpu::CAPABILITIES, None);
+        let narrowed = run(&c, &narrowing, None);
+        // The reference: the f32 norm (as the plain run left it), rounded to f16, multiplied.
+        let exec = Executor::new(c.dev.clone());
+        let mut s = exec.begin(Mode::Direct);
+        s.rms_norm(&c.x, &c.norm, &c.xn, 1e-5).unwrap();
+        s.finish(&Plan::SEQUENTIAL).unwrap();
+        let rounded: Vec<f32> = c
+            .dev
+            .download::<f32>(&c.xn)
+            .unwrap()
+            .iter()
+            .map(|&v| half::f16::from_f32(v).to_f32())
+            .collect();
+        let xr = c.dev.upload(&rounded, &[ROWS, K]).unwrap();
+        let mut s = exec.begin(Mode::Direct);
+        for (w, out) in c.ws.iter().zip(&c.outs) {
+            s.matmul(&xr, w, out).unwrap();
+        }
+        s.finish(&Plan::SEQUENTIAL).unwrap();
+        let want: Vec<Vec<f32>> = c.outs.iter().map(|o| c.dev.download(o).unwrap()).collect();
+        assert_eq!(
+            bits(&narrowed),
+            bits(&want),
+            "narrowed against f16-rounded products"
+        );
+        assert_ne!(
+            bits(&narrowed),
+            bits(&plain),
+            "the narrowing did not happen"
+        );
+        // An add reading the norm's output keeps it f32 (the products too).
+        let acc = c
+            .dev
+            .upload(&random_f32(ROWS * K, 1.0, 9), &[ROWS, K])
+            .unwrap();
+        let kept = run(&c, &narrowing, Some(&acc));
+        assert_eq!(
+            bits(&kept),
+            bits(&plain),
+            "a norm read by an add must stay f32"
+        );
+    }
+
+    /// The SwiGLU, the down product and the residual add (fused into `matmul_add_mma`) recorded,
+    /// optimized with `caps` and run: the accumulator's values after it, and whether the SwiGLU
+    /// was narrowed.
+    fn swiglu_down(dev: &Device, caps: &Capabilities, round: bool) -> (Vec<f32>, usize) {
+        let ffn = K;
+        let gate = random_f32(ROWS * ffn, 2.0, 21);
+        let up = random_f32(ROWS * ffn, 2.0, 22);
+        let bytes = crate::quant::quantize(DType::Q4_1, &random_f32(200 * ffn, 1.0, 23)).unwrap();
+        let w = dev.upload_bytes(&bytes, DType::Q4_1, &[200, ffn]).unwrap();
+        let acc = dev
+            .upload(&random_f32(ROWS * 200, 1.0, 24), &[ROWS, 200])
+            .unwrap();
+        let proj = dev.alloc(DType::F32, &[ROWS, 200]).unwrap();
+        let exec = Executor::new(dev.clone());
+        let mut s = exec.begin(Mode::Recorded);
+        let hidden = if round {
+            // The reference: the f32 SwiGLU's values (run alone), rounded to f16 on the host.
+            let g = dev.upload(&gate, &[ROWS, ffn]).unwrap();
+            let u = dev.upload(&up, &[ROWS, ffn]).unwrap();
+            let t = dev.alloc(DType::F32, &[ROWS, ffn]).unwrap();
+            let mut d = exec.begin(Mode::Direct);
+            d.swiglu(&g, &u, &t).unwrap();
+            d.finish(&Plan::SEQUENTIAL).unwrap();
+            let rounded: Vec<f32> = dev
+                .download::<f32>(&t)
+                .unwrap()
+                .iter()
+                .map(|&v| half::f16::from_f32(v).to_f32())
+                .collect();
+            dev.upload(&rounded, &[ROWS, ffn]).unwrap()
+        } else {
+            let g = dev.upload(&gate, &[ROWS, ffn]).unwrap();
+            let u = dev.upload(&up, &[ROWS, ffn]).unwrap();
+            let h = dev.alloc(DType::F32, &[ROWS, ffn]).unwrap();
+            s.swiglu(&g, &u, &h).unwrap();
+            s.mark_scratch(&h);
+            h
+        };
+        s.matmul(&hidden, &w, &proj).unwrap();
+        s.add_inplace(&acc, &proj).unwrap();
+        s.mark_scratch(&proj);
+        let mut graph = s.into_graph().unwrap();
+        let report = Executor::optimize(&mut graph, &Plan::OPTIMIZED, caps);
+        exec.run(&graph, false).unwrap();
+        (dev.download(&acc).unwrap(), report.narrowed)
+    }
+
+    /// A SwiGLU read only by a fused down product and residual add narrows: the accumulator
+    /// gets, bit for bit, the product of the SwiGLU's f32 values rounded to f16, and differs
+    /// from the unnarrowed one.
+    #[test]
+    fn a_swiglu_read_only_by_a_down_product_is_narrowed_to_f16() {
+        let dev = Device::cpu(2).unwrap();
+        let narrowing = Capabilities {
+            f16_prompt_activations: true,
+            ..cpu::CAPABILITIES
+        };
+        let (plain, none) = swiglu_down(&dev, &cpu::CAPABILITIES, false);
+        let (narrowed, once) = swiglu_down(&dev, &narrowing, false);
+        let (want, _) = swiglu_down(&dev, &cpu::CAPABILITIES, true);
+        assert_eq!((none, once), (0, 1), "narrowed once, only when declared");
+        let b = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(b(&narrowed), b(&want), "narrowed against f16-rounded SwiGLU");
+        assert_ne!(b(&narrowed), b(&plain), "the narrowing did not happen");
+    }
+}

@@ -1,0 +1,149 @@
+//! The narrowing on the GPU (`graph::passes::narrow`, `ops::narrow`): an f32 `rms_norm` read only
+//! by tensor-core products, narrowed to `rms_norm_f32_to_f16` and the `_h` products (the f16
+//! activation form in 64-value steps), gives bitwise what the unnarrowed graph gives on the same
+//! GPU: the f32 tensor-core forms round x to f16 (round to nearest even) before their `mma`, the
+//! f16 norm stores the same rounding of the same f32 values, and both sum in one order. At the
+//! Llama 3.1 8B prompt shapes (q, k, v as one `matmul3_mma`, then the gate product; the SwiGLU
+//! and the down product with its residual add) and odd ones (rows ending in a partial tile, 100
+//! and 513; widths ending in a partial tile). Seeded random inputs, never zeros. Needs a GPU: ignored by default, it fails where there is none
+//! (`ops::narrow`'s test runs the CPU kernels).
+
+mod cuda_open;
+
+mod seeded;
+
+use cuda_open::cuda_device;
+use onepass::backend::{cuda, Capabilities};
+use onepass::{Buffer, DType, Device, Executor, Mode, Plan};
+use seeded::random_f32;
+
+/// The norm and four products of its output, optimized with `caps` and run; the outputs and the
+/// producers narrowed.
+fn run(
+    dev: &Device,
+    caps: &Capabilities,
+    dtype: DType,
+    rows: usize,
+    k: usize,
+    widths: &[usize; 4],
+) -> (Vec<Vec<f32>>, usize) {
+    let x = dev
+        .upload(&random_f32(rows * k, 2.0, 51), &[rows, k])
+        .unwrap();
+    let norm = dev.upload(&random_f32(k, 1.0, 52), &[k]).unwrap();
+    let xn = dev.alloc(DType::F32, &[rows, k]).unwrap();
+    let ws: Vec<Buffer> = widths
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            let bytes =
+                onepass::quant::quantize(dtype, &random_f32(n * k, 1.0, 60 + i as u64)).unwrap();
+            dev.upload_bytes(&bytes, dtype, &[n, k]).unwrap()
+        })
+        .collect();
+    let outs: Vec<Buffer> = widths
+        .iter()
+        .map(|&n| dev.alloc(DType::F32, &[rows, n]).unwrap())
+        .collect();
+    let exec = Executor::new(dev.clone());
+    let mut s = exec.begin(Mode::Recorded);
+    s.rms_norm(&x, &norm, &xn, 1e-5).unwrap();
+    for (w, out) in ws.iter().zip(&outs) {
+        s.matmul(&xn, w, out).unwrap();
+    }
+    s.mark_scratch(&xn);
+    let mut graph = s.into_graph().unwrap();
+    let report = Executor::optimize(&mut graph, &Plan::OPTIMIZED, caps);
+    exec.run(&graph, false).unwrap();
+    let values = outs.iter().map(|o| dev.download(o).unwrap()).collect();
+    (values, report.narrowed)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn narrowed_prompt_products_give_the_f32_forms_bits() {
+    let gpu = cuda_device();
+    let narrowing = cuda::CAPABILITIES.with_f16_prompt_activations(true);
+    let plain = cuda::CAPABILITIES.with_f16_prompt_activations(false);
+    let cases: [(DType, usize, usize, [usize; 4]); 3] = [
+        (DType::Q4_0, 512, 4096, [4096, 1024, 1024, 14336]),
+        (DType::Q5_0, 513, 2048, [2048, 512, 512, 8192]),
+        (DType::Q4_1, 100, 2048, [200, 64, 72, 96]),
+    ];
+    for (dtype, rows, k, widths) in cases {
+        let what = format!("{dtype} rows {rows} k {k}");
+        let (want, none) = run(&gpu, &plain, dtype, rows, k, &widths);
+        let (got, narrowed) = run(&gpu, &narrowing, dtype, rows, k, &widths);
+        assert_eq!((none, narrowed), (0, 1), "{what}: the norm narrowed once");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let differ = g
+                .iter()
+                .zip(w)
+                .position(|(a, b)| a.to_bits() != b.to_bits());
+            assert_eq!(
+                differ, None,
+                "{what}: product {i}: narrowed and f32 forms differ"
+            );
+        }
+    }
+}
+
+/// The SwiGLU, the down product and the residual add (one `matmul_add_mma`), optimized with
+/// `caps` and run: the accumulator and the producers narrowed.
+fn run_down(
+    dev: &Device,
+    caps: &Capabilities,
+    dtype: DType,
+    rows: usize,
+    ffn: usize,
+    n: usize,
+) -> (Vec<f32>, usize) {
+    let gate = dev
+        .upload(&random_f32(rows * ffn, 3.0, 71), &[rows, ffn])
+        .unwrap();
+    let up = dev
+        .upload(&random_f32(rows * ffn, 1.0, 72), &[rows, ffn])
+        .unwrap();
+    let hidden = dev.alloc(DType::F32, &[rows, ffn]).unwrap();
+    let bytes = onepass::quant::quantize(dtype, &random_f32(n * ffn, 1.0, 73)).unwrap();
+    let w = dev.upload_bytes(&bytes, dtype, &[n, ffn]).unwrap();
+    let acc = dev
+        .upload(&random_f32(rows * n, 1.0, 74), &[rows, n])
+        .unwrap();
+    let proj = dev.alloc(DType::F32, &[rows, n]).unwrap();
+    let exec = Executor::new(dev.clone());
+    let mut s = exec.begin(Mode::Recorded);
+    s.swiglu(&gate, &up, &hidden).unwrap();
+    s.matmul(&hidden, &w, &proj).unwrap();
+    s.add_inplace(&acc, &proj).unwrap();
+    s.mark_scratch(&hidden);
+    s.mark_scratch(&proj);
+    let mut graph = s.into_graph().unwrap();
+    let report = Executor::optimize(&mut graph, &Plan::OPTIMIZED, caps);
+    exec.run(&graph, false).unwrap();
+    (dev.download(&acc).unwrap(), report.narrowed)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_narrowed_swiglu_and_down_product_give_the_f32_forms_bits() {
+    let gpu = cuda_device();
+    let narrowing = cuda::CAPABILITIES.with_f16_prompt_activations(true);
+    let plain = cuda::CAPABILITIES.with_f16_prompt_activations(false);
+    let cases: [(DType, usize, usize, usize); 3] = [
+        (DType::Q4_0, 512, 14336, 4096),
+        (DType::Q4_1, 100, 8192, 2048),
+        (DType::Q5_0, 513, 2048, 200),
+    ];
+    for (dtype, rows, ffn, n) in cases {
+        let what = format!("{dtype} rows {rows} ffn {ffn} n {n}");
+        let (want, none) = run_down(&gpu, &plain, dtype, rows, ffn, n);
+        let (got, narrowed) = run_down(&gpu, &narrowing, dtype, rows, ffn, n);
+        assert_eq!((none, narrowed), (0, 1), "{what}: the SwiGLU narrowed once");
+        let differ = got
+            .iter()
+            .zip(&want)
+            .position(|(a, b)| a.to_bits() != b.to_bits());
+        assert_eq!(differ, None, "{what}: narrowed and f32 forms differ");
+    }
+}
