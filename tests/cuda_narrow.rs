@@ -5,7 +5,8 @@
 //! f16 norm stores the same rounding of the same f32 values, and both sum in one order. At the
 //! Llama 3.1 8B prompt shapes (q, k, v as one `matmul3_mma`, then the gate product; the SwiGLU
 //! and the down product with its residual add) and odd ones (rows ending in a partial tile, 100
-//! and 513; widths ending in a partial tile). Seeded random inputs, never zeros. Needs a GPU: ignored by default, it fails where there is none
+//! and 513; widths ending in a partial tile), and the prompt attention with the o product.
+//! Seeded random inputs, never zeros. Needs a GPU: ignored by default, it fails where there is none
 //! (`ops::narrow`'s test runs the CPU kernels).
 
 mod cuda_open;
@@ -140,6 +141,77 @@ fn a_narrowed_swiglu_and_down_product_give_the_f32_forms_bits() {
         let (want, none) = run_down(&gpu, &plain, dtype, rows, ffn, n);
         let (got, narrowed) = run_down(&gpu, &narrowing, dtype, rows, ffn, n);
         assert_eq!((none, narrowed), (0, 1), "{what}: the SwiGLU narrowed once");
+        let differ = got
+            .iter()
+            .zip(&want)
+            .position(|(a, b)| a.to_bits() != b.to_bits());
+        assert_eq!(differ, None, "{what}: narrowed and f32 forms differ");
+    }
+}
+
+/// The tensor-core prompt attention (`heads` of `hd` over `kv` KV heads, the pass starting at
+/// position 7), the o product and the residual add (one `matmul_add_mma`), optimized with `caps`
+/// and run: the accumulator and the producers narrowed.
+#[allow(clippy::too_many_arguments)]
+fn run_o(
+    dev: &Device,
+    caps: &Capabilities,
+    dtype: DType,
+    rows: usize,
+    (heads, kv, hd): (usize, usize, usize),
+    n: usize,
+) -> (Vec<f32>, usize) {
+    let (k, ctx) = (heads * hd, rows + 64);
+    let q = dev
+        .upload(&random_f32(rows * k, 1.0, 81), &[rows, k])
+        .unwrap();
+    let cache = |seed| {
+        dev.upload(&random_f32(kv * ctx * hd, 1.0, seed), &[kv, ctx, hd])
+            .unwrap()
+    };
+    let (kc, vc) = (cache(82), cache(83));
+    let step = dev.upload(&[7i32], &[1]).unwrap();
+    let attn = dev.alloc(DType::F32, &[rows, k]).unwrap();
+    let bytes = onepass::quant::quantize(dtype, &random_f32(n * k, 1.0, 84)).unwrap();
+    let w = dev.upload_bytes(&bytes, dtype, &[n, k]).unwrap();
+    let acc = dev
+        .upload(&random_f32(rows * n, 1.0, 85), &[rows, n])
+        .unwrap();
+    let proj = dev.alloc(DType::F32, &[rows, n]).unwrap();
+    let exec = Executor::new(dev.clone());
+    let mut s = exec.begin(Mode::Recorded);
+    let params = onepass::ops::attention::AttentionParams::new(heads, kv, hd);
+    s.attention(&q, &kc, &vc, &step, &attn, params).unwrap();
+    s.matmul(&attn, &w, &proj).unwrap();
+    s.add_inplace(&acc, &proj).unwrap();
+    s.mark_scratch(&attn);
+    s.mark_scratch(&proj);
+    let mut graph = s.into_graph().unwrap();
+    let report = Executor::optimize(&mut graph, &Plan::OPTIMIZED, caps);
+    exec.run(&graph, false).unwrap();
+    (dev.download(&acc).unwrap(), report.narrowed)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_narrowed_attention_and_o_product_give_the_f32_forms_bits() {
+    let gpu = cuda_device();
+    let narrowing = cuda::CAPABILITIES.with_f16_prompt_activations(true);
+    let plain = cuda::CAPABILITIES.with_f16_prompt_activations(false);
+    let cases: [(DType, usize, (usize, usize, usize), usize); 3] = [
+        (DType::Q4_0, 512, (32, 8, 128), 4096),
+        (DType::Q4_1, 100, (32, 8, 64), 2048),
+        (DType::Q5_0, 513, (16, 4, 128), 200),
+    ];
+    for (dtype, rows, heads, n) in cases {
+        let what = format!("{dtype} rows {rows} heads {heads:?} n {n}");
+        let (want, none) = run_o(&gpu, &plain, dtype, rows, heads, n);
+        let (got, narrowed) = run_o(&gpu, &narrowing, dtype, rows, heads, n);
+        assert_eq!(
+            (none, narrowed),
+            (0, 1),
+            "{what}: the attention narrowed once"
+        );
         let differ = got
             .iter()
             .zip(&want)

@@ -61,6 +61,23 @@ pub static ATTENTION_MMA: [KernelSig; 2] = [
     ),
 ];
 
+/// [`ATTENTION_MMA`]'s f32 values rounded to f16 (round to nearest even) in `out`: the same
+/// arguments, out f16. What the optimizer's narrowing (`graph::passes::narrow`) makes of a prompt
+/// attention whose every reader is a tensor-core product (a block's o product), which rounds its
+/// activations to f16 anyway.
+pub static ATTENTION_MMA_TO_F16: [KernelSig; 2] = [
+    KernelSig::new(
+        "attention_mma_f32_to_f16",
+        OpKind::Attention,
+        &attention_params!(F32; Param::write("out", one(DType::F16));),
+    ),
+    KernelSig::new(
+        "attention_mma_f16_to_f16",
+        OpKind::Attention,
+        &attention_params!(one(DType::F16); Param::write("out", one(DType::F16));),
+    ),
+];
+
 /// Decode attention in one launch (the CUDA backend's): the block that finishes a head's last
 /// chunk merges the head. q, k_cache, v_cache, step, partials, out, the scoring scalars (window
 /// included), chunk_len, chunks.

@@ -482,6 +482,7 @@ pub fn all() -> Vec<&'static KernelSig> {
     let families: [&'static [KernelSig]; _] = [
         &attention::ATTENTION,
         &attention::ATTENTION_MMA,
+        &attention::ATTENTION_MMA_TO_F16,
         &attention::DECODE,
         &attention::DECODE_PARTIAL,
         std::slice::from_ref(&attention::DECODE_COMBINE),

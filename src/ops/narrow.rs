@@ -1,15 +1,16 @@
-//! The narrowing rules (`graph::passes::narrow`) for prompt products: an f32 `rms_norm` or SwiGLU
-//! whose every reader is a tensor-core product (`matmul_mma_<w>`, `matmul3_mma_<w>`,
-//! `matmul_add_mma_<w>`) of exactly its output becomes `rms_norm_f32_to_f16` /
-//! `swiglu_f32_to_f16` writing f16 into the first half of the output's bytes, and the products
-//! their `_h` forms reading it. The tensor-core products round x to f16 (round to nearest even)
-//! before they multiply, and the producer's f32 values are the same in both forms, so the
-//! products see the same f16 operands: the same bits, half the activation bytes read.
+//! The narrowing rules (`graph::passes::narrow`) for prompt products: an f32 `rms_norm`, SwiGLU
+//! or tensor-core attention whose every reader is a tensor-core product (`matmul_mma_<w>`,
+//! `matmul3_mma_<w>`, `matmul_add_mma_<w>`) of exactly its output becomes
+//! `rms_norm_f32_to_f16` / `swiglu_f32_to_f16` / `attention_mma_<t>_to_f16`, writing f16 into the
+//! first half of the output's bytes, and the products their `_h` forms reading it. The
+//! tensor-core products round x to f16 (round to nearest even) before they multiply, and the
+//! producer's f32 values are the same in both forms, so the products see the same f16 operands:
+//! the same bits, half the activation bytes read.
 
 use crate::backend::{Buffer, DType};
 use crate::graph::passes::NarrowRule;
-use crate::graph::{Arg, ArgRef, DispatchRef, DispatchSpec, KernelId, Range};
-use crate::kernels::{elementwise as ew, matmul as mm, norm as kn};
+use crate::graph::{Access, Arg, ArgRef, DispatchRef, DispatchSpec, KernelId, Range};
+use crate::kernels::{attention as ka, elementwise as ew, matmul as mm, norm as kn};
 
 fn norm_output(d: DispatchRef<'_>) -> Option<(Buffer, Buffer)> {
     if d.kernel() != KernelId::of(&kn::RMS_NORM[0]) {
@@ -75,18 +76,27 @@ fn narrow_product<'a>(
     if !fast || k % 64 != 0 || k < MIN_K {
         return None;
     }
-    // Every argument as it was, x (the first) replaced by the narrow view.
-    let args: Vec<ArgRef<'a>> = d
-        .args()
+    // x is the first argument.
+    let args = replaced(d, |i, _| i == 0, narrow);
+    DispatchSpec::new(KernelId::of(&family[index]), &args, d.grid()).ok()
+}
+
+/// Every argument of `d` as it was, the buffer that `pick` (given its index and access) chooses
+/// replaced by `narrow` with the same access.
+fn replaced<'a>(
+    d: DispatchRef<'a>,
+    pick: impl Fn(usize, Access) -> bool,
+    narrow: &'a Buffer,
+) -> Vec<ArgRef<'a>> {
+    d.args()
         .iter()
         .enumerate()
         .map(|(i, a)| match a {
-            Arg::Buffer(_, access) if i == 0 => ArgRef::Buffer(narrow, *access),
+            Arg::Buffer(_, access) if pick(i, *access) => ArgRef::Buffer(narrow, *access),
             Arg::Buffer(b, access) => ArgRef::Buffer(b, *access),
             Arg::Scalar(s) => ArgRef::Scalar(*s),
         })
-        .collect();
-    DispatchSpec::new(KernelId::of(&family[index]), &args, d.grid()).ok()
+        .collect()
 }
 
 /// An f32 norm read only by tensor-core products: f16 written, f16 read.
@@ -131,6 +141,35 @@ pub const SWIGLU_TO_F16_PRODUCTS: NarrowRule = NarrowRule {
     name: "swiglu->f16 products",
     output: swiglu_output,
     producer: narrow_swiglu,
+    reader: narrow_product,
+};
+
+/// The output of a tensor-core prompt attention, and its f16 view.
+fn attention_output(d: DispatchRef<'_>) -> Option<(Buffer, Buffer)> {
+    d.kernel().index_in(&ka::ATTENTION_MMA)?;
+    let out = d.buffer("out")?;
+    let narrow = out.view(0, DType::F16, out.dims()).ok()?;
+    Some((out.clone(), narrow))
+}
+
+fn narrow_attention<'a>(d: DispatchRef<'a>, narrow: &'a Buffer) -> Option<DispatchSpec<'a>> {
+    let index = d.kernel().index_in(&ka::ATTENTION_MMA)?;
+    // `out` is the one buffer the attention writes.
+    let args = replaced(d, |_, access| access == Access::Write, narrow);
+    DispatchSpec::new(
+        KernelId::of(&ka::ATTENTION_MMA_TO_F16[index]),
+        &args,
+        d.grid(),
+    )
+    .ok()
+}
+
+/// A tensor-core prompt attention read only by tensor-core products (a block's o product, with
+/// its residual add fused): f16 written, f16 read.
+pub const ATTENTION_TO_F16_PRODUCTS: NarrowRule = NarrowRule {
+    name: "attention->f16 products",
+    output: attention_output,
+    producer: narrow_attention,
     reader: narrow_product,
 };
 
@@ -268,45 +307,45 @@ mod tests {
         );
     }
 
-    /// The SwiGLU, the down product and the residual add (fused into `matmul_add_mma`) recorded,
-    /// optimized with `caps` and run: the accumulator's values after it, and whether the SwiGLU
-    /// was narrowed.
-    fn swiglu_down(dev: &Device, caps: &Capabilities, round: bool) -> (Vec<f32>, usize) {
-        let ffn = K;
-        let gate = random_f32(ROWS * ffn, 2.0, 21);
-        let up = random_f32(ROWS * ffn, 2.0, 22);
-        let bytes = crate::quant::quantize(DType::Q4_1, &random_f32(200 * ffn, 1.0, 23)).unwrap();
-        let w = dev.upload_bytes(&bytes, DType::Q4_1, &[200, ffn]).unwrap();
+    /// A producer (`produce` records it, writing f32 `[ROWS, K]` into its argument), then the
+    /// product with 200 rows of Q4_1 weights and the residual add (fused into `matmul_add_mma`),
+    /// optimized with `caps` and run: the accumulator after it, and the producers narrowed. With
+    /// `round`, the reference: the producer runs alone, and the product reads its values rounded
+    /// to f16 on the host.
+    fn then_product(
+        dev: &Device,
+        caps: &Capabilities,
+        round: bool,
+        produce: &dyn Fn(&mut crate::Session, &Buffer),
+    ) -> (Vec<f32>, usize) {
+        let bytes = crate::quant::quantize(DType::Q4_1, &random_f32(200 * K, 1.0, 23)).unwrap();
+        let w = dev.upload_bytes(&bytes, DType::Q4_1, &[200, K]).unwrap();
         let acc = dev
             .upload(&random_f32(ROWS * 200, 1.0, 24), &[ROWS, 200])
             .unwrap();
         let proj = dev.alloc(DType::F32, &[ROWS, 200]).unwrap();
+        let produced = dev.alloc(DType::F32, &[ROWS, K]).unwrap();
         let exec = Executor::new(dev.clone());
-        let mut s = exec.begin(Mode::Recorded);
-        let hidden = if round {
-            // The reference: the f32 SwiGLU's values (run alone), rounded to f16 on the host.
-            let g = dev.upload(&gate, &[ROWS, ffn]).unwrap();
-            let u = dev.upload(&up, &[ROWS, ffn]).unwrap();
-            let t = dev.alloc(DType::F32, &[ROWS, ffn]).unwrap();
+        let x = if round {
             let mut d = exec.begin(Mode::Direct);
-            d.swiglu(&g, &u, &t).unwrap();
+            produce(&mut d, &produced);
             d.finish(&Plan::SEQUENTIAL).unwrap();
             let rounded: Vec<f32> = dev
-                .download::<f32>(&t)
+                .download::<f32>(&produced)
                 .unwrap()
                 .iter()
                 .map(|&v| half::f16::from_f32(v).to_f32())
                 .collect();
-            dev.upload(&rounded, &[ROWS, ffn]).unwrap()
+            dev.upload(&rounded, &[ROWS, K]).unwrap()
         } else {
-            let g = dev.upload(&gate, &[ROWS, ffn]).unwrap();
-            let u = dev.upload(&up, &[ROWS, ffn]).unwrap();
-            let h = dev.alloc(DType::F32, &[ROWS, ffn]).unwrap();
-            s.swiglu(&g, &u, &h).unwrap();
-            s.mark_scratch(&h);
-            h
+            produced.clone()
         };
-        s.matmul(&hidden, &w, &proj).unwrap();
+        let mut s = exec.begin(Mode::Recorded);
+        if !round {
+            produce(&mut s, &produced);
+            s.mark_scratch(&produced);
+        }
+        s.matmul(&x, &w, &proj).unwrap();
         s.add_inplace(&acc, &proj).unwrap();
         s.mark_scratch(&proj);
         let mut graph = s.into_graph().unwrap();
@@ -315,22 +354,70 @@ mod tests {
         (dev.download(&acc).unwrap(), report.narrowed)
     }
 
-    /// A SwiGLU read only by a fused down product and residual add narrows: the accumulator
-    /// gets, bit for bit, the product of the SwiGLU's f32 values rounded to f16, and differs
-    /// from the unnarrowed one.
-    #[test]
-    fn a_swiglu_read_only_by_a_down_product_is_narrowed_to_f16() {
+    /// Narrowed once where declared; the narrowed accumulator equals, bit for bit, the product
+    /// of the producer's f32 values rounded to f16, and differs from the unnarrowed one.
+    fn check_narrowed(what: &str, produce: &dyn Fn(&mut crate::Session, &Buffer)) {
         let dev = Device::cpu(2).unwrap();
         let narrowing = Capabilities {
             f16_prompt_activations: true,
             ..cpu::CAPABILITIES
         };
-        let (plain, none) = swiglu_down(&dev, &cpu::CAPABILITIES, false);
-        let (narrowed, once) = swiglu_down(&dev, &narrowing, false);
-        let (want, _) = swiglu_down(&dev, &cpu::CAPABILITIES, true);
-        assert_eq!((none, once), (0, 1), "narrowed once, only when declared");
+        let (plain, none) = then_product(&dev, &cpu::CAPABILITIES, false, produce);
+        let (narrowed, once) = then_product(&dev, &narrowing, false, produce);
+        let (want, _) = then_product(&dev, &cpu::CAPABILITIES, true, produce);
+        assert_eq!(
+            (none, once),
+            (0, 1),
+            "{what}: narrowed once, only when declared"
+        );
         let b = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(b(&narrowed), b(&want), "narrowed against f16-rounded SwiGLU");
-        assert_ne!(b(&narrowed), b(&plain), "the narrowing did not happen");
+        assert_eq!(
+            b(&narrowed),
+            b(&want),
+            "{what}: narrowed against f16-rounded"
+        );
+        assert_ne!(
+            b(&narrowed),
+            b(&plain),
+            "{what}: the narrowing did not happen"
+        );
+    }
+
+    /// A SwiGLU read only by a down product (with its residual add) narrows.
+    #[test]
+    fn a_swiglu_read_only_by_a_down_product_is_narrowed_to_f16() {
+        let dev = Device::cpu(2).unwrap();
+        let gate = dev
+            .upload(&random_f32(ROWS * K, 2.0, 21), &[ROWS, K])
+            .unwrap();
+        let up = dev
+            .upload(&random_f32(ROWS * K, 2.0, 22), &[ROWS, K])
+            .unwrap();
+        check_narrowed("swiglu", &|s, out| s.swiglu(&gate, &up, out).unwrap());
+    }
+
+    /// A tensor-core prompt attention (64 rows, 32 heads of 64 over 4 KV heads) read only by an
+    /// o product (with its residual add) narrows.
+    #[test]
+    fn an_attention_read_only_by_an_o_product_is_narrowed_to_f16() {
+        use crate::ops::attention::AttentionParams;
+        let dev = Device::cpu(2).unwrap();
+        let (heads, kv_heads, hd, ctx) = (K / 64, 4, 64, 80);
+        let q = dev
+            .upload(&random_f32(ROWS * K, 1.0, 31), &[ROWS, K])
+            .unwrap();
+        let cache = |seed| {
+            dev.upload(
+                &random_f32(kv_heads * ctx * hd, 1.0, seed),
+                &[kv_heads, ctx, hd],
+            )
+            .unwrap()
+        };
+        let (k, v) = (cache(32), cache(33));
+        let step = dev.upload(&[5i32], &[1]).unwrap();
+        let params = AttentionParams::new(heads, kv_heads, hd);
+        check_narrowed("attention", &|s, out| {
+            s.attention(&q, &k, &v, &step, out, params).unwrap()
+        });
     }
 }

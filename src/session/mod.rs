@@ -97,6 +97,7 @@ impl Executor {
             &[
                 crate::ops::narrow::NORM_TO_F16_PRODUCTS,
                 crate::ops::narrow::SWIGLU_TO_F16_PRODUCTS,
+                crate::ops::narrow::ATTENTION_TO_F16_PRODUCTS,
             ]
         } else {
             &[]

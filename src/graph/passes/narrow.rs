@@ -68,7 +68,10 @@ fn rewrite(graph: &mut ComputeGraph, rule: &NarrowRule, i: usize) -> Option<Vec<
     let table = graph.view_ranges();
     // A producer reading its own output's bytes would read values the narrow writes clobber.
     let (own_reads, _) = graph.ids_at(order[i]);
-    if own_reads.iter().any(|&k| table[k as usize].overlaps(&range)) {
+    if own_reads
+        .iter()
+        .any(|&k| table[k as usize].overlaps(&range))
+    {
         return None;
     }
     let mut readers = Vec::new();

@@ -29,21 +29,26 @@ use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::check::{expect_len, kernel_err, product, read_pos0};
+use super::copy::Float;
 use crate::backend::cpu::{CpuRegistry, KernelArgs};
 use crate::error::Result;
 use crate::kernels::attention as ka;
 
 /// Registers this family's kernels against their declarations.
 pub(super) fn register(registry: &mut CpuRegistry) {
-    use ka::{ATTENTION, ATTENTION_MMA, DECODE_COMBINE, DECODE_PARTIAL};
+    use ka::{ATTENTION, ATTENTION_MMA, ATTENTION_MMA_TO_F16, DECODE_COMBINE, DECODE_PARTIAL};
     registry.family(
         &ATTENTION,
-        [attention_prefill::<f32>, attention_prefill::<f16>],
+        [attention_prefill::<f32, f32>, attention_prefill::<f16, f32>],
     );
     // The tensor-core form is a GPU launch shape: on the CPU it is the same attention.
     registry.family(
         &ATTENTION_MMA,
-        [attention_prefill::<f32>, attention_prefill::<f16>],
+        [attention_prefill::<f32, f32>, attention_prefill::<f16, f32>],
+    );
+    registry.family(
+        &ATTENTION_MMA_TO_F16,
+        [attention_prefill::<f32, f16>, attention_prefill::<f16, f16>],
     );
     registry.family(
         &DECODE_PARTIAL,
@@ -315,13 +320,13 @@ pub(super) fn first_key(pos: usize, window: Option<usize>) -> usize {
 }
 
 /// Prefill: `out[r, h] = softmax(q[r, h] . K[lo..=pos0+r] * scale) V` per query row and head,
-/// `lo` the row's first key (0 without a window).
-fn attention_prefill<T: CacheElem>(args: &KernelArgs<'_>) -> Result<()> {
+/// `lo` the row's first key (0 without a window); out in f32, or its values rounded to f16.
+fn attention_prefill<T: CacheElem, O: Float>(args: &KernelArgs<'_>) -> Result<()> {
     let geo = Geometry::read(args)?;
     let q = args.input::<f32>(ARG_Q)?;
     let k = args.input::<T>(ARG_K)?;
     let v = args.input::<T>(ARG_V)?;
-    let out = args.output::<f32>(ARG_OUT)?;
+    let out = args.output::<O>(ARG_OUT)?;
     geo.check_caches(args, k.len(), v.len())?;
     let heads = [("n_head", geo.n_head), ("head_dim", geo.head_dim)];
     let width = product(args, "a row of q", &heads)?;
@@ -358,7 +363,9 @@ fn attention_prefill<T: CacheElem>(args: &KernelArgs<'_>) -> Result<()> {
                 .zip(&st.sum)
             {
                 let inv = 1.0 / sum;
-                o.iter_mut().zip(acc).for_each(|(o, a)| *o = a * inv);
+                o.iter_mut()
+                    .zip(acc)
+                    .for_each(|(o, a)| *o = O::from_f32(a * inv));
             }
         });
     });

@@ -477,7 +477,8 @@ fn heads(c: Call, n_head: u32, n_kv: u32, hd: u32) -> Call {
 
 #[test]
 fn prefill_attention_refuses_hostile_heads_and_positions() {
-    for sig in ka::ATTENTION.iter().chain(&ka::ATTENTION_MMA) {
+    let families = ka::ATTENTION.iter().chain(&ka::ATTENTION_MMA);
+    for sig in families.chain(&ka::ATTENTION_MMA_TO_F16) {
         // 2 rows, 4 query and 2 key/value heads of 8, a cache of 6 positions.
         let call = |step: &[i32], (n_head, n_kv, hd): (u32, u32, u32)| {
             heads(

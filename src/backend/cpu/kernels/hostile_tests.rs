@@ -258,6 +258,7 @@ fn families() -> Vec<&'static [KernelSig]> {
         std::slice::from_ref(&kn::RMS_NORM_TO_F16),
         &ka::ATTENTION,
         &ka::ATTENTION_MMA,
+        &ka::ATTENTION_MMA_TO_F16,
         &ka::DECODE_PARTIAL,
         std::slice::from_ref(&ka::DECODE_COMBINE),
         &mm::MATMUL,

@@ -202,10 +202,11 @@ __device__ void attn_fold_vec(const float* qs, const T* k, const T* v, uint32_t 
 }
 
 // With MMA (the `attention_mma_<t>` kernels), a launch of the tensor-core form's shape takes it;
-// the plain kernels do not compile it in (it would raise their register count).
-template <typename T, bool MMA>
+// the plain kernels do not compile it in (it would raise their register count). O: the output's
+// type (f32, or f16 for the narrowed `attention_mma_<t>_to_f16`: the f32 values rounded).
+template <typename T, bool MMA, typename O>
 __device__ void attention_prefill(const float* q, const T* k, const T* v, const int32_t* step,
-                                  float* out, uint32_t n_head, uint32_t n_kv_head, uint32_t hd,
+                                  O* out, uint32_t n_head, uint32_t n_kv_head, uint32_t hd,
                                   float scale, float softcap, uint32_t window, uint64_t n_q,
                                   uint64_t n_k, uint64_t n_v, uint64_t n_step, uint64_t n_out,
                                   uint32_t tag) {
@@ -226,10 +227,10 @@ __device__ void attention_prefill(const float* q, const T* k, const T* v, const 
     const uint32_t group = n_head / n_kv_head;
     if (MMA && attn_mma_ok(hd)) {
         if (hd == 64)
-            attention_mma<T, 64>(q, k, v, out, rows, max_ctx, pos0, n_head, n_kv_head, scale,
+            attention_mma<T, 64, O>(q, k, v, out, rows, max_ctx, pos0, n_head, n_kv_head, scale,
                                  softcap, window);
         else
-            attention_mma<T, 128>(q, k, v, out, rows, max_ctx, pos0, n_head, n_kv_head, scale,
+            attention_mma<T, 128, O>(q, k, v, out, rows, max_ctx, pos0, n_head, n_kv_head, scale,
                                   softcap, window);
         return;
     }
@@ -249,7 +250,8 @@ __device__ void attention_prefill(const float* q, const T* k, const T* v, const 
         else
             attn_fold<T>(qs, ks, vs, hd, lo, pos + 1, scale, softcap, ps, vsum, m, l);
         const float inv = 1.0f / l;
-        for (uint32_t dd = threadIdx.x; dd < hd; dd += blockDim.x) out[item * hd + dd] = vsum[dd] * inv;
+        for (uint32_t dd = threadIdx.x; dd < hd; dd += blockDim.x)
+            op_store(out, (long)(item * hd + dd), vsum[dd] * inv);
     }
 }
 
@@ -393,13 +395,13 @@ __device__ void attention_partial(const float* q, const T* k, const T* v, const 
     }
 }
 
-#define ATTENTION_KERNEL(NAME, T, MMA)                                                              \
+#define ATTENTION_KERNEL(NAME, T, MMA, O)                                                           \
     extern "C" __global__ void NAME(const float* q, const T* k, const T* v, const int32_t* step,      \
-                                    float* out, uint32_t n_head, uint32_t n_kv_head, uint32_t hd,     \
+                                    O* out, uint32_t n_head, uint32_t n_kv_head, uint32_t hd,         \
                                     float scale, float softcap, uint32_t window, uint64_t n_q,        \
                                     uint64_t n_k, uint64_t n_v, uint64_t n_step, uint64_t n_out) {    \
-        attention_prefill<T, MMA>(q, k, v, step, out, n_head, n_kv_head, hd, scale, softcap, window, n_q,  \
-                             n_k, n_v, n_step, n_out, op_tag(#NAME));                                 \
+        attention_prefill<T, MMA, O>(q, k, v, step, out, n_head, n_kv_head, hd, scale, softcap,      \
+                                     window, n_q, n_k, n_v, n_step, n_out, op_tag(#NAME));            \
     }
 #define ATTENTION_PARTIAL_KERNEL(NAME, T)                                                           \
     extern "C" __global__ void NAME(const float* q, const T* k, const T* v, const int32_t* step,      \
@@ -412,10 +414,12 @@ __device__ void attention_partial(const float* q, const T* k, const T* v, const 
                              softcap, window, chunk_len, max_chunks, n_q, n_k, n_v, n_step,           \
                              n_partials, 0, op_tag(#NAME));                                           \
     }
-ATTENTION_KERNEL(attention_f32, float, false)
-ATTENTION_KERNEL(attention_f16, __half, false)
-ATTENTION_KERNEL(attention_mma_f32, float, true)
-ATTENTION_KERNEL(attention_mma_f16, __half, true)
+ATTENTION_KERNEL(attention_f32, float, false, float)
+ATTENTION_KERNEL(attention_f16, __half, false, float)
+ATTENTION_KERNEL(attention_mma_f32, float, true, float)
+ATTENTION_KERNEL(attention_mma_f16, __half, true, float)
+ATTENTION_KERNEL(attention_mma_f32_to_f16, float, true, __half)
+ATTENTION_KERNEL(attention_mma_f16_to_f16, __half, true, __half)
 ATTENTION_PARTIAL_KERNEL(attention_decode_partial_f32, float)
 ATTENTION_PARTIAL_KERNEL(attention_decode_partial_f16, __half)
 

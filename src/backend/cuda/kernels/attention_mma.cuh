@@ -81,8 +81,8 @@ __device__ __forceinline__ void attn_stage_f16(__half* dst, const T* src, uint64
 }
 #endif
 
-template <typename T, int HD>
-__device__ void attention_mma(const float* q, const T* k, const T* v, float* out, uint64_t rows,
+template <typename T, int HD, typename O>
+__device__ void attention_mma(const float* q, const T* k, const T* v, O* out, uint64_t rows,
                               uint64_t max_ctx, int64_t pos0, uint32_t n_head, uint32_t n_kv_head,
                               float scale, float softcap, uint32_t window) {
 #if __CUDA_ARCH__ >= 800
@@ -222,12 +222,12 @@ __device__ void attention_mma(const float* q, const T* k, const T* v, float* out
             if (!live[b]) continue;
             const uint64_t row = r0 + warp * 16 + lane / 4 + 8 * b;
             const float inv = 1.0f / l[b];
-            float* dst = out + (row * n_head + h) * HD;
+            O* dst = out + (row * n_head + h) * HD;
 #pragma unroll
             for (int nt = 0; nt < HD / 8; ++nt) {
                 const uint32_t d = nt * 8 + 2 * (lane % 4);
-                dst[d] = o[nt][2 * b] * inv;
-                dst[d + 1] = o[nt][2 * b + 1] * inv;
+                op_store(dst, d, o[nt][2 * b] * inv);
+                op_store(dst, d + 1, o[nt][2 * b + 1] * inv);
             }
         }
     }
