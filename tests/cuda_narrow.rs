@@ -149,16 +149,18 @@ fn a_narrowed_swiglu_and_down_product_give_the_f32_forms_bits() {
     }
 }
 
+/// Query heads, KV heads and head size of an attention case.
+type Heads = (usize, usize, usize);
+
 /// The tensor-core prompt attention (`heads` of `hd` over `kv` KV heads, the pass starting at
 /// position 7), the o product and the residual add (one `matmul_add_mma`), optimized with `caps`
 /// and run: the accumulator and the producers narrowed.
-#[allow(clippy::too_many_arguments)]
 fn run_o(
     dev: &Device,
     caps: &Capabilities,
     dtype: DType,
     rows: usize,
-    (heads, kv, hd): (usize, usize, usize),
+    (heads, kv, hd): Heads,
     n: usize,
 ) -> (Vec<f32>, usize) {
     let (k, ctx) = (heads * hd, rows + 64);
@@ -198,7 +200,7 @@ fn a_narrowed_attention_and_o_product_give_the_f32_forms_bits() {
     let gpu = cuda_device();
     let narrowing = cuda::CAPABILITIES.with_f16_prompt_activations(true);
     let plain = cuda::CAPABILITIES.with_f16_prompt_activations(false);
-    let cases: [(DType, usize, (usize, usize, usize), usize); 3] = [
+    let cases: [(DType, usize, Heads, usize); 3] = [
         (DType::Q4_0, 512, (32, 8, 128), 4096),
         (DType::Q4_1, 100, (32, 8, 64), 2048),
         (DType::Q5_0, 513, (16, 4, 128), 200),
