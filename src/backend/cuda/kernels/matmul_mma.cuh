@@ -209,6 +209,30 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The products of one step of BK values: warp (wm, wn)'s MI fragments of 16 rows of `as` (rows
+// wm * 16 MI ..) by its 32 outputs of `bs` (rows wn * 32 ..), both f16 with rows of LD values,
+// added into acc. Every tensor-core product form calls it.
+template <int MI, int BK, int LD>
+__device__ __forceinline__ void mma_step(float (&acc)[MI][4][4], const __half* as,
+                                         const __half* bs, int wm, int wn, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+        uint32_t a[MI][4], b[2][4];
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+            mma_ldmatrix4(a[i], as + (wm * 16 * MI + i * 16 + (lane & 15)) * LD + kk + (lane >> 4) * 8);
+#pragma unroll
+        for (int p = 0; p < 2; ++p)
+            mma_ldmatrix4(b[p], bs + (wn * 32 + p * 16 + (lane & 7) + (lane >> 4) * 8) * LD + kk +
+                                    ((lane >> 3) & 1) * 8);
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                mma_16816(acc[i][j], a[i], b[j / 2][2 * (j % 2)], b[j / 2][2 * (j % 2) + 1]);
+    }
+}
+
 // One step's global reads, held in registers between issue and store: four float4 of activations
 // (rows t / 8 + 32 j, values 4 (t % 8) ..) and, for the 32-value block formats, the raw words of
 // output t / 2's half t % 2.
@@ -353,24 +377,7 @@ __device__ bool mm_mma(X x, const uint8_t* w, float* out, uint32_t rows, uint32_
             const bool more = s + 1 < steps;
             if (more)
                 mma_issue<FMT>(L, x, w, r0, o0, (s + 1) * MMA_BK, rows, k, n, row_bytes, x_vec, raw);
-#pragma unroll
-            for (int kk = 0; kk < MMA_BK; kk += 16) {
-                uint32_t a[4][4], b[2][4];
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    mma_ldmatrix4(a[i], as + (wm * 64 + i * 16 + (lane & 15)) * MMA_LD + kk +
-                                            (lane >> 4) * 8);
-#pragma unroll
-                for (int p = 0; p < 2; ++p)
-                    mma_ldmatrix4(b[p], bs + (wn * 32 + p * 16 + (lane & 7) + (lane >> 4) * 8) *
-                                                 MMA_LD +
-                                             kk + ((lane >> 3) & 1) * 8);
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-#pragma unroll
-                    for (int j = 0; j < 4; ++j)
-                        mma_16816(acc[i][j], a[i], b[j / 2][2 * (j % 2)], b[j / 2][2 * (j % 2) + 1]);
-            }
+            mma_step<4, MMA_BK, MMA_LD>(acc, as, bs, wm, wn, lane);
             if (more) {
                 __half* nas = smem + ((s + 1) % 2) * (MMA_BM + MMA_BN) * MMA_LD;
                 mma_store<FMT, X>(L, nas, nas + MMA_BM * MMA_LD, w, o0, (s + 1) * MMA_BK, k, n,

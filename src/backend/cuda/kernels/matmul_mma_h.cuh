@@ -151,24 +151,7 @@ __device__ __forceinline__ void mmh_tile(const __half* x, const uint8_t* w, floa
         mmp_commit();
         const __half* as = (const __half*)(ring + (s % MMH_STAGES) * MMH_SLOT);
         const __half* bs = bf + (s % 2) * MMA_BN * MMH_LD;
-#pragma unroll
-        for (int kk = 0; kk < MMH_BK; kk += 16) {
-            uint32_t a[MI][4], b[2][4];
-#pragma unroll
-            for (int i = 0; i < MI; ++i)
-                mma_ldmatrix4(a[i], as + (wm * 16 * MI + i * 16 + (lane & 15)) * MMH_LD + kk +
-                                        (lane >> 4) * 8);
-#pragma unroll
-            for (int p = 0; p < 2; ++p)
-                mma_ldmatrix4(b[p], bs + (wn * 32 + p * 16 + (lane & 7) + (lane >> 4) * 8) *
-                                             MMH_LD +
-                                         kk + ((lane >> 3) & 1) * 8);
-#pragma unroll
-            for (int i = 0; i < MI; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    mma_16816(acc[i][j], a[i], b[j / 2][2 * (j % 2)], b[j / 2][2 * (j % 2) + 1]);
-        }
+        mma_step<MI, MMH_BK, MMH_LD>(acc, as, bs, wm, wn, lane);
         if (s + 1 < steps)
             mmh_convert<FMT>(ring + ((s + 1) % MMH_STAGES) * MMH_SLOT,
                              bf + ((s + 1) % 2) * MMA_BN * MMH_LD);

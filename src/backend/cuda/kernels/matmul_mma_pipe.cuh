@@ -278,24 +278,7 @@ __device__ __forceinline__ void mmp_tile(const float* x, const uint8_t* w, float
         mmp_commit();
         const __half* as = f16 + (s % 2) * (BM + MMA_BN) * MMA_LD;
         const __half* bs = as + BM * MMA_LD;
-#pragma unroll
-        for (int kk = 0; kk < MMA_BK; kk += 16) {
-            uint32_t a[MI][4], b[2][4];
-#pragma unroll
-            for (int i = 0; i < MI; ++i)
-                mma_ldmatrix4(a[i], as + (wm * 16 * MI + i * 16 + (lane & 15)) * MMA_LD + kk +
-                                        (lane >> 4) * 8);
-#pragma unroll
-            for (int p = 0; p < 2; ++p)
-                mma_ldmatrix4(b[p], bs + (wn * 32 + p * 16 + (lane & 7) + (lane >> 4) * 8) *
-                                             MMA_LD +
-                                         kk + ((lane >> 3) & 1) * 8);
-#pragma unroll
-            for (int i = 0; i < MI; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    mma_16816(acc[i][j], a[i], b[j / 2][2 * (j % 2)], b[j / 2][2 * (j % 2) + 1]);
-        }
+        mma_step<MI, MMA_BK, MMA_LD>(acc, as, bs, wm, wn, lane);
         if (s + 1 < steps) {
             __half* nas = f16 + ((s + 1) % 2) * (BM + MMA_BN) * MMA_LD;
             mmp_convert<FMT, BM>(ring + ((s + 1) % F::stages) * F::slot, s + 1, nas,
