@@ -12,28 +12,24 @@ use crate::graph::passes::NarrowRule;
 use crate::graph::{Access, Arg, ArgRef, DispatchRef, DispatchSpec, KernelId, Range};
 use crate::kernels::{attention as ka, elementwise as ew, matmul as mm, norm as kn};
 
-fn norm_output(d: DispatchRef<'_>) -> Option<(Buffer, Buffer)> {
-    if d.kernel() != KernelId::of(&kn::RMS_NORM[0]) {
-        return None;
-    }
+/// `d`'s output `out` and its f16 view of the same first bytes.
+fn f16_view(d: DispatchRef<'_>) -> Option<(Buffer, Buffer)> {
     let out = d.buffer("out")?;
     let narrow = out.view(0, DType::F16, out.dims()).ok()?;
     Some((out.clone(), narrow))
 }
 
+fn norm_output(d: DispatchRef<'_>) -> Option<(Buffer, Buffer)> {
+    if d.kernel() != KernelId::of(&kn::RMS_NORM[0]) {
+        return None;
+    }
+    f16_view(d)
+}
+
+/// The f16 norm takes the f32 norm's arguments (x, weight, out, eps, dim), out narrowed.
 fn narrow_norm<'a>(d: DispatchRef<'a>, narrow: &'a Buffer) -> Option<DispatchSpec<'a>> {
-    DispatchSpec::new(
-        KernelId::of(&kn::RMS_NORM_TO_F16),
-        &[
-            ArgRef::read(d.buffer("x")?),
-            ArgRef::read(d.buffer("weight")?),
-            ArgRef::write(narrow),
-            ArgRef::Scalar(d.scalar("eps")?),
-            ArgRef::Scalar(d.scalar("dim")?),
-        ],
-        d.grid(),
-    )
-    .ok()
+    let args = replaced(d, |_, access| access == Access::Write, narrow);
+    DispatchSpec::new(KernelId::of(&kn::RMS_NORM_TO_F16), &args, d.grid()).ok()
 }
 
 /// The shortest k the f16 forms take. Measured on an H100 (`onepass bench -p 512`, one call
@@ -113,13 +109,11 @@ fn swiglu_output(d: DispatchRef<'_>) -> Option<(Buffer, Buffer)> {
     if d.kernel() != KernelId::of(&ew::SWIGLU[0]) {
         return None;
     }
-    let out = d.buffer("out")?;
-    let n = out.elems();
+    let n = d.buffer("out")?.elems();
     if d.buffer("gate")?.elems() != n || d.buffer("up")?.elems() != n {
         return None;
     }
-    let narrow = out.view(0, DType::F16, out.dims()).ok()?;
-    Some((out.clone(), narrow))
+    f16_view(d)
 }
 
 fn narrow_swiglu<'a>(d: DispatchRef<'a>, narrow: &'a Buffer) -> Option<DispatchSpec<'a>> {
@@ -147,9 +141,7 @@ pub const SWIGLU_TO_F16_PRODUCTS: NarrowRule = NarrowRule {
 /// The output of a tensor-core prompt attention, and its f16 view.
 fn attention_output(d: DispatchRef<'_>) -> Option<(Buffer, Buffer)> {
     d.kernel().index_in(&ka::ATTENTION_MMA)?;
-    let out = d.buffer("out")?;
-    let narrow = out.view(0, DType::F16, out.dims()).ok()?;
-    Some((out.clone(), narrow))
+    f16_view(d)
 }
 
 fn narrow_attention<'a>(d: DispatchRef<'a>, narrow: &'a Buffer) -> Option<DispatchSpec<'a>> {
