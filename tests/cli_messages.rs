@@ -299,6 +299,8 @@ fn graph_reports_the_fusions_each_backend_declares_without_its_hardware() {
 
 #[test]
 fn bench_takes_the_synthetic_format_and_reports_bandwidth_per_op_kind() {
+    let trace = dir().join("bench-trace.json");
+    let trace_arg = trace.to_str().unwrap();
     let args = [
         "bench",
         "--like",
@@ -314,10 +316,28 @@ fn bench_takes_the_synthetic_format_and_reports_bandwidth_per_op_kind() {
         "1",
         "--repeat",
         "1",
+        "--trace",
+        trace_arg,
     ];
     let out = cli(dir(), &args, b"");
     assert_eq!(out.code, 0, "{out:?}");
     assert!(out.stderr.contains("q8_0"), "{}", out.stderr);
+    // The trace holds the profiled decode step and the profiled prompt pass, each with kernels.
+    let t: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let events = t["traceEvents"].as_array().expect("traceEvents");
+    for what in ["decode step", "prompt pass"] {
+        let pid = events
+            .iter()
+            .find(|e| e["ph"] == "M" && e["args"]["name"].as_str().unwrap_or("").contains(what))
+            .unwrap_or_else(|| panic!("no {what} in the trace"))["pid"]
+            .clone();
+        let kernels = events
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["pid"] == pid)
+            .count();
+        assert!(kernels > 0, "the {what} has no kernels");
+    }
     let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     let per_op = v[0]["per_op"].as_array().expect("per_op");
     let op = |name: &str| per_op.iter().find(|o| o["op"] == name).cloned();

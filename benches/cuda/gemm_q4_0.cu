@@ -1,5 +1,7 @@
 // A standalone harness for the prompt product of Q4_0 weights on tensor cores (issue 20):
-//   nvcc -O3 -arch=sm_90 -o gemm_q4_0 benches/cuda/gemm_q4_0.cu && ./gemm_q4_0
+//   nvcc -O3 -arch=sm_90 -o gemm_q4_0 benches/cuda/gemm_q4_0.cu && ./gemm_q4_0 [warm]
+// (weights rotated among copies larger than L2 unless `warm`; `benches/cuda/intree.sh` builds it
+// with onepass's own kernels beside these forms.)
 // Forms (blocks of 8 warps, tiles of 128 rows x 128 outputs, 32-value steps, `mma.sync` m16n8k16
 // f16 with f32 sums, `ldmatrix` from rows padded to 40 halves):
 //   p32: the form of src/backend/cuda/kernels/matmul_mma_pipe.cuh: `cp.async` copies each step's
@@ -25,7 +27,12 @@
 #include <cstdlib>
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
+#ifdef INTREE
+// onepass's own kernels (benches/cuda/intree.sh writes the file), timed beside the forms above.
+#include INTREE
+#endif
 
 #define CK(x)                                                                                     \
     do {                                                                                          \
@@ -432,7 +439,10 @@ static float h2f(uint16_t h) {
     return __half2float(v);
 }
 
-int main() {
+int main(int argc, char** argv) {
+    // Weights rotated among copies larger than L2 (as a pass meets them: read from HBM once),
+    // unless `warm` is given (the same copy every launch: the weights stay in L2).
+    const bool warm = argc > 1 && std::string(argv[1]) == "warm";
     struct Shape {
         uint32_t rows, n, k;
         const char* name;
@@ -448,11 +458,20 @@ int main() {
     CK(cudaFuncSetAttribute(p16<32, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem16a));
     CK(cudaFuncSetAttribute(p16<64, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem16b));
     CK(cudaFuncSetAttribute(p16w, cudaFuncAttributeMaxDynamicSharedMemorySize, smem16a));
+#ifdef INTREE
+    CK(cudaFuncSetAttribute(intree::matmul_mma_h_q4_0, cudaFuncAttributeMaxDynamicSharedMemorySize, MMH_SMEM));
+    CK(cudaFuncSetAttribute(intree::matmul_mma_q4_0, cudaFuncAttributeMaxDynamicSharedMemorySize, MMP_SMEM));
+    const char* forms[] = {"p32", "p16 k32 s4", "p16 k64 s3", "p16w", "p32 s4", "p32 k64 s2",
+                           "tree h 64", "tree h 128", "tree f32 64"};
+    const int n_forms = 9;
+#else
     const char* forms[] = {"p32", "p16 k32 s4", "p16 k64 s3", "p16w", "p32 s4", "p32 k64 s2"};
     const int n_forms = 6;
+#endif
     std::mt19937 rng(7);
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
-    printf("per form: us a product (p16: with its to_f16 pass), TFLOP/s, worst error / bound\n");
+    printf("per form: us a product (p16: with its to_f16 pass), TFLOP/s, worst error / bound; weights %s\n",
+           warm ? "warm in L2 (one copy)" : "rotated among copies larger than L2");
     for (const Shape& sh : shapes) {
         const uint64_t nx = (uint64_t)sh.rows * sh.k, row_bytes = sh.k / 32 * BLOCK_BYTES;
         std::vector<float> x(nx);
@@ -465,15 +484,19 @@ int main() {
         }
         float *dx, *dout;
         __half* dxh;
-        uint8_t* dw;
+        uint8_t* dws;
         CK(cudaMalloc(&dx, nx * 4));
         CK(cudaMalloc(&dxh, nx * 2));
-        CK(cudaMalloc(&dw, w.size()));
+        const uint64_t copies = warm ? 1 : (160u << 20) / w.size() + 2;
+        CK(cudaMalloc(&dws, w.size() * copies));
         CK(cudaMalloc(&dout, (uint64_t)sh.rows * sh.n * 4));
         CK(cudaMemcpy(dx, x.data(), nx * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(dw, w.data(), w.size(), cudaMemcpyHostToDevice));
+        for (uint64_t c = 0; c < copies; ++c)
+            CK(cudaMemcpy(dws + c * w.size(), w.data(), w.size(), cudaMemcpyHostToDevice));
+        uint64_t launches = 0;
         const dim3 grid((sh.n + BN - 1) / BN, (sh.rows + BM - 1) / BM);
         auto launch = [&](int f) {
+            const uint8_t* dw = dws + (launches++ % copies) * w.size();
             if (f == 0 || f == 4) {
                 if (f == 0) p32<3><<<grid, THREADS, p32_smem<3>()>>>(dx, dw, dout, sh.rows, sh.k, sh.n);
                 if (f == 4) p32<4><<<grid, THREADS, p32_smem<4>()>>>(dx, dw, dout, sh.rows, sh.k, sh.n);
@@ -483,7 +506,21 @@ int main() {
                 p32k64<<<grid, THREADS, K64_SMEM>>>(dx, dw, dout, sh.rows, sh.k, sh.n);
                 return;
             }
+#ifdef INTREE
+            // As the host launches them (`ops::matmul::mma_grid`): a block row per 64 rows where
+            // 128-row tiles would number at most 132, else per 128.
+            const dim3 g64(grid.x, (sh.rows + 63) / 64);
+            if (f == 8) {
+                intree::matmul_mma_q4_0<<<g64, THREADS, MMP_SMEM>>>(dx, dw, dout, sh.rows, sh.k, sh.n, nx, w.size(), (uint64_t)sh.rows * sh.n);
+                return;
+            }
+#endif
             to_f16<<<264, 256>>>(dx, dxh, nx);
+#ifdef INTREE
+            if (f == 6 || f == 7)
+                intree::matmul_mma_h_q4_0<<<f == 6 ? g64 : grid, THREADS, MMH_SMEM>>>(
+                    dxh, dw, dout, sh.rows, sh.k, sh.n, nx, w.size(), (uint64_t)sh.rows * sh.n);
+#endif
             if (f == 1) p16<32, 4><<<grid, THREADS, smem16a>>>(dxh, dw, dout, sh.rows, sh.k, sh.n);
             if (f == 2) p16<64, 3><<<grid, THREADS, smem16b>>>(dxh, dw, dout, sh.rows, sh.k, sh.n);
             if (f == 3) p16w<<<grid, W_THREADS, smem16a>>>(dxh, dw, dout, sh.rows, sh.k, sh.n);
@@ -535,7 +572,7 @@ int main() {
         printf("\n");
         CK(cudaFree(dx));
         CK(cudaFree(dxh));
-        CK(cudaFree(dw));
+        CK(cudaFree(dws));
         CK(cudaFree(dout));
     }
     return 0;

@@ -53,7 +53,8 @@ pub struct BenchArgs {
     /// as `onepass serve` runs them: each row a sequence of its own slot.
     #[arg(long, value_delimiter = ',')]
     pub rows: Vec<usize>,
-    /// Write a Chrome-trace JSON (Perfetto) of one profiled decode step per mode.
+    /// Write a Chrome-trace JSON (Perfetto) of one profiled decode step and one profiled prompt
+    /// pass per mode.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
     #[command(flatten)]
@@ -237,10 +238,15 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         });
     }
     if let Some(path) = &args.trace {
-        write_chrome_trace(path, &timelines)?;
+        let all: Vec<Timeline> = timelines
+            .iter()
+            .chain(&prefill_timelines)
+            .cloned()
+            .collect();
+        write_chrome_trace(path, &all)?;
         eprintln!(
-            "wrote the trace of {} profiled decode step(s) to {}",
-            timelines.len(),
+            "wrote the trace of {} profiled decode step(s) and prompt pass(es) to {}",
+            all.len(),
             path.display()
         );
     }

@@ -43,6 +43,7 @@ template <int N>
 __device__ __forceinline__ void mmp_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
+#endif
 
 // What a step copies of each weight row, in `units` copies of `unit` bytes (4 or 16), where copy
 // `u` of step s starts in the row, and where the step's values start in what was copied.
@@ -97,6 +98,7 @@ static_assert(MmpFormat<OP_FMT_Q6_K>::stages * MmpFormat<OP_FMT_Q6_K>::slot <= M
 static_assert(MmpFormat<OP_FMT_Q4_K>::stages * MmpFormat<OP_FMT_Q4_K>::slot <= MMP_RING,
               "the Q4_K ring must fit the shared memory the host gives");
 
+#if __CUDA_ARCH__ >= 800
 // Where one thread's copies of a tile come from and go to in a slot: activation rows t / 8 + 32 j
 // (16 bytes at 4 (t % 8) of each step's 32 values), then weight copies t + 256 i of the slot's
 // MMA_BN x units (row c / units, copy c % units). Sources past the matrix are the matrix's first
