@@ -14,6 +14,16 @@
 //       src/backend/cuda/kernels/matmul.cu took (`mm_vector_q8`).
 // Measured on an H100 (part 2, 8B step): v0 3,176 us, dq2c528 2,574, dqg1 2,100, dqb2c528 2,418,
 // dqx2c264 2,322, read floor 1,466 (docs/kernels.md item 12).
+//   rpg<R> / rpx<R>: the weights repacked per tensor (all scales, then all 16-byte quant blocks), a
+//       lane a whole block of R rows with one 16-byte load; rpg with the separate quantizing
+//       kernel, rpx with the batched prologue (the grid capped as named).
+//   dpx<U> / dpg: no repacking, a lane a pair of blocks (their 36 bytes are 4-byte aligned where
+//       k is a multiple of 64): nine 4-byte loads for 64 values, the first block's quant words
+//       realigned with funnel shifts; dpx with the batched prologue (U: the pair loop's unrolling),
+//       dpg with the separate quantizing kernel. The in-tree `mm_q8_rows_pairs_q4_0` is dpx's form
+//       with two rows a warp.
+// Measured on an H100 (stop 36, part 2): dqx2c264 2,322 us, rpx1c264 2,012, rpg1 1,897, dpx2c264
+// 2,060, dpx4c264 2,225, dpg 1,824.
 //   read floor: the weight bytes read once with 16-byte loads, nothing computed.
 // The int8 forms are checked against float64 with a tolerance from the rounding: each activation
 // moves by at most d / 2, so |error| <= sum over blocks of |w| . d / 2 (reported as a fraction of it).
@@ -223,6 +233,122 @@ __global__ void __launch_bounds__(256) dqg(const int* q, const float2* ds, const
     if (o0 + R <= n) dq_rows<R>(q, ds, w, out, k, o0, n, lane);
 }
 
+
+// Repacked Q4_0 (struct of arrays): the tensor's n * nb f16 scales first, then its n * nb 16-byte
+// quant blocks, so a lane reads a whole block's quants with one 16-byte load. Lane b takes block b
+// of R rows; the activation block's eight int8 words are two 16-byte loads.
+template <int R>
+__device__ __forceinline__ void rp_rows(const int* q, const float2* ds, const uint8_t* w, float* out,
+                                        uint32_t k, uint64_t o0, uint32_t n, int lane) {
+    const uint32_t nb = k / 32;
+    const __half* sc = (const __half*)w;
+    const uint4* qs = (const uint4*)(w + (uint64_t)n * nb * 2);
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.f;
+#pragma unroll 4
+    for (uint32_t b = lane; b < nb; b += 32) {
+        const int4 xa = *(const int4*)(q + b * 8), xb = *(const int4*)(q + b * 8 + 4);
+        const float2 dx = ds[b];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const uint4 qw = qs[(o0 + r) * nb + b];
+            const float d = __half2float(sc[(o0 + r) * nb + b]);
+            const uint32_t M = 0x0f0f0f0fu;
+            int s = __dp4a((int)(qw.x & M), xa.x, __dp4a((int)((qw.x >> 4) & M), xa.y, 0));
+            s = __dp4a((int)(qw.y & M), xa.z, __dp4a((int)((qw.y >> 4) & M), xa.w, s));
+            s = __dp4a((int)(qw.z & M), xb.x, __dp4a((int)((qw.z >> 4) & M), xb.y, s));
+            s = __dp4a((int)(qw.w & M), xb.z, __dp4a((int)((qw.w >> 4) & M), xb.w, s));
+            acc[r] += d * (dx.x * (float)s - 8.f * dx.y);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        acc[r] = warp_sum(acc[r]);
+        if (lane == 0 && o0 + r < n) out[o0 + r] = acc[r];
+    }
+}
+
+template <int R>
+__global__ void __launch_bounds__(256) rpg(const int* q, const float2* ds, const uint8_t* w, float* out, uint32_t k, uint32_t n) {
+    const int lane = threadIdx.x & 31;
+    const uint64_t o0 = ((uint64_t)blockIdx.x * 8 + threadIdx.x / 32) * R;
+    if (o0 + R <= n) rp_rows<R>(q, ds, w, out, k, o0, n, lane);
+}
+
+template <int R>
+__global__ void __launch_bounds__(256) rpx(const float* x, const uint8_t* w, float* out, uint32_t k, uint32_t n) {
+    extern __shared__ float4 smem[];
+    int* q = (int*)smem;
+    float2* ds = (float2*)(q + k / 4);
+    quantize_row_batched(x, k, q, ds, threadIdx.x, blockDim.x);
+    __syncthreads();
+    const int lane = threadIdx.x & 31;
+    const uint64_t step = (uint64_t)gridDim.x * 8 * R;
+    for (uint64_t o0 = ((uint64_t)blockIdx.x * 8 + threadIdx.x / 32) * R; o0 + R <= n; o0 += step)
+        rp_rows<R>(q, ds, w, out, k, o0, n, lane);
+}
+
+// Pair per lane (no repacking): lane p takes blocks 2p and 2p + 1 of a row, whose 36 bytes start
+// 4-byte aligned (rows of k a multiple of 64 from a 4-byte aligned base): nine 4-byte loads, the
+// first block's quant words rebuilt with funnel shifts, 16 `dp4a` against the int8 row.
+__device__ __forceinline__ float pair_dot(const uint32_t* wp, const int* q, const float2* ds, uint32_t p) {
+    uint32_t w[9];
+#pragma unroll
+    for (int i = 0; i < 9; ++i) w[i] = wp[i];
+    const uint32_t M = 0x0f0f0f0fu;
+    const int4* xq = (const int4*)(q + p * 16);
+    const int4 a0 = xq[0], a1 = xq[1], b0 = xq[2], b1 = xq[3];
+    const float4 dd = *(const float4*)(ds + 2 * p);
+    uint32_t u0 = __funnelshift_r(w[0], w[1], 16), u1 = __funnelshift_r(w[1], w[2], 16);
+    uint32_t u2 = __funnelshift_r(w[2], w[3], 16), u3 = __funnelshift_r(w[3], w[4], 16);
+    int s0 = __dp4a((int)(u0 & M), a0.x, __dp4a((int)((u0 >> 4) & M), a0.y, 0));
+    s0 = __dp4a((int)(u1 & M), a0.z, __dp4a((int)((u1 >> 4) & M), a0.w, s0));
+    s0 = __dp4a((int)(u2 & M), a1.x, __dp4a((int)((u2 >> 4) & M), a1.y, s0));
+    s0 = __dp4a((int)(u3 & M), a1.z, __dp4a((int)((u3 >> 4) & M), a1.w, s0));
+    int s1 = __dp4a((int)(w[5] & M), b0.x, __dp4a((int)((w[5] >> 4) & M), b0.y, 0));
+    s1 = __dp4a((int)(w[6] & M), b0.z, __dp4a((int)((w[6] >> 4) & M), b0.w, s1));
+    s1 = __dp4a((int)(w[7] & M), b1.x, __dp4a((int)((w[7] >> 4) & M), b1.y, s1));
+    s1 = __dp4a((int)(w[8] & M), b1.z, __dp4a((int)((w[8] >> 4) & M), b1.w, s1));
+    const float d0 = __half2float(__ushort_as_half((unsigned short)(w[0] & 0xffffu)));
+    const float d1 = __half2float(__ushort_as_half((unsigned short)(w[4] >> 16)));
+    return d0 * (dd.x * (float)s0 - 8.f * dd.y) + d1 * (dd.z * (float)s1 - 8.f * dd.w);
+}
+
+template <int U>
+__global__ void __launch_bounds__(256) dpx(const float* x, const uint8_t* w, float* out, uint32_t k, uint32_t n) {
+    extern __shared__ float4 smem[];
+    int* q = (int*)smem;
+    float2* ds = (float2*)(q + k / 4);
+    quantize_row_batched(x, k, q, ds, threadIdx.x, blockDim.x);
+    __syncthreads();
+    const int lane = threadIdx.x & 31;
+    const uint32_t pairs = k / 64, row_words = k / 64 * 9;
+    const uint64_t step = (uint64_t)gridDim.x * 8;
+    for (uint64_t o = (uint64_t)blockIdx.x * 8 + threadIdx.x / 32; o < n; o += step) {
+        const uint32_t* wr = (const uint32_t*)w + o * row_words;
+        float acc = 0.f;
+#pragma unroll U
+        for (uint32_t p = lane; p < pairs; p += 32) acc += pair_dot(wr + p * 9, q, ds, p);
+        acc = warp_sum(acc);
+        if (lane == 0) out[o] = acc;
+    }
+}
+
+// The same with the int8 row in global memory (a separate quantizing kernel, as dqg).
+__global__ void __launch_bounds__(256) dpg(const int* q, const float2* ds, const uint8_t* w, float* out, uint32_t k, uint32_t n) {
+    const int lane = threadIdx.x & 31;
+    const uint32_t pairs = k / 64, row_words = k / 64 * 9;
+    const uint64_t o = (uint64_t)blockIdx.x * 8 + threadIdx.x / 32;
+    if (o >= n) return;
+    const uint32_t* wr = (const uint32_t*)w + o * row_words;
+    float acc = 0.f;
+#pragma unroll 4
+    for (uint32_t p = lane; p < pairs; p += 32) acc += pair_dot(wr + p * 9, q, ds, p);
+    acc = warp_sum(acc);
+    if (lane == 0) out[o] = acc;
+}
+
 __global__ void read_all(const uint4* w, uint64_t words, float* out, uint32_t n) {
     uint32_t acc = 0;
     for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < words; i += (uint64_t)gridDim.x * blockDim.x) {
@@ -248,9 +374,12 @@ static uint16_t f2h(float f) { __half h = __float2half(f); return *(uint16_t*)&h
 static float h2f(uint16_t u) { __half h = *(__half*)&u; return __half2float(h); }
 
 struct Bufs { int* q; float2* ds; };
-const int NV = 11;
-const char* NAMES[NV] = {"v0", "dq1c1056", "dq2c528", "dqg1", "dqb1c1056", "dqb2c528", "dqx1c1056", "dqx2c528", "dqx1c528", "dqx2c264", "read floor"};
-static bool int8_form(int v) { return v >= 1 && v <= 9; }
+const int NV = 20;
+const char* NAMES[NV] = {"v0", "dq1c1056", "dq2c528", "dqg1", "dqb1c1056", "dqb2c528", "dqx1c1056", "dqx2c528", "dqx1c528", "dqx2c264", "read floor",
+                         "rpg1", "rpg2", "rpx1c1056", "rpx2c528", "rpx1c264",
+                         "dpx4c264", "dpx4c528", "dpx2c264", "dpg"};
+static bool int8_form(int v) { return (v >= 1 && v <= 9) || v >= 11; }
+static bool repacked(int v) { return v >= 11 && v <= 15; }
 
 static void launch(int v, const float* x, const uint8_t* wc, float* o, uint32_t k, uint32_t n, Bufs g,
                    cudaStream_t st = 0) {
@@ -272,6 +401,25 @@ static void launch(int v, const float* x, const uint8_t* wc, float* o, uint32_t 
     case 7: dqx<2, true><<<grid(2, 528), 256, smem, st>>>(x, wc, o, k, n); break;
     case 8: dqx<1, true><<<grid(1, 528), 256, smem, st>>>(x, wc, o, k, n); break;
     case 9: dqx<2, true><<<grid(2, 264), 256, smem, st>>>(x, wc, o, k, n); break;
+    case 11: case 12: {
+        const uint32_t th = k / 32 * 8;
+        quantize_global<<<(th + 255) / 256, 256, 0, st>>>(x, k, g.q, g.ds);
+        if (v == 11) rpg<1><<<(n + 7) / 8, 256, 0, st>>>(g.q, g.ds, wc, o, k, n);
+        else rpg<2><<<(n / 2 + 7) / 8, 256, 0, st>>>(g.q, g.ds, wc, o, k, n);
+        break;
+    }
+    case 13: rpx<1><<<grid(1, 1056), 256, smem, st>>>(x, wc, o, k, n); break;
+    case 14: rpx<2><<<grid(2, 528), 256, smem, st>>>(x, wc, o, k, n); break;
+    case 15: rpx<1><<<grid(1, 264), 256, smem, st>>>(x, wc, o, k, n); break;
+    case 16: dpx<4><<<std::min<uint32_t>((n + 7) / 8, 264), 256, smem, st>>>(x, wc, o, k, n); break;
+    case 17: dpx<4><<<std::min<uint32_t>((n + 7) / 8, 528), 256, smem, st>>>(x, wc, o, k, n); break;
+    case 18: dpx<2><<<std::min<uint32_t>((n + 7) / 8, 264), 256, smem, st>>>(x, wc, o, k, n); break;
+    case 19: {
+        const uint32_t th = k / 32 * 8;
+        quantize_global<<<(th + 255) / 256, 256, 0, st>>>(x, k, g.q, g.ds);
+        dpg<<<(n + 7) / 8, 256, 0, st>>>(g.q, g.ds, wc, o, k, n);
+        break;
+    }
     case 10: read_all<<<132 * 8, 256, 0, st>>>((const uint4*)wc, (uint64_t)k / 32 * 18 * n / 16, o, n); break;
     }
 }
@@ -303,9 +451,17 @@ int main() {
         }
         std::vector<float> hx(sh.k);
         for (auto& v : hx) v = uni(rng) * (1.0f + 3.0f * (uni(rng) > 0.9f));
-        uint8_t* dw; float *dx, *dout;
+        std::vector<uint8_t> hr(bytes);
+        const uint64_t nbt = bytes / 18;
+        for (uint64_t b = 0; b < nbt; ++b) {
+            memcpy(&hr[b * 2], &hw[b * 18], 2);
+            memcpy(&hr[nbt * 2 + b * 16], &hw[b * 18 + 2], 16);
+        }
+        uint8_t *dw, *dwr; float *dx, *dout;
         CK(cudaMalloc(&dw, bytes * copies));
+        CK(cudaMalloc(&dwr, bytes * copies));
         for (int c = 0; c < copies; ++c) CK(cudaMemcpy(dw + bytes * c, hw.data(), bytes, cudaMemcpyHostToDevice));
+        for (int c = 0; c < copies; ++c) CK(cudaMemcpy(dwr + bytes * c, hr.data(), bytes, cudaMemcpyHostToDevice));
         CK(cudaMalloc(&dx, sh.k * 4));
         CK(cudaMemcpy(dx, hx.data(), sh.k * 4, cudaMemcpyHostToDevice));
         CK(cudaMalloc(&dout, (uint64_t)sh.n * 4));
@@ -334,11 +490,12 @@ int main() {
         std::vector<float> got(sh.n);
         for (int v = 0; v < NV; ++v) {
             CK(cudaMemset(dout, 0xff, (uint64_t)sh.n * 4));
-            launch(v, dx, dw, dout, sh.k, sh.n, g);
+            uint8_t* dw_v = repacked(v) ? dwr : dw;
+            launch(v, dx, dw_v, dout, sh.k, sh.n, g);
             CK(cudaGetLastError());
             CK(cudaDeviceSynchronize());
             CK(cudaMemcpy(got.data(), dout, sh.n * 4, cudaMemcpyDeviceToHost));
-            if (v != NV - 1) {
+            if (v != 10) {
                 for (int i = 0; i < 64; ++i) {
                     const double e = fabs(got[(uint64_t)i * sh.n / 64] - ref[i]);
                     if (int8_form(v)) {
@@ -347,10 +504,10 @@ int main() {
                     } else if (!(e <= 1e-4 * (1 + fabs(ref[i])))) printf("  %s %s row %d: error %.3e\n", sh.name, NAMES[v], i, e);
                 }
             }
-            for (int i = 0; i < 3; ++i) launch(v, dx, dw + bytes * (i % copies), dout, sh.k, sh.n, g);
+            for (int i = 0; i < 3; ++i) launch(v, dx, dw_v + bytes * (i % copies), dout, sh.k, sh.n, g);
             const int reps = 200;
             CK(cudaEventRecord(e0));
-            for (int i = 0; i < reps; ++i) launch(v, dx, dw + bytes * (i % copies), dout, sh.k, sh.n, g);
+            for (int i = 0; i < reps; ++i) launch(v, dx, dw_v + bytes * (i % copies), dout, sh.k, sh.n, g);
             CK(cudaEventRecord(e1));
             CK(cudaEventSynchronize(e1));
             float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
@@ -359,7 +516,7 @@ int main() {
         printf("%-11s %6u %6u", sh.name, sh.n, sh.k);
         for (int v = 0; v < NV; ++v) printf(" %9.0f", gbs[v]);
         printf(" %8.3f\n", worst);
-        CK(cudaFree(dw)); CK(cudaFree(dx)); CK(cudaFree(dout));
+        CK(cudaFree(dw)); CK(cudaFree(dwr)); CK(cudaFree(dx)); CK(cudaFree(dout));
     }
 
     // Part 2: the products of a whole 8B decode step as one graph.

@@ -103,8 +103,9 @@ __device__ void ad_block(const float* q, const T* k, const T* v, float* partials
     const uint32_t splits_max = grid_splits < max_chunks ? grid_splits : max_chunks;
     const uint64_t want = (keys + AD_MIN_KEYS - 1) / AD_MIN_KEYS;
     const uint32_t splits = (uint32_t)(want < splits_max ? want : splits_max);
-    const uint32_t owner = blockIdx.x / (grid_splits == 0 ? 1 : grid_splits);
-    const uint32_t split = blockIdx.x % (grid_splits == 0 ? 1 : grid_splits);
+    // Split-major order: the blocks that have work are the grid's first, so a short context's
+    // blocks start in the first wave rather than among blocks that return at once.
+    const uint32_t owner = blockIdx.x % owners, split = blockIdx.x / owners;
     if (splits == 0 || owner >= owners || split >= splits) return;
     const uint32_t kv = owner / hgroups, hg = owner % hgroups;
     const uint32_t h0 = kv * group + hg * hpb;
@@ -172,9 +173,12 @@ __device__ void ad_block(const float* q, const T* k, const T* v, float* partials
             if ((uint32_t)h >= nh) break;
             float d = 0.0f;
 #pragma unroll
-            for (int i = 0; i < 4; ++i)
-                d += qr[h][i].x * kc[i].x + qr[h][i].y * kc[i].y + qr[h][i].z * kc[i].z +
-                     qr[h][i].w * kc[i].w;
+            for (int i = 0; i < 4; ++i) {
+                d = fmaf(qr[h][i].x, kc[i].x, d);
+                d = fmaf(qr[h][i].y, kc[i].y, d);
+                d = fmaf(qr[h][i].z, kc[i].z, d);
+                d = fmaf(qr[h][i].w, kc[i].w, d);
+            }
 #pragma unroll
             for (int o = 1; o < LPK; o <<= 1) d += __shfl_xor_sync(ONEPASS_FULL_MASK, d, o);
             float s = d * scale;
@@ -197,7 +201,7 @@ __device__ void ad_block(const float* q, const T* k, const T* v, float* partials
             for (int t2 = 0; t2 < KPI; ++t2) {
                 const float pk = __shfl_sync(ONEPASS_FULL_MASK, p, t2 * LPK);
 #pragma unroll
-                for (int e = 0; e < DV; ++e) acc[h][e] += pk * vc[t2][e];
+                for (int e = 0; e < DV; ++e) acc[h][e] = fmaf(pk, vc[t2][e], acc[h][e]);
             }
         }
     }

@@ -12,7 +12,8 @@
 //   it as whole words (`mm_dot_blocks`); every other case reads one element per lane (`mm_dot`).
 //   Launched with up to MM_Q8_THREADS threads and MM_Q8_BYTES(k) of dynamic shared memory (what
 //   ops::matmul gives those formats), each block first quantizes x to int8 in shared memory and
-//   its warps take two outputs at a time with `dp4a` (`mm_vector_q8`).
+//   its warps take two outputs at a time with `dp4a` (`mm_vector_q8`; Q4_0 rows of k a multiple of
+//   64 a lane per pair of blocks, `mm_q8_rows_pairs_q4_0`, the others a lane per quarter block).
 //   Both are in matmul_blocks.cuh, compiled in front of this file (the fused block kernels use
 //   them too).
 // - 2 to 15 rows: one warp per output value and group of MM_ROWS rows, each weight value read once
@@ -188,6 +189,7 @@ __device__ __forceinline__ bool mm_vector_q8(X x, const uint8_t* w, float* out, 
     float2* ds = (float2*)((uint8_t*)mm_smem + k);
     const int lane = threadIdx.x & 31;
     const uint64_t first = 2 * mm_warp_id(), step = 2 * mm_warp_count();
+    const bool pairs = FMT == OP_FMT_Q4_0 && mm_q8_pairs_ok(w, k);
     for (uint64_t r = first; r < first + 2 && r < n; ++r)
         for (uint64_t off = 128 * (uint64_t)lane; off < row_bytes; off += 32 * 128)
             asm volatile("prefetch.global.L2 [%0];" ::"l"(w + r * row_bytes + off));
@@ -198,7 +200,10 @@ __device__ __forceinline__ bool mm_vector_q8(X x, const uint8_t* w, float* out, 
         // An odd last output: the warp's second row is its first.
         const uint64_t o1 = o + 1 < n ? o + 1 : o;
         float a, b;
-        mm_q8_dot2<FMT>(xq, w + o * row_bytes, w + o1 * row_bytes, k, lane, a, b);
+        if (pairs)  // a lane a pair of blocks (`mm_q8_rows_pairs_q4_0`)
+            mm_q8_rows_pairs_q4_0(xq, w + o * row_bytes, w + o1 * row_bytes, k, lane, a, b);
+        else
+            mm_q8_dot2<FMT>(xq, w + o * row_bytes, w + o1 * row_bytes, k, lane, a, b);
         if (lane == 0) {
             out[o] = ACC ? out[o] + a : a;
             if (o1 != o) out[o1] = ACC ? out[o1] + b : b;

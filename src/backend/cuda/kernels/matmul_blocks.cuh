@@ -389,6 +389,53 @@ __device__ __forceinline__ void mm_q8_dot2(XQ8 x, const uint8_t* ra, const uint8
     vb = op_warp_sum(b);
 }
 
+// Q4_0 against the int8 row, a lane per pair of blocks (2p, 2p + 1): their 36 bytes start 4-byte
+// aligned where k is a multiple of 64 and the rows' base is 4-byte aligned (`mm_q8_pairs_ok`), so
+// a lane issues nine 4-byte loads for 64 values where a quarter-block lane issues three 2-byte
+// ones for 8; the first block's quant words are realigned with funnel shifts. Each block's part
+// is d (d_x sum(q q_x) - 8 d_x sum q_x), the quarters' sum in one step. `docs/kernels.md` item 16.
+__device__ __forceinline__ bool mm_q8_pairs_ok(const uint8_t* w, uint32_t k) {
+    return k % 64 == 0 && ((uint64_t)w & 3) == 0;
+}
+__device__ __forceinline__ float mm_q8_pair_q4_0(XQ8 x, const uint32_t* wp, uint32_t p) {
+    uint32_t w[9];
+#pragma unroll
+    for (int i = 0; i < 9; ++i) w[i] = wp[i];
+    const uint32_t m4 = 0x0f0f0f0fu;
+    const int4* xq = (const int4*)(x.q + p * 16);
+    const int4 a0 = xq[0], a1 = xq[1], b0 = xq[2], b1 = xq[3];
+    const float4 dd = *(const float4*)(x.ds + 2 * p);
+    const uint32_t u0 = __funnelshift_r(w[0], w[1], 16), u1 = __funnelshift_r(w[1], w[2], 16);
+    const uint32_t u2 = __funnelshift_r(w[2], w[3], 16), u3 = __funnelshift_r(w[3], w[4], 16);
+    int s0 = __dp4a((int)(u0 & m4), a0.x, __dp4a((int)((u0 >> 4) & m4), a0.y, 0));
+    s0 = __dp4a((int)(u1 & m4), a0.z, __dp4a((int)((u1 >> 4) & m4), a0.w, s0));
+    s0 = __dp4a((int)(u2 & m4), a1.x, __dp4a((int)((u2 >> 4) & m4), a1.y, s0));
+    s0 = __dp4a((int)(u3 & m4), a1.z, __dp4a((int)((u3 >> 4) & m4), a1.w, s0));
+    int s1 = __dp4a((int)(w[5] & m4), b0.x, __dp4a((int)((w[5] >> 4) & m4), b0.y, 0));
+    s1 = __dp4a((int)(w[6] & m4), b0.z, __dp4a((int)((w[6] >> 4) & m4), b0.w, s1));
+    s1 = __dp4a((int)(w[7] & m4), b1.x, __dp4a((int)((w[7] >> 4) & m4), b1.y, s1));
+    s1 = __dp4a((int)(w[8] & m4), b1.z, __dp4a((int)((w[8] >> 4) & m4), b1.w, s1));
+    const float d0 = __half2float(__ushort_as_half((unsigned short)(w[0] & 0xffffu)));
+    const float d1 = __half2float(__ushort_as_half((unsigned short)(w[4] >> 16)));
+    return d0 * (dd.x * (float)s0 - 8.0f * dd.y) + d1 * (dd.z * (float)s1 - 8.0f * dd.w);
+}
+// Two Q4_0 rows (k a multiple of 64, 4-byte aligned) against the int8 row, lane p taking pairs
+// p, p + 32, ... of both.
+__device__ __forceinline__ void mm_q8_rows_pairs_q4_0(XQ8 x, const uint8_t* ra, const uint8_t* rb,
+                                                      uint32_t k, int lane, float& va, float& vb) {
+    const uint32_t* wa = (const uint32_t*)ra;
+    const uint32_t* wb = (const uint32_t*)rb;
+    const uint32_t pairs = k / 64;
+    float a = 0.0f, b = 0.0f;
+#pragma unroll 2
+    for (uint32_t p = lane; p < pairs; p += 32) {
+        a += mm_q8_pair_q4_0(x, wa + p * 9, p);
+        b += mm_q8_pair_q4_0(x, wb + p * 9, p);
+    }
+    va = op_warp_sum(a);
+    vb = op_warp_sum(b);
+}
+
 // Quarter `t` of block `b` dotted with the activation row `x`.
 template <int FMT, typename X>
 __device__ __forceinline__ float mm_apply_quarter(X x, MmQuarter w, uint32_t b, uint32_t t) {
