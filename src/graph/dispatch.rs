@@ -65,6 +65,10 @@ pub struct Grid {
     pub threads: [u32; 3],
     /// Dynamic shared memory per block, in bytes.
     pub shared_bytes: u32,
+    /// At most this many blocks on one multiprocessor at a time (0: no cap). The CUDA launch
+    /// enforces it by giving each block enough shared memory that no more fit; the kernels use
+    /// only what they asked for in `shared_bytes`.
+    pub max_blocks_per_sm: u32,
 }
 
 impl Grid {
@@ -74,6 +78,7 @@ impl Grid {
             blocks: [blocks, 1, 1],
             threads: [threads, 1, 1],
             shared_bytes: 0,
+            max_blocks_per_sm: 0,
         }
     }
 
@@ -92,6 +97,12 @@ impl Grid {
     /// The same grid with dynamic shared memory.
     pub const fn with_shared(mut self, bytes: u32) -> Grid {
         self.shared_bytes = bytes;
+        self
+    }
+
+    /// The same grid with at most `blocks` blocks on one multiprocessor at a time.
+    pub const fn with_max_blocks_per_sm(mut self, blocks: u32) -> Grid {
+        self.max_blocks_per_sm = blocks;
         self
     }
 }

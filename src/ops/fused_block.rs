@@ -158,7 +158,9 @@ fn fused_launch(outputs: usize, rows: usize, dim: usize, w: DType) -> (bool, cra
         let blocks = outputs
             .div_ceil(warps_per_block)
             .clamp(1, SHARED_MAX_BLOCKS);
-        let grid = crate::graph::Grid::new(blocks as u32, SHARED_THREADS).with_shared(bytes as u32);
+        let grid = crate::graph::Grid::new(blocks as u32, SHARED_THREADS)
+            .with_shared(bytes as u32)
+            .with_max_blocks_per_sm(super::matmul::ONE_WAVE_BLOCKS_PER_SM);
         (true, grid)
     } else {
         (false, super::matmul::warp_per_output(outputs, rows))

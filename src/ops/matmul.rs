@@ -64,6 +64,12 @@ const Q8_THREADS: u32 = 256;
 /// over the outputs, two at a time, so a wide product pays a few hundred quantizations, not one
 /// per eight outputs.
 const Q8_MAX_BLOCKS: usize = 264;
+/// Blocks an SM of the one-wave forms (the int8 one-row product, the fused block products): their
+/// grids are sized for two blocks on each of an H100's 132 SMs, and with programmatic launch
+/// (`backend/cuda/graph.rs`) the blocks of a kernel start on the SMs the kernel before it leaves
+/// first, so without the cap the early SMs took more than two and the grid finished unevenly
+/// (1B 1018 -> 1084 tok/s with the cap, on an H200; docs/kernels.md item 17).
+pub(crate) const ONE_WAVE_BLOCKS_PER_SM: u32 = 2;
 /// The most dynamic shared memory a one-row product asks for (the CUDA default limit).
 const Q8_MAX_SHARED: usize = 48 * 1024;
 /// Weights from which a one-row product takes the int8 form: a smaller product is a few
@@ -96,7 +102,9 @@ fn vector_grid(w: DType, n: usize, k: usize) -> Grid {
                 warps /= 2;
             }
             let blocks = n.div_ceil(2 * warps).clamp(1, Q8_MAX_BLOCKS);
-            Grid::new(blocks as u32, 32 * warps as u32).with_shared(bytes as u32)
+            Grid::new(blocks as u32, 32 * warps as u32)
+                .with_shared(bytes as u32)
+                .with_max_blocks_per_sm(ONE_WAVE_BLOCKS_PER_SM)
         }
         _ => warp_per_output(n, 1),
     }

@@ -24,7 +24,7 @@ use super::launch::LaunchParams;
 use super::{CudaDevice, Kernel};
 use crate::backend::Allocation;
 use crate::error::{Error, Result};
-use crate::graph::{Arg, Dispatch};
+use crate::graph::{Access, Arg, Dispatch};
 
 /// A raw driver status as a result, through the device (so a fault that breaks the context is
 /// remembered and named in the error).
@@ -44,6 +44,45 @@ fn allocations_of(dispatches: &[Dispatch]) -> Vec<Arc<Allocation>> {
         })
         .collect()
 }
+
+/// Set to `0` to build graphs with plain edges only (for measuring what programmatic launch
+/// gives; see [`edge_data`]).
+pub const PDL_ENV: &str = "ONEPASS_CUDA_PDL";
+
+/// The kind of the edges into a kernel that reads less than [`PROGRAMMATIC_MAX_READ`] (the others
+/// are plain): programmatic (the dependent kernel may be scheduled once
+/// every block of the kernel before it has passed `OP_GRID_ENTRY()`, `kernels/prelude.cuh`; its
+/// own `griddepcontrol.wait` still waits for that kernel's completion and writes) on a GPU of
+/// compute capability 9.0 or later, where every onepass kernel begins with that wait; plain
+/// (the dependent starts after the kernel completes) elsewhere or with [`PDL_ENV`] set to `0`.
+fn edge_data(device: &CudaDevice) -> sys::CUgraphEdgeData {
+    // SAFETY: the all-zero bit pattern is valid for this plain C struct (a default edge).
+    let mut edge: sys::CUgraphEdgeData = unsafe { std::mem::zeroed() };
+    let off = std::env::var(PDL_ENV).is_ok_and(|v| v.trim() == "0");
+    if device.info().compute_capability.0 >= 9 && !off {
+        edge.type_ = sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8;
+        edge.from_port = sys::CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC as u8;
+    }
+    edge
+}
+
+/// Bytes a dispatch reads (its read-only buffers, whole).
+fn read_bytes(d: &Dispatch) -> usize {
+    d.args()
+        .iter()
+        .map(|a| match a {
+            Arg::Buffer(b, Access::Read) => b.len_bytes(),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// Kernels that read at least this many bytes get plain edges in: at 3 TB/s such a kernel
+/// streams for over 5 µs, so starting it early hides little, and on the 8B shape programmatic
+/// edges into its gate/up, down and head products cost more than they gave (on an H200: every
+/// edge programmatic 334 tok/s, none 340, all but those 346; the 1B 1078 / 1015 / 1067, SmolLM2
+/// 1190 / 1053 / 1196; docs/kernels.md item 17).
+pub const PROGRAMMATIC_MAX_READ: usize = 16 << 20;
 
 /// An instantiated CUDA graph of kernel nodes with explicit dependency edges.
 pub struct CudaGraph {
@@ -100,14 +139,36 @@ impl CudaGraph {
         let mut handles: Vec<sys::CUgraphNode> = Vec::with_capacity(dispatches.len());
         let mut deps: Vec<sys::CUgraphNode> = Vec::new();
         let mut params = LaunchParams::default();
+        let edge = edge_data(device);
+        // SAFETY: the all-zero bit pattern is valid for this plain C struct (a default edge).
+        let plain: sys::CUgraphEdgeData = unsafe { std::mem::zeroed() };
         for (d, p) in dispatches.iter().zip(preds) {
             deps.clear();
             deps.extend(p.iter().map(|&j| handles[j]));
-            // SAFETY: `this.graph` is a live graph of the device's context (bound above), and
-            // `deps` holds nodes added to it earlier in this loop. The kernel, which owns the
-            // node's function handle, is kept in `_kernels` for the graph's life.
-            let (node, kernel) =
-                unsafe { params.add_node(device, this.graph, &deps, d.as_view()) }?;
+            // SAFETY: `this.graph` is a live graph of the device's context (bound above). The
+            // kernel, which owns the node's function handle, is kept in `_kernels` for the
+            // graph's life.
+            let (node, kernel) = unsafe { params.add_node(device, this.graph, &[], d.as_view()) }?;
+            if !deps.is_empty() {
+                let to = vec![node; deps.len()];
+                let kind = if read_bytes(d) < PROGRAMMATIC_MAX_READ {
+                    edge
+                } else {
+                    plain
+                };
+                let data = vec![kind; deps.len()];
+                // SAFETY: every node of `deps` and `to` was added to `this.graph` in this loop;
+                // the three arrays hold `deps.len()` entries each, which the driver copies.
+                check(device, "cuGraphAddDependencies", unsafe {
+                    sys::cuGraphAddDependencies_v2(
+                        this.graph,
+                        deps.as_ptr(),
+                        to.as_ptr(),
+                        data.as_ptr(),
+                        deps.len(),
+                    )
+                })?;
+            }
             handles.push(node);
             this.edges += deps.len();
             this.nodes += 1;

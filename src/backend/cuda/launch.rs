@@ -148,9 +148,13 @@ impl LaunchParams {
                 msg: format!("empty launch geometry {grid:?}"),
             });
         }
-        let shared = grid
-            .shared_bytes
-            .min(u32::try_from(device.info().max_shared_per_block).unwrap_or(u32::MAX));
+        let info = device.info();
+        let asked = grid.shared_bytes.max(occupancy_pad(
+            grid.max_blocks_per_sm,
+            info.shared_per_sm,
+            info.reserved_shared_per_block,
+        ));
+        let shared = asked.min(u32::try_from(info.max_shared_per_block).unwrap_or(u32::MAX));
         kernel.ensure_dynamic_shared(shared)?;
         self.slots.clear();
         for (i, arg) in dispatch.args().iter().enumerate() {
@@ -174,5 +178,37 @@ impl LaunchParams {
             self.pointers.push(unsafe { base.add(i) } as *mut c_void);
         }
         Ok((kernel, shared))
+    }
+}
+
+/// The dynamic shared memory a block must take so that at most `cap` blocks fit on a
+/// multiprocessor of `per_sm` bytes setting aside `reserved` bytes a block (0 for no cap): one
+/// byte more than a share of `cap + 1` blocks, rounded up to 16.
+pub(crate) fn occupancy_pad(cap: u32, per_sm: i32, reserved: i32) -> u32 {
+    if cap == 0 || per_sm <= 0 {
+        return 0;
+    }
+    let share = per_sm as i64 / (cap as i64 + 1) - reserved.max(0) as i64 + 1;
+    u32::try_from(share.max(0)).map_or(0, |b| b.div_ceil(16) * 16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::occupancy_pad;
+
+    /// An H100's 228 KiB an SM and 1 KiB a block: two blocks of the pad fit, three do not.
+    #[test]
+    fn the_pad_lets_exactly_the_cap_fit() {
+        let (per_sm, reserved) = (233_472, 1024);
+        for cap in 1..=4u32 {
+            let pad = occupancy_pad(cap, per_sm, reserved) as i64;
+            let fits = |n: i64| n * (pad + reserved as i64) <= per_sm as i64;
+            assert!(
+                fits(cap as i64) && !fits(cap as i64 + 1),
+                "cap {cap}: pad {pad}"
+            );
+        }
+        assert_eq!(occupancy_pad(0, per_sm, reserved), 0);
+        assert_eq!(occupancy_pad(2, 0, reserved), 0);
     }
 }

@@ -100,6 +100,10 @@ pub struct DeviceInfo {
     /// The most dynamic shared memory one block may ask for (bytes, with the opt-in attribute):
     /// 227 KiB on an H100, 99 KiB on sm_86 and sm_89.
     pub max_shared_per_block: i32,
+    /// Shared memory of one multiprocessor (bytes): 228 KiB on an H100.
+    pub shared_per_sm: i32,
+    /// Shared memory the driver sets aside for each resident block (bytes; 1 KiB from sm_80).
+    pub reserved_shared_per_block: i32,
 }
 
 /// Every device the driver reports (an error without a driver).
@@ -128,6 +132,8 @@ pub fn device_info(ordinal: usize) -> Result<DeviceInfo> {
             .map_err(driver_err("cuDeviceTotalMem"))?,
         multiprocessors: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
         max_shared_per_block: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+        shared_per_sm: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?,
+        reserved_shared_per_block: attr(A::CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK)?,
     })
 }
 

@@ -477,6 +477,61 @@ mod tests {
         assert!(!names.is_empty());
     }
 
+    /// The statements between a kernel's opening brace and `OP_GRID_ENTRY();` (None: no entry
+    /// before the next kernel or the end).
+    fn before_entry(body: &str) -> Option<Vec<String>> {
+        let open = body.find('{')?;
+        let end = body[open..].find("OP_GRID_ENTRY();")? + open;
+        Some(
+            body[open + 1..end]
+                .split(';')
+                .map(|s| s.replace('\\', "").trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect(),
+        )
+    }
+
+    /// Programmatic graph edges (`graph.rs`) are only sound if every kernel waits for the kernels
+    /// before it before touching their memory: each kernel's first statement is
+    /// `OP_GRID_ENTRY()`, after at most weight-row prefetches.
+    #[test]
+    fn every_kernel_begins_with_the_grid_entry() {
+        let mut kernels = 0;
+        for src in SOURCES {
+            let starts: Vec<usize> = src
+                .source
+                .match_indices("extern \"C\" __global__")
+                .map(|(i, _)| i)
+                .collect();
+            for (n, &at) in starts.iter().enumerate() {
+                let end = starts.get(n + 1).copied().unwrap_or(src.source.len());
+                let body = &src.source[at..end];
+                let head: String = body.chars().take(80).collect();
+                let before = before_entry(body)
+                    .unwrap_or_else(|| panic!("{}: no OP_GRID_ENTRY in `{head}`", src.family));
+                for stmt in before {
+                    assert!(
+                        stmt.starts_with("mm_prefetch_first<") || stmt.starts_with("fb_prefetch_"),
+                        "{}: `{stmt}` before OP_GRID_ENTRY in `{head}`",
+                        src.family
+                    );
+                }
+                kernels += 1;
+            }
+        }
+        assert!(kernels >= 40, "{kernels} kernels found");
+    }
+
+    #[test]
+    fn before_entry_finds_what_runs_first() {
+        let ok =
+            "extern \"C\" __global__ void a(float* x) {\n    OP_GRID_ENTRY();\n    x[0] = 1; }";
+        assert_eq!(before_entry(ok), Some(vec![]));
+        let late = "extern \"C\" __global__ void a(float* x) { x[0] = 1; OP_GRID_ENTRY(); }";
+        assert_eq!(before_entry(late), Some(vec!["x[0] = 1".to_string()]));
+        assert_eq!(before_entry("extern \"C\" __global__ void a() { }"), None);
+    }
+
     #[test]
     fn arch_string() {
         assert_eq!(arch_for((9, 0)), "sm_90");

@@ -21,6 +21,7 @@ __device__ __forceinline__ void am_take(float v, int i, float& bv, int& bi) {
 
 extern "C" __global__ void argmax_f32(const float* x, int32_t* out, uint32_t n, uint64_t n_x,
                                       uint64_t n_out) {
+    OP_GRID_ENTRY();
     __shared__ float warp_v[32];
     __shared__ int warp_i[32];
     if (n == 0 || n_x != n_out * n || blockDim.x > 1024 || blockDim.x % 32 != 0) return;

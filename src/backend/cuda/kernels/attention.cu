@@ -400,6 +400,7 @@ __device__ void attention_partial(const float* q, const T* k, const T* v, const 
                                     O* out, uint32_t n_head, uint32_t n_kv_head, uint32_t hd,         \
                                     float scale, float softcap, uint32_t window, uint64_t n_q,        \
                                     uint64_t n_k, uint64_t n_v, uint64_t n_step, uint64_t n_out) {    \
+        OP_GRID_ENTRY();                                                                              \
         attention_prefill<T, MMA, O>(q, k, v, step, out, n_head, n_kv_head, hd, scale, softcap,      \
                                      window, n_q, n_k, n_v, n_step, n_out, op_tag(#NAME));            \
     }
@@ -410,6 +411,7 @@ __device__ void attention_partial(const float* q, const T* k, const T* v, const 
                                     uint32_t chunk_len, uint32_t max_chunks, uint64_t n_q,            \
                                     uint64_t n_k, uint64_t n_v, uint64_t n_step,                      \
                                     uint64_t n_partials) {                                            \
+        OP_GRID_ENTRY();                                                                              \
         attention_partial<T>(q, k, v, step, partials, nullptr, n_head, n_kv_head, hd, scale,          \
                              softcap, window, chunk_len, max_chunks, n_q, n_k, n_v, n_step,           \
                              n_partials, 0, op_tag(#NAME));                                           \
@@ -428,6 +430,7 @@ extern "C" __global__ void attention_decode_combine(const float* partials, const
                                                     uint32_t chunk_len, uint32_t max_chunks,
                                                     uint32_t window, uint64_t n_partials,
                                                     uint64_t n_step, uint64_t n_out) {
+    OP_GRID_ENTRY();
     const uint32_t tag = op_tag("attention_decode_combine");
     OP_REQUIRE(n_head != 0 && hd != 0 && chunk_len != 0 && n_step != 0 &&
                n_out == (uint64_t)n_head * hd &&

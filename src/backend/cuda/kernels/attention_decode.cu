@@ -289,6 +289,7 @@ __device__ void attention_decode(const float* q, const T* k, const T* v, const i
                                     uint32_t chunk_len, uint32_t max_chunks, uint64_t n_q,            \
                                     uint64_t n_k, uint64_t n_v, uint64_t n_step, uint64_t n_partials, \
                                     uint64_t n_out) {                                                 \
+        OP_GRID_ENTRY();                                                                              \
         attention_decode<T>(q, k, v, step, partials, out, n_head, n_kv_head, hd, scale, softcap,      \
                             window, chunk_len, max_chunks, n_q, n_k, n_v, n_step, n_partials, n_out,  \
                             op_tag(#NAME));                                                           \

@@ -99,6 +99,7 @@ __device__ void attention_slots(const float* q, const T* k, const T* v, const in
                                     uint32_t chunk_len, uint32_t max_chunks, uint64_t n_q,            \
                                     uint64_t n_k, uint64_t n_v, uint64_t n_slots,                     \
                                     uint64_t n_positions, uint64_t n_partials, uint64_t n_out) {      \
+        OP_GRID_ENTRY();                                                                              \
         attention_slots<T>(q, k, v, slots, positions, partials, out, n_head, n_kv_head, hd,           \
                            slot_ctx, scale, softcap, window, chunk_len, max_chunks, n_q, n_k, n_v,    \
                            n_slots, n_positions, n_partials, n_out, op_tag(#NAME));                   \

@@ -9,6 +9,7 @@ __device__ void copy_convert(const S* src, D* dst, uint64_t n) {
 
 #define COPY_KERNEL(NAME, S, D)                                                                     \
     extern "C" __global__ void NAME(const S* src, D* dst, uint64_t n_src, uint64_t n_dst) {          \
+        OP_GRID_ENTRY();                                                                             \
         if (n_src != n_dst) return;                                                                   \
         copy_convert<S, D>(src, dst, n_src);                                                          \
     }

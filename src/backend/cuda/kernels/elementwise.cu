@@ -57,24 +57,34 @@ __device__ void ew_unary(const T* x, T* out, float param, uint64_t n) {
 #define BINARY_KERNEL(NAME, T, OP)                                                                  \
     extern "C" __global__ void NAME(const T* a, const T* b, T* out, uint32_t row_len, uint64_t n_a,  \
                                     uint64_t n_b, uint64_t n_out) {                                   \
+        OP_GRID_ENTRY();                                                                              \
         ew_binary<T, OP>(a, b, out, row_len, n_a < n_out ? n_a : n_out, n_b);                         \
     }
 #define BINARY_INPLACE_KERNEL(NAME, T, OP)                                                          \
     extern "C" __global__ void NAME(T* a, const T* b, uint32_t row_len, uint64_t n_a, uint64_t n_b) { \
+        OP_GRID_ENTRY();                                                                              \
         ew_binary<T, OP>(a, b, a, row_len, n_a, n_b);                                                 \
     }
 #define UNARY_KERNEL(NAME, T, OP)                                                                   \
     extern "C" __global__ void NAME(const T* x, T* out, uint64_t n_x, uint64_t n_out) {               \
+        OP_GRID_ENTRY();                                                                              \
         ew_unary<T, OP>(x, out, 0.0f, n_x < n_out ? n_x : n_out);                                     \
     }
 #define UNARY_INPLACE_KERNEL(NAME, T, OP)                                                           \
-    extern "C" __global__ void NAME(T* x, uint64_t n_x) { ew_unary<T, OP>(x, x, 0.0f, n_x); }
+    extern "C" __global__ void NAME(T* x, uint64_t n_x) {                                            \
+        OP_GRID_ENTRY();                                                                              \
+        ew_unary<T, OP>(x, x, 0.0f, n_x);                                                             \
+    }
 #define UNARY_PARAM_KERNEL(NAME, T, OP)                                                             \
     extern "C" __global__ void NAME(const T* x, T* out, float p, uint64_t n_x, uint64_t n_out) {      \
+        OP_GRID_ENTRY();                                                                              \
         ew_unary<T, OP>(x, out, p, n_x < n_out ? n_x : n_out);                                        \
     }
 #define UNARY_PARAM_INPLACE_KERNEL(NAME, T, OP)                                                     \
-    extern "C" __global__ void NAME(T* x, float p, uint64_t n_x) { ew_unary<T, OP>(x, x, p, n_x); }
+    extern "C" __global__ void NAME(T* x, float p, uint64_t n_x) {                                   \
+        OP_GRID_ENTRY();                                                                              \
+        ew_unary<T, OP>(x, x, p, n_x);                                                                \
+    }
 
 BINARY_KERNEL(add_f32, float, OpAdd)
 BINARY_KERNEL(add_f16, __half, OpAdd)
@@ -98,6 +108,7 @@ BINARY_INPLACE_KERNEL(swiglu_bf16_inplace, __nv_bfloat16, OpSwiglu)
 // up as long as out (the narrowing's form, `graph::passes::narrow`).
 extern "C" __global__ void swiglu_f32_to_f16(const float* gate, const float* up, __half* out,
                                              uint64_t n_gate, uint64_t n_up, uint64_t n_out) {
+    OP_GRID_ENTRY();
     const uint32_t tag = op_tag("swiglu_f32_to_f16");
     OP_REQUIRE(n_gate == n_out && n_up == n_out);
     OP_GRID_STRIDE_LOOP(i, n_out) { out[i] = __float2half_rn(OpSwiglu::apply(gate[i], up[i])); }

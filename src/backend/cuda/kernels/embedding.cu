@@ -26,6 +26,7 @@ __device__ void embedding(const uint8_t* table, const int32_t* ids, float* out, 
     extern "C" __global__ void NAME(const uint8_t* table, const int32_t* ids, float* out,            \
                                     uint32_t vocab, uint32_t dim, uint64_t n_table, uint64_t n_ids,   \
                                     uint64_t n_out) {                                                 \
+        OP_GRID_ENTRY();                                                                              \
         embedding<FMT>(table, ids, out, vocab, dim, n_table, n_ids, n_out, op_tag(#NAME));            \
     }
 

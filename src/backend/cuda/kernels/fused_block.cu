@@ -299,6 +299,32 @@ __device__ void norm_gate_up(const float* x, const float* nw, const uint8_t* wg,
     }
 }
 
+// Before the grid wait (prelude.cuh): a one-row pass asks L2 for its warp's first output pair's
+// two weight rows, which no earlier kernel writes (`mm_prefetch_row`, matmul_blocks.cuh).
+template <int FMT>
+__device__ __forceinline__ void fb_prefetch_qkv(const uint8_t* wq, const uint8_t* wk,
+                                                const uint8_t* wv, uint32_t k, uint32_t n_head,
+                                                uint32_t n_kv, uint32_t hd, uint32_t mode,
+                                                uint64_t n_pos) {
+    if (n_pos != 1 || k == 0 || k % op_block_elems(FMT) != 0 || hd == 0 || hd % 2 != 0 ||
+        mode > 1)
+        return;
+    const uint64_t t = mm_warp_id(), row_bytes = op_row_bytes(FMT, k);
+    if (t >= ((uint64_t)n_head + 2 * n_kv) * (hd / 2)) return;
+    const QkvTask task = qkv_task(t, wq, wk, wv, n_head, n_kv, hd, mode, row_bytes);
+    mm_prefetch_row(task.a, row_bytes);
+    mm_prefetch_row(task.b, row_bytes);
+}
+template <int FMT>
+__device__ __forceinline__ void fb_prefetch_gate_up(const uint8_t* wg, const uint8_t* wu,
+                                                    uint32_t k, uint32_t n, uint64_t n_x) {
+    if (n_x != k || k == 0 || k % op_block_elems(FMT) != 0) return;
+    const uint64_t o = mm_warp_id(), row_bytes = op_row_bytes(FMT, k);
+    if (o >= n) return;
+    mm_prefetch_row(wg + o * row_bytes, row_bytes);
+    mm_prefetch_row(wu + o * row_bytes, row_bytes);
+}
+
 // At most 256 threads a block and two blocks an SM (at most 128 registers a thread): the shared
 // form's blocks are eight warps, and one block an SM leaves too few loads in flight.
 #define NORM_QKV_ROPE_KERNEL(NAME, FMT, SH)                                                          \
@@ -308,6 +334,8 @@ __device__ void norm_gate_up(const float* x, const float* nw, const uint8_t* wg,
         uint32_t k, uint32_t n_head, uint32_t n_kv, uint32_t hd, float base, uint32_t mode,          \
         uint64_t n_x, uint64_t n_nw, uint64_t n_wq, uint64_t n_wk, uint64_t n_wv, uint64_t n_pos,    \
         uint64_t n_step, uint64_t n_q, uint64_t n_kc, uint64_t n_vc) {                               \
+        fb_prefetch_qkv<FMT>(wq, wk, wv, k, n_head, n_kv, hd, mode, n_pos);                          \
+        OP_GRID_ENTRY();                                                                             \
         norm_qkv_rope<FMT, SH>(x, nw, wq, wk, wv, positions, step, q, kc, vc, eps, k, n_head, n_kv, hd, \
                            base, mode, n_x, n_nw, n_pos, n_step, n_q, n_kc, n_vc, op_tag(#NAME));   \
     }
@@ -316,6 +344,8 @@ __device__ void norm_gate_up(const float* x, const float* nw, const uint8_t* wg,
         const float* x, const float* nw, const uint8_t* wg, const uint8_t* wu, float* hidden,         \
         float eps, uint32_t k, uint32_t n, uint32_t act, uint64_t n_x, uint64_t n_nw, uint64_t n_wg,  \
         uint64_t n_wu, uint64_t n_hidden) {                                                           \
+        fb_prefetch_gate_up<FMT>(wg, wu, k, n, n_x);                                                  \
+        OP_GRID_ENTRY();                                                                              \
         norm_gate_up<FMT, SH>(x, nw, wg, wu, hidden, eps, k, n, act, n_x, n_nw, n_hidden,             \
                               op_tag(#NAME));                                                         \
     }

@@ -27,6 +27,7 @@ __device__ void kv_write(const float* src, const int32_t* step, C* cache, uint32
     extern "C" __global__ void NAME(const float* src, const int32_t* step, C* cache,                 \
                                     uint32_t n_kv_head, uint32_t head_dim, uint64_t n_new,            \
                                     uint64_t n_step, uint64_t n_cache) {                              \
+        OP_GRID_ENTRY();                                                                              \
         kv_write<C>(src, step, cache, n_kv_head, head_dim, n_new, n_step, n_cache, op_tag(#NAME));    \
     }
 

@@ -38,6 +38,7 @@ __device__ void kv_write_slots(const float* src, const int32_t* slots, const int
                                     const int32_t* positions, C* cache, uint32_t n_kv_head,           \
                                     uint32_t head_dim, uint32_t slot_ctx, uint64_t n_new,             \
                                     uint64_t n_slots, uint64_t n_positions, uint64_t n_cache) {       \
+        OP_GRID_ENTRY();                                                                              \
         kv_write_slots<C>(src, slots, positions, cache, n_kv_head, head_dim, slot_ctx, n_new,         \
                           n_slots, n_positions, n_cache, op_tag(#NAME));                              \
     }

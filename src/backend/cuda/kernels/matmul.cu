@@ -172,9 +172,24 @@ __device__ void mm_tiled(X x, const uint8_t* w, float* out, uint32_t rows, uint3
 // fewer warps a block, so that they spread over the SMs).
 #define MM_Q8_THREADS 256
 
+// Before the grid wait (prelude.cuh): a one-row product asks L2 for the weight rows its warp
+// takes first (two in the int8 form's launch, else one), which no earlier kernel writes, so they
+// load while the kernel before it finishes; then the block quantizes x meanwhile.
+template <int FMT>
+__device__ __forceinline__ void mm_prefetch_first(const uint8_t* w, uint32_t rows, uint32_t k,
+                                                  uint32_t n) {
+    if (rows != 1 || k == 0 || k % op_block_elems(FMT) != 0) return;
+    const uint64_t row_bytes = op_row_bytes(FMT, k);
+    const bool q8 = mm_q8_format<FMT>() && k % 32 == 0 && blockDim.x % 32 == 0 &&
+                    mm_dynamic_smem() >= MM_Q8_BYTES(k);
+    const uint64_t first = q8 ? 2 * mm_warp_id() : mm_warp_id();
+    for (uint64_t r = first; r < first + (q8 ? 2 : 1) && r < n; ++r)
+        mm_prefetch_row(w + r * row_bytes, row_bytes);
+}
+
 // The one-row form on int8 activations (see the top of this file and matmul_blocks.cuh): false
-// (nothing done) where the format, the launch or the alignment does not allow it. Each warp asks
-// L2 for its first two weight rows before the block quantizes x, so they are on the way meanwhile.
+// (nothing done) where the format, the launch or the alignment does not allow it. Each warp's
+// first two weight rows were asked of L2 before the grid wait (`mm_prefetch_first`).
 // (Reading the rows through `mm_dot_staged`'s 16-byte stage measured no faster here: 8B 276.9 ->
 // 274.5 tok/s, 1B 868.8 -> 820.3 on an H100.)
 template <int FMT, bool ACC, typename X>
@@ -190,9 +205,6 @@ __device__ __forceinline__ bool mm_vector_q8(X x, const uint8_t* w, float* out, 
     const int lane = threadIdx.x & 31;
     const uint64_t first = 2 * mm_warp_id(), step = 2 * mm_warp_count();
     const bool pairs = FMT == OP_FMT_Q4_0 && mm_q8_pairs_ok(w, k);
-    for (uint64_t r = first; r < first + 2 && r < n; ++r)
-        for (uint64_t off = 128 * (uint64_t)lane; off < row_bytes; off += 32 * 128)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(w + r * row_bytes + off));
     mm_quantize_row(x, k, q, ds);
     __syncthreads();
     const XQ8 xq{nullptr, q, ds};
@@ -338,6 +350,8 @@ __device__ void matmul_id(const float* x, const uint8_t* w, const int32_t* ids, 
     extern "C" __global__ void NAME(const float* x, const uint8_t* w, float* out, uint32_t rows,      \
                                     uint32_t k, uint32_t n, uint64_t n_x, uint64_t n_w,               \
                                     uint64_t n_out) {                                                 \
+        mm_prefetch_first<FMT>(w, rows, k, n);                                                        \
+        OP_GRID_ENTRY();                                                                              \
         matmul<FMT, false>(XPlain{x}, w, out, rows, k, n, n_x, n_out, op_tag(#NAME));              \
     }
 // The fusion of a matmul with the in-place add of its output into `acc` (src/ops/matmul_fused.rs).
@@ -345,6 +359,8 @@ __device__ void matmul_id(const float* x, const uint8_t* w, const int32_t* ids, 
     extern "C" __global__ void NAME(const float* x, const uint8_t* w, float* acc, uint32_t rows,      \
                                     uint32_t k, uint32_t n, uint64_t n_x, uint64_t n_w,               \
                                     uint64_t n_acc) {                                                 \
+        mm_prefetch_first<FMT>(w, rows, k, n);                                                        \
+        OP_GRID_ENTRY();                                                                              \
         matmul<FMT, true>(XPlain{x}, w, acc, rows, k, n, n_x, n_acc, op_tag(#NAME));               \
     }
 // Two blocks an SM (at most 128 registers a thread): one block's loads overlap the other's
@@ -353,6 +369,7 @@ __device__ void matmul_id(const float* x, const uint8_t* w, const int32_t* ids, 
     extern "C" __global__ __launch_bounds__(MMA_THREADS, 2) void NAME(                              \
         const float* x, const uint8_t* w, float* out, uint32_t rows, uint32_t k, uint32_t n,          \
         uint64_t n_x, uint64_t n_w, uint64_t n_out) {                                                 \
+        OP_GRID_ENTRY();                                                                              \
         matmul_mma<FMT, ACC>(XPlain{x}, w, out, rows, k, n, n_x, n_out, op_tag(#NAME));            \
     }
 #define MATMUL3_MMA_KERNEL(NAME, FMT)                                                              \
@@ -361,6 +378,7 @@ __device__ void matmul_id(const float* x, const uint8_t* w, const int32_t* ids, 
         float* out1, float* out2, uint32_t rows, uint32_t k, uint32_t n0, uint32_t n1, uint32_t n2,   \
         uint64_t n_x, uint64_t n_w0, uint64_t n_w1, uint64_t n_w2, uint64_t n_out0, uint64_t n_out1,  \
         uint64_t n_out2) {                                                                            \
+        OP_GRID_ENTRY();                                                                              \
         const Mm3 m{w0, w1, w2, out0, out1, out2, n0, n1, n2};                                        \
         matmul3_mma<FMT>(x, m, rows, k, n_x, n_out0, n_out1, n_out2, op_tag(#NAME));                  \
     }
@@ -368,6 +386,7 @@ __device__ void matmul_id(const float* x, const uint8_t* w, const int32_t* ids, 
     extern "C" __global__ __launch_bounds__(MMA_THREADS, 2) void NAME(                              \
         const __half* x, const uint8_t* w, float* out, uint32_t rows, uint32_t k, uint32_t n,         \
         uint64_t n_x, uint64_t n_w, uint64_t n_out) {                                                 \
+        OP_GRID_ENTRY();                                                                              \
         const Mm3 m{w, w, w, out, out, out, n, n, n};                                                 \
         const uint64_t outs[3] = {n_out, n_out, n_out};                                               \
         matmul_mma_h<FMT, false, 1>(x, m, rows, k, n_x, outs, op_tag(#NAME));                                \
@@ -378,6 +397,7 @@ __device__ void matmul_id(const float* x, const uint8_t* w, const int32_t* ids, 
         float* out1, float* out2, uint32_t rows, uint32_t k, uint32_t n0, uint32_t n1, uint32_t n2,   \
         uint64_t n_x, uint64_t n_w0, uint64_t n_w1, uint64_t n_w2, uint64_t n_out0, uint64_t n_out1,  \
         uint64_t n_out2) {                                                                            \
+        OP_GRID_ENTRY();                                                                              \
         const Mm3 m{w0, w1, w2, out0, out1, out2, n0, n1, n2};                                        \
         const uint64_t outs[3] = {n_out0, n_out1, n_out2};                                            \
         matmul_mma_h<FMT, false, 3>(x, m, rows, k, n_x, outs, op_tag(#NAME));                                \
@@ -386,6 +406,7 @@ __device__ void matmul_id(const float* x, const uint8_t* w, const int32_t* ids, 
     extern "C" __global__ __launch_bounds__(MMA_THREADS, 2) void NAME(                              \
         const __half* x, const uint8_t* w, float* acc, uint32_t rows, uint32_t k, uint32_t n,         \
         uint64_t n_x, uint64_t n_w, uint64_t n_acc) {                                                 \
+        OP_GRID_ENTRY();                                                                              \
         const Mm3 m{w, w, w, acc, acc, acc, n, n, n};                                                 \
         const uint64_t outs[3] = {n_acc, n_acc, n_acc};                                               \
         matmul_mma_h<FMT, true, 1>(x, m, rows, k, n_x, outs, op_tag(#NAME));                          \
@@ -395,6 +416,7 @@ __device__ void matmul_id(const float* x, const uint8_t* w, const int32_t* ids, 
                                     uint32_t rows, uint32_t k, uint32_t n, uint32_t slots,            \
                                     uint32_t experts, uint64_t n_x, uint64_t n_w, uint64_t n_ids,     \
                                     uint64_t n_out) {                                                 \
+        OP_GRID_ENTRY();                                                                              \
         matmul_id<FMT>(x, w, ids, out, rows, k, n, slots, experts, n_x, n_ids, n_out,                 \
                        op_tag(#NAME));                                                                \
     }
@@ -519,6 +541,7 @@ __device__ void matmul_affine(const float* x, const uint32_t* w, const S* scales
                                     uint32_t n, uint32_t bits, uint32_t group, uint64_t n_x,          \
                                     uint64_t n_w, uint64_t n_scales, uint64_t n_biases,               \
                                     uint64_t n_out) {                                                 \
+        OP_GRID_ENTRY();                                                                              \
         matmul_affine<S>(x, w, scales, biases, out, rows, k, n, bits, group, n_x, n_w, n_scales,      \
                          n_biases, n_out, op_tag(#NAME));                                             \
     }

@@ -555,12 +555,19 @@ __device__ __forceinline__ void mm_dot_staged(X x, const uint8_t* const (&rows)[
     for (int r = 0; r < R; ++r) acc[r] = op_warp_sum(acc[r]);
 }
 
-// Two rows' dots: staged where a stage is given and the rows allow it, else `mm_dot_blocks` or
-// `mm_dot` per row (the same bits either way for the block formats).
+// Two rows' dots: Q4_0 rows against the int8 row a lane per pair of blocks where they allow it
+// (`mm_q8_rows_pairs_q4_0`), else staged where a stage is given and the rows allow it, else
+// `mm_dot_blocks` or `mm_dot` per row (the same bits either way for the block formats).
 template <int FMT, typename X>
 __device__ __forceinline__ void mm_dot_pair(X x, const uint8_t* a, const uint8_t* b, uint32_t k,
                                             uint64_t row_bytes, int lane, bool blocks,
                                             uint4* stage, float& va, float& vb) {
+    if constexpr (MmIsQ8<X>::value && FMT == OP_FMT_Q4_0) {
+        if (mm_q8_pairs_ok(a, k) && mm_q8_pairs_ok(b, k)) {
+            mm_q8_rows_pairs_q4_0(x, a, b, k, lane, va, vb);
+            return;
+        }
+    }
     const uint8_t* const rows[2] = {a, b};
     if (blocks && stage != nullptr && mm_stage_ok<FMT, 2>(rows, row_bytes)) {
         float acc[2];
@@ -589,6 +596,17 @@ __device__ __forceinline__ uint64_t mm_warp_id() {
 }
 __device__ __forceinline__ uint64_t mm_warp_count() {
     return (uint64_t)gridDim.x * gridDim.y * (blockDim.x / 32);
+}
+
+// The first MM_PREFETCH_BYTES of a weight row asked of L2 (a hint: nothing is read into
+// registers). Only the start: asking for whole rows before the grid wait pulled most of an 8B
+// product into L2 while the kernel before it streamed its own weights, which evicted them again
+// (8B 334.7 tok/s with whole rows, 335.2 with 2 KiB, on an H200; docs/kernels.md item 17).
+#define MM_PREFETCH_BYTES 2048u
+__device__ __forceinline__ void mm_prefetch_row(const uint8_t* row, uint64_t bytes) {
+    if (bytes > MM_PREFETCH_BYTES) bytes = MM_PREFETCH_BYTES;
+    for (uint64_t off = 128 * (uint64_t)(threadIdx.x & 31); off < bytes; off += 32 * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(row + off));
 }
 
 // Bytes of dynamic shared memory the launch gave this block.

@@ -274,6 +274,7 @@ __device__ void matmul_rows(const float* x, const uint8_t* w, float* out, uint32
     extern "C" __global__ __launch_bounds__(MR_THREADS) MR_CLUSTER_DIMS void NAME(                    \
         const float* x, const uint8_t* w, float* out, uint32_t rows, uint32_t k, uint32_t n,          \
         uint64_t n_x, uint64_t n_w, uint64_t n_out) {                                                 \
+        OP_GRID_ENTRY();                                                                              \
         matmul_rows<FMT>(x, w, out, rows, k, n, n_x, n_out, op_tag(#NAME));                          \
     }
 

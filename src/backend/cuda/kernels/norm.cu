@@ -25,30 +25,35 @@ __device__ void rms_norm_rows(const T* x, const T* w, const T* m, O* out, float 
 #define RMS_NORM_KERNEL(NAME, T)                                                                    \
     extern "C" __global__ void NAME(const T* x, const T* w, T* out, float eps, uint32_t dim,        \
                                     uint64_t n_x, uint64_t n_w, uint64_t n_out) {                   \
+        OP_GRID_ENTRY();                                                                            \
         if (n_w < dim) return;                                                                      \
         rms_norm_rows<T, false>(x, w, nullptr, out, eps, dim, n_x, 0, n_out);                       \
     }
 #define RMS_NORM_NO_SCALE_KERNEL(NAME, T)                                                           \
     extern "C" __global__ void NAME(const T* x, T* out, float eps, uint32_t dim, uint64_t n_x,      \
                                     uint64_t n_out) {                                               \
+        OP_GRID_ENTRY();                                                                            \
         rms_norm_rows<T, false>(x, nullptr, nullptr, out, eps, dim, n_x, 0, n_out);                 \
     }
 #define RMS_NORM_MUL_KERNEL(NAME, T)                                                                \
     extern "C" __global__ void NAME(const T* x, const T* w, const T* m, T* out, float eps,          \
                                     uint32_t dim, uint64_t n_x, uint64_t n_w, uint64_t n_m,         \
                                     uint64_t n_out) {                                               \
+        OP_GRID_ENTRY();                                                                            \
         if (n_w < dim) return;                                                                      \
         rms_norm_rows<T, false>(x, w, m, out, eps, dim, n_x, n_m, n_out);                           \
     }
 #define RMS_NORM_NO_SCALE_MUL_KERNEL(NAME, T)                                                       \
     extern "C" __global__ void NAME(const T* x, const T* m, T* out, float eps, uint32_t dim,        \
                                     uint64_t n_x, uint64_t n_m, uint64_t n_out) {                   \
+        OP_GRID_ENTRY();                                                                            \
         rms_norm_rows<T, false>(x, nullptr, m, out, eps, dim, n_x, n_m, n_out);                     \
     }
 // The fusion of `rms_norm` with the in-place add of its output into `acc` (src/ops/norm.rs).
 #define RMS_NORM_ADD_KERNEL(NAME, T)                                                                \
     extern "C" __global__ void NAME(const T* x, const T* w, T* acc, float eps, uint32_t dim,        \
                                     uint64_t n_x, uint64_t n_w, uint64_t n_acc) {                   \
+        OP_GRID_ENTRY();                                                                            \
         if (n_w < dim) return;                                                                      \
         rms_norm_rows<T, true>(x, w, nullptr, acc, eps, dim, n_x, 0, n_acc);                        \
     }
@@ -75,6 +80,7 @@ RMS_NORM_ADD_KERNEL(rms_norm_add_bf16, __nv_bfloat16)
 extern "C" __global__ void rms_norm_f32_to_f16(const float* x, const float* w, __half* out,
                                                float eps, uint32_t dim, uint64_t n_x,
                                                uint64_t n_w, uint64_t n_out) {
+    OP_GRID_ENTRY();
     if (n_w < dim) return;
     rms_norm_rows<float, false, __half>(x, w, nullptr, out, eps, dim, n_x, 0, n_out);
 }

@@ -233,3 +233,28 @@ __device__ __noinline__ void op_fail(uint32_t tag, uint32_t code, int64_t value,
             return;                                                                                \
         }                                                                                          \
     } while (0)
+
+// ---- Programmatic dependent launch (sm_90+; docs/kernels.md item 17). ----
+// In a CUDA graph whose edges are programmatic (src/backend/cuda/graph.rs), a kernel may start
+// while the one before it still runs. Every kernel therefore begins with `OP_GRID_ENTRY()`: it
+// waits until every kernel it depends on has finished and its writes are visible
+// (`griddepcontrol.wait`), then lets its own dependents start (`griddepcontrol.launch_dependents`),
+// so that their blocks take the SMs this kernel's blocks leave and run their prologues (weight
+// prefetches that read no earlier kernel's output) while it finishes. Outside such a graph (a
+// plain launch, an older GPU) both are no-ops. Nothing before the wait may touch memory an earlier
+// kernel writes or reads: only weights, which no kernel of a pass writes.
+__device__ __forceinline__ void op_grid_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void op_grid_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+#define OP_GRID_ENTRY()                                                                            \
+    do {                                                                                           \
+        op_grid_wait();                                                                            \
+        op_grid_release();                                                                         \
+    } while (0)

@@ -76,6 +76,7 @@ __device__ void rope_rows(const T* x, const int32_t* positions, const float* ff,
     extern "C" __global__ void NAME(const T* x, const int32_t* positions, T* out, uint32_t head_dim,  \
                                     uint32_t rotary_dim, float base, uint32_t mode, uint64_t n_x,     \
                                     uint64_t n_pos, uint64_t n_out) {                                 \
+        OP_GRID_ENTRY();                                                                              \
         if (n_x != n_out) return;                                                                     \
         rope_rows<T>(x, positions, nullptr, out, head_dim, rotary_dim, base, mode, n_pos, n_out, 0);  \
     }
@@ -84,6 +85,7 @@ __device__ void rope_rows(const T* x, const int32_t* positions, const float* ff,
                                     uint32_t head_dim, uint32_t rotary_dim, float base,               \
                                     uint32_t mode, uint64_t n_x, uint64_t n_pos, uint64_t n_ff,       \
                                     uint64_t n_out) {                                                 \
+        OP_GRID_ENTRY();                                                                              \
         if (n_x != n_out) return;                                                                     \
         rope_rows<T>(x, positions, ff, out, head_dim, rotary_dim, base, mode, n_pos, n_out, n_ff);    \
     }
@@ -91,12 +93,14 @@ __device__ void rope_rows(const T* x, const int32_t* positions, const float* ff,
     extern "C" __global__ void NAME(T* x, const int32_t* positions, uint32_t head_dim,                \
                                     uint32_t rotary_dim, float base, uint32_t mode, uint64_t n_x,     \
                                     uint64_t n_pos) {                                                 \
+        OP_GRID_ENTRY();                                                                              \
         rope_rows<T>(nullptr, positions, nullptr, x, head_dim, rotary_dim, base, mode, n_pos, n_x, 0);\
     }
 #define ROPE_FF_INPLACE_KERNEL(NAME, T)                                                             \
     extern "C" __global__ void NAME(T* x, const int32_t* positions, const float* ff,                  \
                                     uint32_t head_dim, uint32_t rotary_dim, float base,               \
                                     uint32_t mode, uint64_t n_x, uint64_t n_pos, uint64_t n_ff) {     \
+        OP_GRID_ENTRY();                                                                              \
         rope_rows<T>(nullptr, positions, ff, x, head_dim, rotary_dim, base, mode, n_pos, n_x, n_ff);  \
     }
 
@@ -124,6 +128,7 @@ extern "C" __global__ void rms_norm_rope_f32(const float* x, const float* w,
                                              uint32_t head_dim, uint32_t rotary_dim, float base,
                                              uint32_t mode, uint64_t n_x, uint64_t n_w,
                                              uint64_t n_pos, uint64_t n_out) {
+    OP_GRID_ENTRY();
     __shared__ double scratch[32];
     __shared__ float cs_cos[ROPE_MAX_PAIRS];
     __shared__ float cs_sin[ROPE_MAX_PAIRS];

@@ -44,20 +44,24 @@ __device__ void softmax_rows(const float* x, const float* mask, float* out, floa
 
 extern "C" __global__ void softmax_f32(const float* x, float* out, float scale, uint32_t n,
                                        uint64_t n_x, uint64_t n_out) {
+    OP_GRID_ENTRY();
     softmax_rows(x, nullptr, out, scale, n, n_x, 0, n_out, op_tag("softmax_f32"));
 }
 
 extern "C" __global__ void softmax_mask_f32(const float* x, const float* mask, float* out,
                                             float scale, uint32_t n, uint64_t n_x, uint64_t n_mask,
                                             uint64_t n_out) {
+    OP_GRID_ENTRY();
     softmax_rows(x, mask, out, scale, n, n_x, n_mask, n_out, op_tag("softmax_mask_f32"));
 }
 
 extern "C" __global__ void softmax_f32_inplace(float* x, float scale, uint32_t n, uint64_t n_x) {
+    OP_GRID_ENTRY();
     softmax_rows(x, nullptr, x, scale, n, n_x, 0, n_x, op_tag("softmax_f32_inplace"));
 }
 
 extern "C" __global__ void softmax_mask_f32_inplace(float* x, const float* mask, float scale,
                                                     uint32_t n, uint64_t n_x, uint64_t n_mask) {
+    OP_GRID_ENTRY();
     softmax_rows(x, mask, x, scale, n, n_x, n_mask, n_x, op_tag("softmax_mask_f32_inplace"));
 }
