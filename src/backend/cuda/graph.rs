@@ -84,6 +84,11 @@ fn read_bytes(d: &Dispatch) -> usize {
 /// 1190 / 1053 / 1196; docs/kernels.md item 17).
 pub const PROGRAMMATIC_MAX_READ: usize = 16 << 20;
 
+/// Whether the edges into `d` may be programmatic (it reads under [`PROGRAMMATIC_MAX_READ`]).
+fn programmatic_into(d: &Dispatch) -> bool {
+    read_bytes(d) < PROGRAMMATIC_MAX_READ
+}
+
 /// An instantiated CUDA graph of kernel nodes with explicit dependency edges.
 pub struct CudaGraph {
     device: Arc<CudaDevice>,
@@ -151,11 +156,7 @@ impl CudaGraph {
             let (node, kernel) = unsafe { params.add_node(device, this.graph, &[], d.as_view()) }?;
             if !deps.is_empty() {
                 let to = vec![node; deps.len()];
-                let kind = if read_bytes(d) < PROGRAMMATIC_MAX_READ {
-                    edge
-                } else {
-                    plain
-                };
+                let kind = if programmatic_into(d) { edge } else { plain };
                 let data = vec![kind; deps.len()];
                 // SAFETY: every node of `deps` and `to` was added to `this.graph` in this loop;
                 // the three arrays hold `deps.len()` entries each, which the driver copies.
@@ -298,4 +299,30 @@ pub fn profile_dispatches(device: &Arc<CudaDevice>, dispatches: &[Dispatch]) -> 
     }
     enc.finish()?;
     events.windows(2).map(|w| w[0].elapsed_ms(&w[1])).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{programmatic_into, read_bytes, PROGRAMMATIC_MAX_READ};
+    use crate::backend::{DType, Device};
+
+    /// A product reading 16 MiB of weights gets plain edges in; one reading 1 MiB programmatic
+    /// ones; the bytes counted are the buffers read (x and w), not the one written.
+    #[test]
+    fn only_small_readers_take_programmatic_edges() {
+        let dev = Device::cpu(1).unwrap();
+        let k = 1024;
+        let product = |n: usize| {
+            let x = dev.alloc(DType::F32, &[1, k]).unwrap();
+            let w = dev.alloc(DType::F32, &[n, k]).unwrap();
+            let out = dev.alloc(DType::F32, &[1, n]).unwrap();
+            crate::ops::matmul::matmul(&x, &w, &out).unwrap()
+        };
+        let small = product(256);
+        assert_eq!(read_bytes(&small), 4 * k + 4 * 256 * k);
+        assert!(programmatic_into(&small));
+        let big = product(PROGRAMMATIC_MAX_READ / (4 * k));
+        assert!(read_bytes(&big) >= PROGRAMMATIC_MAX_READ);
+        assert!(!programmatic_into(&big));
+    }
 }
