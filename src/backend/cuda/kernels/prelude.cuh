@@ -240,9 +240,10 @@ __device__ __noinline__ void op_fail(uint32_t tag, uint32_t code, int64_t value,
 // waits until every kernel it depends on has finished and its writes are visible
 // (`griddepcontrol.wait`), then lets its own dependents start (`griddepcontrol.launch_dependents`),
 // so that their blocks take the SMs this kernel's blocks leave and run their prologues (weight
-// prefetches that read no earlier kernel's output) while it finishes. Outside such a graph (a
-// plain launch, an older GPU) both are no-ops. Nothing before the wait may touch memory an earlier
-// kernel writes or reads: only weights, which no kernel of a pass writes.
+// prefetches) while it finishes. Outside such a graph (a plain launch, an older GPU) both are
+// no-ops. Nothing before the wait may read or write memory: an L2 prefetch (`mm_prefetch_row`)
+// only asks for a line, and L2 is where every SM's writes meet, so it cannot make a later load
+// see stale bytes.
 __device__ __forceinline__ void op_grid_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
