@@ -318,6 +318,12 @@ fn argmax_family() {
         // several-row case, an infinity (the row gives -1).
         v[n / 2] = 20.0;
         v[n - 1] = 20.0;
+        // Ties a thread sees itself: the next value (one four-value load) and, in the long
+        // row, a value 4096 on (a later load of the same thread of a 1024-thread block).
+        v[n / 2 + 1] = 20.0;
+        if n > 8192 {
+            v[n / 2 + 4096] = 20.0;
+        }
         if n > 3 {
             v[1] = f32::NAN;
         }

@@ -9,14 +9,22 @@
 // key, every lane holding 16 values of the query and key rows and HD / 32 dimensions of the V
 // sum), the next step's K and V loads in flight while it computes; the block merges its warps in
 // shared memory; with several splits each block writes a record per head (the partial records'
-// layout: [split, head, (max, sum, V sum)]), takes a ticket from its owner's counter, and the last
+// layout: [split, head, (max, sum, V sum)], the maximum in base 2), takes a ticket from its owner's counter, and the last
 // block merges the records of every head it owns (`ad_merge_splits`). Other head sizes, and
 // caches not aligned for vector loads, take the chunked form of attention.cu
 // (`attention_partial`).
 
 #define AD_WARPS 8
 #define AD_HEADS 4
-#define AD_MIN_KEYS 128
+#define AD_MIN_KEYS 64
+// The most splits a step takes: the final merge reads a record of every split for each dimension
+// (and keeps a factor a split and head in shared memory). On an H100 (docs/kernels.md item 18):
+// one split per 32 keys rather than 64 measured slower at 512 tokens of context everywhere
+// (SmolLM2 1,204 -> 1,080 tok/s), and 45 splits of the SmolLM2 shape at 4096 tokens 952 tok/s
+// against 1,057 with 32.
+#define AD_MAX_SPLITS 32
+// Scores are kept in base 2 (times log2 e), so each exponential is one `exp2f`.
+#define AD_LOG2E 1.4426950408889634f
 
 __device__ __forceinline__ float2 ad_load2(const float* p) { return *(const float2*)p; }
 __device__ __forceinline__ float2 ad_load2(const __half* p) {
@@ -61,29 +69,49 @@ __device__ __forceinline__ bool ad_ok(const float* q, const T* k, const T* v, ui
            (((uint64_t)k | (uint64_t)v) & (4 * sizeof(T) - 1)) == 0 && ((uint64_t)q & 15u) == 0;
 }
 
-// Merges the records of `splits` splits of heads h0..h0 + nh into out: thread t takes head
-// h0 + t / hd, dimension t % hd, and folds the splits in one pass with a running maximum (the
-// loads of sixteen splits in flight; through L2, since other blocks wrote them).
+// Merges the records of `splits` splits of heads h0..h0 + nh into out. First a warp a head reads
+// every split's maximum and sum (one pass through L2, since other blocks wrote them), so that each
+// split's factor 2^(max - overall max) is computed once, not once per dimension; then thread t
+// takes head h0 + t / hd, dimension t % hd, and sums the splits' V sums times their factors (the
+// loads of eight splits in flight). `scratch` holds 2 * AD_HEADS * AD_MAX_SPLITS floats of
+// shared memory that no thread reads any more (the block's own merge is done).
 __device__ __forceinline__ void ad_merge_splits(const float* partials, uint32_t splits,
                                                 uint32_t n_head, uint32_t h0, uint32_t nh,
-                                                uint32_t hd, float* out) {
+                                                uint32_t hd, float* out, float* scratch) {
+    __shared__ float sum_s[AD_HEADS];
     const uint64_t stride = (uint64_t)n_head * (hd + 2);
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (warp < nh) {
+        float* f_s = scratch + warp * AD_MAX_SPLITS;
+        float* l_s = scratch + (AD_HEADS + warp) * AD_MAX_SPLITS;
+        const float* r = partials + (uint64_t)(h0 + warp) * (hd + 2);
+        float mx = -__int_as_float(0x7f800000);
+        for (uint32_t sp = lane; sp < splits; sp += 32) {
+            const float ms = __ldcg(r + sp * stride);
+            f_s[sp] = ms;
+            l_s[sp] = __ldcg(r + sp * stride + 1);
+            mx = fmaxf(mx, ms);
+        }
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(ONEPASS_FULL_MASK, mx, o));
+        float sum = 0.0f;
+        for (uint32_t sp = lane; sp < splits; sp += 32) {
+            const float ms = f_s[sp];
+            const float f = ms == -__int_as_float(0x7f800000) ? 0.0f : exp2f(ms - mx);
+            f_s[sp] = f;
+            sum = fmaf(f, l_s[sp], sum);
+        }
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(ONEPASS_FULL_MASK, sum, o);
+        if (lane == 0) sum_s[warp] = sum;
+    }
+    __syncthreads();
     for (uint32_t t = threadIdx.x; t < nh * hd; t += blockDim.x) {
         const uint32_t h = t / hd, d = t % hd;
-        const float* r = partials + (uint64_t)(h0 + h) * (hd + 2);
-        float mx = -__int_as_float(0x7f800000), sum = 0.0f, val = 0.0f;
-#pragma unroll 16
-        for (uint32_t sp = 0; sp < splits; ++sp) {
-            const float* rs = r + sp * stride;
-            const float ms = __ldcg(rs), ls = __ldcg(rs + 1), as = __ldcg(rs + 2 + d);
-            const float nm = fmaxf(mx, ms);
-            if (nm == -__int_as_float(0x7f800000)) continue;
-            const float c = expf(mx - nm), f = expf(ms - nm);
-            sum = sum * c + f * ls;
-            val = val * c + f * as;
-            mx = nm;
-        }
-        out[(uint64_t)(h0 + h) * hd + d] = val / sum;
+        const float* r = partials + (uint64_t)(h0 + h) * (hd + 2) + 2 + d;
+        const float* f_s = scratch + h * AD_MAX_SPLITS;
+        float val = 0.0f;
+#pragma unroll 8
+        for (uint32_t sp = 0; sp < splits; ++sp) val = fmaf(f_s[sp], __ldcg(r + sp * stride), val);
+        out[(uint64_t)(h0 + h) * hd + d] = val / sum_s[h];
     }
 }
 
@@ -100,7 +128,8 @@ __device__ void ad_block(const float* q, const T* k, const T* v, float* partials
     const uint32_t hgroups = (group + hpb - 1) / hpb;
     const uint32_t owners = n_kv * hgroups;
     const uint32_t grid_splits = gridDim.x / owners;
-    const uint32_t splits_max = grid_splits < max_chunks ? grid_splits : max_chunks;
+    uint32_t splits_max = grid_splits < max_chunks ? grid_splits : max_chunks;
+    if (splits_max > AD_MAX_SPLITS) splits_max = AD_MAX_SPLITS;
     const uint64_t want = (keys + AD_MIN_KEYS - 1) / AD_MIN_KEYS;
     const uint32_t splits = (uint32_t)(want < splits_max ? want : splits_max);
     // Split-major order: the blocks that have work are the grid's first, so a short context's
@@ -183,13 +212,13 @@ __device__ void ad_block(const float* q, const T* k, const T* v, float* partials
             for (int o = 1; o < LPK; o <<= 1) d += __shfl_xor_sync(ONEPASS_FULL_MASK, d, o);
             float s = d * scale;
             if (softcap != 0.0f) s = softcap * tanhf(s / softcap);
-            if (!valid) s = -__int_as_float(0x7f800000);
+            s = valid ? s * AD_LOG2E : -__int_as_float(0x7f800000);
             float t = s;
 #pragma unroll
             for (int o = LPK; o < 32; o <<= 1) t = fmaxf(t, __shfl_xor_sync(ONEPASS_FULL_MASK, t, o));
             const float nm = fmaxf(m[h], t);
-            const float c = expf(m[h] - nm);
-            const float p = valid ? expf(s - nm) : 0.0f;
+            const float c = exp2f(m[h] - nm);
+            const float p = valid ? exp2f(s - nm) : 0.0f;
             float ps = p;
 #pragma unroll
             for (int o = LPK; o < 32; o <<= 1) ps += __shfl_xor_sync(ONEPASS_FULL_MASK, ps, o);
@@ -205,7 +234,8 @@ __device__ void ad_block(const float* q, const T* k, const T* v, float* partials
             }
         }
     }
-    // The warps' states side by side, then merged per (head, dimension).
+    // The warps' states side by side; each (warp, head)'s factor 2^(max - block max) computed
+    // once; then merged per (head, dimension).
 #pragma unroll
     for (int h = 0; h < AD_HEADS; ++h) {
         if ((uint32_t)h >= nh) break;
@@ -217,24 +247,32 @@ __device__ void ad_block(const float* q, const T* k, const T* v, float* partials
         for (int e = 0; e < DV; ++e) acc_s[(warp * AD_HEADS + h) * HD + lane * DV + e] = acc[h][e];
     }
     __syncthreads();
+    __shared__ float f_s[AD_WARPS][AD_HEADS], mx_s[AD_HEADS];
+    if (threadIdx.x < AD_WARPS * AD_HEADS) {
+        const uint32_t w = threadIdx.x / AD_HEADS, h = threadIdx.x % AD_HEADS;
+        if (h < nh) {
+            float mx = -__int_as_float(0x7f800000);
+#pragma unroll
+            for (int i = 0; i < AD_WARPS; ++i) mx = fmaxf(mx, m_s[i][h]);
+            f_s[w][h] = mx == -__int_as_float(0x7f800000) ? 0.0f : exp2f(m_s[w][h] - mx);
+            if (w == 0) mx_s[h] = mx;
+        }
+    }
+    __syncthreads();
     for (uint32_t t = threadIdx.x; t < nh * HD; t += blockDim.x) {
         const uint32_t h = t / HD, d = t % HD;
-        float mx = -__int_as_float(0x7f800000);
-        for (int w = 0; w < AD_WARPS; ++w) mx = fmaxf(mx, m_s[w][h]);
         float sum = 0.0f, val = 0.0f;
-        if (mx != -__int_as_float(0x7f800000)) {
-            for (int w = 0; w < AD_WARPS; ++w) {
-                const float f = expf(m_s[w][h] - mx);
-                sum += f * l_s[w][h];
-                val += f * acc_s[(w * AD_HEADS + h) * HD + d];
-            }
+#pragma unroll
+        for (int w = 0; w < AD_WARPS; ++w) {
+            sum = fmaf(f_s[w][h], l_s[w][h], sum);
+            val = fmaf(f_s[w][h], acc_s[(w * AD_HEADS + h) * HD + d], val);
         }
         if (splits == 1) {
             out[(uint64_t)(h0 + h) * HD + d] = val / sum;
         } else {
             float* rec = partials + ((uint64_t)split * n_head + h0 + h) * (HD + 2);
             if (d == 0) {
-                rec[0] = mx;
+                rec[0] = mx_s[h];
                 rec[1] = sum;
             }
             rec[2 + d] = val;
@@ -242,7 +280,7 @@ __device__ void ad_block(const float* q, const T* k, const T* v, float* partials
     }
     if (splits == 1) return;
     if (!attn_last_ticket((uint32_t*)(partials + records) + owner, splits, h0, tag)) return;
-    ad_merge_splits(partials, splits, n_head, h0, nh, HD, out);
+    ad_merge_splits(partials, splits, n_head, h0, nh, HD, out, acc_s);
 }
 
 template <typename T>
