@@ -19,16 +19,12 @@ template <typename T, bool ACC, typename O = T>
 __device__ __forceinline__ void rms_norm_row(const T* xr, const T* w, const T* mr, O* o, float eps,
                                              uint32_t dim, double* scratch) {
     double ss = 0.0;
-    // Unrolled so that a thread's loads are in flight together (one row of a decode step is a
-    // chain of L2 round trips otherwise); each thread still adds its values in index order.
-#pragma unroll 4
     for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x) {
         double v = (double)op_load(xr, i);
         ss += v * v;
     }
     ss = op_block_sum_f64(ss, scratch);
     const float inv = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
-#pragma unroll 4
     for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x) {
         float y = op_load(xr, i) * inv;
         if (w != nullptr) y = y * op_load(w, i);
