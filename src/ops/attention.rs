@@ -345,9 +345,9 @@ fn split_heads_per_block(n_kv_head: usize) -> usize {
 
 /// Blocks the one-dispatch decode attention aims at for a long context: the grid holds about this
 /// many (KV head, head group, split) blocks; the kernel uses as many splits as the run-time length
-/// asks for (one per 64 keys, at most 32) and no more than the grid holds. One an SM of an H100: the kernel's
-/// registers leave room for one block an SM, and 256 blocks ran as two waves (`docs/kernels.md`
-/// item 15: 1B at 4096 tokens 708 -> 728 tok/s).
+/// asks for (one per 64 keys, at most 32) and no more than the grid holds. One an SM of an H100:
+/// the kernel's registers leave room for one block an SM, and 256 blocks ran as two waves
+/// (`docs/kernels.md` item 15: 1B at 4096 tokens 708 -> 728 tok/s).
 const SPLIT_TARGET_BLOCKS: usize = 132;
 
 /// The launch shape of the one-dispatch decode attention: for heads of 64, 128 or 256 values the

@@ -3,16 +3,16 @@
 // takes one KV head, up to AD_HEADS of the query heads that share it (`ad_heads_per_block`), and
 // one split of the keys the query sees, so a K or V row is read once for those heads. The number
 // of splits is chosen here from the run-time length (about one per AD_MIN_KEYS keys, at most
-// what the grid holds), so one recorded launch serves every step: a short context takes a few
-// blocks and no merge, a long one fills the GPU. Blocks past the run-time split count return at
-// once. Each warp runs its own online softmax over keys j0 + slot (KPI keys a step, LPK lanes a
-// key, every lane holding 16 values of the query and key rows and HD / 32 dimensions of the V
-// sum), the next step's K and V loads in flight while it computes; the block merges its warps in
-// shared memory; with several splits each block writes a record per head (the partial records'
-// layout: [split, head, (max, sum, V sum)], the maximum in base 2), takes a ticket from its owner's counter, and the last
-// block merges the records of every head it owns (`ad_merge_splits`). Other head sizes, and
-// caches not aligned for vector loads, take the chunked form of attention.cu
-// (`attention_partial`).
+// AD_MAX_SPLITS and what the grid holds), so one recorded launch serves every step: a short
+// context takes a few blocks and no merge, a long one fills the GPU. Blocks past the run-time
+// split count return at once. Each warp runs its own online softmax over keys j0 + slot (KPI
+// keys a step, LPK lanes a key, every lane holding 16 values of the query and key rows and
+// HD / 32 dimensions of the V sum), the next step's K and V loads in flight while it computes;
+// the block merges its warps in shared memory; with several splits each block writes a record
+// per head (the partial records' layout: [split, head, (max, sum, V sum)], the maximum in base
+// 2), takes a ticket from its owner's counter, and the last block merges the records of every
+// head it owns (`ad_merge_splits`). Other head sizes, and caches not aligned for vector loads,
+// take the chunked form of attention.cu (`attention_partial`).
 
 #define AD_WARPS 8
 #define AD_HEADS 4
