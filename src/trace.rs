@@ -1,5 +1,5 @@
 //! Kernel timelines as Chrome-trace JSON (the "Trace Event" format that Perfetto and
-//! `chrome://tracing` open), and a per-op-kind summary of where a step's time goes.
+//! `chrome://tracing` open), and per-op-kind and per-kernel summaries of where a step's time goes.
 //!
 //! One complete event (`"ph": "X"`) per kernel: its name is the kernel, its category the op kind,
 //! its track the CPU pool thread (or the CUDA stream), and its arguments the dispatch index and
@@ -51,12 +51,14 @@ pub fn write_chrome_trace(path: &Path, timelines: &[Timeline]) -> Result<()> {
     std::fs::write(path, text).map_err(|e| Error::io(path, e))
 }
 
-/// Time of one op kind in a profiled pass.
+/// Time of one op kind (or of one kernel) in a profiled pass.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct OpTime {
     /// Op kind name.
     pub op: &'static str,
-    /// Kernels of that kind.
+    /// The kernel, in a [`kernel_summary`]; `None` in an [`op_summary`].
+    pub kernel: Option<&'static str>,
+    /// Kernels of that kind (launches of that kernel).
     pub count: usize,
     /// Their summed time in microseconds.
     pub total_us: f64,
@@ -82,25 +84,43 @@ impl OpTime {
 
 /// Summed kernel time per op kind, largest first.
 pub fn op_summary(kernels: &[KernelTiming]) -> Vec<OpTime> {
-    let mut by_op: BTreeMap<&'static str, (usize, f64, u64, u64)> = BTreeMap::new();
+    summarize(kernels, false)
+}
+
+/// Summed time per kernel (by name, with its op kind), largest first.
+pub fn kernel_summary(kernels: &[KernelTiming]) -> Vec<OpTime> {
+    summarize(kernels, true)
+}
+
+/// The groups of `kernels` by op kind, or by kernel where `per_kernel`, largest first.
+fn summarize(kernels: &[KernelTiming], per_kernel: bool) -> Vec<OpTime> {
+    type Key = (&'static str, Option<&'static str>);
+    let mut groups: BTreeMap<Key, (usize, f64, u64, u64)> = BTreeMap::new();
     for k in kernels {
-        let e = by_op.entry(k.op).or_insert((0, 0.0, 0, 0));
+        let key = (k.op, per_kernel.then_some(k.kernel));
+        let e = groups.entry(key).or_insert((0, 0.0, 0, 0));
         e.0 += 1;
         e.1 += k.dur_us;
         e.2 += k.bytes;
         e.3 += k.flops;
     }
-    let mut v: Vec<OpTime> = by_op
+    let mut v: Vec<OpTime> = groups
         .into_iter()
-        .map(|(op, (count, total_us, bytes, flops))| OpTime {
+        .map(|((op, kernel), (count, total_us, bytes, flops))| OpTime {
             op,
+            kernel,
             count,
             total_us,
             bytes,
             flops,
         })
         .collect();
-    v.sort_by(|a, b| b.total_us.total_cmp(&a.total_us).then(a.op.cmp(b.op)));
+    v.sort_by(|a, b| {
+        b.total_us
+            .total_cmp(&a.total_us)
+            .then(a.op.cmp(b.op))
+            .then(a.kernel.cmp(&b.kernel))
+    });
     v
 }
 
@@ -152,5 +172,27 @@ mod tests {
         assert!((s[1].gb_per_s().unwrap() - 2.0 / 3.0).abs() < 1e-9);
         let a = op_summary(&[k(0, "attention", 0.0, 1.0)]);
         assert_eq!(a[0].gb_per_s(), None);
+    }
+
+    #[test]
+    fn given_kernels_when_summarized_per_kernel_should_group_by_name_within_the_kind() {
+        let mut a = k(0, "matmul", 0.0, 1.0);
+        a.kernel = "matmul_q4_0";
+        let mut b = k(1, "matmul", 1.0, 5.0);
+        b.kernel = "matmul_add_q4_0";
+        let mut c = a.clone();
+        c.index = 2;
+        c.dur_us = 2.0;
+        let s = kernel_summary(&[a, b, c]);
+        let got: Vec<_> = s.iter().map(|t| (t.kernel, t.count, t.total_us)).collect();
+        assert_eq!(
+            got,
+            [
+                (Some("matmul_add_q4_0"), 1, 5.0),
+                (Some("matmul_q4_0"), 2, 3.0)
+            ]
+        );
+        assert!(s.iter().all(|t| t.op == "matmul"));
+        assert_eq!(op_summary(&[k(0, "add", 0.0, 1.0)])[0].kernel, None);
     }
 }

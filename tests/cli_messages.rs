@@ -348,6 +348,20 @@ fn bench_takes_the_synthetic_format_and_reports_bandwidth_per_op_kind() {
     );
     // Attention declares its whole cache: no bandwidth figure.
     assert!(op("attention").expect("attention")["gb_per_s"].is_null());
+    // The same step per kernel: every launch in one kernel's entry, a kernel's op kind with it.
+    let per_kernel = v[0]["per_kernel"].as_array().expect("per_kernel");
+    let launches = |list: &[serde_json::Value]| -> u64 {
+        list.iter().map(|o| o["kernels"].as_u64().unwrap()).sum()
+    };
+    assert_eq!(launches(per_kernel), launches(per_op));
+    assert!(
+        per_kernel.iter().any(|o| o["op"] == "matmul"
+            && o["kernel"]
+                .as_str()
+                .is_some_and(|k| k.starts_with("matmul"))),
+        "{per_kernel:?}"
+    );
+    assert!(per_op.iter().all(|o| o.get("kernel").is_none()));
     // The format needs a synthetic model to apply to.
     let out = cli(dir(), &["bench", "--quant", "q4_0"], b"");
     assert_ne!(out.code, 0);

@@ -13,7 +13,7 @@ use onepass::model::engine::Engine;
 use onepass::model::gguf::GgufFile;
 use onepass::model::synth::{write_synthetic, MatrixFormats, SynthShape, SynthSpec};
 use onepass::model::transformer::{Logits, Transformer};
-use onepass::trace::{op_summary, write_chrome_trace, Timeline};
+use onepass::trace::{kernel_summary, op_summary, write_chrome_trace, OpTime, Timeline};
 use onepass::Executor;
 
 use super::common::{
@@ -101,14 +101,22 @@ struct ModeResult {
     gpu_us_per_token: f64,
     /// One profiled decode step (kernels timed one by one), per op kind.
     per_op: Vec<OpJson>,
+    /// The same step per kernel (`kernel` names it), largest first.
+    per_kernel: Vec<OpJson>,
     /// One profiled prompt pass (the first `min(prompt, batch)` tokens), per op kind.
     prefill_per_op: Vec<OpJson>,
+    /// The same pass per kernel.
+    prefill_per_kernel: Vec<OpJson>,
 }
 
-/// One op kind of a profiled decode step.
+/// One op kind (or one kernel) of a profiled pass.
 #[derive(Debug, Clone, serde::Serialize)]
 pub(super) struct OpJson {
     op: &'static str,
+    /// The kernel, in a per-kernel list.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kernel: Option<&'static str>,
+    /// Launches.
     kernels: usize,
     total_us: f64,
     /// Bytes of the buffers only read or only written, over the time; `None` for attention,
@@ -119,11 +127,22 @@ pub(super) struct OpJson {
 }
 
 impl OpJson {
+    /// Per op kind.
     pub(super) fn of(kernels: &[onepass::executable::KernelTiming]) -> Vec<OpJson> {
-        op_summary(kernels)
+        Self::from_groups(&op_summary(kernels))
+    }
+
+    /// Per kernel.
+    pub(super) fn per_kernel(kernels: &[onepass::executable::KernelTiming]) -> Vec<OpJson> {
+        Self::from_groups(&kernel_summary(kernels))
+    }
+
+    fn from_groups(groups: &[OpTime]) -> Vec<OpJson> {
+        groups
             .iter()
             .map(|op| OpJson {
                 op: op.op,
+                kernel: op.kernel,
                 kernels: op.count,
                 total_us: op.total_us,
                 gb_per_s: op.gb_per_s(),
@@ -224,9 +243,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         let pos = prompt.len();
         let kernels = engine.profile_decode(prompt[pos - 1], pos, true)?;
         result.per_op = OpJson::of(&kernels);
+        result.per_kernel = OpJson::per_kernel(&kernels);
         let pass = &prompt[..prompt.len().min(engine.model().max_batch())];
         let prefill_kernels = engine.profile_prefill(pass)?;
         result.prefill_per_op = OpJson::of(&prefill_kernels);
+        result.prefill_per_kernel = OpJson::per_kernel(&prefill_kernels);
         results.push(result);
         timelines.push(Timeline {
             name: format!("decode step, {} mode", mode.name()),
@@ -332,8 +353,30 @@ pub(super) fn write_op_table(out: &mut impl Write, what: &str, t: &Timeline) -> 
             rate
         )?;
     }
+    let kernels = kernel_summary(&t.kernels);
+    writeln!(
+        out,
+        "  the kernels that take the most of it (launches x us a launch, each timed by itself):"
+    )?;
+    for k in kernels.iter().take(TOP_KERNELS) {
+        let rate = k
+            .gb_per_s()
+            .map_or("-".to_string(), |g| format!("{g:.0} GB/s"));
+        writeln!(
+            out,
+            "    {:<32} {:>5} x {:>9.2} us {:>6.1}% {:>11}",
+            k.kernel.unwrap_or(k.op),
+            k.count,
+            k.total_us / k.count.max(1) as f64,
+            100.0 * k.total_us / total.max(1e-9),
+            rate
+        )?;
+    }
     Ok(())
 }
+
+/// Kernels listed under a profiled pass's per-op table.
+const TOP_KERNELS: usize = 8;
 
 /// Seeded pseudo-random prompt tokens (speed does not depend on which tokens).
 pub(super) fn pseudo_random_prompt(n: usize, vocab: u64) -> Vec<u32> {
@@ -394,6 +437,8 @@ fn measure(engine: &mut Engine, prompt: &[u32], args: &BenchArgs) -> anyhow::Res
         edges_or_barriers_per_token: pass.edges_or_barriers,
         gpu_us_per_token: step.median * 1e6,
         per_op: Vec::new(),
+        per_kernel: Vec::new(),
         prefill_per_op: Vec::new(),
+        prefill_per_kernel: Vec::new(),
     })
 }
