@@ -145,15 +145,25 @@ const SHARED_MAX_BLOCKS: usize = 264;
 /// weights through a shared-memory stage; the same values, rounded to int8 for the 32-value block
 /// formats where the int8 row fits too), and its launch shape: one
 /// warp per output (pair); for the shared form eight-warp blocks, at most [`SHARED_MAX_BLOCKS`],
-/// with that memory.
-fn fused_launch(outputs: usize, rows: usize, dim: usize, w: DType) -> (bool, crate::graph::Grid) {
+/// with that memory and `extra` bytes after it where they fit too (`norm_qkv_rope`'s rope table;
+/// the kernel uses them only when given).
+fn fused_launch(
+    outputs: usize,
+    rows: usize,
+    dim: usize,
+    w: DType,
+    extra: usize,
+) -> (bool, crate::graph::Grid) {
     let f32_bytes = dim * 4 + WEIGHT_STAGE;
     // The int8 row after the tail where it fits (see `fb_quantize_row` in fused_block.cu).
-    let bytes = match super::matmul::int8_row_bytes(w, dim) {
+    let mut bytes = match super::matmul::int8_row_bytes(w, dim) {
         Some(q8) if f32_bytes + q8 <= MAX_SHARED_ROW => f32_bytes + q8,
         _ => f32_bytes,
     };
     if rows == 1 && dim * 4 >= MIN_SHARED_ROW && bytes <= MAX_SHARED_ROW {
+        if bytes + extra <= MAX_SHARED_ROW {
+            bytes += extra;
+        }
         let warps_per_block = (SHARED_THREADS / 32) as usize;
         let blocks = outputs
             .div_ceil(warps_per_block)
@@ -164,6 +174,19 @@ fn fused_launch(outputs: usize, rows: usize, dim: usize, w: DType) -> (bool, cra
         (true, grid)
     } else {
         (false, super::matmul::warp_per_output(outputs, rows))
+    }
+}
+
+/// Warps of the shared form's `norm_qkv_rope` for `pairs` output pairs of width `dim`: two a pair
+/// where there are more pairs than the grid's most warps and `dim` is a multiple of 512, each
+/// summing half of it (`fb_qkv_split` in `fused_block.cu`, which also asks for 16-byte aligned
+/// half rows; a pass it does not split just has spare warps).
+fn qkv_warps(pairs: usize, dim: usize) -> usize {
+    let most = SHARED_MAX_BLOCKS * (SHARED_THREADS / 32) as usize;
+    if pairs > most && dim.is_multiple_of(512) {
+        2 * pairs
+    } else {
+        pairs
     }
 }
 
@@ -250,7 +273,12 @@ pub(crate) fn qkv_rope_spec<'a>(p: &QkvRope<'a>) -> Result<DispatchSpec<'a>> {
             RopeMode::NeoX => 1,
         }),
     ];
-    let (shared, grid) = fused_launch(pairs, rows, dim, p.wq.dtype());
+    // The rope table: a (cos, sin) pair of f32 per rotation pair.
+    let (shared, grid) = if rows == 1 {
+        fused_launch(qkv_warps(pairs, dim), rows, dim, p.wq.dtype(), 4 * hd)
+    } else {
+        fused_launch(pairs, rows, dim, p.wq.dtype(), 0)
+    };
     let family = if shared {
         &mm::NORM_QKV_ROPE_SHARED
     } else {
@@ -336,7 +364,7 @@ pub(crate) fn gate_up_spec<'a>(
         ArgRef::u32(to_u32(OP_GATE_UP, "w_gate", ffn)?),
         ArgRef::u32(act.code()),
     ];
-    let (shared, grid) = fused_launch(ffn, rows, dim, w_gate.dtype());
+    let (shared, grid) = fused_launch(ffn, rows, dim, w_gate.dtype(), 0);
     let family = if shared {
         &mm::NORM_GATE_UP_SHARED
     } else {

@@ -66,7 +66,8 @@ fn matmul_vector_form_at_real_shapes() {
 /// row rounded to int8 for every product), against the CPU: for the int8 formats the CPU's
 /// separate ops on the CPU's normalized row rounded as CUDA rounds it ([`int8_rounded`]), else the
 /// CPU's fused op. Odd sizes: 2100 and 520 gate/up rows (a partial block of warps), 136-block rows
-/// at 4352.
+/// at 4352. At 4096 the Llama-3.1-8B's heads: 3,072 output pairs, more than the grid's warps, so
+/// `norm_qkv_rope` splits each pair's sums between two warps there (and nowhere else here).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn fused_block_ops_at_real_widths() {
@@ -77,7 +78,7 @@ fn fused_block_ops_at_real_widths() {
     // (dim, heads, kv heads, head size, ffn)
     for (c, &(dim, nh, nkv, hd, ffn)) in [
         (2048usize, 32usize, 8usize, 64usize, 2100usize),
-        (4096, 8, 8, 128, 520),
+        (4096, 32, 8, 128, 520),
         (4352, 4, 1, 64, 96),
     ]
     .iter()
@@ -89,6 +90,7 @@ fn fused_block_ops_at_real_widths() {
             DType::Q8_0,
             DType::F16,
             DType::Q5_0,
+            DType::Q4K,
         ]
         .iter()
         .enumerate()

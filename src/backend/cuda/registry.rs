@@ -510,8 +510,11 @@ mod tests {
                 let before = before_entry(body)
                     .unwrap_or_else(|| panic!("{}: no OP_GRID_ENTRY in `{head}`", src.family));
                 for stmt in before {
+                    // Prefetches, and arithmetic on the kernel's arguments alone.
                     assert!(
-                        stmt.starts_with("mm_prefetch_first<") || stmt.starts_with("fb_prefetch_"),
+                        stmt.starts_with("mm_prefetch_first<")
+                            || stmt.starts_with("fb_prefetch_")
+                            || stmt.starts_with("const double rope_freq = fb_rope_freq("),
                         "{}: `{stmt}` before OP_GRID_ENTRY in `{head}`",
                         src.family
                     );

@@ -26,6 +26,8 @@ struct XNorm {
         return make_float4((a.x * inv) * b.x, (a.y * inv) * b.y, (a.z * inv) * b.z,
                            (a.w * inv) * b.w);
     }
+    // The row from value e on.
+    __device__ __forceinline__ XNorm from(uint32_t e) const { return XNorm{x + e, w + e, inv}; }
     __device__ __forceinline__ bool aligned16() const {
         return (((uint64_t)x | (uint64_t)w) & 15u) == 0;
     }
@@ -64,6 +66,8 @@ struct XShared {
     __device__ __forceinline__ float at(uint64_t i) const { return s[i]; }
     __device__ __forceinline__ float4 at4(uint64_t i) const { return *(const float4*)(s + i); }
     __device__ __forceinline__ bool aligned16() const { return true; }
+    // The row from value e on (e a multiple of 4).
+    __device__ __forceinline__ XShared from(uint32_t e) const { return XShared{s + e}; }
 };
 
 // Row r of the activations as the fused kernels read it: normalized per warp.
@@ -180,17 +184,58 @@ __device__ __forceinline__ QkvTask qkv_task(uint64_t p, const uint8_t* wq, const
     return t;
 }
 
+// The rotation frequency of pair i, base^(-2i / head_dim) in f64 (the rope kernel's arithmetic):
+// a function of the kernel's arguments only, so a kernel may compute it before its grid wait.
+__device__ __forceinline__ double fb_rope_freq(uint32_t i, uint32_t hd, float base) {
+    return pow((double)base, -2.0 * (double)i / (double)hd);
+}
+
+// Whether a one-row pass of `pairs` output pairs splits each pair's sums between two warps of a
+// block (a warp each half of k; the shared forms, blocks of whole warp pairs): more pairs than
+// warps, k a multiple of 512 and each row's second half 16-byte aligned, so both halves take the
+// same path through `mm_dot_pair`. The 8B's 3,072 pairs on 2,112 warps took two rounds of a
+// whole pair; split, three of half (docs/kernels.md item 19).
+template <int FMT>
+__device__ __forceinline__ bool fb_qkv_split(uint64_t pairs, uint32_t k, const uint8_t* wq,
+                                             const uint8_t* wk, const uint8_t* wv) {
+    const uint64_t row_bytes = op_row_bytes(FMT, k);
+    return pairs > mm_warp_count() && k % 512 == 0 && (row_bytes / 2) % 16 == 0 &&
+           blockDim.x % 64 == 0 &&
+           blockDim.y == 1 && (((uint64_t)wq | (uint64_t)wk | (uint64_t)wv) & 15u) == 0;
+}
+
+// The two warps of a split pair meet: named barrier 1 + (pair within the block), 64 threads.
+__device__ __forceinline__ void fb_pair_sync() {
+    asm volatile("bar.sync %0, 64;" ::"r"(1 + (threadIdx.x >> 6)) : "memory");
+}
+
+// Fills `tab` with (cos, sin) of position `pos` times each pair's frequency, rounded to f32 as
+// the rope kernel rounds them; `freq` is this thread's pair's (threadIdx.x), computed early.
+__device__ __forceinline__ void fb_rope_table(float2* tab, int32_t pos, uint32_t hd, float base,
+                                              double freq) {
+    for (uint32_t i = threadIdx.x; i < hd / 2; i += blockDim.x) {
+        double s, c;
+        sincos((double)pos * (i == threadIdx.x ? freq : fb_rope_freq(i, hd, base)), &s, &c);
+        tab[i] = make_float2((float)c, (float)s);
+    }
+}
+
 // q = rope(norm(x) Wq), k_cache[pos] = rope(norm(x) Wk), v_cache[pos] = norm(x) Wv for each row,
 // one warp per output pair (the two values one rotation mixes; mode 0 pairs (2i, 2i + 1), mode 1
 // (i, i + head_dim / 2)), the whole head rotating, angles as the rope kernel computes them (f64
 // pow and sincos, the rotation in f32). Row r is position positions[r] and is written to cache
 // row step[0] + r (a position outside the cache is a kernel error, nothing written).
+// With `swap`, two warps a pair, each half of k (`fb_qkv_split`): the odd warp hands its sums to
+// the even one through `swap` (two float2 a warp pair and round parity; one code path either
+// way, as two paths in one kernel spilled registers). `rope`: the one row's (cos, sin) table
+// (`fb_rope_table`), or null to compute each angle where it is used.
 template <int FMT, typename RowX>
 __device__ void norm_qkv_rope_rows(RowX row_x, const uint8_t* wq,
                               const uint8_t* wk, const uint8_t* wv, const int32_t* positions,
                               const int32_t* step, float* q, float* kc, float* vc, uint32_t k,
                               uint32_t n_head, uint32_t n_kv, uint32_t hd, float base,
-                              uint32_t mode, uint64_t n_pos, uint64_t n_kc, uint32_t tag) {
+                              uint32_t mode, uint64_t n_pos, uint64_t n_kc, const float2* rope,
+                              float2* swap, uint32_t tag) {
     const uint64_t rows = n_pos, max_ctx = n_kc / ((uint64_t)n_kv * hd);
     const int64_t pos0 = step[0];
     if (pos0 < 0 || (uint64_t)pos0 + rows > max_ctx) {
@@ -201,39 +246,92 @@ __device__ void norm_qkv_rope_rows(RowX row_x, const uint8_t* wq,
     const uint64_t row_bytes = op_row_bytes(FMT, k);
     const int lane = threadIdx.x & 31;
     const bool even = (((uint64_t)wq | (uint64_t)wk | (uint64_t)wv) & 1u) == 0;
-    for (uint64_t t = mm_warp_id(); t < rows * pairs; t += mm_warp_count()) {
+    // Split: warp 2j + h takes half h of pair j's sums.
+    const bool split = swap != nullptr;
+    const uint32_t h = split ? (uint32_t)(mm_warp_id() & 1) : 0;
+    const uint64_t first = split ? mm_warp_id() / 2 : mm_warp_id();
+    const uint64_t stride = split ? mm_warp_count() / 2 : mm_warp_count();
+    const uint32_t kk = split ? k / 2 : k;
+    const uint64_t w_off = h * (row_bytes / 2);
+    uint32_t round = 0;
+    for (uint64_t t = first; t < rows * pairs; t += stride, ++round) {
         const uint64_t r = t / pairs;
         const QkvTask task = qkv_task(t % pairs, wq, wk, wv, n_head, n_kv, hd, mode, row_bytes);
         const int which = task.which;
-        const uint32_t h = task.h, i = task.i, d0 = task.d0, d1 = task.d1;
+        const uint32_t i = task.i, d0 = task.d0, d1 = task.d1;
         const auto xn = row_x(r);
         const bool blocks = even && mm_blocks_ok<FMT>(xn, task.a, k);
         float a, b;
-        mm_dot_pair<FMT>(xn, task.a, task.b, k, row_bytes, lane, blocks, row_x.stage(), a, b);
+        mm_dot_pair<FMT>(xn.from(h * kk), task.a + w_off, task.b + w_off, kk, row_bytes, lane,
+                         blocks, row_x.stage(), a, b);
+        if (split) {
+            float2* slot = swap + 2 * (threadIdx.x >> 6) + (round & 1);
+            if (h == 1 && lane == 0) *slot = make_float2(a, b);
+            fb_pair_sync();
+            if (h == 1) continue;
+            const float2 o = *slot;
+            a += o.x;
+            b += o.y;
+        }
         if (lane != 0) continue;
         if (which < 2) {
-            const double inv_freq = pow((double)base, -2.0 * (double)i / (double)hd);
-            double s, c;
-            sincos((double)positions[r] * inv_freq, &s, &c);
-            const float cf = (float)c, sf = (float)s;
+            float cf, sf;
+            if (rope != nullptr) {
+                cf = rope[i].x;
+                sf = rope[i].y;
+            } else {
+                double s, c;
+                sincos((double)positions[r] * fb_rope_freq(i, hd, base), &s, &c);
+                cf = (float)c;
+                sf = (float)s;
+            }
             const float ra = a * cf - b * sf, rb = a * sf + b * cf;
             a = ra;
             b = rb;
         }
         if (which == 0) {
-            float* qr = q + (r * n_head + h) * hd;
+            float* qr = q + (r * n_head + task.h) * hd;
             qr[d0] = a;
             qr[d1] = b;
         } else {
-            float* cr = (which == 1 ? kc : vc) + ((uint64_t)h * max_ctx + (uint64_t)pos0 + r) * hd;
+            float* cr = (which == 1 ? kc : vc) +
+                        ((uint64_t)task.h * max_ctx + (uint64_t)pos0 + r) * hd;
             cr[d0] = a;
             cr[d1] = b;
         }
     }
 }
 
+// Bytes of dynamic shared memory before the rope table: the row, the tail and (where the row is
+// quantized) the int8 row.
+template <int FMT>
+__device__ __forceinline__ uint32_t fb_table_offset(uint32_t k) {
+    return 4u * k + FB_SHARED_TAIL + (fb_q8_ok<FMT>(k) ? MM_Q8_BYTES(k) : 0u);
+}
+
+// The shared form's one row: the rope table where the launch gives its 4 * hd bytes after the
+// rest, the split where `fb_qkv_split` allows it.
+template <int FMT, typename RowX>
+__device__ void norm_qkv_rope_one(RowX row, const uint8_t* wq, const uint8_t* wk,
+                                  const uint8_t* wv, const int32_t* positions, const int32_t* step,
+                                  float* q, float* kc, float* vc, uint32_t k, uint32_t n_head,
+                                  uint32_t n_kv, uint32_t hd, float base, uint32_t mode,
+                                  uint64_t n_kc, const float2* rope, uint32_t tag) {
+    extern __shared__ __align__(16) float fb_smem[];
+    // The sum-of-squares scratch, free once the row is written.
+    float2* swap = (float2*)(fb_smem + k + 4 * MM_STAGE_WARPS * MM_STAGE_MAX_WORDS);
+    norm_qkv_rope_rows<FMT>(row, wq, wk, wv, positions, step, q, kc, vc, k, n_head, n_kv, hd,
+                            base, mode, 1, n_kc, rope,
+                            fb_qkv_split<FMT>(((uint64_t)n_head + 2 * n_kv) * (hd / 2), k, wq,
+                                              wk, wv)
+                                ? swap
+                                : nullptr,
+                            tag);
+}
+
 // SHARED: the `_shared` kernels (the row in shared memory where the launch gives it; the plain
-// kernels never take that path, so their code is what it was before it existed).
+// kernels never take that path, so their code is what it was before it existed). `freq`: this
+// thread's pair's rotation frequency (`fb_rope_freq` of threadIdx.x).
 template <int FMT, bool SHARED>
 __device__ void norm_qkv_rope(const float* x, const float* nw, const uint8_t* wq,
                               const uint8_t* wk, const uint8_t* wv, const int32_t* positions,
@@ -241,23 +339,31 @@ __device__ void norm_qkv_rope(const float* x, const float* nw, const uint8_t* wq
                               uint32_t k, uint32_t n_head, uint32_t n_kv, uint32_t hd, float base,
                               uint32_t mode, uint64_t n_x, uint64_t n_nw, uint64_t n_pos,
                               uint64_t n_step, uint64_t n_q, uint64_t n_kc, uint64_t n_vc,
-                              uint32_t tag) {
+                              double freq, uint32_t tag) {
     OP_REQUIRE(k != 0 && k % op_block_elems(FMT) == 0 && hd != 0 && hd % 2 == 0 && n_nw == k &&
                n_step != 0 && mode <= 1 && n_x == n_pos * k && n_q == n_pos * n_head * hd &&
                n_kc == n_vc && n_kv != 0 && n_kc % ((uint64_t)n_kv * hd) == 0);
     if (SHARED && fb_shared_ok(n_pos, x, nw, k)) {
+        extern __shared__ __align__(16) float fb_smem[];
+        float2* rope = nullptr;
+        const uint32_t at = fb_table_offset<FMT>(k);
+        if (mm_dynamic_smem() >= at + 4u * hd) {
+            // Written before the row's barriers, read after them.
+            rope = (float2*)((uint8_t*)fb_smem + at);
+            fb_rope_table(rope, positions[0], hd, base, freq);
+        }
         const FbShared row{fb_shared_row(x, nw, k, eps), k};
         if (fb_q8_ok<FMT>(k)) {
-            norm_qkv_rope_rows<FMT>(fb_quantize_row(row.s, k), wq, wk, wv, positions, step, q, kc,
-                                    vc, k, n_head, n_kv, hd, base, mode, n_pos, n_kc, tag);
+            norm_qkv_rope_one<FMT>(fb_quantize_row(row.s, k), wq, wk, wv, positions, step, q, kc,
+                                   vc, k, n_head, n_kv, hd, base, mode, n_kc, rope, tag);
             return;
         }
-        norm_qkv_rope_rows<FMT>(row, wq, wk, wv, positions, step, q, kc, vc, k, n_head, n_kv, hd,
-                                base, mode, n_pos, n_kc, tag);
+        norm_qkv_rope_one<FMT>(row, wq, wk, wv, positions, step, q, kc, vc, k, n_head, n_kv, hd,
+                               base, mode, n_kc, rope, tag);
     } else {
         const FbPerWarp row{x, nw, k, eps, (int)(threadIdx.x & 31)};
         norm_qkv_rope_rows<FMT>(row, wq, wk, wv, positions, step, q, kc, vc, k, n_head, n_kv, hd,
-                                base, mode, n_pos, n_kc, tag);
+                                base, mode, n_pos, n_kc, nullptr, nullptr, tag);
     }
 }
 
@@ -301,19 +407,26 @@ __device__ void norm_gate_up(const float* x, const float* nw, const uint8_t* wg,
 
 // Before the grid wait (prelude.cuh): a one-row pass asks L2 for its warp's first output pair's
 // two weight rows, which no earlier kernel writes (`mm_prefetch_row`, matmul_blocks.cuh).
-template <int FMT>
-__device__ __forceinline__ void fb_prefetch_qkv(const uint8_t* wq, const uint8_t* wk,
+template <int FMT, bool SHARED>
+__device__ __forceinline__ void fb_prefetch_qkv(const float* x, const float* nw,
+                                                const uint8_t* wq, const uint8_t* wk,
                                                 const uint8_t* wv, uint32_t k, uint32_t n_head,
                                                 uint32_t n_kv, uint32_t hd, uint32_t mode,
                                                 uint64_t n_pos) {
     if (n_pos != 1 || k == 0 || k % op_block_elems(FMT) != 0 || hd == 0 || hd % 2 != 0 ||
         mode > 1)
         return;
-    const uint64_t t = mm_warp_id(), row_bytes = op_row_bytes(FMT, k);
-    if (t >= ((uint64_t)n_head + 2 * n_kv) * (hd / 2)) return;
+    // Where the pass splits its pairs, each warp's half of its first pair's rows.
+    const uint64_t pairs = ((uint64_t)n_head + 2 * n_kv) * (hd / 2);
+    const bool split = SHARED && fb_shared_ok(n_pos, x, nw, k) &&
+                       fb_qkv_split<FMT>(pairs, k, wq, wk, wv);
+    const uint64_t t = split ? mm_warp_id() / 2 : mm_warp_id(), row_bytes = op_row_bytes(FMT, k);
+    if (t >= pairs) return;
     const QkvTask task = qkv_task(t, wq, wk, wv, n_head, n_kv, hd, mode, row_bytes);
-    mm_prefetch_row(task.a, row_bytes);
-    mm_prefetch_row(task.b, row_bytes);
+    const uint64_t off = split ? (mm_warp_id() & 1) * (row_bytes / 2) : 0;
+    const uint64_t bytes = split ? row_bytes / 2 : row_bytes;
+    mm_prefetch_row(task.a + off, bytes);
+    mm_prefetch_row(task.b + off, bytes);
 }
 template <int FMT>
 __device__ __forceinline__ void fb_prefetch_gate_up(const uint8_t* wg, const uint8_t* wu,
@@ -334,10 +447,12 @@ __device__ __forceinline__ void fb_prefetch_gate_up(const uint8_t* wg, const uin
         uint32_t k, uint32_t n_head, uint32_t n_kv, uint32_t hd, float base, uint32_t mode,          \
         uint64_t n_x, uint64_t n_nw, uint64_t n_wq, uint64_t n_wk, uint64_t n_wv, uint64_t n_pos,    \
         uint64_t n_step, uint64_t n_q, uint64_t n_kc, uint64_t n_vc) {                               \
-        fb_prefetch_qkv<FMT>(wq, wk, wv, k, n_head, n_kv, hd, mode, n_pos);                          \
+        fb_prefetch_qkv<FMT, SH>(x, nw, wq, wk, wv, k, n_head, n_kv, hd, mode, n_pos);                \
+        const double rope_freq = fb_rope_freq(threadIdx.x, hd, base);                                \
         OP_GRID_ENTRY();                                                                             \
         norm_qkv_rope<FMT, SH>(x, nw, wq, wk, wv, positions, step, q, kc, vc, eps, k, n_head, n_kv, hd, \
-                           base, mode, n_x, n_nw, n_pos, n_step, n_q, n_kc, n_vc, op_tag(#NAME));   \
+                               base, mode, n_x, n_nw, n_pos, n_step, n_q, n_kc, n_vc, rope_freq,    \
+                               op_tag(#NAME));                                                      \
     }
 #define NORM_GATE_UP_KERNEL(NAME, FMT, SH)                                                           \
     extern "C" __global__ __launch_bounds__(256, 2) void NAME(                                      \

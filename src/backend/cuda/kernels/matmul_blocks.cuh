@@ -209,6 +209,10 @@ struct XQ8 {
     __device__ __forceinline__ float at(uint64_t i) const { return s[i]; }
     __device__ __forceinline__ float4 at4(uint64_t i) const { return *(const float4*)(s + i); }
     __device__ __forceinline__ bool aligned16() const { return true; }
+    // The row from value e on (e a multiple of 128, so every part stays 16-byte aligned).
+    __device__ __forceinline__ XQ8 from(uint32_t e) const {
+        return XQ8{s + e, q + e / 4, ds + e / 32};
+    }
 };
 template <typename X>
 struct MmIsQ8 {
