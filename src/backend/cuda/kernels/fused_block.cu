@@ -191,17 +191,18 @@ __device__ __forceinline__ double fb_rope_freq(uint32_t i, uint32_t hd, float ba
 }
 
 // Whether a one-row pass of `pairs` output pairs splits each pair's sums between two warps of a
-// block (a warp each half of k; the shared forms, blocks of whole warp pairs): more pairs than
-// warps, k a multiple of 512 and each row's second half 16-byte aligned, so both halves take the
-// same path through `mm_dot_pair`. The 8B's 3,072 pairs on 2,112 warps took two rounds of a
-// whole pair; split, three of half (docs/kernels.md item 19).
+// block (a warp each half of k; the shared forms, blocks of whole warp pairs, at most 15 of them
+// for the named barriers 1..15): more pairs than warps, k a multiple of 512 and each row's second
+// half 16-byte aligned, so both halves take the same path through `mm_dot_pair`. The 8B's 3,072
+// pairs on 2,112 warps took two rounds of a whole pair; split, three of half (docs/kernels.md
+// item 19).
 template <int FMT>
 __device__ __forceinline__ bool fb_qkv_split(uint64_t pairs, uint32_t k, const uint8_t* wq,
                                              const uint8_t* wk, const uint8_t* wv) {
     const uint64_t row_bytes = op_row_bytes(FMT, k);
     return pairs > mm_warp_count() && k % 512 == 0 && (row_bytes / 2) % 16 == 0 &&
-           blockDim.x % 64 == 0 &&
-           blockDim.y == 1 && (((uint64_t)wq | (uint64_t)wk | (uint64_t)wv) & 15u) == 0;
+           blockDim.x % 64 == 0 && blockDim.x <= 64 * 15 && blockDim.y == 1 &&
+           (((uint64_t)wq | (uint64_t)wk | (uint64_t)wv) & 15u) == 0;
 }
 
 // The two warps of a split pair meet: named barrier 1 + (pair within the block), 64 threads.
