@@ -78,6 +78,13 @@ impl Capabilities {
         self
     }
 
+    /// These declarations with `fusions` in place of the backend's (tests compare a graph with
+    /// and without a fusion on one device).
+    pub const fn with_fusions(mut self, fusions: &'static [FusionUse]) -> Capabilities {
+        self.fusions = fusions;
+        self
+    }
+
     /// How this backend uses `fusion`, if it uses it at all.
     pub fn fusion(&self, fusion: Fusion) -> Option<&FusionUse> {
         self.fusions.iter().find(|u| u.fusion == fusion)

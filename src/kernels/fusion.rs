@@ -23,11 +23,14 @@ pub enum Fusion {
     /// Three tensor-core products of one x with weights of one format (a prompt's q, k and v
     /// products): one `matmul3_mma`.
     ProductTriple,
+    /// The gate and up tensor-core products of one f16 x and the f16 SwiGLU of their outputs (a
+    /// prompt's MLP input, once narrowed): one `matmul_swiglu_mma_h`.
+    ProductPairSwiglu,
 }
 
 impl Fusion {
     /// Every fusion, in the order the optimizer tries them where two share an anchor.
-    pub const ALL: [Fusion; 7] = [
+    pub const ALL: [Fusion; 8] = [
         Fusion::NormQkvRope,
         Fusion::NormGateUp,
         Fusion::MatMulAdd,
@@ -35,6 +38,7 @@ impl Fusion {
         Fusion::RmsNormAdd,
         Fusion::RmsNormRope,
         Fusion::ProductTriple,
+        Fusion::ProductPairSwiglu,
     ];
 }
 

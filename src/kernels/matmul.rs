@@ -105,6 +105,20 @@ pub static MATMUL3_MMA_H: [KernelSig; 9] = per_format!(OpKind::MatMul; "matmul3_
     Param::u32("n2"),
 ]);
 
+/// The gate and up products of one f16 x and their SwiGLU, in f16: x (f16), wg, wu, out (f16),
+/// rows, k, n; `out[r, o] = f16(silu(x[r] . wg[o]) * (x[r] . wu[o]))`. What the optimizer makes
+/// of two [`MATMUL_MMA_H`] and a [`SWIGLU_TO_F16`](super::elementwise::SWIGLU_TO_F16) of their
+/// outputs (`ops::matmul_swiglu`), with their bits.
+pub static MATMUL_SWIGLU_MMA_H: [KernelSig; 9] = per_format!(OpKind::MatMul; "matmul_swiglu_mma_h"; |W| [
+    Param::read("x", one(DType::F16)),
+    Param::read("wg", W),
+    Param::read("wu", W),
+    Param::write("out", one(DType::F16)),
+    Param::u32("rows"),
+    Param::u32("k"),
+    Param::u32("n"),
+]);
+
 /// Expert products, `out[r, s] = x[r] . w[ids[r, s]]`: x, w, ids, out, rows, k, n, slots,
 /// experts.
 pub static MATMUL_ID: [KernelSig; 9] = per_format!(OpKind::MatMulId; "matmul_id"; |W| [

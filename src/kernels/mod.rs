@@ -516,6 +516,7 @@ pub fn all() -> Vec<&'static KernelSig> {
         &matmul::MATMUL_MMA_H,
         &matmul::MATMUL3_MMA_H,
         &matmul::MATMUL_ADD_MMA_H,
+        &matmul::MATMUL_SWIGLU_MMA_H,
         &matmul::MATMUL_ID,
         &matmul::MATMUL_AFFINE,
         &matmul::NORM_QKV_ROPE,

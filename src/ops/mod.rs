@@ -18,6 +18,7 @@ pub mod kv_slots;
 pub mod matmul;
 pub mod matmul_fused;
 pub mod matmul_rows;
+pub mod matmul_swiglu;
 pub mod matmul_triple;
 pub mod narrow;
 pub mod norm;
@@ -41,6 +42,7 @@ pub fn fusion_rule(fusion: Fusion) -> FusionRule {
         Fusion::RmsNormAdd => norm::RMS_NORM_ADD_FUSION,
         Fusion::RmsNormRope => norm_rope::RMS_NORM_ROPE_FUSION,
         Fusion::ProductTriple => matmul_triple::PRODUCT_TRIPLE_FUSION,
+        Fusion::ProductPairSwiglu => matmul_swiglu::PRODUCT_PAIR_SWIGLU_FUSION,
     }
 }
 

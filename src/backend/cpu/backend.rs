@@ -29,6 +29,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
         FusionUse::always(Fusion::RmsNormAdd),
         FusionUse::always(Fusion::RmsNormRope),
         FusionUse::always(Fusion::ProductTriple),
+        FusionUse::always(Fusion::ProductPairSwiglu),
     ],
     decode_attention_chunk: 256,
     single_dispatch_decode_attention: false,

@@ -32,6 +32,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
         FusionUse::always(Fusion::RmsNormAdd),
         FusionUse::always(Fusion::RmsNormRope),
         FusionUse::always(Fusion::ProductTriple),
+        FusionUse::always(Fusion::ProductPairSwiglu),
     ],
     decode_attention_chunk: 32,
     single_dispatch_decode_attention: true,

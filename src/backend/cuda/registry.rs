@@ -84,6 +84,8 @@ pub const SOURCES: &[KernelSource] = &[
     family(
         "matmul",
         concat!(
+            "#line 1 \"activation.cuh\"\n",
+            include_str!("kernels/activation.cuh"),
             "#line 1 \"matmul_blocks.cuh\"\n",
             include_str!("kernels/matmul_blocks.cuh"),
             "#line 1 \"matmul_mma.cuh\"\n",

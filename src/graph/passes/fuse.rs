@@ -78,6 +78,9 @@ pub struct FusionRule {
     pub pattern: Pattern,
     /// The most rows (tokens) of a pass the rule fuses; `None`: any.
     pub max_rows: Option<usize>,
+    /// Whether the rule matches what the narrowing makes (`graph::passes::narrow`), so the
+    /// optimizer applies it after narrowing, not before ([`optimize`](super::optimize)).
+    pub after_narrowing: bool,
 }
 
 impl FusionRule {
@@ -98,6 +101,7 @@ impl FusionRule {
                 build,
             },
             max_rows: None,
+            after_narrowing: false,
         }
     }
 
@@ -114,12 +118,19 @@ impl FusionRule {
             anchor,
             pattern: Pattern::Graph { shape, find },
             max_rows: None,
+            after_narrowing: false,
         }
     }
 
     /// The same rule for passes of at most `max` rows (`None`: any).
     pub const fn up_to_rows(mut self, max: Option<usize>) -> FusionRule {
         self.max_rows = max;
+        self
+    }
+
+    /// The same rule in the optimizer's late stage, after the narrowing.
+    pub const fn after_narrowing(mut self) -> FusionRule {
+        self.after_narrowing = true;
         self
     }
 
@@ -227,6 +238,15 @@ pub struct Fusions {
 }
 
 impl Fusions {
+    /// Adds `other`'s counts (a later stage's) to these.
+    pub(super) fn merge(&mut self, other: Fusions) {
+        for (name, c) in other.by_rule {
+            for _ in 0..c {
+                self.count(name);
+            }
+        }
+    }
+
     fn count(&mut self, name: &'static str) {
         self.total += 1;
         match self.by_rule.iter_mut().find(|(n, _)| *n == name) {

@@ -26,7 +26,8 @@ pub struct Optimized {
     pub barriers: usize,
 }
 
-/// Fuses with `rules` (none: no fusion), narrows with `narrowings` (`narrow`), reorders with a
+/// Fuses with `rules` (none: no fusion), narrows with `narrowings` (`narrow`), fuses again with
+/// the rules that match what narrowing makes ([`FusionRule::after_narrowing`]), reorders with a
 /// `lookahead` window (0: no reordering) and places barriers, dropping the graph's old barriers.
 pub fn optimize(
     graph: &mut ComputeGraph,
@@ -35,8 +36,11 @@ pub fn optimize(
     lookahead: usize,
 ) -> Optimized {
     graph.drop_barriers();
-    let fused = fuse_dispatches(graph, rules);
+    let (late, early): (Vec<FusionRule>, Vec<FusionRule>) =
+        rules.iter().partition(|r| r.after_narrowing);
+    let mut fused = fuse_dispatches(graph, &early);
     let narrowed = narrow(graph, narrowings);
+    fused.merge(fuse_dispatches(graph, &late));
     graph.refresh_overlaps();
     let fp = Footprint::new(graph);
     let (reordered, cuts) = if lookahead > 0 && fp.len() >= 2 {

@@ -148,6 +148,30 @@ fn f16_activation_product_adds_refuse_hostile_sizes() {
 }
 
 #[test]
+fn gate_up_swiglu_kernels_refuse_hostile_sizes_naming_the_weight() {
+    for sig in &mm::MATMUL_SWIGLU_MMA_H {
+        let call = |x: usize, wu: &[usize], out: usize, (rows, k, n): (u32, u32, u32)| {
+            Call::new(sig)
+                .buf("x", &[x])
+                .buf("wg", &[5, 256])
+                .buf("wu", wu)
+                .buf("out", &[out])
+                .u32("rows", rows)
+                .u32("k", k)
+                .u32("n", n)
+        };
+        call(512, &[5, 256], 10, (2, 256, 5)).accepted();
+        call(0, &[5, 256], 0, (0, 256, 5)).accepted();
+        call(512, &[4, 256], 10, (2, 256, 5)).refused("wu");
+        call(512, &[5, 256], 10, (2, 100, 5)).refused("k = 100");
+        call(512, &[5, 256], 10, (MAX, 256, 5)).refused("rows = 4294967295");
+        call(512, &[5, 256], 10, (2, 256, MAX)).refused("n = 4294967295");
+        call(512, &[5, 256], 9, (2, 256, 5)).refused("out");
+        call(500, &[5, 256], 10, (2, 256, 5)).refused("x");
+    }
+}
+
+#[test]
 fn three_product_kernels_refuse_hostile_sizes_naming_the_product() {
     for (sig, dtype) in mm::MATMUL3_MMA
         .iter()

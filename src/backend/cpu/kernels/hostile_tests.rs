@@ -269,6 +269,7 @@ fn families() -> Vec<&'static [KernelSig]> {
         &mm::MATMUL_MMA_H,
         &mm::MATMUL3_MMA_H,
         &mm::MATMUL_ADD_MMA_H,
+        &mm::MATMUL_SWIGLU_MMA_H,
         &mm::MATMUL_ID,
         &mm::MATMUL_AFFINE,
         &mm::NORM_QKV_ROPE,

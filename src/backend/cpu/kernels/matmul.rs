@@ -19,6 +19,7 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use super::check::{expect_len, expect_matrix, kernel_err, product, Factor};
+use super::elementwise::silu;
 use super::matmul_simd::{dot_f32, dot_row, micro_kernel, Isa, MR, NR};
 use super::matvec_vnni::{self, Layout, QuantRow};
 use crate::backend::cpu::{CpuRegistry, KernelArgs};
@@ -35,6 +36,7 @@ pub(super) fn register(registry: &mut CpuRegistry) {
     registry.family(&mm::MATMUL3_MMA, [matmul3_kernel; 9]);
     registry.family(&mm::MATMUL_MMA_H, [matmul_h_kernel; 9]);
     registry.family(&mm::MATMUL3_MMA_H, [matmul3_h_kernel; 9]);
+    registry.family(&mm::MATMUL_SWIGLU_MMA_H, [matmul_swiglu_h_kernel; 9]);
     registry.family(&mm::MATMUL_ID, [matmul_id_kernel; 9]);
     registry.family(&mm::MATMUL_AFFINE, [matmul_affine_kernel; 2]);
 }
@@ -402,6 +404,34 @@ fn matmul3_h_kernel(args: &KernelArgs<'_>) -> Result<()> {
 }
 
 /// The f16 activations (argument 0) as f32.
+/// `matmul_swiglu_mma_h_<w>` (x, wg, wu, out, rows, k, n): x in f16, widened once; the gate and
+/// up products as `matmul_h_kernel` computes them, then `swiglu_f32_to_f16`'s values.
+fn matmul_swiglu_h_kernel(args: &KernelArgs<'_>) -> Result<()> {
+    let (rows, k, n) = (args.usize(4)?, args.usize(5)?, args.usize(6)?);
+    let x = widened(args)?;
+    let out = args.output::<half::f16>(3)?;
+    expect_len(args, "x", x.len(), &[("rows", rows), ("k", k)])?;
+    expect_len(args, "out", out.len(), &[("rows", rows), ("n", n)])?;
+    let mut sums = [vec![0.0f32; out.len()], vec![0.0f32; out.len()]];
+    for (i, (name, sum)) in ["wg", "wu"].into_iter().zip(sums.iter_mut()).enumerate() {
+        let (wbuf, _) = args.buffer(1 + i)?;
+        let w = args.input_bytes(1 + i)?;
+        let dtype = wbuf.dtype();
+        let row_bytes = expect_matrix(args, name, dtype, w.len(), &[("n", n)], ("k", k))?.row_bytes;
+        let rows_of = WeightRows::Plain {
+            dtype,
+            bytes: w,
+            row_bytes,
+        };
+        matmul_rows(Isa::detect(), &rows_of, &x, rows, k, n, sum);
+    }
+    let [gate, up] = &sums;
+    out.par_iter_mut()
+        .zip(gate.par_iter().zip(up.par_iter()))
+        .for_each(|(o, (&g, &u))| *o = half::f16::from_f32(silu(g) * u));
+    Ok(())
+}
+
 fn widened(args: &KernelArgs<'_>) -> Result<Vec<f32>> {
     Ok(args
         .input::<half::f16>(0)?

@@ -323,6 +323,29 @@ __device__ void matmul_mma_h(const __half* x, const Mm3& m, uint32_t rows,
     }
 }
 
+// `matmul_swiglu_mma_h_<w>`: silu(x . wg) * (x . wu) in f16 (matmul_mma_h.cuh's `mmsw_tiles`).
+// Only the fast form: the optimizer fuses where it applies (Q4_0, Q4_1, Q5_0 weights, k a multiple
+// of 64, x 16-byte and the weights 4-byte aligned, `ops::matmul_swiglu`) and launches a block of
+// MMA_THREADS with its shared memory; any other launch fails its check.
+template <int FMT>
+__device__ void matmul_swiglu_mma_h(const __half* x, const uint8_t* wg, const uint8_t* wu,
+                                    __half* out, uint32_t rows, uint32_t k, uint32_t n,
+                                    uint64_t n_x, uint64_t n_out, uint32_t tag) {
+    OP_REQUIRE(k % op_block_elems(FMT) == 0 && n_x == (uint64_t)rows * k &&
+               n_out == (uint64_t)rows * n);
+    const uint64_t row_bytes = op_row_bytes(FMT, k);
+    OP_REQUIRE(blockDim.x == MMA_THREADS && blockDim.y == 1 && blockDim.z == 1 &&
+               mmh_applies<FMT>(x, wg, k, row_bytes) && mmh_applies<FMT>(x, wu, k, row_bytes));
+#if __CUDA_ARCH__ >= 800
+    if constexpr (MmhFormat<FMT>::fast) {
+        if (mmp_short_tiles(rows))
+            mmsw_tiles<FMT, 64>(x, wg, wu, out, rows, k, n, row_bytes);
+        else
+            mmsw_tiles<FMT, 128>(x, wg, wu, out, rows, k, n, row_bytes);
+    }
+#endif
+}
+
 template <int FMT>
 __device__ void matmul_id(const float* x, const uint8_t* w, const int32_t* ids, float* out,
                           uint32_t rows, uint32_t k, uint32_t n, uint32_t slots, uint32_t experts,
@@ -411,6 +434,13 @@ __device__ void matmul_id(const float* x, const uint8_t* w, const int32_t* ids, 
         const uint64_t outs[3] = {n_acc, n_acc, n_acc};                                               \
         matmul_mma_h<FMT, true, 1>(x, m, rows, k, n_x, outs, op_tag(#NAME));                          \
     }
+#define MATMUL_SWIGLU_MMA_H_KERNEL(NAME, FMT)                                                      \
+    extern "C" __global__ __launch_bounds__(MMA_THREADS, 2) void NAME(                              \
+        const __half* x, const uint8_t* wg, const uint8_t* wu, __half* out, uint32_t rows,           \
+        uint32_t k, uint32_t n, uint64_t n_x, uint64_t n_wg, uint64_t n_wu, uint64_t n_out) {         \
+        OP_GRID_ENTRY();                                                                              \
+        matmul_swiglu_mma_h<FMT>(x, wg, wu, out, rows, k, n, n_x, n_out, op_tag(#NAME));            \
+    }
 #define MATMUL_ID_KERNEL(NAME, FMT)                                                                 \
     extern "C" __global__ void NAME(const float* x, const uint8_t* w, const int32_t* ids, float* out, \
                                     uint32_t rows, uint32_t k, uint32_t n, uint32_t slots,            \
@@ -493,6 +523,15 @@ MATMUL_ADD_MMA_H_KERNEL(matmul_add_mma_h_q5_0, OP_FMT_Q5_0)
 MATMUL_ADD_MMA_H_KERNEL(matmul_add_mma_h_q8_0, OP_FMT_Q8_0)
 MATMUL_ADD_MMA_H_KERNEL(matmul_add_mma_h_q4_k, OP_FMT_Q4_K)
 MATMUL_ADD_MMA_H_KERNEL(matmul_add_mma_h_q6_k, OP_FMT_Q6_K)
+MATMUL_SWIGLU_MMA_H_KERNEL(matmul_swiglu_mma_h_f32, OP_FMT_F32)
+MATMUL_SWIGLU_MMA_H_KERNEL(matmul_swiglu_mma_h_f16, OP_FMT_F16)
+MATMUL_SWIGLU_MMA_H_KERNEL(matmul_swiglu_mma_h_bf16, OP_FMT_BF16)
+MATMUL_SWIGLU_MMA_H_KERNEL(matmul_swiglu_mma_h_q4_0, OP_FMT_Q4_0)
+MATMUL_SWIGLU_MMA_H_KERNEL(matmul_swiglu_mma_h_q4_1, OP_FMT_Q4_1)
+MATMUL_SWIGLU_MMA_H_KERNEL(matmul_swiglu_mma_h_q5_0, OP_FMT_Q5_0)
+MATMUL_SWIGLU_MMA_H_KERNEL(matmul_swiglu_mma_h_q8_0, OP_FMT_Q8_0)
+MATMUL_SWIGLU_MMA_H_KERNEL(matmul_swiglu_mma_h_q4_k, OP_FMT_Q4_K)
+MATMUL_SWIGLU_MMA_H_KERNEL(matmul_swiglu_mma_h_q6_k, OP_FMT_Q6_K)
 MATMUL_ID_KERNEL(matmul_id_f32, OP_FMT_F32)
 MATMUL_ID_KERNEL(matmul_id_f16, OP_FMT_F16)
 MATMUL_ID_KERNEL(matmul_id_bf16, OP_FMT_BF16)

@@ -46,11 +46,19 @@ struct MmhFormat {
 };
 
 #if __CUDA_ARCH__ >= 800
-// Copies step s (values 64 s ..) of the tile at rows r0, outputs o0 into `slot`.
-template <int FMT, int BM>
+// The weight row (from output o0) of a SwiGLU tile's row b (`mmsw_tiles`): warp column wn = b / 32
+// takes 16 outputs, as four 8-row groups gate, up, gate, up; `(b >> 3) & 1` is up's.
+__device__ __forceinline__ uint32_t mmsw_row(uint32_t b) {
+    return (b / 32) * 16 + ((b % 32) / 16) * 8 + b % 8;
+}
+
+// Copies step s (values 64 s ..) of the tile at rows r0, outputs o0 into `slot`. SW: a SwiGLU
+// tile, its rows from `w` (gate) and `w2` (up) as `mmsw_row` says.
+template <int FMT, int BM, bool SW = false>
 __device__ __forceinline__ void mmh_issue(uint8_t* slot, const __half* x, const uint8_t* w,
                                           uint32_t r0, uint32_t o0, uint32_t rows, uint32_t k,
-                                          uint32_t n, uint64_t row_bytes, uint32_t s) {
+                                          uint32_t n, uint64_t row_bytes, uint32_t s,
+                                          const uint8_t* w2 = nullptr) {
     using F = MmhFormat<FMT>;
     const uint32_t t = threadIdx.x;
     __half* a = (__half*)slot;
@@ -68,10 +76,12 @@ __device__ __forceinline__ void mmh_issue(uint8_t* slot, const __half* x, const 
 #pragma unroll 1
     for (int i = 0; i < (int)F::copies; ++i) {
         const uint32_t c = t + MMA_THREADS * i, o = c / F::words, u = c % F::words;
-        const bool live = c < MMA_BN * F::words && o0 + o < n;
+        const uint32_t row = o0 + (SW ? mmsw_row(o) : o);
+        const uint8_t* src = SW && ((o >> 3) & 1) ? w2 : w;
+        const bool live = c < MMA_BN * F::words && row < n;
         if (c < MMA_BN * F::words)
             mmp_copy<4>(b + 4 * c,
-                        live ? w + (uint64_t)(o0 + o) * row_bytes + (uint64_t)s * 2 * F::bytes + 4 * u
+                        live ? src + (uint64_t)row * row_bytes + (uint64_t)s * 2 * F::bytes + 4 * u
                              : w,
                         live);
     }
@@ -108,11 +118,47 @@ __device__ __forceinline__ void mmh_convert(const uint8_t* slot, __half* bs) {
 }
 #endif
 
+#if __CUDA_ARCH__ >= 800
+// A SwiGLU tile's values into the f16 `out` (rows x n): the accumulators of 8-output groups j = 0
+// and 2 are gate's, j = 1 and 3 up's of the same outputs (`mmsw_row`); each value is the f32
+// SwiGLU of the elementwise kernel (`OpSwiglu`), rounded to f16.
+template <int MI>
+__device__ __forceinline__ void mmsw_write(const float (&acc)[MI][4][4], __half* out, uint64_t r0,
+                                           uint64_t o0, uint32_t rows, uint32_t n, int wm, int wn,
+                                           int lane) {
+#pragma unroll
+    for (int i = 0; i < MI; ++i) {
+#pragma unroll
+        for (int jp = 0; jp < 2; ++jp) {
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const uint64_t gr = r0 + wm * 16 * MI + i * 16 + lane / 4 + 8 * hf;
+                const uint64_t go = o0 + wn * 16 + jp * 8 + 2 * (lane % 4);
+                if (gr >= rows || go >= n) continue;
+                __half* y = out + gr * n + go;
+                const __half v0 = __float2half_rn(
+                    act_silu(acc[i][2 * jp][2 * hf]) * acc[i][2 * jp + 1][2 * hf]);
+                const __half v1 = __float2half_rn(
+                    act_silu(acc[i][2 * jp][2 * hf + 1]) * acc[i][2 * jp + 1][2 * hf + 1]);
+                if (go + 1 < n && ((uint64_t)y & 3u) == 0) {
+                    *(__half2*)y = __halves2half2(v0, v1);
+                } else {
+                    y[0] = v0;
+                    if (go + 1 < n) y[1] = v1;
+                }
+            }
+        }
+    }
+}
+#endif
+
 // One tile of BM rows from row r0 and output o0, on f16 activations (see the top of the file).
-template <int FMT, bool ACC, int BM>
+// SW: a SwiGLU tile of gate `w` and up `w2` (`mmsw_tiles`), written to `hout`, not `out`.
+template <int FMT, bool ACC, int BM, bool SW = false>
 __device__ __forceinline__ void mmh_tile(const __half* x, const uint8_t* w, float* out,
                                          uint32_t rows, uint32_t k, uint32_t n,
-                                         uint64_t row_bytes, uint64_t r0, uint64_t o0) {
+                                         uint64_t row_bytes, uint64_t r0, uint64_t o0,
+                                         const uint8_t* w2 = nullptr, __half* hout = nullptr) {
 #if __CUDA_ARCH__ >= 800
     constexpr int MI = BM / 32;
     extern __shared__ __align__(16) float mm_smem[];
@@ -132,8 +178,8 @@ __device__ __forceinline__ void mmh_tile(const __half* x, const uint8_t* w, floa
 #pragma unroll
     for (uint32_t s = 0; s + 1 < MMH_STAGES; ++s) {
         if (s < steps)
-            mmh_issue<FMT, BM>(ring + s * MMH_SLOT, x, w, (uint32_t)r0, (uint32_t)o0, rows, k, n,
-                               row_bytes, s);
+            mmh_issue<FMT, BM, SW>(ring + s * MMH_SLOT, x, w, (uint32_t)r0, (uint32_t)o0, rows, k,
+                                   n, row_bytes, s, w2);
         mmp_commit();
     }
     mmp_wait<MMH_STAGES - 2>();
@@ -145,9 +191,9 @@ __device__ __forceinline__ void mmh_tile(const __half* x, const uint8_t* w, floa
         mmp_wait<MMH_STAGES - 3>();
         __syncthreads();
         if (s + MMH_STAGES - 1 < steps)
-            mmh_issue<FMT, BM>(ring + ((s + MMH_STAGES - 1) % MMH_STAGES) * MMH_SLOT, x, w,
-                               (uint32_t)r0, (uint32_t)o0, rows, k, n, row_bytes,
-                               s + MMH_STAGES - 1);
+            mmh_issue<FMT, BM, SW>(ring + ((s + MMH_STAGES - 1) % MMH_STAGES) * MMH_SLOT, x, w,
+                                   (uint32_t)r0, (uint32_t)o0, rows, k, n, row_bytes,
+                                   s + MMH_STAGES - 1, w2);
         mmp_commit();
         const __half* as = (const __half*)(ring + (s % MMH_STAGES) * MMH_SLOT);
         const __half* bs = bf + (s % 2) * MMA_BN * MMH_LD;
@@ -159,7 +205,10 @@ __device__ __forceinline__ void mmh_tile(const __half* x, const uint8_t* w, floa
     // No copy left in flight (the last groups are empty) before the next tile reuses the slots.
     mmp_wait<0>();
     __syncthreads();
-    mma_write<ACC, MI>(acc, out, r0, o0, rows, n, wm, wn, lane);
+    if constexpr (SW)
+        mmsw_write<MI>(acc, hout, r0, o0, rows, n, wm, wn, lane);
+    else
+        mma_write<ACC, MI>(acc, out, r0, o0, rows, n, wm, wn, lane);
 #endif
 }
 
@@ -206,4 +255,22 @@ __device__ bool mm_mma_h(const __half* x, const Mm3& m, uint32_t rows, uint32_t 
 #else
     return false;
 #endif
+}
+
+// The gate and up products of one f16 x and their SwiGLU (`matmul_swiglu_mma_h_<w>`, the fusion
+// of `ops/matmul_swiglu.rs`): tiles of BM rows x 64 outputs whose 128 weight rows are 64 of gate's
+// and the same 64 of up's, so each thread holds both sums of its outputs. Every sum is the one
+// `matmul_mma_h` computes (the same steps in the same order), so the f16 values are the bits of
+// the two products and `swiglu_f32_to_f16`.
+template <int FMT, int BM>
+__device__ __forceinline__ void mmsw_tiles(const __half* x, const uint8_t* wg, const uint8_t* wu,
+                                           __half* out, uint32_t rows, uint32_t k, uint32_t n,
+                                           uint64_t row_bytes) {
+    const uint64_t tiles_n = ((uint64_t)n + MMA_BN / 2 - 1) / (MMA_BN / 2);
+    const uint64_t tiles_m = ((uint64_t)rows + BM - 1) / BM;
+    for (uint64_t tile = blockIdx.y * (uint64_t)gridDim.x + blockIdx.x; tile < tiles_m * tiles_n;
+         tile += (uint64_t)gridDim.x * gridDim.y)
+        mmh_tile<FMT, false, BM, true>(x, wg, nullptr, rows, k, n, row_bytes,
+                                       tile / tiles_n * BM, tile % tiles_n * (MMA_BN / 2), wu,
+                                       out);
 }
