@@ -26,11 +26,13 @@ pub enum Fusion {
     /// The gate and up tensor-core products of one f16 x and the f16 SwiGLU of their outputs (a
     /// prompt's MLP input, once narrowed): one `matmul_swiglu_mma_h`.
     ProductPairSwiglu,
+    /// A prompt's in-place RoPE of q and of k and the cache writes of k and v: one `rope_kv`.
+    RopeKv,
 }
 
 impl Fusion {
     /// Every fusion, in the order the optimizer tries them where two share an anchor.
-    pub const ALL: [Fusion; 8] = [
+    pub const ALL: [Fusion; 9] = [
         Fusion::NormQkvRope,
         Fusion::NormGateUp,
         Fusion::MatMulAdd,
@@ -39,6 +41,7 @@ impl Fusion {
         Fusion::RmsNormRope,
         Fusion::ProductTriple,
         Fusion::ProductPairSwiglu,
+        Fusion::RopeKv,
     ];
 }
 

@@ -121,6 +121,52 @@ pub static ROPE_FF_INPLACE: [KernelSig; 3] = per_float!(OpKind::Rope;
     Param::u32("mode"),
 ]);
 
+/// A prompt's RoPE on q and k and its k and v rows written into the KV caches, in one kernel
+/// (`ops::rope_kv`, the fusion of two in-place f32 `rope`s and two f32 `kv_write`s): q (rotated in
+/// place), k, v, positions, [freq_factors], step, k_cache, v_cache, head_dim, rotary_dim, base,
+/// mode, n_kv_head. Row r's k, rotated as `rope` rotates it, and its v go to the caches' rows
+/// `step[0] + r`, as `kv_write` writes them; k itself is not written. Indexed by whether it
+/// takes frequency factors: `rope_kv_f32`, `rope_ff_kv_f32`.
+pub static ROPE_KV: [KernelSig; 2] = [
+    KernelSig::new(
+        "rope_kv_f32",
+        OpKind::Rope,
+        &[
+            Param::read_write("q", F32),
+            Param::read("k", F32),
+            Param::read("v", F32),
+            Param::read("positions", I32),
+            Param::read("step", I32),
+            Param::write("k_cache", F32),
+            Param::write("v_cache", F32),
+            Param::u32("head_dim"),
+            Param::u32("rotary_dim"),
+            Param::f32("base"),
+            Param::u32("mode"),
+            Param::u32("n_kv_head"),
+        ],
+    ),
+    KernelSig::new(
+        "rope_ff_kv_f32",
+        OpKind::Rope,
+        &[
+            Param::read_write("q", F32),
+            Param::read("k", F32),
+            Param::read("v", F32),
+            Param::read("positions", I32),
+            Param::read("freq_factors", F32),
+            Param::read("step", I32),
+            Param::write("k_cache", F32),
+            Param::write("v_cache", F32),
+            Param::u32("head_dim"),
+            Param::u32("rotary_dim"),
+            Param::f32("base"),
+            Param::u32("mode"),
+            Param::u32("n_kv_head"),
+        ],
+    ),
+];
+
 /// Softmax over f32 rows of `n` values after scaling by `scale`, with an optional additive mask,
 /// out of place or in place. Indexed `2 * masked + in_place`:
 /// `softmax_f32` (x, out, scale, n), `softmax_f32_inplace` (x, scale, n),

@@ -531,6 +531,7 @@ pub fn all() -> Vec<&'static KernelSig> {
         &misc::ROPE_FF,
         &misc::ROPE_INPLACE,
         &misc::ROPE_FF_INPLACE,
+        &misc::ROPE_KV,
         &misc::SOFTMAX,
         &norm::RMS_NORM,
         &norm::RMS_NORM_NO_SCALE,

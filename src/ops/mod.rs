@@ -24,6 +24,7 @@ pub mod narrow;
 pub mod norm;
 pub mod norm_rope;
 pub mod rope;
+pub mod rope_kv;
 pub mod softmax;
 
 pub use check::Check;
@@ -43,6 +44,7 @@ pub fn fusion_rule(fusion: Fusion) -> FusionRule {
         Fusion::RmsNormRope => norm_rope::RMS_NORM_ROPE_FUSION,
         Fusion::ProductTriple => matmul_triple::PRODUCT_TRIPLE_FUSION,
         Fusion::ProductPairSwiglu => matmul_swiglu::PRODUCT_PAIR_SWIGLU_FUSION,
+        Fusion::RopeKv => rope_kv::ROPE_KV_FUSION,
     }
 }
 

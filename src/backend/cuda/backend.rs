@@ -33,6 +33,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
         FusionUse::always(Fusion::RmsNormRope),
         FusionUse::always(Fusion::ProductTriple),
         FusionUse::always(Fusion::ProductPairSwiglu),
+        FusionUse::always(Fusion::RopeKv),
     ],
     decode_attention_chunk: 32,
     single_dispatch_decode_attention: true,

@@ -229,6 +229,7 @@ fn families() -> Vec<&'static [KernelSig]> {
         &km::ROPE_FF,
         &km::ROPE_INPLACE,
         &km::ROPE_FF_INPLACE,
+        &km::ROPE_KV,
         &km::SOFTMAX,
         &ew::ADD,
         &ew::ADD_INPLACE,
@@ -378,6 +379,42 @@ fn kv_writes_refuse_hostile_heads_and_positions() {
         call(3 * 16, &[8], cache, 2, 8).refused("pos0 = 8");
         call(3 * 16, &[], cache, 2, 8).refused("step");
         call(3 * 16, &[0], 0, 2, 8).refused("cache");
+    }
+}
+
+#[test]
+fn fused_rope_and_cache_writes_refuse_hostile_sizes_steps_and_modes() {
+    for sig in &km::ROPE_KV {
+        // Three rows: q of 4 heads of 8 values, k and v of 2, caches of 2 heads x 6 positions.
+        let call = |(q, kv, cache): (usize, usize, usize), step: &[i32], hd: u32, rot: u32| {
+            Call::new(sig)
+                .buf("q", &[q])
+                .buf("k", &[kv])
+                .buf("v", &[kv])
+                .ints("positions", &[0, 5, 9])
+                .opt_buf("freq_factors", &[rot as usize / 2])
+                .ints("step", step)
+                .buf("k_cache", &[cache])
+                .buf("v_cache", &[cache])
+                .u32("head_dim", hd)
+                .u32("rotary_dim", rot)
+                .f32("base", 10_000.0)
+                .u32("mode", 0)
+                .u32("n_kv_head", 2)
+        };
+        let fits = (96, 48, 96);
+        call(fits, &[2], 8, 8).accepted();
+        call(fits, &[3], 8, 4).u32("mode", 1).accepted();
+        call(fits, &[4], 8, 8).refused("pos0 = 4");
+        call(fits, &[-1], 8, 8).refused("pos0 = -1");
+        call(fits, &[], 8, 8).refused("step");
+        call(fits, &[2], 8, 7).refused("rotary_dim = 7");
+        call(fits, &[2], 0, 8).refused("head_dim = 0");
+        call(fits, &[2], 8, 8).u32("mode", 2).refused("mode = 2");
+        call(fits, &[2], MAX, 8).refused("k has 48 values");
+        call((96, 40, 96), &[2], 8, 8).refused("k");
+        call((90, 48, 96), &[2], 8, 8).refused("q");
+        call((96, 48, 90), &[2], 8, 8).refused("k_cache");
     }
 }
 

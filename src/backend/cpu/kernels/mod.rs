@@ -20,6 +20,7 @@ mod matmul_simd;
 mod matvec_vnni;
 mod norm;
 mod rope;
+mod rope_kv;
 mod softmax;
 
 use super::CpuRegistry;
@@ -39,5 +40,6 @@ pub fn register_all(registry: &mut CpuRegistry) {
     matmul_rows::register(registry);
     norm::register(registry);
     rope::register(registry);
+    rope_kv::register(registry);
     softmax::register(registry);
 }

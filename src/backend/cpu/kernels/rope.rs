@@ -28,7 +28,7 @@ use crate::kernels::{misc as km, norm as kn};
 
 /// The most rotated pairs per head the kernel supports (its per-row table lives on the stack);
 /// half of `ops::rope::MAX_ROTARY_DIM`.
-const MAX_ROPE_PAIRS: usize = 512;
+pub(super) const MAX_ROPE_PAIRS: usize = 512;
 
 /// Rows per parallel task, at least.
 const MIN_TASK_ELEMS: usize = 1 << 13;
@@ -122,7 +122,7 @@ fn rope<T: Float, const FREQ_FACTORS: bool, const INPLACE: bool>(
 /// Fills `table` with the `(cos, sin)` of the `rotary_dim / 2` angles of position `pos` (f64,
 /// rounded to f32) and returns the filled part.
 #[inline]
-fn angle_table<'t>(
+pub(super) fn angle_table<'t>(
     pos: i32,
     base: f32,
     rotary_dim: usize,
@@ -142,7 +142,7 @@ fn angle_table<'t>(
 
 /// Rotates the pairs of one head in place by the angles of `cos_sin` (in f32).
 #[inline]
-fn rotate_head<T: Float>(oh: &mut [T], cos_sin: &[(f32, f32)], neox: bool) {
+pub(super) fn rotate_head<T: Float>(oh: &mut [T], cos_sin: &[(f32, f32)], neox: bool) {
     let pairs = cos_sin.len();
     for (i, &(c, s)) in cos_sin.iter().enumerate() {
         let (j0, j1) = if neox {

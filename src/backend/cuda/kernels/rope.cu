@@ -150,3 +150,86 @@ extern "C" __global__ void rms_norm_rope_f32(const float* x, const float* w,
         rope_rotate<float>(o, o, heads, head_dim, pairs, mode, cs_cos, cs_sin);
     }
 }
+
+// A prompt's RoPE on q and k and its k and v rows written into f32 KV caches
+// [n_kv_head, max_ctx, head_dim] at rows step[0] + r (`rope_kv_f32`, `rope_ff_kv_f32`; the fusion
+// of src/ops/rope_kv.rs): q rotates in place as rope_f32_inplace rotates it, each k value is the
+// same rotation (`a c - b s`, `a s + b c` of the row's table) written straight to the cache, the
+// values past rotary_dim copied, and v is copied as kv_write_f32_f32 copies it. One block per row
+// (grid-stride), one table of angles per row for q and k. A step that leaves no room for the rows
+// is a kernel error before anything is written, as kv_write's.
+template <bool FF>
+__device__ void rope_kv(float* q, const float* k, const float* v, const int32_t* positions,
+                        const float* ff, const int32_t* step, float* kc, float* vc,
+                        uint32_t head_dim, uint32_t rotary_dim, float base, uint32_t mode,
+                        uint32_t n_kv_head, uint64_t n_q, uint64_t n_k, uint64_t n_v,
+                        uint64_t n_pos, uint64_t n_ff, uint64_t n_step, uint64_t n_kc,
+                        uint64_t n_vc, uint32_t tag) {
+    __shared__ float cs_cos[ROPE_MAX_PAIRS];
+    __shared__ float cs_sin[ROPE_MAX_PAIRS];
+    const uint32_t pairs = rotary_dim / 2;
+    const uint64_t rows = n_pos, row_kv = (uint64_t)n_kv_head * head_dim;
+    OP_REQUIRE(rows != 0 && head_dim != 0 && row_kv != 0 && rotary_dim % 2 == 0 &&
+               rotary_dim <= head_dim && pairs <= ROPE_MAX_PAIRS && mode <= 1 &&
+               (!FF || n_ff == pairs) && n_step != 0);
+    OP_REQUIRE(n_q % rows == 0 && (n_q / rows) % head_dim == 0 && n_k == rows * row_kv &&
+               n_v == n_k && n_kc == n_vc && n_kc % row_kv == 0);
+    const uint64_t q_len = n_q / rows, max_ctx = n_kc / row_kv;
+    const int64_t pos0 = step[0];
+    if (pos0 < 0 || (uint64_t)pos0 + rows > max_ctx) {
+        op_fail(tag, OP_ERR_POS0, pos0, max_ctx, rows);
+        return;
+    }
+    const uint32_t kv_len = (uint32_t)row_kv;
+    OP_ROW_LOOP(r, rows) {
+        rope_angles(positions[r], FF ? ff : nullptr, base, rotary_dim, cs_cos, cs_sin);
+        float* qr = q + r * q_len;
+        rope_rotate<float>(qr, qr, (uint32_t)(q_len / head_dim), head_dim, pairs, mode, cs_cos,
+                           cs_sin);
+        const float* kr = k + r * row_kv;
+        const float* vr = v + r * row_kv;
+        for (uint32_t t = threadIdx.x; t < kv_len; t += blockDim.x) {
+            const uint32_t h = t / head_dim, d = t % head_dim;
+            const float* kh = kr + h * head_dim;
+            float val = kh[d];
+            if (d < rotary_dim) {
+                // The pair of d, and whether d is its first value.
+                const uint32_t i = mode == 1 ? d % pairs : d / 2;
+                const bool first = mode == 1 ? d < pairs : d % 2 == 0;
+                const float a = kh[mode == 1 ? i : 2 * i], b = kh[mode == 1 ? i + pairs : 2 * i + 1];
+                const float c = cs_cos[i], s = cs_sin[i];
+                val = first ? a * c - b * s : a * s + b * c;
+            }
+            const uint64_t at = ((uint64_t)h * max_ctx + (uint64_t)pos0 + r) * head_dim + d;
+            kc[at] = val;
+            vc[at] = vr[t];
+        }
+    }
+}
+
+extern "C" __global__ void rope_kv_f32(float* q, const float* k, const float* v,
+                                       const int32_t* positions, const int32_t* step,
+                                       float* k_cache, float* v_cache, uint32_t head_dim,
+                                       uint32_t rotary_dim, float base, uint32_t mode,
+                                       uint32_t n_kv_head, uint64_t n_q, uint64_t n_k,
+                                       uint64_t n_v, uint64_t n_pos, uint64_t n_step,
+                                       uint64_t n_kc, uint64_t n_vc) {
+    OP_GRID_ENTRY();
+    rope_kv<false>(q, k, v, positions, nullptr, step, k_cache, v_cache, head_dim, rotary_dim,
+                   base, mode, n_kv_head, n_q, n_k, n_v, n_pos, 0, n_step, n_kc, n_vc,
+                   op_tag("rope_kv_f32"));
+}
+
+extern "C" __global__ void rope_ff_kv_f32(float* q, const float* k, const float* v,
+                                          const int32_t* positions, const float* ff,
+                                          const int32_t* step, float* k_cache, float* v_cache,
+                                          uint32_t head_dim, uint32_t rotary_dim, float base,
+                                          uint32_t mode, uint32_t n_kv_head, uint64_t n_q,
+                                          uint64_t n_k, uint64_t n_v, uint64_t n_pos,
+                                          uint64_t n_ff, uint64_t n_step, uint64_t n_kc,
+                                          uint64_t n_vc) {
+    OP_GRID_ENTRY();
+    rope_kv<true>(q, k, v, positions, ff, step, k_cache, v_cache, head_dim, rotary_dim, base,
+                  mode, n_kv_head, n_q, n_k, n_v, n_pos, n_ff, n_step, n_kc, n_vc,
+                  op_tag("rope_ff_kv_f32"));
+}
