@@ -62,20 +62,30 @@ __device__ __forceinline__ void attn_mma16816(float (&c)[4], const uint32_t (&a)
 }
 
 // ATTN_M_ROWS rows of HD values at `src` (row stride `stride` values; rows at or past `live` are
-// zeros) rounded to f16 into `dst` (row stride HD + 8).
+// zeros) rounded to f16 into `dst` (row stride HD + 8). Every load of the thread first, then the
+// stores: a store through `dst` (a generic pointer the compiler cannot tell apart from `src`)
+// between two loads would make the second wait for the first, one round trip to memory each.
 template <typename T, int HD>
 __device__ __forceinline__ void attn_stage_f16(__half* dst, const T* src, uint64_t stride,
                                                uint32_t live) {
-    for (uint32_t i = threadIdx.x; i < ATTN_M_ROWS * HD / 4; i += ATTN_M_THREADS) {
-        const uint32_t row = i / (HD / 4), c = 4 * (i % (HD / 4));
-        float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (row < live) {
+    // 4-value chunks a thread (the block is ATTN_M_THREADS threads: `attn_mma_ok`).
+    constexpr int N = ATTN_M_ROWS * HD / 4 / ATTN_M_THREADS;
+    float a[N][4];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) a[e] = op_load(src, (long)(row * stride + c + e));
-        }
+    for (int j = 0; j < N; ++j) {
+        const uint32_t i = threadIdx.x + j * ATTN_M_THREADS;
+        const uint32_t row = i / (HD / 4), c = 4 * (i % (HD / 4));
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            a[j][e] = row < live ? op_load(src, (long)(row * stride + c + e)) : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        const uint32_t i = threadIdx.x + j * ATTN_M_THREADS;
+        const uint32_t row = i / (HD / 4), c = 4 * (i % (HD / 4));
         uint2 p;
-        p.x = attn_pack(a[0], a[1]);
-        p.y = attn_pack(a[2], a[3]);
+        p.x = attn_pack(a[j][0], a[j][1]);
+        p.y = attn_pack(a[j][2], a[j][3]);
         *(uint2*)&dst[row * (HD + 8) + c] = p;
     }
 }
