@@ -213,6 +213,7 @@ fn print_rules(choice: BackendChoice, json: bool) -> anyhow::Result<()> {
                 "pattern": rule.describe(),
                 "max_rows": u.max_rows,
                 "exact": u.exact,
+                "after_narrowing": rule.after_narrowing,
             })
         })
         .collect();
@@ -226,7 +227,8 @@ fn print_rules(choice: BackendChoice, json: bool) -> anyhow::Result<()> {
     }
     writeln!(
         out,
-        "fusion rules of the {kind} backend, tried in this order:"
+        "fusion rules of the {kind} backend, tried in this order (a rule marked after the f16 \
+         narrowing runs in a second stage, on what the narrowing made):"
     )?;
     for u in caps.fusions {
         let rule = onepass::ops::fusion_rule(u.fusion);
@@ -238,7 +240,12 @@ fn print_rules(choice: BackendChoice, json: bool) -> anyhow::Result<()> {
         } else {
             "within f32 rounding"
         };
-        writeln!(out, "  {:<26} {rows}, {bits}", rule.name)?;
+        let stage = if rule.after_narrowing {
+            ", after the f16 narrowing"
+        } else {
+            ""
+        };
+        writeln!(out, "  {:<26} {rows}, {bits}{stage}", rule.name)?;
         writeln!(out, "    {}", rule.describe())?;
     }
     Ok(())
