@@ -121,6 +121,27 @@ pub static ROPE_FF_INPLACE: [KernelSig; 3] = per_float!(OpKind::Rope;
     Param::u32("mode"),
 ]);
 
+/// [`ROPE_KV`]'s parameters, with the frequency factors (if given) after the positions.
+macro_rules! rope_kv_params {
+    ($($ff:expr)?) => {
+        &[
+            Param::read_write("q", F32),
+            Param::read("k", F32),
+            Param::read("v", F32),
+            Param::read("positions", I32),
+            $($ff,)?
+            Param::read("step", I32),
+            Param::write("k_cache", F32),
+            Param::write("v_cache", F32),
+            Param::u32("head_dim"),
+            Param::u32("rotary_dim"),
+            Param::f32("base"),
+            Param::u32("mode"),
+            Param::u32("n_kv_head"),
+        ]
+    };
+}
+
 /// A prompt's RoPE on q and k and its k and v rows written into the KV caches, in one kernel
 /// (`ops::rope_kv`, the fusion of two in-place f32 `rope`s and two f32 `kv_write`s): q (rotated in
 /// place), k, v, positions, [freq_factors], step, k_cache, v_cache, head_dim, rotary_dim, base,
@@ -128,42 +149,11 @@ pub static ROPE_FF_INPLACE: [KernelSig; 3] = per_float!(OpKind::Rope;
 /// `step[0] + r`, as `kv_write` writes them; k itself is not written. Indexed by whether it
 /// takes frequency factors: `rope_kv_f32`, `rope_ff_kv_f32`.
 pub static ROPE_KV: [KernelSig; 2] = [
-    KernelSig::new(
-        "rope_kv_f32",
-        OpKind::Rope,
-        &[
-            Param::read_write("q", F32),
-            Param::read("k", F32),
-            Param::read("v", F32),
-            Param::read("positions", I32),
-            Param::read("step", I32),
-            Param::write("k_cache", F32),
-            Param::write("v_cache", F32),
-            Param::u32("head_dim"),
-            Param::u32("rotary_dim"),
-            Param::f32("base"),
-            Param::u32("mode"),
-            Param::u32("n_kv_head"),
-        ],
-    ),
+    KernelSig::new("rope_kv_f32", OpKind::Rope, rope_kv_params!()),
     KernelSig::new(
         "rope_ff_kv_f32",
         OpKind::Rope,
-        &[
-            Param::read_write("q", F32),
-            Param::read("k", F32),
-            Param::read("v", F32),
-            Param::read("positions", I32),
-            Param::read("freq_factors", F32),
-            Param::read("step", I32),
-            Param::write("k_cache", F32),
-            Param::write("v_cache", F32),
-            Param::u32("head_dim"),
-            Param::u32("rotary_dim"),
-            Param::f32("base"),
-            Param::u32("mode"),
-            Param::u32("n_kv_head"),
-        ],
+        rope_kv_params!(Param::read("freq_factors", F32)),
     ),
 ];
 

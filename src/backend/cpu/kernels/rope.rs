@@ -65,7 +65,6 @@ fn rope<T: Float, const FREQ_FACTORS: bool, const INPLACE: bool>(
         args.f32(s + 2)?,
         args.u32(s + 3)?,
     );
-    let pairs = rotary_dim / 2;
     let rows = positions.len();
     if let Some(x) = x.filter(|x| x.len() != out.len()) {
         return Err(bad(format!("x has {} values, out {}", x.len(), out.len())));
@@ -83,23 +82,7 @@ fn rope<T: Float, const FREQ_FACTORS: bool, const INPLACE: bool>(
             "head_dim = {head_dim} does not divide the rows of {row_len} values"
         )));
     }
-    if rotary_dim % 2 != 0 || rotary_dim > head_dim || pairs > MAX_ROPE_PAIRS {
-        return Err(bad(format!(
-            "rotary_dim = {rotary_dim} must be even and at most head_dim = {head_dim} and {}",
-            2 * MAX_ROPE_PAIRS
-        )));
-    }
-    if let Some(f) = freq.filter(|f| f.len() != pairs) {
-        return Err(bad(format!(
-            "freq_factors has {} values, expected rotary_dim / 2 = {pairs}",
-            f.len()
-        )));
-    }
-    if mode > 1 {
-        return Err(bad(format!(
-            "mode = {mode} is neither 0 (adjacent pairs) nor 1 (NeoX halves)"
-        )));
-    }
+    check_rotation(args, head_dim, rotary_dim, freq, mode)?;
     let neox = mode == 1;
     let min_rows = (MIN_TASK_ELEMS / row_len).max(1);
     out.par_chunks_mut(row_len)
@@ -117,6 +100,34 @@ fn rope<T: Float, const FREQ_FACTORS: bool, const INPLACE: bool>(
             }
         });
     Ok(())
+}
+
+/// An error unless `rotary_dim` is even, at most `head_dim` and `2 * MAX_ROPE_PAIRS`, the
+/// frequency factors (if any) number `rotary_dim / 2`, and `mode` is 0 or 1.
+pub(super) fn check_rotation(
+    args: &KernelArgs<'_>,
+    head_dim: usize,
+    rotary_dim: usize,
+    freq: Option<&[f32]>,
+    mode: u32,
+) -> Result<()> {
+    let pairs = rotary_dim / 2;
+    let msg = if !rotary_dim.is_multiple_of(2) || rotary_dim > head_dim || pairs > MAX_ROPE_PAIRS {
+        format!(
+            "rotary_dim = {rotary_dim} must be even and at most head_dim = {head_dim} and {}",
+            2 * MAX_ROPE_PAIRS
+        )
+    } else if let Some(f) = freq.filter(|f| f.len() != pairs) {
+        format!(
+            "freq_factors has {} values, expected rotary_dim / 2 = {pairs}",
+            f.len()
+        )
+    } else if mode > 1 {
+        format!("mode = {mode} is neither 0 (adjacent pairs) nor 1 (NeoX halves)")
+    } else {
+        return Ok(());
+    };
+    Err(kernel_err(args, msg))
 }
 
 /// Fills `table` with the `(cos, sin)` of the `rotary_dim / 2` angles of position `pos` (f64,

@@ -10,7 +10,7 @@
 use rayon::prelude::*;
 
 use super::check::{expect_len, kernel_err, product, read_pos0};
-use super::rope::{angle_table, rotate_head, MAX_ROPE_PAIRS};
+use super::rope::{angle_table, check_rotation, rotate_head, MAX_ROPE_PAIRS};
 use crate::backend::cpu::{CpuRegistry, KernelArgs};
 use crate::error::Result;
 use crate::kernels::misc as km;
@@ -33,25 +33,10 @@ fn rope_kv<const FF: bool>(args: &KernelArgs<'_>) -> Result<()> {
         args.u32(at + 6)?,
         args.usize(at + 7)?,
     );
-    let pairs = rotary_dim / 2;
-    if head_dim == 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim || pairs > MAX_ROPE_PAIRS {
-        return Err(bad(format!(
-            "head_dim = {head_dim} must be positive and rotary_dim = {rotary_dim} even, at most \
-             head_dim and {}",
-            2 * MAX_ROPE_PAIRS
-        )));
+    if head_dim == 0 {
+        return Err(bad("head_dim = 0: heads must hold values".into()));
     }
-    if let Some(f) = freq.filter(|f| f.len() != pairs) {
-        return Err(bad(format!(
-            "freq_factors has {} values, expected rotary_dim / 2 = {pairs}",
-            f.len()
-        )));
-    }
-    if mode > 1 {
-        return Err(bad(format!(
-            "mode = {mode} is neither 0 (adjacent pairs) nor 1 (NeoX halves)"
-        )));
-    }
+    check_rotation(args, head_dim, rotary_dim, freq, mode)?;
     let rows = positions.len();
     let heads = [("n_kv_head", n_kv_head), ("head_dim", head_dim)];
     let row_kv = product(args, "a row of k", &heads)?;
