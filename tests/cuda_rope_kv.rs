@@ -4,8 +4,8 @@
 //! f64 sines (both sides round the same f64 angle to f32; the two libraries' f64 `sincos` may
 //! differ in the last f64 bit, which moves an f32 rounding by at most one ulp: 2^-23 relative of
 //! a value of the size of the inputs). At the Llama 3.1 8B shape (32 heads and 8 KV heads of
-//! 128, frequency factors, 512 rows) and odd ones (rows 100 and 513, NeoX halves, a partial
-//! rotary dimension). Seeded random inputs, never zeros. Needs a GPU: ignored by default, it
+//! 128, frequency factors, 512 rows) and odd ones (rows 1, 3, 17, 100 and 513, NeoX halves, a
+//! partial rotary dimension). Seeded random inputs, never zeros. Needs a GPU: ignored by default, it
 //! fails where there is none (`ops::rope_kv`'s tests run the CPU kernels).
 
 mod cuda_open;
@@ -87,10 +87,13 @@ fn without_rope_kv(caps: &Capabilities) -> Capabilities {
 fn fused_ropes_and_cache_writes_give_the_unfused_bits_and_the_cpus_values() {
     let gpu = cuda_device();
     let host = Device::cpu(4).unwrap();
-    let cases: [Case; 3] = [
+    let cases: [Case; 6] = [
         (512, 32, 8, 128, 128, RopeMode::Normal, true),
         (100, 14, 2, 64, 64, RopeMode::NeoX, false),
         (513, 8, 4, 96, 64, RopeMode::Normal, false),
+        (1, 32, 8, 128, 128, RopeMode::Normal, true),
+        (3, 9, 3, 64, 32, RopeMode::NeoX, true),
+        (17, 14, 2, 64, 64, RopeMode::Normal, false),
     ];
     for case in cases {
         let (want, none) = run(&gpu, &without_rope_kv(&cuda::CAPABILITIES), case);
