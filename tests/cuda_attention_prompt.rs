@@ -17,6 +17,12 @@
 //! 0.0078 for heads of 64); a weight `exp(s_i - m) / sum` by at most twice that relatively, and
 //! the output, a weighted mean of |v| <= 1, by at most 0.022, plus 2^-10 for rounding the weights
 //! and v: `2.5e-2` absolute for both.
+//!
+//! With an f32 cache the tensor-core form copies the next K and V tile into shared memory while it
+//! multiplies the current one (16-byte copies, or 4-byte ones where the cache is not 16-byte
+//! aligned) and rounds them to f16 there; with an f16 cache it loads the tiles directly. On cache
+//! values an f16 holds exactly, the three see the same f16 tiles: their outputs are compared bit
+//! for bit.
 //! Every test needs a GPU: ignored by default, it fails where there is none.
 
 // The harness serves `cuda_ops.rs`; this file uses part of it.
@@ -25,10 +31,11 @@ mod cuda_harness;
 mod cuda_open;
 mod seeded;
 
-use cuda_harness::{compare, i32_tensor, random_tensor};
+use cuda_harness::{compare, float_tensor, i32_tensor, random_tensor, run_on, Host};
 use cuda_open::cuda_device;
 use onepass::ops::attention::AttentionParams;
 use onepass::DType;
+use seeded::random_f32;
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -92,6 +99,82 @@ fn prompt_attention_row_and_tensor_core_forms_match_the_cpu() {
                     &|s, i, o| s.attention(&i[0], &i[1], &i[2], &i[3], &o[0], params),
                 );
             }
+        }
+    }
+}
+
+/// Random values in (-1, 1) that an f16 holds exactly, as f32.
+fn f16_exact(len: usize, seed: u64) -> Vec<f32> {
+    random_f32(len, 1.0, seed)
+        .into_iter()
+        .map(|x| half::f16::from_f32(x).to_f32())
+        .collect()
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn pipelined_f32_cache_form_equals_the_f16_cache_form_bitwise() {
+    let dev = cuda_device();
+    for (n_head, n_kv, hd) in [(32usize, 8usize, 128usize), (32, 8, 64), (24, 8, 128)] {
+        for (rows, pos0, window, softcap) in [
+            (64usize, 0usize, 0usize, 0.0f32),
+            (100, 0, 0, 0.0),
+            (513, 0, 0, 0.0),
+            (130, 700, 300, 30.0),
+        ] {
+            let max_ctx = pos0 + rows + 5;
+            let cache = n_kv * max_ctx * hd;
+            let seed = (rows + pos0 + hd + n_head) as u64;
+            let (k, v) = (f16_exact(cache, 100 + seed), f16_exact(cache, 200 + seed));
+            let q = random_tensor(DType::F32, &[rows, n_head * hd], 1.0, 300 + seed);
+            let step = i32_tensor(&[pos0 as i32, 0], &[2]);
+            let mut params = AttentionParams::new(n_head, n_kv, hd);
+            if window != 0 {
+                params = params.with_window(window);
+            }
+            if softcap != 0.0 {
+                params = params.with_softcap(softcap);
+            }
+            let dims = [n_kv, max_ctx, hd];
+            let out = [(DType::F32, vec![rows, n_head * hd])];
+            let run = |k: Host, v: Host, offset: usize| {
+                let got = run_on(&dev, &[q.clone(), k, v, step.clone()], &out, &|s, i, o| {
+                    let view = |b: &onepass::Buffer| b.view(offset, b.dtype(), &dims);
+                    s.attention(&i[0], &view(&i[1])?, &view(&i[2])?, &i[3], &o[0], params)
+                });
+                got.last().unwrap().clone()
+            };
+            let what = format!("{n_head}/{n_kv}x{hd} rows {rows} pos0 {pos0} window {window}");
+            let half = run(
+                float_tensor(&k, DType::F16, &dims),
+                float_tensor(&v, DType::F16, &dims),
+                0,
+            );
+            let wide = run(
+                float_tensor(&k, DType::F32, &dims),
+                float_tensor(&v, DType::F32, &dims),
+                0,
+            );
+            assert!(
+                half == wide,
+                "{what}: f32 cache (16-byte copies) differs from f16 cache"
+            );
+            // The same caches one value into a larger buffer: 4-byte copies.
+            let shifted = |x: &[f32]| {
+                let mut y = vec![0.5f32];
+                y.extend_from_slice(x);
+                float_tensor(&y, DType::F32, &[cache + 1])
+            };
+            let narrow = run(shifted(&k), shifted(&v), 4);
+            assert!(
+                half == narrow,
+                "{what}: f32 cache (4-byte copies) differs from f16 cache"
+            );
+            let vals: Vec<f32> = bytemuck::cast_slice(&half).to_vec();
+            assert!(
+                vals.iter().all(|x| x.is_finite()),
+                "{what}: not every output written"
+            );
         }
     }
 }

@@ -294,7 +294,7 @@ pub fn attention(
     ];
     args.extend(score_args(&params));
     let grid = if mma {
-        mma_grid(checked.rows, params.n_head, params.head_dim)
+        mma_grid(checked.rows, params.n_head, params.head_dim, checked.cache)
     } else {
         Grid::new(items, 128)
     };
@@ -314,14 +314,22 @@ const MMA_THREADS: u32 = 128;
 const MMA_ROWS: usize = 64;
 
 /// The launch shape of the tensor-core form: a block per 64 query rows of one head, with its
-/// shared memory (`ATTN_M_SMEM`: Q, K and V tiles of 64 rows of `head_dim` f16 values, rows
-/// padded by 8).
-fn mma_grid(rows: usize, n_head: usize, head_dim: usize) -> Grid {
+/// shared memory. An f32 cache gets the pipelined form's (`ATTN_M_SMEM_PIPE`: K and V tiles of
+/// 64 rows of `head_dim` f16 values, rows padded by 8, then two f32 slots of 64 rows into which
+/// the next tile is copied while the block multiplies the current one); an f16 cache the plain
+/// form's (`ATTN_M_SMEM`: Q, K and V tiles). A GPU that grants less gets the plain form (the
+/// kernel checks what it was given).
+fn mma_grid(rows: usize, n_head: usize, head_dim: usize, cache: DType) -> Grid {
     let blocks = rows
         .div_ceil(MMA_ROWS)
         .saturating_mul(n_head)
         .clamp(1, 1 << 30);
-    let smem = 3 * MMA_ROWS * (head_dim + 8) * 2;
+    let tiles = MMA_ROWS * (head_dim + 8) * 2;
+    let smem = if cache == DType::F32 {
+        2 * tiles + 2 * MMA_ROWS * head_dim * 4
+    } else {
+        3 * tiles
+    };
     Grid::new(blocks as u32, MMA_THREADS).with_shared(smem as u32)
 }
 

@@ -501,16 +501,17 @@ fn decode_out_of_range_position_is_a_kernel_error() {
 }
 
 /// The tensor-core prompt attention is chosen where the op is recorded: heads of 64 and 128
-/// values from 64 rows, a block of 128 threads per 64 rows and head, Q, K and V tiles of 64 rows
-/// (padded by 8 values) in f16 shared memory; other head sizes and shorter passes keep the
-/// one-row form. The CPU runs the same function for both kernels.
+/// values from 64 rows, a block of 128 threads per 64 rows and head; with an f32 cache, K and V
+/// tiles of 64 rows (padded by 8 values) in f16 and two f32 slots of 64 rows for the next tile's
+/// copies, with an f16 cache Q, K and V tiles in f16; other head sizes and shorter passes keep
+/// the one-row form. The CPU runs the same function for both kernels.
 #[test]
 fn the_tensor_core_attention_takes_heads_of_64_and_128_from_64_rows() {
     let dev = Device::cpu(2).unwrap();
-    let launch = |n_head: usize, n_kv: usize, hd: usize, rows: usize| {
+    let launch_in = |cache: DType, n_head: usize, n_kv: usize, hd: usize, rows: usize| {
         let q = dev.alloc(DType::F32, &[rows, n_head * hd]).unwrap();
-        let k = dev.alloc(DType::F32, &[n_kv, 1024, hd]).unwrap();
-        let v = dev.alloc(DType::F32, &[n_kv, 1024, hd]).unwrap();
+        let k = dev.alloc(cache, &[n_kv, 1024, hd]).unwrap();
+        let v = dev.alloc(cache, &[n_kv, 1024, hd]).unwrap();
         let step = dev.alloc(DType::I32, &[2]).unwrap();
         let out = dev.alloc(DType::F32, &[rows, n_head * hd]).unwrap();
         let d = attention(
@@ -523,13 +524,22 @@ fn the_tensor_core_attention_takes_heads_of_64_and_128_from_64_rows() {
         )
         .unwrap();
         let g = d.grid();
-        let mma = d.kernel() == KernelId::of(&ka::ATTENTION_MMA[0]);
+        let mma = ka::ATTENTION_MMA
+            .iter()
+            .any(|k| d.kernel() == KernelId::of(k));
         (mma, g.blocks[0], g.threads[0], g.shared_bytes)
     };
+    let launch = |n_head, n_kv, hd, rows| launch_in(DType::F32, n_head, n_kv, hd, rows);
     // SmolLM2 (9 heads of 64), 512 rows: 8 row tiles a head.
-    assert_eq!(launch(9, 3, 64, 512), (true, 72, 128, 3 * 64 * 72 * 2));
+    let pipelined = |hd: u32| 2 * 64 * (hd + 8) * 2 + 2 * 64 * hd * 4;
+    assert_eq!(launch(9, 3, 64, 512), (true, 72, 128, pipelined(64)));
     // Llama 3 8B (32 heads of 128), 100 rows: 2 row tiles a head.
-    assert_eq!(launch(32, 8, 128, 100), (true, 64, 128, 3 * 64 * 136 * 2));
+    assert_eq!(launch(32, 8, 128, 100), (true, 64, 128, pipelined(128)));
+    // An f16 cache: the Q, K and V tiles only.
+    assert_eq!(
+        launch_in(DType::F16, 32, 8, 128, 100),
+        (true, 64, 128, 3 * 64 * 136 * 2)
+    );
     // Under 64 rows, or heads of 40 or 256: one block per row and head.
     assert!(!launch(9, 3, 64, 63).0);
     assert!(!launch(6, 1, 40, 512).0);

@@ -135,7 +135,7 @@ impl LaunchParams {
     /// pointers stay valid until the next `prepare`.
     ///
     /// A dispatch asking for more shared memory than a block of this device may have gets what
-    /// the device allows: every kernel that takes a shared-memory form checks the size it was
+    /// the device allows (less the kernel's static shared memory): every kernel that takes a shared-memory form checks the size it was
     /// given (`%dynamic_smem_size`) and takes a smaller form otherwise (the pipelined prompt
     /// products' 106 KiB, for example, on a GPU with 99 KiB a block).
     fn prepare(&mut self, device: &CudaDevice, dispatch: DispatchRef<'_>) -> Result<(Kernel, u32)> {
@@ -154,7 +154,11 @@ impl LaunchParams {
             info.shared_per_sm,
             info.reserved_shared_per_block,
         ));
-        let shared = asked.min(u32::try_from(info.max_shared_per_block).unwrap_or(u32::MAX));
+        // The device's limit covers the kernel's static shared memory too.
+        let limit = u32::try_from(info.max_shared_per_block)
+            .unwrap_or(u32::MAX)
+            .saturating_sub(kernel.static_shared());
+        let shared = asked.min(limit);
         kernel.ensure_dynamic_shared(shared)?;
         self.slots.clear();
         for (i, arg) in dispatch.args().iter().enumerate() {

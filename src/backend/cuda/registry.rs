@@ -277,12 +277,19 @@ impl KernelCompiler {
 pub struct Kernel {
     function: Arc<CudaFunction>,
     max_dynamic_shared: Arc<Mutex<u32>>,
+    static_shared: u32,
 }
 
 impl Kernel {
     /// The raw function handle, valid while this `Kernel` lives.
     pub fn cu_function(&self) -> sys::CUfunction {
         self.function.cu_function()
+    }
+
+    /// The kernel's statically declared shared memory in bytes: a block's dynamic shared memory
+    /// may be at most the device's limit less this.
+    pub fn static_shared(&self) -> u32 {
+        self.static_shared
     }
 
     /// Raises the kernel's dynamic shared-memory limit to `bytes` when it is above 48 KiB (the
@@ -388,9 +395,16 @@ impl KernelRegistry {
                 e,
             )
         })?;
+        let static_shared = function.shared_size_bytes().map_err(|e| {
+            Error::driver(
+                format!("reading the static shared memory of `{}`", id.name()),
+                e,
+            )
+        })?;
         let kernel = Kernel {
             function: Arc::new(function),
             max_dynamic_shared: Arc::new(Mutex::new(48 * 1024)),
+            static_shared: u32::try_from(static_shared).unwrap_or(0),
         };
         self.kernels
             .write()

@@ -67,7 +67,7 @@ __device__ __forceinline__ void mmh_issue(uint8_t* slot, const __half* x, const 
     for (int j = 0; j < BM / 32; ++j) {
         const uint32_t c = t + MMA_THREADS * j, r = c / 8, q = c % 8;
         const bool live = r0 + r < rows;
-        mmp_copy<16>(a + r * MMH_LD + 8 * q,
+        op_cp_async<16>(a + r * MMH_LD + 8 * q,
                      live ? x + (uint64_t)(r0 + r) * k + (uint64_t)s * MMH_BK + 8 * q : x, live);
     }
     uint8_t* b = slot + MMH_A_BYTES;
@@ -80,7 +80,7 @@ __device__ __forceinline__ void mmh_issue(uint8_t* slot, const __half* x, const 
         const uint8_t* src = SW && ((o >> 3) & 1) ? w2 : w;
         const bool live = c < MMA_BN * F::words && row < n;
         if (c < MMA_BN * F::words)
-            mmp_copy<4>(b + 4 * c,
+            op_cp_async<4>(b + 4 * c,
                         live ? src + (uint64_t)row * row_bytes + (uint64_t)s * 2 * F::bytes + 4 * u
                              : w,
                         live);
@@ -180,21 +180,21 @@ __device__ __forceinline__ void mmh_tile(const __half* x, const uint8_t* w, floa
         if (s < steps)
             mmh_issue<FMT, BM, SW>(ring + s * MMH_SLOT, x, w, (uint32_t)r0, (uint32_t)o0, rows, k,
                                    n, row_bytes, s, w2);
-        mmp_commit();
+        op_cp_commit();
     }
-    mmp_wait<MMH_STAGES - 2>();
+    op_cp_wait<MMH_STAGES - 2>();
     __syncthreads();
     mmh_convert<FMT>(ring, bf);
     for (uint32_t s = 0; s < steps; ++s) {
         // Step s + 1 has landed; every warp is done with step s - 1's products, so its slot
         // (activations read by `ldmatrix`) and step s + 1's f16 buffer are free.
-        mmp_wait<MMH_STAGES - 3>();
+        op_cp_wait<MMH_STAGES - 3>();
         __syncthreads();
         if (s + MMH_STAGES - 1 < steps)
             mmh_issue<FMT, BM, SW>(ring + ((s + MMH_STAGES - 1) % MMH_STAGES) * MMH_SLOT, x, w,
                                    (uint32_t)r0, (uint32_t)o0, rows, k, n, row_bytes,
                                    s + MMH_STAGES - 1, w2);
-        mmp_commit();
+        op_cp_commit();
         const __half* as = (const __half*)(ring + (s % MMH_STAGES) * MMH_SLOT);
         const __half* bs = bf + (s % 2) * MMA_BN * MMH_LD;
         mma_step<MI, MMH_BK, MMH_LD>(acc, as, bs, wm, wn, lane);
@@ -203,7 +203,7 @@ __device__ __forceinline__ void mmh_tile(const __half* x, const uint8_t* w, floa
                              bf + ((s + 1) % 2) * MMA_BN * MMH_LD);
     }
     // No copy left in flight (the last groups are empty) before the next tile reuses the slots.
-    mmp_wait<0>();
+    op_cp_wait<0>();
     __syncthreads();
     if constexpr (SW)
         mmsw_write<MI>(acc, hout, r0, o0, rows, n, wm, wn, lane);

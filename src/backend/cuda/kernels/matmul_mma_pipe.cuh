@@ -23,28 +23,6 @@
 #define MMP_RING (3 * (MMP_A_BYTES + MMA_BN * 48))
 #define MMP_SMEM (MMP_RING + 2 * (MMA_BM + MMA_BN) * MMA_LD * 2)
 
-#if __CUDA_ARCH__ >= 800
-// `bytes` (4 or 16) from global `src` to shared `dst`, asynchronously; zeros instead when
-// `!live` (then `src` is only a valid address, never read).
-template <int BYTES>
-__device__ __forceinline__ void mmp_copy(void* dst, const void* src, bool live) {
-    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-    const uint32_t n = live ? BYTES : 0;
-    if (BYTES == 16) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(n));
-    } else {
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(n));
-    }
-}
-
-__device__ __forceinline__ void mmp_commit() { asm volatile("cp.async.commit_group;"); }
-
-template <int N>
-__device__ __forceinline__ void mmp_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N));
-}
-#endif
-
 // What a step copies of each weight row, in `units` copies of `unit` bytes (4 or 16), where copy
 // `u` of step s starts in the row, and where the step's values start in what was copied.
 // The 32-value formats: the step's block and, for an odd block of a format whose block is not a
@@ -144,7 +122,7 @@ __device__ __forceinline__ void mmp_issue(uint8_t* slot, const MmpCursor<FMT, BM
 #pragma unroll
     for (int j = 0; j < BM / 32; ++j) {
         const bool live = (cur.a_live >> j) & 1u;
-        mmp_copy<16>(a + (t / 8 + 32 * j) * MMA_BK + 4 * (t % 8),
+        op_cp_async<16>(a + (t / 8 + 32 * j) * MMA_BK + 4 * (t % 8),
                      live ? cur.a[j] + s * MMA_BK : cur.a[j], live);
     }
     uint8_t* b = slot + MMP_A_BYTES;
@@ -153,7 +131,7 @@ __device__ __forceinline__ void mmp_issue(uint8_t* slot, const MmpCursor<FMT, BM
         const uint32_t c = t + MMA_THREADS * i;
         const bool live = (cur.b_live >> i) & 1u;
         if (c < MMA_BN * F::units)
-            mmp_copy<F::unit>(b + F::unit * c,
+            op_cp_async<F::unit>(b + F::unit * c,
                               live ? cur.b[i] + F::offset(s, c % F::units) : cur.b[i], live);
     }
 }
@@ -265,19 +243,19 @@ __device__ __forceinline__ void mmp_tile(const float* x, const uint8_t* w, float
 #pragma unroll
     for (uint32_t s = 0; s < F::stages; ++s) {
         if (s < steps) mmp_issue<FMT, BM>(ring + s * F::slot, cur, s);
-        mmp_commit();
+        op_cp_commit();
     }
-    mmp_wait<F::stages - 1>();
+    op_cp_wait<F::stages - 1>();
     __syncthreads();
     mmp_convert<FMT, BM>(ring, 0, f16, f16 + BM * MMA_LD);
     for (uint32_t s = 0; s < steps; ++s) {
         // Step s + 1's copy has landed (this thread's part, then everyone's at the barrier);
         // every warp is done with step s - 1's products and step s's slot.
-        mmp_wait<F::stages - 2>();
+        op_cp_wait<F::stages - 2>();
         __syncthreads();
         if (s + F::stages < steps)
             mmp_issue<FMT, BM>(ring + (s % F::stages) * F::slot, cur, s + F::stages);
-        mmp_commit();
+        op_cp_commit();
         const __half* as = f16 + (s % 2) * (BM + MMA_BN) * MMA_LD;
         const __half* bs = as + BM * MMA_LD;
         mma_step<MI, MMA_BK, MMA_LD>(acc, as, bs, wm, wn, lane);
@@ -289,7 +267,7 @@ __device__ __forceinline__ void mmp_tile(const float* x, const uint8_t* w, float
     }
     // Nothing of this tile's copies is left in flight (the last groups are empty) before the
     // next tile reuses the slots; the barrier keeps its first copies off slots still read.
-    mmp_wait<0>();
+    op_cp_wait<0>();
     __syncthreads();
     mma_write<ACC, MI>(acc, out, r0, o0, rows, n, wm, wn, lane);
 #endif

@@ -259,3 +259,27 @@ __device__ __forceinline__ void op_grid_release() {
         op_grid_wait();                                                                            \
         op_grid_release();                                                                         \
     } while (0)
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+// `BYTES` (4 or 16) from global `src` to shared `dst`, asynchronously; zeros instead when
+// `!live` (then `src` is only a valid address, never read). The copies a thread issued since its
+// last `op_cp_commit` form one group; `op_cp_wait<N>` waits until at most N of the thread's groups
+// are in flight; the others' copies are seen after a barrier that follows their waits.
+template <int BYTES>
+__device__ __forceinline__ void op_cp_async(void* dst, const void* src, bool live) {
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    const uint32_t n = live ? BYTES : 0;
+    if (BYTES == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(n));
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(n));
+    }
+}
+
+__device__ __forceinline__ void op_cp_commit() { asm volatile("cp.async.commit_group;"); }
+
+template <int N>
+__device__ __forceinline__ void op_cp_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+#endif
