@@ -175,6 +175,31 @@ pub(crate) trait Backend: Send + Sync {
 
     /// Starts timing the work queued from now on ([`Capabilities::step_clock`] says how).
     fn step_timer(&self) -> Result<Box<dyn StepTimer>>;
+
+    /// Compiles ahead, on up to `threads` threads, the kernels the backend would otherwise
+    /// compile at their first use, calling `progress(done, total, what)` (first `(0, total, "")`
+    /// when there is anything to compile). The default: a backend that compiles nothing.
+    fn warm_kernels(
+        &self,
+        threads: usize,
+        progress: &(dyn Fn(usize, usize, &str) + Sync),
+    ) -> Result<WarmReport> {
+        let _ = (threads, progress);
+        Ok(WarmReport::default())
+    }
+}
+
+/// What [`super::Device::warm_kernels`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct WarmReport {
+    /// Kernel families (compilation units) the backend has; 0 for a backend that compiles none.
+    pub families: usize,
+    /// Families compiled now (the others were cached).
+    pub compiled: usize,
+    /// Threads that compiled them.
+    pub threads: usize,
+    /// Wall-clock seconds the compiles took.
+    pub seconds: f64,
 }
 
 /// Encodes dispatches for submission. Barriers separate groups whose dispatches may run at the

@@ -10,7 +10,9 @@ mod memory;
 pub use crate::dtype::{DType, Element};
 pub use crate::memory::{bytes_of, AllocId, Allocation, Buffer, DeviceMemory, Location, Shape};
 pub(crate) use interface::{Backend, Encoder, Replay, Submission};
-pub use interface::{Capabilities, EncoderOptions, KernelTime, ReplayOrdering, StepClock};
+pub use interface::{
+    Capabilities, EncoderOptions, KernelTime, ReplayOrdering, StepClock, WarmReport,
+};
 pub use memory::{
     available_host_memory, parse_mem_available, HostMemory, MappedMemory, HOST_ALIGN,
 };
@@ -93,6 +95,18 @@ impl Device {
             Device::Cpu(d) => d,
             Device::Cuda(d) => d,
         }
+    }
+
+    /// Compiles ahead, on up to `threads` threads, the kernels this device would compile at
+    /// their first use (CUDA: the kernel families its cubin cache lacks; the CPU: none), calling
+    /// `progress(done, total, family)`, first `(0, total, "")` when there is anything to compile.
+    /// A compile error is returned as the first use would have returned it.
+    pub fn warm_kernels(
+        &self,
+        threads: usize,
+        progress: &(dyn Fn(usize, usize, &str) + Sync),
+    ) -> Result<WarmReport> {
+        self.backend().warm_kernels(threads, progress)
     }
 
     /// What the device's backend declares about itself.

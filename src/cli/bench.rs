@@ -17,7 +17,7 @@ use onepass::trace::{kernel_summary, op_summary, write_chrome_trace, OpTime, Tim
 use onepass::Executor;
 
 use super::common::{
-    check_output_path, count, load_with_prefill_rows, open_model, ModelArgs, RunArgs,
+    check_output_path, count, load_with_prefill_rows, open_device, open_model, ModelArgs, RunArgs,
 };
 use super::synth::SynthQuant;
 
@@ -205,7 +205,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.trace {
         check_output_path("--trace", path)?;
     }
-    let device = config.open_device()?;
+    let device = open_device(&config)?;
     let quant = args.quant.formats();
     let temp = args
         .like

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use onepass::backend::BackendKind;
 use onepass::config::{BackendChoice, RunMode};
 use onepass::model::engine::Engine;
@@ -219,12 +220,50 @@ pub struct Loaded {
     pub tokenizer: Tokenizer,
 }
 
+/// Opens the device `config` asks for, then compiles ahead, on several threads, the kernels it
+/// would otherwise compile one by one while the first pass is recorded (a CUDA device's first
+/// run, or the first after onepass or NVRTC changed: minutes on one thread), with a progress bar
+/// on standard error and a line saying what it did. Nothing to compile: no output.
+pub fn open_device(config: &RuntimeConfig) -> anyhow::Result<Device> {
+    let device = config.open_device()?;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let bar = ProgressBar::hidden();
+    let report = device.warm_kernels(threads, &|done, total, family| {
+        if done == 0 {
+            bar.set_draw_target(ProgressDrawTarget::stderr());
+            bar.set_style(
+                ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} families, {elapsed}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            bar.set_length(total as u64);
+            bar.set_message(format!("compiling kernels for {}", device.name()));
+            bar.enable_steady_tick(std::time::Duration::from_millis(500));
+        } else {
+            bar.set_position(done as u64);
+            tracing::debug!("compiled the {family} kernels ({done} of {total})");
+        }
+    });
+    bar.finish_and_clear();
+    let report = report.with_context(|| format!("compiling the kernels of {}", device.name()))?;
+    if report.compiled > 0 {
+        eprintln!(
+            "compiled {} of {} kernel families for {} in {:.1} s on {} threads (cached for later runs)",
+            report.compiled,
+            report.families,
+            device.name(),
+            report.seconds,
+            report.threads
+        );
+    }
+    Ok(device)
+}
+
 /// Loads the model and tokenizer (with `run`'s sizes) and builds an engine that runs as `config`
 /// says.
 pub fn load(model: &ModelArgs, run: &RunArgs, config: &RuntimeConfig) -> anyhow::Result<Loaded> {
     let file = open_model(&model.model, config)?;
     let tokenizer = Tokenizer::from_gguf(&file)?;
-    let device = config.open_device()?;
+    let device = open_device(config)?;
     let llama = load_with_prefill_rows(run, &device, |rows| {
         Transformer::load(file.clone(), &device, run.ctx, rows)
     })?;

@@ -16,7 +16,7 @@ use onepass::model::transformer::Transformer;
 use onepass::serve::{Limits, ServeOptions, ServedModel};
 use onepass::Executor;
 
-use super::common::{count, load_with_prefill_rows, model_path, ModelArgs, RunArgs};
+use super::common::{count, load_with_prefill_rows, model_path, open_device, ModelArgs, RunArgs};
 
 /// Flags of `serve`.
 #[derive(Args, Debug)]
@@ -93,7 +93,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let file = Arc::new(GgufFile::open(&path)?);
     let tokenizer = Tokenizer::from_gguf(&file)?;
     let template = ChatTemplate::from_gguf(&file, &tokenizer)?;
-    let device = config.open_device()?;
+    let device = open_device(&config)?;
     let transformer = load_with_prefill_rows(&args.run, &device, |rows| {
         Transformer::load_slots(
             file.clone(),

@@ -9,7 +9,7 @@ use crate::backend::interface::{
     Backend, Capabilities, Encoder, EncoderOptions, KernelTime, Replay, ReplayOrdering, StepClock,
     StepTimer,
 };
-use crate::backend::{Allocation, BackendKind, Buffer, Location};
+use crate::backend::{Allocation, BackendKind, Buffer, Location, WarmReport};
 use crate::error::{Error, Result};
 use crate::graph::{Dispatch, KernelId};
 use crate::kernels::{Fusion, FusionUse};
@@ -120,6 +120,14 @@ impl Backend for Arc<CudaDevice> {
         let (start, end) = (GpuEvent::new(self)?, GpuEvent::new(self)?);
         start.record()?;
         Ok(Box::new(EventTimer { start, end }))
+    }
+
+    fn warm_kernels(
+        &self,
+        threads: usize,
+        progress: &(dyn Fn(usize, usize, &str) + Sync),
+    ) -> Result<WarmReport> {
+        CudaDevice::warm_kernels(self, threads, progress)
     }
 }
 

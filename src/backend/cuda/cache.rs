@@ -65,6 +65,11 @@ impl CubinCache {
         self.dir.join(format!("{name}-{key}.cubin"))
     }
 
+    /// Whether an entry for `key` exists (not verified: [`CubinCache::load`] checks it).
+    pub fn contains(&self, name: &str, key: &str) -> bool {
+        self.path(name, key).is_file()
+    }
+
     /// The cached cubin for `key`, if a file exists and its checksum holds. A damaged file is
     /// removed (best effort) and reported as absent.
     pub fn load(&self, name: &str, key: &str) -> Option<Vec<u8>> {

@@ -26,6 +26,7 @@ mod launch;
 mod memory;
 pub mod nvrtc;
 mod registry;
+mod warm;
 
 pub use backend::CAPABILITIES;
 pub use cache::{cache_key, default_cache_dir, CubinCache};
@@ -36,6 +37,7 @@ pub use registry::{
     all_kernel_names, arch_for, include_dir_from_env, kernel_names_in, Kernel, KernelCompiler,
     KernelRegistry, KernelSource, PRELUDE, SOURCES,
 };
+pub use warm::MAX_WARM_THREADS;
 
 use std::ffi::c_int;
 use std::path::PathBuf;
@@ -43,7 +45,7 @@ use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
 
-use super::{Allocation, Buffer, EncoderOptions};
+use super::{Allocation, Buffer, EncoderOptions, WarmReport};
 use crate::error::{Error, Result};
 use memory::{driver_err, is_sticky};
 
@@ -228,6 +230,17 @@ impl CudaDevice {
             self.info.name,
             self.registry.compiler().arch()
         )
+    }
+
+    /// Compiles into the cubin cache, on up to `threads` threads, every kernel family it lacks
+    /// ([`KernelCompiler::warm`]), so that the first pass loads them instead of compiling them
+    /// one by one.
+    pub fn warm_kernels(
+        &self,
+        threads: usize,
+        progress: &(dyn Fn(usize, usize, &str) + Sync),
+    ) -> Result<WarmReport> {
+        self.registry.compiler().warm(SOURCES, threads, progress)
     }
 
     /// The kernel registry.

@@ -237,6 +237,11 @@ impl KernelCompiler {
         &self.options
     }
 
+    /// The disk cache, when there is one.
+    pub fn cache(&self) -> Option<&CubinCache> {
+        self.cache.as_ref()
+    }
+
     /// The cubin of one family: from the cache when a verified entry exists, else compiled (and
     /// stored; a failure to store is logged, not fatal).
     pub fn cubin(&self, src: &KernelSource) -> Result<Vec<u8>> {
