@@ -37,6 +37,24 @@ use onepass::ops::attention::AttentionParams;
 use onepass::DType;
 use seeded::random_f32;
 
+/// The attention's parameters, with a sliding window and a softcap where they are not 0.
+fn params_of(
+    n_head: usize,
+    n_kv: usize,
+    hd: usize,
+    window: usize,
+    softcap: f32,
+) -> AttentionParams {
+    let mut params = AttentionParams::new(n_head, n_kv, hd);
+    if window != 0 {
+        params = params.with_window(window);
+    }
+    if softcap != 0.0 {
+        params = params.with_softcap(softcap);
+    }
+    params
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn prompt_attention_row_and_tensor_core_forms_match_the_cpu() {
@@ -73,13 +91,7 @@ fn prompt_attention_row_and_tensor_core_forms_match_the_cpu() {
                 let vv = random_tensor(cache, &[n_kv, max_ctx, hd], 1.0, 6000 + seed);
                 let q = random_tensor(DType::F32, &[rows, n_head * hd], 1.0, 7000 + seed);
                 let step = i32_tensor(&[pos0 as i32, 0], &[2]);
-                let mut params = AttentionParams::new(n_head, n_kv, hd);
-                if window != 0 {
-                    params = params.with_window(window);
-                }
-                if softcap != 0.0 {
-                    params = params.with_softcap(softcap);
-                }
+                let params = params_of(n_head, n_kv, hd, window, softcap);
                 // The tensor-core form's bound (see the module documentation), else the f32 one.
                 let (atol, rtol) = if (hd == 64 || hd == 128) && rows >= 64 {
                     (2.5e-2, 0.0)
@@ -128,13 +140,7 @@ fn pipelined_f32_cache_form_equals_the_f16_cache_form_bitwise() {
             let (k, v) = (f16_exact(cache, 100 + seed), f16_exact(cache, 200 + seed));
             let q = random_tensor(DType::F32, &[rows, n_head * hd], 1.0, 300 + seed);
             let step = i32_tensor(&[pos0 as i32, 0], &[2]);
-            let mut params = AttentionParams::new(n_head, n_kv, hd);
-            if window != 0 {
-                params = params.with_window(window);
-            }
-            if softcap != 0.0 {
-                params = params.with_softcap(softcap);
-            }
+            let params = params_of(n_head, n_kv, hd, window, softcap);
             let dims = [n_kv, max_ctx, hd];
             let out = [(DType::F32, vec![rows, n_head * hd])];
             let run = |k: Host, v: Host, offset: usize| {

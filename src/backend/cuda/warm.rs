@@ -52,7 +52,10 @@ impl KernelCompiler {
         progress: &(dyn Fn(usize, usize, &str) + Sync),
     ) -> Result<WarmReport> {
         let start = Instant::now();
-        let todo = self.missing(sources)?;
+        let mut todo = self.missing(sources)?;
+        // The longest sources first (the matrix family takes most of the time): the last
+        // compile to start is a short one, so the threads finish together.
+        todo.sort_by_key(|src| std::cmp::Reverse(src.source.len()));
         let total = todo.len();
         let threads = threads.clamp(1, MAX_WARM_THREADS).min(total.max(1));
         if total == 0 {
