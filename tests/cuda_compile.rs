@@ -201,6 +201,18 @@ fn warming_returns_a_family_that_does_not_compile_and_keeps_the_others() {
         text.contains("warm_broken.cu") && text.contains("not_declared"),
         "{text}"
     );
+    // The family that compiles is cached all the same.
+    let left: Vec<&str> = c
+        .missing(&sources)
+        .unwrap()
+        .iter()
+        .map(|s| s.family)
+        .collect();
+    assert_eq!(left, ["warm_broken"]);
+    // The doctor's check: every family's result, in order, on threads.
+    let all = c.compile_all(&[sources[1], SMALL[2], sources[0]], 2);
+    assert!(all[0].is_err() && all[1].is_ok() && all[2].is_ok());
+    assert_eq!(&all[2].as_ref().unwrap()[..4], b"\x7fELF");
     // Without a cache nothing is compiled ahead (it could not be kept).
     let uncached = compiler(None).warm(&sources, 2, &|_, _, _| {}).unwrap();
     assert_eq!(uncached.compiled, 0);

@@ -82,8 +82,9 @@ pub fn diagnose() -> DoctorReport {
     let mut kernels_failed = 0;
     if nvrtc_version.is_some() {
         let compiler = KernelCompiler::new(&arch, include.as_deref(), None);
-        for src in SOURCES {
-            if let Err(f) = compiler.compile(src) {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        for (src, result) in SOURCES.iter().zip(compiler.compile_all(SOURCES, threads)) {
+            if let Err(f) = result {
                 kernels_failed += src.kernel_names().len();
                 failures.push(FamilyFailure {
                     family: src.family.to_string(),

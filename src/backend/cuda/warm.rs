@@ -4,10 +4,10 @@
 //! the first use of one of its kernels, one after another while the first pass is recorded, and
 //! says nothing for minutes. [`KernelCompiler::warm`] compiles the families the cubin cache lacks
 //! on several threads, reporting each one done, so that the registry's loads that follow read the
-//! cache. NVRTC compiles distinct programs concurrently.
+//! cache; [`KernelCompiler::compile_all`] is the doctor's check of every family, on threads too.
+//! NVRTC compiles distinct programs concurrently.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use super::nvrtc::nvrtc_version;
@@ -18,6 +18,39 @@ use crate::error::{Error, Result};
 /// The most compiles run at once: each holds NVRTC's working memory (hundreds of MB for the
 /// largest family), so a many-core host does not get one a core.
 pub const MAX_WARM_THREADS: usize = 8;
+
+/// `f` of every source, computed on up to `threads` threads (1 to [`MAX_WARM_THREADS`]), the
+/// longest sources started first (the matrix family takes most of the time, so the threads
+/// finish together); the results in the order of `sources`.
+fn on_threads<R: Send>(
+    sources: &[&KernelSource],
+    threads: usize,
+    f: &(dyn Fn(&KernelSource) -> R + Sync),
+) -> Vec<R> {
+    let mut order: Vec<usize> = (0..sources.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(sources[i].source.len()));
+    let threads = threads.clamp(1, MAX_WARM_THREADS).min(sources.len().max(1));
+    let next = AtomicUsize::new(0);
+    let mut results: Vec<(usize, R)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    while let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        mine.push((i, f(sources[i])));
+                    }
+                    mine
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    results.sort_by_key(|r| r.0);
+    results.into_iter().map(|r| r.1).collect()
+}
 
 impl KernelCompiler {
     /// The families of `sources` whose cubin for this compiler's options is not in the disk cache
@@ -43,8 +76,8 @@ impl KernelCompiler {
     /// Compiles into the disk cache every family of `sources` it lacks, on up to `threads`
     /// threads (at least 1, at most [`MAX_WARM_THREADS`]). `progress(done, total, family)` is
     /// called with `(0, total, "")` before the first compile when there is any, then after each
-    /// family. The first failure is returned once the compiles under way have finished (no new
-    /// one starts after it).
+    /// family that compiled. Every family is tried; the first failure (in the order of `sources`)
+    /// is returned.
     pub fn warm(
         &self,
         sources: &[KernelSource],
@@ -52,58 +85,36 @@ impl KernelCompiler {
         progress: &(dyn Fn(usize, usize, &str) + Sync),
     ) -> Result<WarmReport> {
         let start = Instant::now();
-        let mut todo = self.missing(sources)?;
-        // The longest sources first (the matrix family takes most of the time): the last
-        // compile to start is a short one, so the threads finish together.
-        todo.sort_by_key(|src| std::cmp::Reverse(src.source.len()));
+        let todo = self.missing(sources)?;
         let total = todo.len();
-        let threads = threads.clamp(1, MAX_WARM_THREADS).min(total.max(1));
         if total == 0 {
             return Ok(WarmReport {
                 families: sources.len(),
-                compiled: 0,
-                threads: 0,
-                seconds: 0.0,
+                ..WarmReport::default()
             });
         }
         progress(0, total, "");
-        let next = AtomicUsize::new(0);
         let done = AtomicUsize::new(0);
-        let failed = AtomicBool::new(false);
-        let first_error: Mutex<Option<Error>> = Mutex::new(None);
-        std::thread::scope(|scope| {
-            for _ in 0..threads {
-                scope.spawn(|| {
-                    while !failed.load(Ordering::Relaxed) {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(src) = todo.get(i) else { break };
-                        match self.cubin(src) {
-                            Ok(_) => {
-                                let d = done.fetch_add(1, Ordering::Relaxed) + 1;
-                                progress(d, total, src.family);
-                            }
-                            Err(e) => {
-                                failed.store(true, Ordering::Relaxed);
-                                if let Ok(mut slot) = first_error.lock() {
-                                    slot.get_or_insert(e);
-                                }
-                            }
-                        }
-                    }
-                });
-            }
+        let results = on_threads(&todo, threads, &|src| {
+            let cubin = self.cubin(src)?;
+            progress(done.fetch_add(1, Ordering::Relaxed) + 1, total, src.family);
+            Ok::<_, Error>(cubin.len())
         });
-        let error = first_error
-            .into_inner()
-            .map_err(|_| Error::Backend("a kernel compile thread panicked".into()))?;
-        if let Some(e) = error {
-            return Err(e);
+        for r in results {
+            r?;
         }
         Ok(WarmReport {
             families: sources.len(),
             compiled: total,
-            threads,
+            threads: threads.clamp(1, MAX_WARM_THREADS).min(total),
             seconds: start.elapsed().as_secs_f64(),
         })
+    }
+
+    /// Compiles every family of `sources` without the cache (the doctor's check) on up to
+    /// `threads` threads; each family's cubin or error, in the order of `sources`.
+    pub fn compile_all(&self, sources: &[KernelSource], threads: usize) -> Vec<Result<Vec<u8>>> {
+        let all: Vec<&KernelSource> = sources.iter().collect();
+        on_threads(&all, threads, &|src| self.compile(src))
     }
 }
