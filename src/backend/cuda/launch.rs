@@ -135,9 +135,10 @@ impl LaunchParams {
     /// pointers stay valid until the next `prepare`.
     ///
     /// A dispatch asking for more shared memory than a block of this device may have gets what
-    /// the device allows (less the kernel's static shared memory): every kernel that takes a shared-memory form checks the size it was
-    /// given (`%dynamic_smem_size`) and takes a smaller form otherwise (the pipelined prompt
-    /// products' 106 KiB, for example, on a GPU with 99 KiB a block).
+    /// the device allows, less the kernel's static shared memory: every kernel that takes a
+    /// shared-memory form checks the size it was given (`%dynamic_smem_size`) and takes a smaller
+    /// form otherwise (the pipelined prompt products' 106 KiB, for example, on a GPU with 99 KiB a
+    /// block).
     fn prepare(&mut self, device: &CudaDevice, dispatch: DispatchRef<'_>) -> Result<(Kernel, u32)> {
         let name = dispatch.kernel().name();
         let kernel = device.registry().get(dispatch.kernel())?;
