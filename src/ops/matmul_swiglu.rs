@@ -20,39 +20,19 @@
 //! the fused dispatch gives the three dispatches' bits (the backends declare it exact).
 
 use super::matmul::{mma_grid_for_tiles, MMA_TILE};
-use crate::backend::{Buffer, DType};
+use super::matmul_triple::Product;
+use crate::backend::DType;
 use crate::graph::passes::{At, Found, FusionRule, Matcher};
-use crate::graph::{ArgRef, DispatchRef, DispatchSpec, KernelId, OpKind, Range, Scalar};
+use crate::graph::{ArgRef, DispatchSpec, KernelId, OpKind, Range, Scalar};
 use crate::kernels::{elementwise as ew, matmul as mm, WEIGHT_FORMATS};
 
 /// Outputs a fused tile holds (of gate, and the same of up).
 const PAIR_TILE: usize = MMA_TILE / 2;
 
-/// An f16-activation tensor-core product: its place, buffers, sizes and weight format.
-struct Product<'g> {
-    at: At,
-    x: &'g Buffer,
-    w: &'g Buffer,
-    out: &'g Buffer,
-    rows: Scalar,
-    k: Scalar,
-    n: Scalar,
-    format: usize,
-}
-
+/// An f16-activation tensor-core product (`matmul_mma_h_<w>`) at `at`.
 fn f16_product<'g>(m: &Matcher<'g>, at: At) -> Option<Product<'g>> {
-    let d: DispatchRef<'g> = m.dispatch(at);
-    let format = d.kernel().index_in(&mm::MATMUL_MMA_H)?;
-    Some(Product {
-        at,
-        x: d.buffer("x")?,
-        w: d.buffer("w")?,
-        out: d.buffer("out")?,
-        rows: d.scalar("rows")?,
-        k: d.scalar("k")?,
-        n: d.scalar("n")?,
-        format,
-    })
+    let format = m.dispatch(at).kernel().index_in(&mm::MATMUL_MMA_H)?;
+    Product::read(m, at, format)
 }
 
 /// Whether the fused kernel's form takes the pair: a format it stages in 64-value steps, k whole

@@ -17,33 +17,42 @@ use crate::graph::passes::{At, Found, FusionRule, Matcher};
 use crate::graph::{ArgRef, DispatchRef, DispatchSpec, KernelId, OpKind, Range, Scalar};
 use crate::kernels::matmul as mm;
 
-/// A tensor-core product: its place, buffers, sizes and weight format.
-struct Product<'g> {
-    at: At,
-    x: &'g Buffer,
-    w: &'g Buffer,
-    out: &'g Buffer,
-    rows: Scalar,
-    k: Scalar,
-    n: Scalar,
-    format: usize,
+/// A tensor-core product: its place, buffers, sizes and weight format (the index of its kernel in
+/// its kernel table). Shared with the gate/up/SwiGLU rule (`ops::matmul_swiglu`).
+pub(super) struct Product<'g> {
+    pub(super) at: At,
+    pub(super) x: &'g Buffer,
+    pub(super) w: &'g Buffer,
+    pub(super) out: &'g Buffer,
+    pub(super) rows: Scalar,
+    pub(super) k: Scalar,
+    pub(super) n: Scalar,
+    pub(super) format: usize,
+}
+
+impl<'g> Product<'g> {
+    /// The product dispatched at `at`, its weight format being `format`; `None` when an argument
+    /// is missing.
+    pub(super) fn read(m: &Matcher<'g>, at: At, format: usize) -> Option<Product<'g>> {
+        let d: DispatchRef<'g> = m.dispatch(at);
+        Some(Product {
+            at,
+            x: d.buffer("x")?,
+            w: d.buffer("w")?,
+            out: d.buffer("out")?,
+            rows: d.scalar("rows")?,
+            k: d.scalar("k")?,
+            n: d.scalar("n")?,
+            format,
+        })
+    }
 }
 
 fn tensor_core_product<'g>(m: &Matcher<'g>, at: At) -> Option<Product<'g>> {
-    let d: DispatchRef<'g> = m.dispatch(at);
-    let (format, true) = plain_product_format(d.kernel())? else {
+    let (format, true) = plain_product_format(m.dispatch(at).kernel())? else {
         return None;
     };
-    Some(Product {
-        at,
-        x: d.buffer("x")?,
-        w: d.buffer("w")?,
-        out: d.buffer("out")?,
-        rows: d.scalar("rows")?,
-        k: d.scalar("k")?,
-        n: d.scalar("n")?,
-        format,
-    })
+    Product::read(m, at, format)
 }
 
 /// The product's outputs, as a count.
