@@ -89,7 +89,24 @@ fn block(dev: &Device, dtype: DType, v: &Values, rows: usize) -> Block {
 }
 
 fn outputs(dev: &Device, b: &Block) -> [Vec<f32>; 4] {
-    [&b.q, &b.k_cache, &b.v_cache, &b.hidden].map(|t| dev.download::<f32>(t).unwrap())
+    [&b.q, &b.k_cache, &b.v_cache, &b.hidden].map(|t| {
+        if t.dtype() == DType::F16 {
+            let halves = dev.download::<half::f16>(t).unwrap();
+            halves.iter().map(|h| h.to_f32()).collect()
+        } else {
+            dev.download::<f32>(t).unwrap()
+        }
+    })
+}
+
+/// `b` with f16 KV caches holding `v`'s start values rounded.
+fn with_f16_caches(dev: &Device, mut b: Block, v: &Values) -> Block {
+    let dims = [N_KV, MAX_CTX, HD];
+    let half =
+        |x: &[f32]| -> Vec<half::f16> { x.iter().map(|&a| half::f16::from_f32(a)).collect() };
+    b.k_cache = dev.upload(&half(&v.k_cache), &dims).unwrap();
+    b.v_cache = dev.upload(&half(&v.v_cache), &dims).unwrap();
+    b
 }
 
 /// The block's attention and MLP inputs through the separate ops.
@@ -319,5 +336,27 @@ fn a_cache_position_out_of_range_is_an_error_that_writes_nothing() {
     let after = outputs(&dev, &b);
     for ((a, e), name) in after.iter().zip(&before).zip(NAMES) {
         assert!(a == e, "{name} changed on a refused dispatch");
+    }
+}
+
+/// With f16 caches the fused attention input writes what the separate ops' `kv_write` writes
+/// (each value rounded once): the same bits, one row and several, both RoPE layouts.
+#[test]
+fn fused_block_ops_write_f16_caches_as_the_separate_ops_do() {
+    let dev = Device::cpu(2).unwrap();
+    for dtype in [DType::Q4_1, DType::Q8_0, DType::Q4K] {
+        for rows in [1usize, 3] {
+            let v = values(rows);
+            for mode in [RopeMode::Normal, RopeMode::NeoX] {
+                let what = format!("{dtype} rows {rows} {mode:?}");
+                let act = GateActivation::Silu;
+                let half = |b| with_f16_caches(&dev, b, &v);
+                let want = separate(&dev, &half(block(&dev, dtype, &v, rows)), rows, mode, act);
+                let got = fused(&dev, &half(block(&dev, dtype, &v, rows)), mode, act);
+                for ((g, w), name) in got.iter().zip(&want).zip(NAMES) {
+                    assert!(g == w, "{what}: {name} differs");
+                }
+            }
+        }
     }
 }

@@ -20,9 +20,10 @@
 //!
 //! With an f32 cache the tensor-core form copies the next K and V tile into shared memory while it
 //! multiplies the current one (16-byte copies, or 4-byte ones where the cache is not 16-byte
-//! aligned) and rounds them to f16 there; with an f16 cache it loads the tiles directly. On cache
-//! values an f16 holds exactly, the three see the same f16 tiles: their outputs are compared bit
-//! for bit.
+//! aligned) and rounds them to f16 there; with an f16 cache it copies the tiles straight into the
+//! f16 tiles, two pairs of them, or loads them directly where the cache is not 16-byte aligned. On
+//! cache values an f16 holds exactly, the four see the same f16 tiles: their outputs are compared
+//! bit for bit.
 //! Every test needs a GPU: ignored by default, it fails where there is none.
 
 // The harness serves `cuda_ops.rs`; this file uses part of it.
@@ -125,7 +126,7 @@ fn f16_exact(len: usize, seed: u64) -> Vec<f32> {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn pipelined_f32_cache_form_equals_the_f16_cache_form_bitwise() {
+fn pipelined_cache_forms_equal_each_other_bitwise() {
     let dev = cuda_device();
     for (n_head, n_kv, hd) in [(32usize, 8usize, 128usize), (32, 8, 64), (24, 8, 128)] {
         for (rows, pos0, window, softcap) in [
@@ -175,6 +176,18 @@ fn pipelined_f32_cache_form_equals_the_f16_cache_form_bitwise() {
             assert!(
                 half == narrow,
                 "{what}: f32 cache (4-byte copies) differs from f16 cache"
+            );
+            // The f16 cache one value into a larger buffer: not 16-byte aligned, so the direct
+            // loads instead of the f16 form's copies.
+            let shifted16 = |x: &[f32]| {
+                let mut y = vec![0.5f32];
+                y.extend_from_slice(x);
+                float_tensor(&y, DType::F16, &[cache + 1])
+            };
+            let direct = run(shifted16(&k), shifted16(&v), 2);
+            assert!(
+                half == direct,
+                "{what}: f16 cache (direct loads) differs from f16 cache (copies)"
             );
             let vals: Vec<f32> = bytemuck::cast_slice(&half).to_vec();
             assert!(

@@ -16,7 +16,7 @@
 use std::sync::Arc;
 
 use super::cpu::CpuKernelFn;
-use super::{Allocation, BackendKind, Buffer, Location};
+use super::{Allocation, BackendKind, Buffer, DType, Location};
 use crate::error::Result;
 use crate::graph::{Dispatch, DispatchRef, KernelId};
 use crate::kernels::{Fusion, FusionUse};
@@ -68,6 +68,12 @@ pub struct Capabilities {
     /// read the f32 values: the f16 rounding would be new there). CUDA: `true` (the Llama 3.1 8B's
     /// 512-token prompt 19% faster on an H100, `tests/cuda_narrow.rs` checks the bits).
     pub f16_prompt_activations: bool,
+    /// The element type of a model's KV cache unless its loader is told otherwise
+    /// ([`KvCache::Auto`](crate::model::transformer::KvCache::Auto)). CPU: f32 (the reference:
+    /// every backend's results are checked against it). CUDA: f16 (half the bytes the decode and
+    /// prompt attention read and the cache's memory; each cached value rounded to nearest once,
+    /// a relative change of at most 2^-11).
+    pub kv_cache: DType,
 }
 
 impl Capabilities {

@@ -229,7 +229,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         return super::bench_rows::run(&args, file, &model_name, &device, executor, modes[0], ctx);
     }
     let llama = load_with_prefill_rows(&args.run, &device, |rows| {
-        Transformer::load(file.clone(), &device, ctx, rows)
+        Transformer::load_with(file.clone(), &device, &args.run.load_options(ctx, rows))
     })?;
     let mut engine = Engine::new(llama, executor, modes[0]);
     let prompt = pseudo_random_prompt(args.prompt, engine.model().config().vocab as u64);

@@ -63,7 +63,8 @@ pub(super) fn run(
         anyhow::bail!("--rows takes row counts from 1 to 32, got {:?}", args.rows);
     }
     let model = load_with_prefill_rows(&args.run, device, |rows| {
-        Transformer::load_slots(file.clone(), device, ctx, rows, max, max)
+        let options = args.run.load_options(ctx, rows).with_slots(max, max);
+        Transformer::load_with(file.clone(), device, &options)
     })?;
     let mut engine = BatchEngine::new(model, executor, mode)?;
     let prompt = pseudo_random_prompt(args.prompt, engine.vocab() as u64);

@@ -12,7 +12,7 @@ use onepass::model::engine::Engine;
 use onepass::model::fetch;
 use onepass::model::gguf::GgufFile;
 use onepass::model::tokenizer::Tokenizer;
-use onepass::model::transformer::Transformer;
+use onepass::model::transformer::{KvCache, LoadOptions, Transformer};
 use onepass::{Device, Executor, RuntimeConfig};
 
 /// Which model to use.
@@ -55,6 +55,14 @@ pub struct RunArgs {
     /// the GPU's memory does not hold passes that large]
     #[arg(long, allow_negative_numbers = true, value_parser = count)]
     pub batch: Option<usize>,
+    /// KV-cache element type: auto (f16 on CUDA, f32 on the CPU), f32 or f16.
+    #[arg(long, default_value = "auto", value_parser = kv_cache)]
+    pub kv_cache: KvCache,
+}
+
+/// Parses `--kv-cache`.
+fn kv_cache(s: &str) -> Result<KvCache, String> {
+    KvCache::parse(s).map_err(|e| e.to_string())
 }
 
 /// Prompt tokens per prefill pass on the CPU unless `--batch` says otherwise.
@@ -102,6 +110,12 @@ fn first_that_loads<T>(
 }
 
 impl RunArgs {
+    /// The model's load options: one sequence of `ctx` positions, prefill passes of `rows`
+    /// tokens, `--kv-cache`'s type.
+    pub fn load_options(&self, ctx: usize, rows: usize) -> LoadOptions {
+        LoadOptions::new(ctx, rows).with_kv_cache(self.kv_cache)
+    }
+
     /// The one runtime configuration these flags choose, over what the environment says (the
     /// cache root, the CUDA headers: [`RuntimeConfig::from_env`]). Commands build it once, open
     /// its device ([`RuntimeConfig::open_device`]) before any long work, so that a missing
@@ -265,7 +279,7 @@ pub fn load(model: &ModelArgs, run: &RunArgs, config: &RuntimeConfig) -> anyhow:
     let tokenizer = Tokenizer::from_gguf(&file)?;
     let device = open_device(config)?;
     let llama = load_with_prefill_rows(run, &device, |rows| {
-        Transformer::load(file.clone(), &device, run.ctx, rows)
+        Transformer::load_with(file.clone(), &device, &run.load_options(run.ctx, rows))
     })?;
     let mode = config.mode;
     let executor = Executor::new(device).with_config(config.clone());

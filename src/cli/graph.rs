@@ -68,7 +68,8 @@ pub fn run(args: GraphArgs) -> anyhow::Result<()> {
     } else {
         1
     };
-    let llama = Transformer::load(file.clone(), &device, args.run.ctx, batch)?;
+    let options = args.run.load_options(args.run.ctx, batch);
+    let llama = Transformer::load_with(file.clone(), &device, &options)?;
     let executor = Executor::new(device).with_config(config);
     let sanitized = if args.sanitize {
         let tokenizer = Tokenizer::from_gguf(&file)?;

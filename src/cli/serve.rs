@@ -95,14 +95,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let template = ChatTemplate::from_gguf(&file, &tokenizer)?;
     let device = open_device(&config)?;
     let transformer = load_with_prefill_rows(&args.run, &device, |rows| {
-        Transformer::load_slots(
-            file.clone(),
-            &device,
-            args.run.ctx,
-            rows,
-            args.parallel,
-            args.parallel,
-        )
+        let options = args
+            .run
+            .load_options(args.run.ctx, rows)
+            .with_slots(args.parallel, args.parallel);
+        Transformer::load_with(file.clone(), &device, &options)
     })?;
     let executor = Executor::new(device).with_config(config.clone());
     let model = BatchEngine::new(transformer, executor, config.mode)?;

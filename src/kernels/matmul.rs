@@ -11,6 +11,8 @@ use crate::dtype::DType;
 
 const F32: DTypes = one(DType::F32);
 const I32: DTypes = one(DType::I32);
+/// A KV cache's element types (f32, or f16 with the kernel's `cache_f16` argument 1).
+pub(crate) const CACHE: DTypes = DTypes::of(&[DType::F32, DType::F16]);
 
 /// The parameters of a product with weights of `$w`: x, w, `$out` (the output or accumulator),
 /// rows, k, n.
@@ -174,8 +176,8 @@ macro_rules! qkv_rope_params {
             Param::read("positions", I32),
             Param::read("step", I32),
             Param::write("q", F32),
-            Param::read_write("k_cache", F32),
-            Param::read_write("v_cache", F32),
+            Param::read_write("k_cache", CACHE),
+            Param::read_write("v_cache", CACHE),
             Param::f32("eps"),
             Param::u32("dim"),
             Param::u32("n_head"),
@@ -183,6 +185,7 @@ macro_rules! qkv_rope_params {
             Param::u32("head_dim"),
             Param::f32("base"),
             Param::u32("mode"),
+            Param::u32("cache_f16"),
         ]
     };
 }

@@ -131,13 +131,14 @@ macro_rules! rope_kv_params {
             Param::read("positions", I32),
             $($ff,)?
             Param::read("step", I32),
-            Param::write("k_cache", F32),
-            Param::write("v_cache", F32),
+            Param::write("k_cache", super::matmul::CACHE),
+            Param::write("v_cache", super::matmul::CACHE),
             Param::u32("head_dim"),
             Param::u32("rotary_dim"),
             Param::f32("base"),
             Param::u32("mode"),
             Param::u32("n_kv_head"),
+            Param::u32("cache_f16"),
         ]
     };
 }
@@ -145,7 +146,7 @@ macro_rules! rope_kv_params {
 /// A prompt's RoPE on q and k and its k and v rows written into the KV caches, in one kernel
 /// (`ops::rope_kv`, the fusion of two in-place f32 `rope`s and two f32 `kv_write`s): q (rotated in
 /// place), k, v, positions, [freq_factors], step, k_cache, v_cache, head_dim, rotary_dim, base,
-/// mode, n_kv_head. Row r's k, rotated as `rope` rotates it, and its v go to the caches' rows
+/// mode, n_kv_head, cache_f16 (the caches f32, or f16 where it is 1). Row r's k, rotated as `rope` rotates it, and its v go to the caches' rows
 /// `step[0] + r`, as `kv_write` writes them; k itself is not written. Indexed by whether it
 /// takes frequency factors: `rope_kv_f32`, `rope_ff_kv_f32`.
 pub static ROPE_KV: [KernelSig; 2] = [

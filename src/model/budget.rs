@@ -8,15 +8,16 @@ use crate::model::arch::ModelConfig;
 /// Bytes of one f32 or i32 element.
 const WORD: u128 = 4;
 
-/// Bytes of the KV cache and scratch of a model of configuration `c` with a context of `max_ctx`
-/// positions, prefill passes of up to `max_batch` rows and `decode_partials` f32 values of decode
-/// attention scratch. Weights are not counted (on the CPU they are a mapping of the file, which
+/// Bytes of the KV cache (`kv_bytes` an element: 4 for f32, 2 for f16) and scratch of a model of
+/// configuration `c` with a context of `max_ctx` positions, prefill passes of up to `max_batch`
+/// rows and `decode_partials` f32 values of decode attention scratch. Weights are not counted (on the CPU they are a mapping of the file, which
 /// the kernel can page in and out). Computed in `u128`, so no size overflows.
 pub fn cache_and_scratch_bytes(
     c: &ModelConfig,
     max_ctx: usize,
     max_batch: usize,
     decode_partials: usize,
+    kv_bytes: u128,
 ) -> u128 {
     let n = |x: usize| x as u128;
     let rows = n(max_batch.min(max_ctx));
@@ -30,12 +31,12 @@ pub fn cache_and_scratch_bytes(
     let scratch = (rows + 1) * scratch_row + n(decode_partials);
     let outputs = rows * (n(c.dim) + n(c.vocab)) + 1;
     let inputs = 1 + 2 * rows;
-    WORD * (kv + scratch + outputs + inputs)
+    kv_bytes * kv + WORD * (scratch + outputs + inputs)
 }
 
 /// Bytes a multi-slot model needs beyond [`cache_and_scratch_bytes`] (which counts one slot):
-/// the KV cache of its other `cache_slots - 1` slots (the padding slot of batched steps
-/// included), and for batched decode steps of up to `max_rows` rows their scratch, one decode
+/// the KV cache of its other `cache_slots - 1` slots (`kv_bytes` an element; the padding slot of
+/// batched steps included), and for batched decode steps of up to `max_rows` rows their scratch, one decode
 /// attention scratch of `decode_partials` f32 values per row, inputs and outputs.
 pub fn slots_and_batch_bytes(
     c: &ModelConfig,
@@ -43,6 +44,7 @@ pub fn slots_and_batch_bytes(
     cache_slots: usize,
     max_rows: usize,
     decode_partials: usize,
+    kv_bytes: u128,
 ) -> u128 {
     let n = |x: usize| x as u128;
     let kv_width = n(c.n_kv_head) * n(c.head_dim);
@@ -52,7 +54,7 @@ pub fn slots_and_batch_bytes(
     let scratch_row = 3 * n(c.dim) + 2 * q_width + 2 * kv_width + 3 * n(c.ffn_dim) + qk_raw;
     let rows = n(max_rows);
     let batch = rows * (scratch_row + n(decode_partials) + n(c.dim) + n(c.vocab) + 4);
-    WORD * (kv + batch)
+    kv_bytes * kv + WORD * batch
 }
 
 pub use crate::backend::{available_host_memory as available_memory, parse_mem_available};
@@ -119,12 +121,17 @@ mod tests {
         let c = config();
         // 2 (K and V) x 30 layers x 3 heads x 64 x 4 bytes = 46,080 bytes per position.
         let per_position = 46_080u128;
-        let small = cache_and_scratch_bytes(&c, 2048, 512, 0);
-        let big = cache_and_scratch_bytes(&c, 10_000_000, 512, 0);
+        let small = cache_and_scratch_bytes(&c, 2048, 512, 0, 4);
+        let big = cache_and_scratch_bytes(&c, 10_000_000, 512, 0, 4);
         assert_eq!(big - small, per_position * (10_000_000 - 2048));
         assert!(small > per_position * 2048);
+        // An f16 cache: half the bytes a position, the scratch unchanged.
+        let big16 = cache_and_scratch_bytes(&c, 10_000_000, 512, 0, 2);
+        let small16 = cache_and_scratch_bytes(&c, 2048, 512, 0, 2);
+        assert_eq!(big16 - small16, per_position / 2 * (10_000_000 - 2048));
+        assert_eq!(small - small16, per_position / 2 * 2048);
         // The largest sizes do not wrap around.
-        let huge = cache_and_scratch_bytes(&c, usize::MAX, usize::MAX, usize::MAX);
+        let huge = cache_and_scratch_bytes(&c, usize::MAX, usize::MAX, usize::MAX, 4);
         assert!(huge > u128::from(u64::MAX));
     }
 

@@ -19,7 +19,9 @@ use crate::ops::attention::AttentionParams;
 use crate::ops::rope::RopeParams;
 use crate::session::Session;
 
+mod options;
 mod slots;
+pub use options::{KvCache, LoadOptions};
 use slots::BatchBuffers;
 
 /// Scratch activations for passes of up to `rows` tokens.
@@ -195,7 +197,7 @@ impl Transformer {
         max_ctx: usize,
         max_batch: usize,
     ) -> Result<Self> {
-        Self::load_slots(file, device, max_ctx, max_batch, 1, 0)
+        Self::load_with(file, device, &LoadOptions::new(max_ctx, max_batch))
     }
 
     /// Loads a model whose KV cache holds `slots` sequences of `max_ctx` positions each, with
@@ -211,6 +213,21 @@ impl Transformer {
         slots: usize,
         max_rows: usize,
     ) -> Result<Self> {
+        let options = LoadOptions::new(max_ctx, max_batch).with_slots(slots, max_rows);
+        Self::load_with(file, device, &options)
+    }
+
+    /// Loads a model as `options` says: [`Transformer::load_slots`] with the KV cache's element
+    /// type chosen ([`KvCache`]; the device's choice unless told).
+    pub fn load_with(file: Arc<GgufFile>, device: &Device, options: &LoadOptions) -> Result<Self> {
+        let LoadOptions {
+            max_ctx,
+            max_batch,
+            slots,
+            max_rows,
+            kv_cache,
+        } = *options;
+        let kv_dtype = kv_cache.dtype(device);
         let config = ModelConfig::from_gguf(&file)?;
         if max_ctx == 0 || max_batch == 0 || slots == 0 {
             return Err(Error::InvalidArgument(
@@ -224,8 +241,17 @@ impl Transformer {
         let decode_chunk = crate::ops::attention::decode_chunk_len(device);
         let partial_len =
             crate::ops::attention::attention_decode_scratch_len(params, max_ctx, decode_chunk)?;
-        let need = budget::cache_and_scratch_bytes(&config, max_ctx, max_batch, partial_len)
-            + budget::slots_and_batch_bytes(&config, max_ctx, cache_slots, max_rows, partial_len);
+        let kv_bytes = kv_dtype.block_bytes() as u128;
+        let need =
+            budget::cache_and_scratch_bytes(&config, max_ctx, max_batch, partial_len, kv_bytes)
+                + budget::slots_and_batch_bytes(
+                    &config,
+                    max_ctx,
+                    cache_slots,
+                    max_rows,
+                    partial_len,
+                    kv_bytes,
+                );
         budget::check_fits(need, device.allocatable_bytes(), max_ctx)?;
         if max_ctx > config.train_ctx {
             tracing::warn!(
@@ -239,8 +265,8 @@ impl Transformer {
         for _ in 0..config.n_layer {
             let dims = [cache_slots, config.n_kv_head, max_ctx, config.head_dim];
             kv.push((
-                device.alloc(DType::F32, &dims)?,
-                device.alloc(DType::F32, &dims)?,
+                device.alloc(kv_dtype, &dims)?,
+                device.alloc(kv_dtype, &dims)?,
             ));
         }
         let inputs = StepInputs::new(device, max_batch)?;

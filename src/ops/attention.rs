@@ -316,9 +316,10 @@ const MMA_ROWS: usize = 64;
 /// The launch shape of the tensor-core form: a block per 64 query rows of one head, with its
 /// shared memory. An f32 cache gets the pipelined form's (`ATTN_M_SMEM_PIPE`: K and V tiles of
 /// 64 rows of `head_dim` f16 values, rows padded by 8, then two f32 slots of 64 rows into which
-/// the next tile is copied while the block multiplies the current one); an f16 cache the plain
-/// form's (`ATTN_M_SMEM`: Q, K and V tiles). A GPU that grants less gets the plain form (the
-/// kernel checks what it was given).
+/// the next tile is copied while the block multiplies the current one); an f16 cache that of its
+/// own pipelined form (`ATTN_M_SMEM_PIPE16`: two pairs of K and V tiles, the next pair copied
+/// while the block multiplies the other). A GPU that grants less gets the plain form (the kernel
+/// checks what it was given; `ATTN_M_SMEM`: Q, K and V tiles).
 fn mma_grid(rows: usize, n_head: usize, head_dim: usize, cache: DType) -> Grid {
     let blocks = rows
         .div_ceil(MMA_ROWS)
@@ -328,7 +329,7 @@ fn mma_grid(rows: usize, n_head: usize, head_dim: usize, cache: DType) -> Grid {
     let smem = if cache == DType::F32 {
         2 * tiles + 2 * MMA_ROWS * head_dim * 4
     } else {
-        3 * tiles
+        4 * tiles
     };
     Grid::new(blocks as u32, MMA_THREADS).with_shared(smem as u32)
 }

@@ -535,10 +535,10 @@ fn the_tensor_core_attention_takes_heads_of_64_and_128_from_64_rows() {
     assert_eq!(launch(9, 3, 64, 512), (true, 72, 128, pipelined(64)));
     // Llama 3 8B (32 heads of 128), 100 rows: 2 row tiles a head.
     assert_eq!(launch(32, 8, 128, 100), (true, 64, 128, pipelined(128)));
-    // An f16 cache: the Q, K and V tiles only.
+    // An f16 cache: two pairs of K and V tiles.
     assert_eq!(
         launch_in(DType::F16, 32, 8, 128, 100),
-        (true, 64, 128, 3 * 64 * 136 * 2)
+        (true, 64, 128, 4 * 64 * 136 * 2)
     );
     // Under 64 rows, or heads of 40 or 256: one block per row and head.
     assert!(!launch(9, 3, 64, 63).0);

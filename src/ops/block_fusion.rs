@@ -10,7 +10,7 @@
 //!
 //! The matchers follow the data flow from the norm (who reads each output before it is
 //! overwritten), check the kernels by their declarations (the f32 norm with a weight, products of
-//! one weight format, RoPE in place without frequency factors turning whole heads, f32 caches)
+//! one weight format, RoPE in place without frequency factors turning whole heads, f32 or f16 caches of one type)
 //! and the sizes, and leave the proof that the intermediates (the norm's output, the k and v
 //! products) are dead to the fuse pass. Which backends use them, for which passes, is each
 //! backend's declaration ([`Capabilities::fusions`](crate::backend::Capabilities::fusions)).
@@ -99,9 +99,10 @@ fn whole_head_rope<'g>(d: DispatchRef<'g>, t: &Buffer) -> Option<(&'g Buffer, u3
     (hd == rd).then_some((d.buffer("positions")?, hd, base, mode))
 }
 
-/// A write of exactly `new` into an f32 cache: `(step, cache, n_kv_head)`.
+/// A write of exactly `new` into an f32 or f16 cache: `(step, cache, n_kv_head)`.
 fn cache_write<'g>(d: DispatchRef<'g>, new: &Buffer) -> Option<(&'g Buffer, &'g Buffer, u32)> {
-    if d.kernel() != KernelId::of(&km::KV_WRITE[0]) || !same_view(d.buffer("new")?, new) {
+    let cache_kernel = matches!(d.kernel().index_in(&km::KV_WRITE), Some(0 | 1));
+    if !cache_kernel || !same_view(d.buffer("new")?, new) {
         return None;
     }
     let Scalar::U32(n_kv) = d.scalar("n_kv_head")? else {
@@ -162,7 +163,7 @@ fn find_norm_qkv_rope<'g>(m: &Matcher<'g>, at: At) -> Option<Found<'g>> {
     }
     let (step, k_cache, n_kv) = cache_write(m.dispatch(k_write), k.out)?;
     let (v_step, v_cache, v_kv) = cache_write(m.dispatch(v_write), v.out)?;
-    if !same_view(step, v_step) || v_kv != n_kv || hd == 0 {
+    if !same_view(step, v_step) || v_kv != n_kv || hd == 0 || v_cache.dtype() != k_cache.dtype() {
         return None;
     }
     let (rows, hd) = (norm.x.dims()[0], hd as usize);

@@ -16,7 +16,7 @@
 //! give the separate ops' bits; on CUDA the sums follow the CUDA matmul's order, so they agree
 //! with the separate ops within f32 rounding. Every buffer must live on the device of
 //! `x`. RoPE here turns the whole head (`rotary_dim == head_dim`) without frequency factors, and
-//! the KV cache is f32. Models do not call these: they record the separate ops, and the
+//! the KV caches are f32 or f16 (each value rounded to nearest once, as `kv_write` rounds it). Models do not call these: they record the separate ops, and the
 //! optimizer's rules ([`super::block_fusion`]) make these where the pattern and the backend's
 //! declaration allow (other configurations keep the separate ops).
 //!
@@ -237,7 +237,7 @@ pub(crate) fn qkv_rope_spec<'a>(p: &QkvRope<'a>) -> Result<DispatchSpec<'a>> {
     check.require("step", p.step.elems() >= 1, || "is empty".into())?;
     check.dtype("q", p.q, &[DType::F32])?;
     check.dims("q", p.q, &[rows, n_head * hd])?;
-    check.dtype("k_cache", p.k_cache, &[DType::F32])?;
+    check.dtype("k_cache", p.k_cache, &[DType::F32, DType::F16])?;
     check.require(
         "k_cache",
         p.k_cache.shape().rank() == 3 && p.k_cache.dims()[0] == n_kv && p.k_cache.dims()[2] == hd,
@@ -248,7 +248,7 @@ pub(crate) fn qkv_rope_spec<'a>(p: &QkvRope<'a>) -> Result<DispatchSpec<'a>> {
             )
         },
     )?;
-    check.dtype("v_cache", p.v_cache, &[DType::F32])?;
+    check.dtype("v_cache", p.v_cache, &[p.k_cache.dtype()])?;
     check.dims("v_cache", p.v_cache, p.k_cache.dims())?;
     let pairs = (n_head + 2 * n_kv) * hd / 2;
     let args = [
@@ -272,6 +272,7 @@ pub(crate) fn qkv_rope_spec<'a>(p: &QkvRope<'a>) -> Result<DispatchSpec<'a>> {
             RopeMode::Normal => 0,
             RopeMode::NeoX => 1,
         }),
+        ArgRef::u32(u32::from(p.k_cache.dtype() == DType::F16)),
     ];
     // The rope table: a (cos, sin) pair of f32 per rotation pair.
     let (shared, grid) = if rows == 1 {

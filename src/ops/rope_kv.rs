@@ -1,9 +1,10 @@
 //! The fusion of a prompt's RoPE and KV cache writes: [`ROPE_KV_FUSION`] turns an in-place f32
 //! `rope` of q, the next reader of its positions (the in-place `rope` of k, with the same
-//! positions, parameters and frequency factors), the `kv_write` of k into an f32 cache (k's one
-//! reader) and the next reader of that write's step (the `kv_write` of v into a cache of the same
-//! shape) into one `rope_kv_f32` (or `rope_ff_kv_f32`): q rotated in place, k rotated straight
-//! into its cache, v copied into its cache; k itself is not written.
+//! positions, parameters and frequency factors), the `kv_write` of k into an f32 or f16 cache (k's
+//! one reader) and the next reader of that write's step (the `kv_write` of v into a cache of the
+//! same shape and type) into one `rope_kv_f32` (or `rope_ff_kv_f32`): q rotated in place, k rotated
+//! straight into its cache, v copied into its cache (an f16 cache takes each value rounded to
+//! nearest once, as `kv_write` rounds it); k itself is not written.
 //!
 //! Why: on the Llama 3.1 8B shape a 512-token prompt spent four kernels a layer on this (two
 //! ropes of about 9.6 us and two cache writes of about 9.1 us on an H100), each mostly the
@@ -55,7 +56,8 @@ fn rope_in_place<'g>(m: &Matcher<'g>, at: At) -> Option<Rope<'g>> {
     })
 }
 
-/// A `kv_write` into an f32 cache: its place and buffers, and its `n_kv_head` and `head_dim`.
+/// A `kv_write` into an f32 or f16 cache: its place and buffers, and its `n_kv_head` and
+/// `head_dim`.
 struct CacheWrite<'g> {
     at: At,
     new: &'g Buffer,
@@ -66,7 +68,7 @@ struct CacheWrite<'g> {
 
 fn cache_write<'g>(m: &Matcher<'g>, at: At) -> Option<CacheWrite<'g>> {
     let d: DispatchRef<'g> = m.dispatch(at);
-    if d.kernel() != KernelId::of(&km::KV_WRITE[0]) {
+    if !matches!(d.kernel().index_in(&km::KV_WRITE), Some(0 | 1)) {
         return None;
     }
     Some(CacheWrite {
@@ -104,6 +106,7 @@ fn find_rope_kv<'g>(m: &Matcher<'g>, at: At) -> Option<Found<'g>> {
         && wk.sizes[1] == rq.scalars[0]
         && v.dims() == k.dims()
         && wv.cache.dims() == wk.cache.dims()
+        && wv.cache.dtype() == wk.cache.dtype()
         && [k, v].iter().all(|b| b.dtype() == DType::F32);
     if !fits {
         return None;
@@ -133,6 +136,7 @@ fn find_rope_kv<'g>(m: &Matcher<'g>, at: At) -> Option<Found<'g>> {
     ]);
     args.extend(rq.scalars.map(ArgRef::Scalar));
     args.push(ArgRef::Scalar(wk.sizes[0]));
+    args.push(ArgRef::u32(u32::from(wk.cache.dtype() == DType::F16)));
     let kernel = &km::ROPE_KV[rq.freq_factors.is_some() as usize];
     // The rope's launch: one block of 128 threads a row.
     let grid = Grid::new(rows.min(u32::MAX as usize) as u32, 128);
@@ -141,7 +145,7 @@ fn find_rope_kv<'g>(m: &Matcher<'g>, at: At) -> Option<Found<'g>> {
 }
 
 /// `rope q` in place, the next reader of its positions `rope k` in place (same parameters),
-/// `kv_write k` into an f32 cache (k's one reader) and the next reader of its step `kv_write v`
+/// `kv_write k` into an f32 or f16 cache (k's one reader) and the next reader of its step `kv_write v`
 /// become one `rope_kv_f32` / `rope_ff_kv_f32`.
 pub const ROPE_KV_FUSION: FusionRule = FusionRule::graph(
     "rope_kv",

@@ -23,13 +23,14 @@ fn caps(fused: bool) -> Capabilities {
     cpu::CAPABILITIES.with_fusions(Box::leak(fusions.into_boxed_slice()))
 }
 
-/// q and k roped in place and k and v written into the caches (with `k_read`, also an add of k
-/// into that buffer after the writes), optimized with `caps` and run: q and the two caches as
-/// bits, and the report.
+/// q and k roped in place and k and v written into the caches (of `cache_dtype`, f32 or f16;
+/// with `k_read`, also an add of k into that buffer after the writes), optimized with `caps` and
+/// run: q and the two caches as bits, and the report.
 fn run(
     caps: &Capabilities,
     (head_dim, rotary_dim, mode, ff): (usize, usize, RopeMode, bool),
     k_read: bool,
+    cache_dtype: DType,
 ) -> (Vec<Vec<u32>>, FinishReport) {
     let dev = Device::cpu(2).unwrap();
     let up =
@@ -38,10 +39,16 @@ fn run(
     let k = up(ROWS * KV_HEADS * head_dim, &[ROWS, KV_HEADS * head_dim], 2);
     let v = up(ROWS * KV_HEADS * head_dim, &[ROWS, KV_HEADS * head_dim], 3);
     let cache = [KV_HEADS, MAX_CTX, head_dim];
-    let (kc, vc) = (
-        up(KV_HEADS * MAX_CTX * head_dim, &cache, 4),
-        up(KV_HEADS * MAX_CTX * head_dim, &cache, 5),
-    );
+    let cache_of = |seed: u64| {
+        let values = random_f32(KV_HEADS * MAX_CTX * head_dim, 1.5, seed);
+        if cache_dtype == DType::F16 {
+            let halves: Vec<half::f16> = values.iter().map(|&v| half::f16::from_f32(v)).collect();
+            dev.upload(&halves, &cache).unwrap()
+        } else {
+            dev.upload(&values, &cache).unwrap()
+        }
+    };
+    let (kc, vc) = (cache_of(4), cache_of(5));
     let positions: Vec<i32> = (0..ROWS as i32).map(|r| POS0 + 3 * r).collect();
     let positions = dev.upload(&positions, &[ROWS]).unwrap();
     let step = dev.upload(&[POS0], &[1]).unwrap();
@@ -76,6 +83,10 @@ fn run(
     let report = Executor::optimize(&mut graph, &Plan::OPTIMIZED, caps);
     exec.run(&graph, false).unwrap();
     let bits = |b: &Buffer| -> Vec<u32> {
+        if b.dtype() == DType::F16 {
+            let values = dev.download::<half::f16>(b).unwrap();
+            return values.iter().map(|v| u32::from(v.to_bits())).collect();
+        }
         dev.download::<f32>(b)
             .unwrap()
             .iter()
@@ -90,24 +101,29 @@ fn fused(report: &FinishReport) -> usize {
 }
 
 /// The two ropes and the two cache writes fuse into one dispatch with their bits: both rope
-/// layouts, a partial rotary dimension, with and without frequency factors.
+/// layouts, a partial rotary dimension, with and without frequency factors, f32 and f16 caches
+/// (each value rounded once, as `kv_write` rounds it).
 #[test]
 fn ropes_and_cache_writes_fuse_with_the_same_bits() {
-    for shape in [
+    let shapes = [
         (64, 64, RopeMode::Normal, false),
         (64, 64, RopeMode::Normal, true),
         (32, 16, RopeMode::NeoX, false),
         (48, 32, RopeMode::NeoX, true),
-    ] {
-        let (want, before) = run(&caps(false), shape, false);
-        let (got, after) = run(&caps(true), shape, false);
+    ];
+    for (shape, cache) in shapes
+        .into_iter()
+        .flat_map(|s| [(s, DType::F32), (s, DType::F16)])
+    {
+        let (want, before) = run(&caps(false), shape, false, cache);
+        let (got, after) = run(&caps(true), shape, false, cache);
         assert_eq!((fused(&before), fused(&after)), (0, 1), "{shape:?}");
         assert_eq!(after.dispatches + 3, before.dispatches, "{shape:?}");
         for (what, (g, w)) in ["q", "k cache", "v cache"]
             .iter()
             .zip(got.iter().zip(&want))
         {
-            assert!(g == w, "{shape:?}: {what} differs");
+            assert!(g == w, "{shape:?}, {cache:?} cache: {what} differs");
         }
     }
 }
@@ -115,7 +131,12 @@ fn ropes_and_cache_writes_fuse_with_the_same_bits() {
 /// Where k is read again after the cache write, it must keep its rotated values: no fusion.
 #[test]
 fn a_k_read_after_the_cache_write_keeps_the_ropes() {
-    let (_, report) = run(&caps(true), (64, 64, RopeMode::Normal, false), true);
+    let (_, report) = run(
+        &caps(true),
+        (64, 64, RopeMode::Normal, false),
+        true,
+        DType::F32,
+    );
     assert_eq!(fused(&report), 0);
 }
 
@@ -150,6 +171,7 @@ fn the_fused_kernel_refuses_a_step_past_the_cache() {
             Arg::f32(10_000.0),
             Arg::u32(0),
             Arg::u32(1),
+            Arg::u32(0),
         ],
         Grid::new(ROWS as u32, 128),
     )

@@ -14,7 +14,7 @@ use crate::backend::interface::{
     Backend, Capabilities, Encoder, EncoderOptions, KernelTime, Replay, ReplayOrdering, StepClock,
     StepTimer,
 };
-use crate::backend::{Allocation, BackendKind, Buffer, Location};
+use crate::backend::{Allocation, BackendKind, Buffer, DType, Location};
 use crate::error::{Error, Result};
 use crate::graph::{Dispatch, KernelId};
 use crate::kernels::{Fusion, FusionUse};
@@ -39,6 +39,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     custom_cpu_kernels: true,
     replay_ordering: ReplayOrdering::Barriers,
     f16_prompt_activations: false,
+    kv_cache: DType::F32,
     step_clock: StepClock::HostWall,
 };
 

@@ -9,7 +9,7 @@ use crate::backend::interface::{
     Backend, Capabilities, Encoder, EncoderOptions, KernelTime, Replay, ReplayOrdering, StepClock,
     StepTimer,
 };
-use crate::backend::{Allocation, BackendKind, Buffer, Location, WarmReport};
+use crate::backend::{Allocation, BackendKind, Buffer, DType, Location, WarmReport};
 use crate::error::{Error, Result};
 use crate::graph::{Dispatch, KernelId};
 use crate::kernels::{Fusion, FusionUse};
@@ -42,6 +42,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     custom_cpu_kernels: false,
     replay_ordering: ReplayOrdering::Edges,
     f16_prompt_activations: true,
+    kv_cache: DType::F16,
     step_clock: StepClock::DeviceEvents,
 };
 

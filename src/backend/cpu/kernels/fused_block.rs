@@ -16,8 +16,8 @@
 //!
 //! Argument layouts (the builders in `ops::fused_block` and `ops::matmul_fused` make them):
 //! - `norm_qkv_rope_<w>`: x, norm, wq, wk, wv, positions (i32), step (i32), q (written), k_cache,
-//!   v_cache (read-write, f32), then eps: f32, dim, n_head, n_kv_head, head_dim: u32, base: f32,
-//!   mode: u32 (0 normal, 1 NeoX)
+//!   v_cache (read-write, f32, or f16 where cache_f16 is 1), then eps: f32, dim, n_head,
+//!   n_kv_head, head_dim: u32, base: f32, mode: u32 (0 normal, 1 NeoX), cache_f16: u32
 //! - `norm_gate_up_<w>`: x, norm, w_gate, w_up, hidden (written), then eps: f32, dim, ffn, act:
 //!   u32 (0 SiLU, 1 GELU tanh)
 //! - `matmul_add_<w>`: x, w, acc (read-write), then rows, k, n: u32
@@ -25,9 +25,11 @@
 use std::cell::RefCell;
 use std::marker::PhantomData;
 
+use half::f16;
 use rayon::prelude::*;
 
 use super::check::{check_len, expect_len, expect_matrix, kernel_err, read_pos0, Factor};
+use super::copy::Float;
 use super::elementwise::{gelu_tanh, silu};
 use super::matmul_simd::{dot_row, micro_kernel, Isa, MR, NR};
 use super::matvec_vnni::{self, Layout, QuantRow};
@@ -201,18 +203,18 @@ fn one_row_tasks(weights: usize) -> usize {
 
 /// An output slice that the tasks of one parallel loop share, each writing only its own elements
 /// (the columns of its tile, or the cache rows of its row).
-struct SharedOut<'a> {
-    ptr: *mut f32,
+struct SharedOut<'a, T = f32> {
+    ptr: *mut T,
     len: usize,
-    _slice: PhantomData<&'a mut [f32]>,
+    _slice: PhantomData<&'a mut [T]>,
 }
-// SAFETY: the tasks sharing it write disjoint elements (see `SharedOut::part`).
-unsafe impl Send for SharedOut<'_> {}
+// SAFETY: the tasks sharing it write disjoint elements (see `SharedOut::part`); `T` is sent.
+unsafe impl<T: Send> Send for SharedOut<'_, T> {}
 // SAFETY: as above.
-unsafe impl Sync for SharedOut<'_> {}
+unsafe impl<T: Send> Sync for SharedOut<'_, T> {}
 
-impl<'a> SharedOut<'a> {
-    fn new(out: &'a mut [f32]) -> Self {
+impl<'a, T> SharedOut<'a, T> {
+    fn new(out: &'a mut [T]) -> Self {
         SharedOut {
             ptr: out.as_mut_ptr(),
             len: out.len(),
@@ -226,7 +228,7 @@ impl<'a> SharedOut<'a> {
     /// No other reference to these elements is used while the returned slice lives.
     #[inline]
     #[allow(clippy::mut_from_ref)]
-    unsafe fn part(&self, at: usize, len: usize) -> &'a mut [f32] {
+    unsafe fn part(&self, at: usize, len: usize) -> &'a mut [T] {
         assert!(
             at.checked_add(len).is_some_and(|end| end <= self.len),
             "shared output part out of bounds"
@@ -401,8 +403,8 @@ fn norm_qkv_rope_kernel(args: &KernelArgs<'_>) -> Result<()> {
     ];
     let positions = args.input::<i32>(5)?;
     let q = args.output::<f32>(7)?;
-    let k_cache = args.output::<f32>(8)?;
-    let v_cache = args.output::<f32>(9)?;
+    let cache_f16 = args.u32(17)? == 1;
+    let cache_len = args.buffer(8)?.0.elems();
     check_len(args, "positions", positions.len(), rows)?;
     expect_len(
         args,
@@ -410,21 +412,21 @@ fn norm_qkv_rope_kernel(args: &KernelArgs<'_>) -> Result<()> {
         q.len(),
         &[("rows", rows), ("n_head", n_head), ("head_dim", hd)],
     )?;
-    check_len(args, "v_cache", v_cache.len(), k_cache.len())?;
+    check_len(args, "v_cache", args.buffer(9)?.0.elems(), cache_len)?;
     // `kv_row` is wk's row count, checked above without overflow.
     let kv_row = stack[1].n;
-    if k_cache.is_empty() || k_cache.len() % kv_row != 0 {
+    if cache_len == 0 || cache_len % kv_row != 0 {
         return Err(kernel_err(
             args,
             format!(
                 "k_cache has {} values, not whole positions of n_kv_head = {n_kv} x head_dim = \
                  {hd}",
-                k_cache.len()
+                cache_len
             ),
         ));
     }
     // The caches are `[n_kv_head, max_ctx, head_dim]`; rows `pos0..pos0 + rows` fit in them.
-    let max_ctx = k_cache.len() / kv_row;
+    let max_ctx = cache_len / kv_row;
     let pos0 = read_pos0(args, 6, rows, max_ctx)?;
     let rope = Rope {
         hd,
@@ -443,14 +445,28 @@ fn norm_qkv_rope_kernel(args: &KernelArgs<'_>) -> Result<()> {
         } else {
             stacked_products(isa, &stack, xn, rows, all);
         }
-        let caches = Caches {
-            k: k_cache,
-            v: v_cache,
-            max_ctx,
-            pos0,
-        };
-        rope_and_store(&rope, positions, all, (n_head, n_kv), q, caches);
-    });
+        let heads = (n_head, n_kv);
+        if cache_f16 {
+            let (k, v) = (args.output::<f16>(8)?, args.output::<f16>(9)?);
+            let caches = Caches {
+                k,
+                v,
+                max_ctx,
+                pos0,
+            };
+            rope_and_store(&rope, positions, all, heads, q, caches);
+        } else {
+            let (k, v) = (args.output::<f32>(8)?, args.output::<f32>(9)?);
+            let caches = Caches {
+                k,
+                v,
+                max_ctx,
+                pos0,
+            };
+            rope_and_store(&rope, positions, all, heads, q, caches);
+        }
+        Ok::<(), crate::error::Error>(())
+    })?;
     Ok(())
 }
 
@@ -523,10 +539,10 @@ impl Rope {
     }
 }
 
-/// The KV cache of a layer and where the pass's rows go.
-struct Caches<'a> {
-    k: &'a mut [f32],
-    v: &'a mut [f32],
+/// The KV cache of a layer (f32 or f16) and where the pass's rows go.
+struct Caches<'a, C> {
+    k: &'a mut [C],
+    v: &'a mut [C],
     max_ctx: usize,
     pos0: usize,
 }
@@ -534,14 +550,14 @@ struct Caches<'a> {
 /// The tail of `norm_qkv_rope`: `all` holds each row's q, k and v products; q and k are rotated
 /// into `q` and the key cache, v copied into the value cache (row `r` at `pos0 + r`). One row on
 /// the calling thread, more in parallel over rows (each row's angles computed once, as the rope
-/// kernel does).
-fn rope_and_store(
+/// kernel does); an f16 cache takes each value rounded once.
+fn rope_and_store<C: Float>(
     rope: &Rope,
     positions: &[i32],
     all: &[f32],
     (n_head, n_kv): (usize, usize),
     q: &mut [f32],
-    c: Caches<'_>,
+    c: Caches<'_, C>,
 ) {
     let hd = rope.hd;
     let (nq, nkv) = (n_head * hd, n_kv * hd);
@@ -561,8 +577,14 @@ fn rope_and_store(
             // kernel's `read_pos0` check, so `at + hd` is within the caches); exclusive because
             // cache row `pos0 + r` of every head is written by row `r`'s task alone.
             let (kd, vd) = unsafe { (k_cache.part(at, hd), v_cache.part(at, hd)) };
-            rope.rotate(&table, kh, kd);
-            vd.copy_from_slice(vh);
+            let mut rotated = [0f32; 2 * MAX_ROPE_PAIRS];
+            rope.rotate(&table, kh, &mut rotated[..hd]);
+            for (o, &x) in kd.iter_mut().zip(&rotated[..hd]) {
+                *o = C::from_f32(x);
+            }
+            for (o, &x) in vd.iter_mut().zip(vh) {
+                *o = C::from_f32(x);
+            }
         }
     };
     if positions.len() == 1 {

@@ -383,6 +383,7 @@ impl Qkv<'_> {
             .u32("head_dim", self.hd)
             .f32("base", 10_000.0)
             .u32("mode", self.mode)
+            .u32("cache_f16", 0)
     }
 }
 

@@ -401,6 +401,7 @@ fn fused_rope_and_cache_writes_refuse_hostile_sizes_steps_and_modes() {
                 .f32("base", 10_000.0)
                 .u32("mode", 0)
                 .u32("n_kv_head", 2)
+                .u32("cache_f16", 0)
         };
         let fits = (96, 48, 96);
         call(fits, &[2], 8, 8).accepted();

@@ -1,15 +1,18 @@
 //! CPU kernels of the fused prompt RoPE and cache write (`ops::rope_kv`): `rope_kv_f32` (q, k, v,
-//! positions, step, k_cache, v_cache, head_dim, rotary_dim, base, mode, n_kv_head) and
-//! `rope_ff_kv_f32` (the same with freq_factors after positions).
+//! positions, step, k_cache, v_cache, head_dim, rotary_dim, base, mode, n_kv_head, cache_f16) and
+//! `rope_ff_kv_f32` (the same with freq_factors after positions). The caches are f32, or f16 where
+//! `cache_f16` is 1 (each value rounded to nearest once, as `kv_write` rounds it).
 //!
 //! q is rotated in place as the in-place `rope` rotates it; row r of k, rotated the same way, and
 //! row r of v go to row `step[0] + r` of each KV head's slab of the caches, as `kv_write` writes
 //! them. The rotations are `rope`'s own code (`angle_table`, `rotate_head`), so the results are
 //! the bits of the two ropes and the two cache writes.
 
+use half::f16;
 use rayon::prelude::*;
 
 use super::check::{expect_len, kernel_err, product, read_pos0};
+use super::copy::Float;
 use super::rope::{angle_table, check_rotation, rotate_head, MAX_ROPE_PAIRS};
 use crate::backend::cpu::{CpuRegistry, KernelArgs};
 use crate::error::Result;
@@ -33,6 +36,7 @@ fn rope_kv<const FF: bool>(args: &KernelArgs<'_>) -> Result<()> {
         args.u32(at + 6)?,
         args.usize(at + 7)?,
     );
+    let cache_f16 = args.u32(at + 8)? == 1;
     if head_dim == 0 {
         return Err(bad("head_dim = 0: heads must hold values".into()));
     }
@@ -87,26 +91,70 @@ fn rope_kv<const FF: bool>(args: &KernelArgs<'_>) -> Result<()> {
         });
     }
     // k rotated and v copied into their caches' rows.
+    let rows_of = Rows {
+        positions,
+        freq,
+        base,
+        rotary_dim,
+        neox,
+        head_dim,
+        row_kv,
+        max_ctx,
+        start,
+    };
     for (index, rotate) in [(at + 1, true), (at + 2, false)] {
         let src = if rotate { k } else { v };
-        let cache = args.output::<f32>(index)?;
+        if cache_f16 {
+            rows_of.write(args.output::<f16>(index)?, src, rotate);
+        } else {
+            rows_of.write(args.output::<f32>(index)?, src, rotate);
+        }
+    }
+    Ok(())
+}
+
+/// Where a pass's k and v rows go in a cache, and how k rotates.
+struct Rows<'a> {
+    positions: &'a [i32],
+    freq: Option<&'a [f32]>,
+    base: f32,
+    rotary_dim: usize,
+    neox: bool,
+    head_dim: usize,
+    row_kv: usize,
+    max_ctx: usize,
+    start: usize,
+}
+
+impl Rows<'_> {
+    /// Writes `src`'s rows (rotated where `rotate`) into `cache`'s rows `start..start + rows` of
+    /// every head's slab, each value converted once from f32.
+    fn write<C: Float>(&self, cache: &mut [C], src: &[f32], rotate: bool) {
+        let hd = self.head_dim;
         cache
-            .par_chunks_mut(max_ctx * head_dim)
+            .par_chunks_mut(self.max_ctx * hd)
             .enumerate()
             .for_each(|(h, slab)| {
                 let mut table = [(0f32, 0f32); MAX_ROPE_PAIRS];
-                let dst = &mut slab[start * head_dim..(start + rows) * head_dim];
-                for (r, d) in dst.chunks_exact_mut(head_dim).enumerate() {
-                    let at = r * row_kv + h * head_dim;
-                    d.copy_from_slice(&src[at..at + head_dim]);
+                let mut row = vec![0f32; hd];
+                let rows = self.positions.len();
+                let dst = &mut slab[self.start * hd..(self.start + rows) * hd];
+                for (r, d) in dst.chunks_exact_mut(hd).enumerate() {
+                    let at = r * self.row_kv + h * hd;
+                    let vals = &mut row[..];
+                    vals.copy_from_slice(&src[at..at + hd]);
                     if rotate {
-                        let cos_sin = angle_table(positions[r], base, rotary_dim, freq, &mut table);
-                        rotate_head(d, cos_sin, neox);
+                        let pos = self.positions[r];
+                        let cos_sin =
+                            angle_table(pos, self.base, self.rotary_dim, self.freq, &mut table);
+                        rotate_head(vals, cos_sin, self.neox);
+                    }
+                    for (o, &x) in d.iter_mut().zip(vals.iter()) {
+                        *o = C::from_f32(x);
                     }
                 }
             });
     }
-    Ok(())
 }
 
 /// Registers this family's kernels against their declarations.

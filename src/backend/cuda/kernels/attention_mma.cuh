@@ -9,7 +9,9 @@
 // With an f32 cache and the shared memory for it (`ATTN_M_SMEM_PIPE`), the next tile's K and V
 // rows are copied by `cp.async` into f32 slots while the block multiplies the current tile, and each
 // thread rounds the values it copied into the f16 tiles (the same values as a direct load: the same
-// bits).
+// bits). With an f16 cache and `ATTN_M_SMEM_PIPE16`, the tiles are copied straight into two pairs
+// of f16 tiles in the layout `ldmatrix` reads, the next pair while the block multiplies the other
+// (one barrier a tile; Q staged in the second pair before the first tile).
 // The first key the query at position `pos` sees: 0, or with a window the last `window`
 // positions up to `pos`.
 __device__ __forceinline__ uint64_t attn_first_key(uint64_t pos, uint32_t window) {
@@ -31,6 +33,8 @@ __device__ __forceinline__ uint32_t attn_dynamic_smem() {
 // The pipelined form's: the f16 K and V tiles (Q staged in K's before the first tile), then the
 // f32 K and V slots of the next tile.
 #define ATTN_M_SMEM_PIPE(hd) (2 * ATTN_M_KEYS * ((hd) + 8) * 2 + 2 * ATTN_M_KEYS * (hd) * 4)
+// The f16 cache's pipelined form's: two pairs of f16 K and V tiles.
+#define ATTN_M_SMEM_PIPE16(hd) (4 * ATTN_M_KEYS * ((hd) + 8) * 2)
 
 __device__ __forceinline__ bool attn_mma_ok(uint32_t hd) {
 #if __CUDA_ARCH__ >= 800
@@ -137,6 +141,21 @@ __device__ __forceinline__ void attn_copy_tile(float* dst, const float* src, uin
     }
 }
 
+// Issues this thread's 16-byte copies of a tile's first `keys` rows of HD f16 values (contiguous at
+// `src`, 16-byte aligned) into the f16 tile `dst` (row stride HD + 8); rows at or past `keys`
+// become zeros (copies of no bytes).
+template <int HD>
+__device__ __forceinline__ void attn_copy_tile_f16(__half* dst, const __half* src, uint32_t keys) {
+    constexpr int N = ATTN_M_KEYS * HD / 8 / ATTN_M_THREADS;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        const uint32_t i = threadIdx.x + j * ATTN_M_THREADS;
+        const uint32_t row = i / (HD / 8), c = 8 * (i % (HD / 8));
+        const bool live = row < keys;
+        op_cp_async<16>(dst + row * (HD + 8) + c, live ? src + row * HD + c : src, live);
+    }
+}
+
 // Rounds the chunks of the slot `src` that this thread copied (`attn_copy_tile`, waited for) to f16
 // into `dst` (row stride HD + 8); rows at or past `keys` become zeros. Eight chunks loaded, then
 // stored: a store through `dst` between two loads would make the second wait for it.
@@ -171,7 +190,10 @@ __device__ void attention_mma(const float* q, const T* k, const T* v, O* out, ui
 #if __CUDA_ARCH__ >= 800
     extern __shared__ __align__(16) float attn_smem[];
     // The pipelined form (f32 caches): K, V, then the two f32 slots, Q in K's place; else Q, K, V.
+    // The f16 pipelined form: tiles K0, V0, K1, V1, Q staged in K1 (where the cache is aligned).
     const bool pipe = sizeof(T) == 4 && attn_dynamic_smem() >= ATTN_M_SMEM_PIPE(HD);
+    const bool pipe16 = sizeof(T) == 2 && attn_dynamic_smem() >= ATTN_M_SMEM_PIPE16(HD);
+    constexpr uint32_t TILE = ATTN_M_KEYS * (HD + 8);
     __half* qs = (__half*)attn_smem;
     __half* ks = pipe ? qs : qs + ATTN_M_ROWS * (HD + 8);
     __half* vs = ks + ATTN_M_KEYS * (HD + 8);
@@ -193,6 +215,7 @@ __device__ void attention_mma(const float* q, const T* k, const T* v, O* out, ui
         const uint64_t hi = (uint64_t)pos0 + r_end;
         // Rows are HD values (a multiple of 16 bytes), so the heads' starts decide the alignment.
         const bool wide = ((uint64_t)kh | (uint64_t)vh) % 16 == 0;
+        const bool p16 = pipe16 && wide;
         if constexpr (sizeof(T) == 4) {
             // The first tile's copies (the slots are free: the last tile's values were rounded
             // before a barrier every thread has passed).
@@ -204,13 +227,24 @@ __device__ void attention_mma(const float* q, const T* k, const T* v, O* out, ui
             }
         }
         __syncthreads();
-        attn_stage_f16<float, HD>(qs, q + (r0 * n_head + h) * HD, (uint64_t)n_head * HD,
-                              (uint32_t)(r_end - r0));
+        if constexpr (sizeof(T) == 2) {
+            // After the barrier: the last item's tiles are read.
+            if (p16) {
+                const uint32_t keys = (uint32_t)min((uint64_t)ATTN_M_KEYS, hi - lo);
+                __half* base = (__half*)attn_smem;
+                attn_copy_tile_f16<HD>(base, (const __half*)kh + lo * HD, keys);
+                attn_copy_tile_f16<HD>(base + TILE, (const __half*)vh + lo * HD, keys);
+                op_cp_commit();
+            }
+        }
+        attn_stage_f16<float, HD>(p16 ? (__half*)attn_smem + 2 * TILE : qs,
+                                  q + (r0 * n_head + h) * HD, (uint64_t)n_head * HD,
+                                  (uint32_t)(r_end - r0));
         __syncthreads();
         uint32_t qf[HD / 16][4];
 #pragma unroll
         for (int kk = 0; kk < HD / 16; ++kk)
-            attn_ldmatrix4(qf[kk], qs + (warp * 16 + (lane & 15)) * (HD + 8) + kk * 16 + (lane >> 4) * 8,
+            attn_ldmatrix4(qf[kk], (p16 ? (__half*)attn_smem + 2 * TILE : qs) + (warp * 16 + (lane & 15)) * (HD + 8) + kk * 16 + (lane >> 4) * 8,
                            false);
         // This thread's two rows: g and g + 8 of the warp's 16.
         uint64_t pos[2], first[2];
@@ -229,9 +263,32 @@ __device__ void attention_mma(const float* q, const T* k, const T* v, O* out, ui
             for (int e = 0; e < 4; ++e) o[nt][e] = 0.0f;
         // The row maxima in log2 units (scores times log2(e)); the sums of the weights.
         float m[2] = {neg_inf, neg_inf}, l[2] = {0.0f, 0.0f};
-        for (uint64_t k0 = lo; k0 < hi; k0 += ATTN_M_KEYS) {
+        uint32_t tile = 0;
+        for (uint64_t k0 = lo; k0 < hi; k0 += ATTN_M_KEYS, ++tile) {
             const uint32_t keys = (uint32_t)min((uint64_t)ATTN_M_KEYS, hi - k0);
             bool staged = false;
+            const __half* kt = ks;
+            const __half* vt = vs;
+            if constexpr (sizeof(T) == 2) {
+                if (p16) {
+                    // This tile landed (this thread's copies waited for, the others' seen after
+                    // the barrier); every warp is past the tile before, so its pair is free.
+                    op_cp_wait<0>();
+                    __syncthreads();
+                    __half* base = (__half*)attn_smem;
+                    if (k0 + ATTN_M_KEYS < hi) {
+                        const uint64_t next = k0 + ATTN_M_KEYS;
+                        const uint32_t n = (uint32_t)min((uint64_t)ATTN_M_KEYS, hi - next);
+                        __half* pair = base + 2 * TILE * ((tile + 1) & 1);
+                        attn_copy_tile_f16<HD>(pair, (const __half*)kh + next * HD, n);
+                        attn_copy_tile_f16<HD>(pair + TILE, (const __half*)vh + next * HD, n);
+                        op_cp_commit();
+                    }
+                    kt = base + 2 * TILE * (tile & 1);
+                    vt = kt + TILE;
+                    staged = true;
+                }
+            }
             if constexpr (sizeof(T) == 4) {
                 if (pipe) {
                     // This thread's copies of the tile landed; after the barrier no warp reads
@@ -267,7 +324,7 @@ __device__ void attention_mma(const float* q, const T* k, const T* v, O* out, ui
 #pragma unroll
                 for (int p = 0; p < ATTN_M_KEYS / 16; ++p) {
                     uint32_t b[4];
-                    attn_ldmatrix4(b, ks + (p * 16 + (lane & 7) + (lane >> 4) * 8) * (HD + 8) +
+                    attn_ldmatrix4(b, kt + (p * 16 + (lane & 7) + (lane >> 4) * 8) * (HD + 8) +
                                           kk * 16 + ((lane >> 3) & 1) * 8,
                                    false);
                     attn_mma16816(s[2 * p], qf[kk], b[0], b[1]);
@@ -340,7 +397,7 @@ __device__ void attention_mma(const float* q, const T* k, const T* v, O* out, ui
 #pragma unroll
                 for (int dp = 0; dp < HD / 16; ++dp) {
                     uint32_t b[4];
-                    attn_ldmatrix4(b, vs + (j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * (HD + 8) +
+                    attn_ldmatrix4(b, vt + (j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * (HD + 8) +
                                           dp * 16 + (lane >> 4) * 8,
                                    true);
                     attn_mma16816(o[2 * dp], a, b[0], b[1]);

@@ -3,7 +3,8 @@
 // forms, built on the vector forms of matmul_blocks.cuh and the activations of activation.cuh
 // (compiled in front of this file):
 //   norm_qkv_rope_<w>: x, norm, wq, wk, wv, positions, step, q, k_cache, v_cache, eps, dim,
-//                      n_head, n_kv_head, head_dim, base, mode
+//                      n_head, n_kv_head, head_dim, base, mode, cache_f16 (the caches f32, or f16
+//                      where it is 1)
 //   norm_gate_up_<w>:  x, norm, w_gate, w_up, hidden, eps, dim, ffn, act (0 SiLU, 1 GELU tanh)
 // The optimizer makes them on a GPU for decode steps only: each block (one-row passes with shared
 // memory) or warp normalizes the row, which a prefill pass would pay per output. A one-row pass
@@ -221,6 +222,22 @@ __device__ __forceinline__ void fb_rope_table(float2* tab, int32_t pos, uint32_t
     }
 }
 
+// The K and V caches of `norm_qkv_rope`: f32, or f16 where `half` (the `cache_f16` argument; the
+// value rounded to nearest once, as `kv_write` into an f16 cache does).
+struct FbKv {
+    void* k;
+    void* v;
+    bool half;
+    __device__ __forceinline__ void store(int which, uint64_t at, float x) const {
+        void* c = which == 1 ? k : v;
+        if (half) {
+            ((__half*)c)[at] = __float2half_rn(x);
+        } else {
+            ((float*)c)[at] = x;
+        }
+    }
+};
+
 // q = rope(norm(x) Wq), k_cache[pos] = rope(norm(x) Wk), v_cache[pos] = norm(x) Wv for each row,
 // one warp per output pair (the two values one rotation mixes; mode 0 pairs (2i, 2i + 1), mode 1
 // (i, i + head_dim / 2)), the whole head rotating, angles as the rope kernel computes them (f64
@@ -233,7 +250,7 @@ __device__ __forceinline__ void fb_rope_table(float2* tab, int32_t pos, uint32_t
 template <int FMT, typename RowX>
 __device__ void norm_qkv_rope_rows(RowX row_x, const uint8_t* wq,
                               const uint8_t* wk, const uint8_t* wv, const int32_t* positions,
-                              const int32_t* step, float* q, float* kc, float* vc, uint32_t k,
+                              const int32_t* step, float* q, FbKv kv, uint32_t k,
                               uint32_t n_head, uint32_t n_kv, uint32_t hd, float base,
                               uint32_t mode, uint64_t n_pos, uint64_t n_kc, const float2* rope,
                               float2* swap, uint32_t tag) {
@@ -295,10 +312,9 @@ __device__ void norm_qkv_rope_rows(RowX row_x, const uint8_t* wq,
             qr[d0] = a;
             qr[d1] = b;
         } else {
-            float* cr = (which == 1 ? kc : vc) +
-                        ((uint64_t)task.h * max_ctx + (uint64_t)pos0 + r) * hd;
-            cr[d0] = a;
-            cr[d1] = b;
+            const uint64_t at = ((uint64_t)task.h * max_ctx + (uint64_t)pos0 + r) * hd;
+            kv.store(which, at + d0, a);
+            kv.store(which, at + d1, b);
         }
     }
 }
@@ -315,13 +331,13 @@ __device__ __forceinline__ uint32_t fb_table_offset(uint32_t k) {
 template <int FMT, typename RowX>
 __device__ void norm_qkv_rope_one(RowX row, const uint8_t* wq, const uint8_t* wk,
                                   const uint8_t* wv, const int32_t* positions, const int32_t* step,
-                                  float* q, float* kc, float* vc, uint32_t k, uint32_t n_head,
+                                  float* q, FbKv kv, uint32_t k, uint32_t n_head,
                                   uint32_t n_kv, uint32_t hd, float base, uint32_t mode,
                                   uint64_t n_kc, const float2* rope, uint32_t tag) {
     extern __shared__ __align__(16) float fb_smem[];
     // The sum-of-squares scratch, free once the row is written.
     float2* swap = (float2*)(fb_smem + k + 4 * MM_STAGE_WARPS * MM_STAGE_MAX_WORDS);
-    norm_qkv_rope_rows<FMT>(row, wq, wk, wv, positions, step, q, kc, vc, k, n_head, n_kv, hd,
+    norm_qkv_rope_rows<FMT>(row, wq, wk, wv, positions, step, q, kv, k, n_head, n_kv, hd,
                             base, mode, 1, n_kc, rope,
                             fb_qkv_split<FMT>(((uint64_t)n_head + 2 * n_kv) * (hd / 2), k, wq,
                                               wk, wv)
@@ -336,7 +352,7 @@ __device__ void norm_qkv_rope_one(RowX row, const uint8_t* wq, const uint8_t* wk
 template <int FMT, bool SHARED>
 __device__ void norm_qkv_rope(const float* x, const float* nw, const uint8_t* wq,
                               const uint8_t* wk, const uint8_t* wv, const int32_t* positions,
-                              const int32_t* step, float* q, float* kc, float* vc, float eps,
+                              const int32_t* step, float* q, FbKv kv, float eps,
                               uint32_t k, uint32_t n_head, uint32_t n_kv, uint32_t hd, float base,
                               uint32_t mode, uint64_t n_x, uint64_t n_nw, uint64_t n_pos,
                               uint64_t n_step, uint64_t n_q, uint64_t n_kc, uint64_t n_vc,
@@ -355,15 +371,15 @@ __device__ void norm_qkv_rope(const float* x, const float* nw, const uint8_t* wq
         }
         const FbShared row{fb_shared_row(x, nw, k, eps), k};
         if (fb_q8_ok<FMT>(k)) {
-            norm_qkv_rope_one<FMT>(fb_quantize_row(row.s, k), wq, wk, wv, positions, step, q, kc,
-                                   vc, k, n_head, n_kv, hd, base, mode, n_kc, rope, tag);
+            norm_qkv_rope_one<FMT>(fb_quantize_row(row.s, k), wq, wk, wv, positions, step, q, kv,
+                                   k, n_head, n_kv, hd, base, mode, n_kc, rope, tag);
             return;
         }
-        norm_qkv_rope_one<FMT>(row, wq, wk, wv, positions, step, q, kc, vc, k, n_head, n_kv, hd,
+        norm_qkv_rope_one<FMT>(row, wq, wk, wv, positions, step, q, kv, k, n_head, n_kv, hd,
                                base, mode, n_kc, rope, tag);
     } else {
         const FbPerWarp row{x, nw, k, eps, (int)(threadIdx.x & 31)};
-        norm_qkv_rope_rows<FMT>(row, wq, wk, wv, positions, step, q, kc, vc, k, n_head, n_kv, hd,
+        norm_qkv_rope_rows<FMT>(row, wq, wk, wv, positions, step, q, kv, k, n_head, n_kv, hd,
                                 base, mode, n_pos, n_kc, nullptr, nullptr, tag);
     }
 }
@@ -444,14 +460,16 @@ __device__ __forceinline__ void fb_prefetch_gate_up(const uint8_t* wg, const uin
 #define NORM_QKV_ROPE_KERNEL(NAME, FMT, SH)                                                          \
     extern "C" __global__ __launch_bounds__(256, 2) void NAME(                                      \
         const float* x, const float* nw, const uint8_t* wq, const uint8_t* wk, const uint8_t* wv,    \
-        const int32_t* positions, const int32_t* step, float* q, float* kc, float* vc, float eps,    \
+        const int32_t* positions, const int32_t* step, float* q, void* kc, void* vc, float eps,      \
         uint32_t k, uint32_t n_head, uint32_t n_kv, uint32_t hd, float base, uint32_t mode,          \
-        uint64_t n_x, uint64_t n_nw, uint64_t n_wq, uint64_t n_wk, uint64_t n_wv, uint64_t n_pos,    \
-        uint64_t n_step, uint64_t n_q, uint64_t n_kc, uint64_t n_vc) {                               \
+        uint32_t cache_f16, uint64_t n_x, uint64_t n_nw, uint64_t n_wq, uint64_t n_wk,               \
+        uint64_t n_wv, uint64_t n_pos, uint64_t n_step, uint64_t n_q, uint64_t n_kc,                 \
+        uint64_t n_vc) {                                                                             \
         fb_prefetch_qkv<FMT, SH>(x, nw, wq, wk, wv, k, n_head, n_kv, hd, mode, n_pos);                \
         const double rope_freq = fb_rope_freq(threadIdx.x, hd, base);                                \
         OP_GRID_ENTRY();                                                                             \
-        norm_qkv_rope<FMT, SH>(x, nw, wq, wk, wv, positions, step, q, kc, vc, eps, k, n_head, n_kv, hd, \
+        const FbKv kv{kc, vc, cache_f16 != 0};                                                       \
+        norm_qkv_rope<FMT, SH>(x, nw, wq, wk, wv, positions, step, q, kv, eps, k, n_head, n_kv, hd, \
                                base, mode, n_x, n_nw, n_pos, n_step, n_q, n_kc, n_vc, rope_freq,    \
                                op_tag(#NAME));                                                      \
     }

@@ -151,7 +151,8 @@ extern "C" __global__ void rms_norm_rope_f32(const float* x, const float* w,
     }
 }
 
-// A prompt's RoPE on q and k and its k and v rows written into f32 KV caches
+// A prompt's RoPE on q and k and its k and v rows written into f32 KV caches, or f16 ones where
+// `cache_f16` (each value rounded to nearest once, as kv_write_f32_f16 rounds it),
 // [n_kv_head, max_ctx, head_dim] at rows step[0] + r (`rope_kv_f32`, `rope_ff_kv_f32`; the fusion
 // of src/ops/rope_kv.rs): q rotates in place as rope_f32_inplace rotates it, each k value is the
 // same rotation (`a c - b s`, `a s + b c` of the row's table) written straight to the cache, the
@@ -160,9 +161,9 @@ extern "C" __global__ void rms_norm_rope_f32(const float* x, const float* w,
 // is a kernel error before anything is written, as kv_write's.
 template <bool FF>
 __device__ void rope_kv(float* q, const float* k, const float* v, const int32_t* positions,
-                        const float* ff, const int32_t* step, float* kc, float* vc,
+                        const float* ff, const int32_t* step, void* kc, void* vc,
                         uint32_t head_dim, uint32_t rotary_dim, float base, uint32_t mode,
-                        uint32_t n_kv_head, uint64_t n_q, uint64_t n_k, uint64_t n_v,
+                        uint32_t n_kv_head, uint32_t cache_f16, uint64_t n_q, uint64_t n_k, uint64_t n_v,
                         uint64_t n_pos, uint64_t n_ff, uint64_t n_step, uint64_t n_kc,
                         uint64_t n_vc, uint32_t tag) {
     __shared__ float cs_cos[ROPE_MAX_PAIRS];
@@ -201,35 +202,42 @@ __device__ void rope_kv(float* q, const float* k, const float* v, const int32_t*
                 val = first ? a * c - b * s : a * s + b * c;
             }
             const uint64_t at = ((uint64_t)h * max_ctx + (uint64_t)pos0 + r) * head_dim + d;
-            kc[at] = val;
-            vc[at] = vr[t];
+            if (cache_f16 != 0) {
+                ((__half*)kc)[at] = __float2half_rn(val);
+                ((__half*)vc)[at] = __float2half_rn(vr[t]);
+            } else {
+                ((float*)kc)[at] = val;
+                ((float*)vc)[at] = vr[t];
+            }
         }
     }
 }
 
 extern "C" __global__ void rope_kv_f32(float* q, const float* k, const float* v,
                                        const int32_t* positions, const int32_t* step,
-                                       float* k_cache, float* v_cache, uint32_t head_dim,
+                                       void* k_cache, void* v_cache, uint32_t head_dim,
                                        uint32_t rotary_dim, float base, uint32_t mode,
-                                       uint32_t n_kv_head, uint64_t n_q, uint64_t n_k,
+                                       uint32_t n_kv_head, uint32_t cache_f16, uint64_t n_q,
+                                       uint64_t n_k,
                                        uint64_t n_v, uint64_t n_pos, uint64_t n_step,
                                        uint64_t n_kc, uint64_t n_vc) {
     OP_GRID_ENTRY();
     rope_kv<false>(q, k, v, positions, nullptr, step, k_cache, v_cache, head_dim, rotary_dim,
-                   base, mode, n_kv_head, n_q, n_k, n_v, n_pos, 0, n_step, n_kc, n_vc,
+                   base, mode, n_kv_head, cache_f16, n_q, n_k, n_v, n_pos, 0, n_step, n_kc, n_vc,
                    op_tag("rope_kv_f32"));
 }
 
 extern "C" __global__ void rope_ff_kv_f32(float* q, const float* k, const float* v,
                                           const int32_t* positions, const float* ff,
-                                          const int32_t* step, float* k_cache, float* v_cache,
+                                          const int32_t* step, void* k_cache, void* v_cache,
                                           uint32_t head_dim, uint32_t rotary_dim, float base,
-                                          uint32_t mode, uint32_t n_kv_head, uint64_t n_q,
+                                          uint32_t mode, uint32_t n_kv_head, uint32_t cache_f16,
+                                          uint64_t n_q,
                                           uint64_t n_k, uint64_t n_v, uint64_t n_pos,
                                           uint64_t n_ff, uint64_t n_step, uint64_t n_kc,
                                           uint64_t n_vc) {
     OP_GRID_ENTRY();
     rope_kv<true>(q, k, v, positions, ff, step, k_cache, v_cache, head_dim, rotary_dim, base,
-                  mode, n_kv_head, n_q, n_k, n_v, n_pos, n_ff, n_step, n_kc, n_vc,
+                  mode, n_kv_head, cache_f16, n_q, n_k, n_v, n_pos, n_ff, n_step, n_kc, n_vc,
                   op_tag("rope_ff_kv_f32"));
 }
