@@ -159,6 +159,18 @@ const MMA_SMEM: u32 = (if MMP_SMEM > MMH_SMEM {
     MMH_SMEM
 }) as u32;
 
+/// The Hopper form's (`MMW_SMEM`, `matmul_wgmma.cuh`): four slots of a 128 x 64 f16 activation
+/// tile and a 128 x 64 f16 weight tile, and 1 KiB to align them. One block an SM of an H100.
+const MMW_SMEM: usize = 4 * (MMA_TILE + MMA_TILE) * 128 + 1024;
+
+/// Whether the Hopper form (`mmw_applies` in `matmul_wgmma.cuh`, sm_90a) can take a launch of
+/// weights `w` with `k` inputs and products of `outputs` outputs in tiles of `tile`: Q4_0, whole
+/// 64-value steps and whole tiles. Such a launch asks for that form's shared memory (a GPU that
+/// grants less runs the other forms).
+pub(crate) fn wgmma_shape(w: DType, k: usize, outputs: &[usize], tile: usize) -> bool {
+    w == DType::Q4_0 && k.is_multiple_of(64) && outputs.iter().all(|n| n.is_multiple_of(tile))
+}
+
 /// SMs of the GPU the tile choice below is tuned for (an H100); on another GPU the choice is
 /// only less tuned, never wrong.
 const MMA_TUNED_SMS: usize = 132;
@@ -167,13 +179,15 @@ const MMA_TUNED_SMS: usize = 132;
 /// grid `[output tiles, row tiles]`. For the block formats (the pipelined form), where
 /// 128-row tiles would not give every SM of an H100 a block, tiles of 64 rows instead (twice the
 /// blocks, each half the work): the kernel reads the tile height from the grid's height.
-pub(crate) fn mma_grid(n: usize, rows: usize, w: DType) -> Grid {
-    mma_grid_for_tiles(n.div_ceil(MMA_TILE), rows, w)
+pub(crate) fn mma_grid(n: usize, k: usize, rows: usize, w: DType) -> Grid {
+    let hopper = wgmma_shape(w, k, &[n], MMA_TILE);
+    mma_grid_for_tiles(n.div_ceil(MMA_TILE), rows, w, hopper)
 }
 
 /// [`mma_grid`] for `cols` tiles of outputs side by side (one product's, or several products'
-/// of one launch, `ops::matmul_triple`).
-pub(crate) fn mma_grid_for_tiles(cols: usize, rows: usize, w: DType) -> Grid {
+/// of one launch, `ops::matmul_triple`); `hopper`: the shared memory of the Hopper form too
+/// ([`wgmma_shape`]).
+pub(crate) fn mma_grid_for_tiles(cols: usize, rows: usize, w: DType, hopper: bool) -> Grid {
     let pipelined = matches!(
         w,
         DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0 | DType::Q4K | DType::Q6K
@@ -184,9 +198,14 @@ pub(crate) fn mma_grid_for_tiles(cols: usize, rows: usize, w: DType) -> Grid {
     } else {
         tall
     };
+    let shared = if hopper {
+        MMA_SMEM.max(MMW_SMEM as u32)
+    } else {
+        MMA_SMEM
+    };
     Grid::new(cols.clamp(1, 1 << 30) as u32, MMA_THREADS)
         .with_y(row_tiles.clamp(1, 65535) as u32)
-        .with_shared(MMA_SMEM)
+        .with_shared(shared)
 }
 
 /// One warp per output value and row (the kernels without a matrix form: the expert-routed and
@@ -258,7 +277,7 @@ fn product(x: &Buffer, w: &Buffer, out: &Buffer, int8: bool) -> Result<Dispatch>
     ];
     if rows >= MMA_MIN_ROWS {
         let kernel = for_weight("matmul", &mm::MATMUL_MMA, w)?;
-        return Dispatch::new(kernel, args, mma_grid(n, rows, w.dtype()));
+        return Dispatch::new(kernel, args, mma_grid(n, k, rows, w.dtype()));
     }
     let grid = if rows == 1 && int8 {
         vector_grid(w.dtype(), n, k)

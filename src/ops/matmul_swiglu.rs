@@ -19,7 +19,7 @@
 //! kernel's code, in the same order, and the SwiGLU with the elementwise kernel's arithmetic, so
 //! the fused dispatch gives the three dispatches' bits (the backends declare it exact).
 
-use super::matmul::{mma_grid_for_tiles, MMA_TILE};
+use super::matmul::{mma_grid_for_tiles, wgmma_shape, MMA_TILE};
 use super::matmul_triple::Product;
 use crate::backend::DType;
 use crate::graph::passes::{At, Found, FusionRule, Matcher};
@@ -83,7 +83,12 @@ fn find_pair_swiglu<'g>(m: &Matcher<'g>, at: At) -> Option<Found<'g>> {
         return None;
     }
     let rows = values / n.max(1);
-    let grid = mma_grid_for_tiles(n.div_ceil(PAIR_TILE), rows, gate.w.dtype());
+    let k = match gate.k {
+        Scalar::U32(k) => k as usize,
+        _ => return None,
+    };
+    let hopper = wgmma_shape(gate.w.dtype(), k, &[n], PAIR_TILE);
+    let grid = mma_grid_for_tiles(n.div_ceil(PAIR_TILE), rows, gate.w.dtype(), hopper);
     let spec = DispatchSpec::new(
         KernelId::of(&mm::MATMUL_SWIGLU_MMA_H[gate.format]),
         &[

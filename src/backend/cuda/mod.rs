@@ -50,7 +50,7 @@ use crate::error::{Error, Result};
 use memory::{driver_err, is_sticky};
 
 /// The architecture NVRTC targets when there is no device to ask (H100 / H200).
-pub const DEFAULT_ARCH: &str = "sm_90";
+pub const DEFAULT_ARCH: &str = "sm_90a";
 
 /// Whether the CUDA driver library (`libcuda`) can be loaded.
 pub fn driver_present() -> bool {

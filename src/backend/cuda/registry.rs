@@ -94,6 +94,8 @@ pub const SOURCES: &[KernelSource] = &[
             include_str!("kernels/matmul_mma_pipe.cuh"),
             "#line 1 \"matmul_mma_h.cuh\"\n",
             include_str!("kernels/matmul_mma_h.cuh"),
+            "#line 1 \"matmul_wgmma.cuh\"\n",
+            include_str!("kernels/matmul_wgmma.cuh"),
             "#line 1 \"matmul.cu\"\n",
             include_str!("kernels/matmul.cu"),
             "#line 1 \"matmul_rows.cu\"\n",
@@ -186,9 +188,19 @@ pub fn all_kernel_names() -> Vec<&'static str> {
     v
 }
 
-/// The compute capability as an NVRTC architecture: `(9, 0)` -> `sm_90`.
+/// The compute capability as an NVRTC architecture: `(8, 6)` -> `sm_86`; `(9, 0)` -> `sm_90a`, the
+/// Hopper target whose warpgroup products (`wgmma`, `matmul_wgmma.cuh`) exist only there (its
+/// cubins run on compute capability 9.0 alone, which is what it is chosen for).
 pub fn arch_for(compute_capability: (i32, i32)) -> String {
-    format!("sm_{}{}", compute_capability.0, compute_capability.1)
+    let suffix = if compute_capability == (9, 0) {
+        "a"
+    } else {
+        ""
+    };
+    format!(
+        "sm_{}{}{suffix}",
+        compute_capability.0, compute_capability.1
+    )
 }
 
 /// The CUDA header directory: `ONEPASS_CUDA_INCLUDE` when set, else the toolkit's
@@ -558,7 +570,7 @@ mod tests {
 
     #[test]
     fn arch_string() {
-        assert_eq!(arch_for((9, 0)), "sm_90");
+        assert_eq!(arch_for((9, 0)), "sm_90a");
         assert_eq!(arch_for((8, 6)), "sm_86");
     }
 }

@@ -313,6 +313,7 @@ __device__ void matmul_mma_h(const __half* x, const Mm3& m, uint32_t rows,
     for (int p = 0; p < products; ++p) OP_REQUIRE(n_out[p] == (uint64_t)rows * m.n(p));
     const uint64_t row_bytes = op_row_bytes(FMT, k);
     const bool block = blockDim.x == MMA_THREADS && blockDim.y == 1 && blockDim.z == 1;
+    if (block && mm_wgmma<FMT, ACC, products>(x, m, rows, k, row_bytes)) return;
     if (block && mm_mma_h<FMT, ACC, products>(x, m, rows, k, row_bytes)) return;
 #pragma unroll 1
     for (int p = 0; p < products; ++p) {
@@ -336,6 +337,8 @@ __device__ void matmul_swiglu_mma_h(const __half* x, const uint8_t* wg, const ui
     const uint64_t row_bytes = op_row_bytes(FMT, k);
     OP_REQUIRE(blockDim.x == MMA_THREADS && blockDim.y == 1 && blockDim.z == 1 &&
                mmh_applies<FMT>(x, wg, k, row_bytes) && mmh_applies<FMT>(x, wu, k, row_bytes));
+    const Mm3 pair{wg, wu, wu, nullptr, nullptr, nullptr, n, n, n};
+    if (mm_wgmma<FMT, false, 1, true>(x, pair, rows, k, row_bytes, out)) return;
 #if __CUDA_ARCH__ >= 800
     if constexpr (MmhFormat<FMT>::fast) {
         if (mmp_short_tiles(rows))
