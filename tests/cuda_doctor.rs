@@ -42,7 +42,7 @@ fn json_has_the_documented_keys() {
     }
     if report.cuda_driver.is_none() {
         assert!(report.devices.is_empty());
-        assert_eq!(report.arch, "sm_90");
+        assert_eq!(report.arch, "sm_90a");
     }
 }
 

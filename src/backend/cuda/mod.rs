@@ -146,7 +146,7 @@ pub struct CudaOptions {
     pub include_dir: Option<PathBuf>,
     /// Directory of the cubin cache; `None` compiles every run.
     pub cache_dir: Option<PathBuf>,
-    /// Architecture to compile for; `None` asks the device (`sm_90` on H100/H200).
+    /// Architecture to compile for; `None` asks the device (`sm_90a` on H100/H200).
     pub arch: Option<String>,
 }
 
@@ -222,7 +222,7 @@ impl CudaDevice {
         self.info.ordinal
     }
 
-    /// A human-readable name (`cuda:0 (NVIDIA H100 80GB HBM3, sm_90)`).
+    /// A human-readable name (`cuda:0 (NVIDIA H100 80GB HBM3, sm_90a)`).
     pub fn name(&self) -> String {
         format!(
             "cuda:{} ({}, {})",
