@@ -166,25 +166,19 @@ fn pipelined_cache_forms_equal_each_other_bitwise() {
                 half == wide,
                 "{what}: f32 cache (16-byte copies) differs from f16 cache"
             );
-            // The same caches one value into a larger buffer: 4-byte copies.
-            let shifted = |x: &[f32]| {
+            // The same caches one value into a larger buffer of `dt`: for f32 4-byte copies, for
+            // f16 (not 16-byte aligned) the direct loads instead of the f16 form's copies.
+            let shifted = |x: &[f32], dt: DType| {
                 let mut y = vec![0.5f32];
                 y.extend_from_slice(x);
-                float_tensor(&y, DType::F32, &[cache + 1])
+                float_tensor(&y, dt, &[cache + 1])
             };
-            let narrow = run(shifted(&k), shifted(&v), 4);
+            let narrow = run(shifted(&k, DType::F32), shifted(&v, DType::F32), 4);
             assert!(
                 half == narrow,
                 "{what}: f32 cache (4-byte copies) differs from f16 cache"
             );
-            // The f16 cache one value into a larger buffer: not 16-byte aligned, so the direct
-            // loads instead of the f16 form's copies.
-            let shifted16 = |x: &[f32]| {
-                let mut y = vec![0.5f32];
-                y.extend_from_slice(x);
-                float_tensor(&y, DType::F16, &[cache + 1])
-            };
-            let direct = run(shifted16(&k), shifted16(&v), 2);
+            let direct = run(shifted(&k, DType::F16), shifted(&v, DType::F16), 2);
             assert!(
                 half == direct,
                 "{what}: f16 cache (direct loads) differs from f16 cache (copies)"
