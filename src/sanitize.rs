@@ -212,7 +212,7 @@ pub fn sanitize(
             .fusions
             .iter()
             .filter(|u| !u.exact)
-            .map(|u| crate::ops::fusion_rule(u.fusion).up_to_rows(u.max_rows))
+            .map(|u| crate::ops::fusion_rule(u.fusion, caps).up_to_rows(u.max_rows))
             .collect();
         passes::fuse(&mut reference, &inexact);
     }

@@ -5,7 +5,11 @@
 //! f16 norm stores the same rounding of the same f32 values, and both sum in one order. At the
 //! Llama 3.1 8B prompt shapes (q, k, v as one `matmul3_mma`, then the gate product; the SwiGLU
 //! and the down product with its residual add) and odd ones (rows ending in a partial tile, 100
-//! and 513; widths ending in a partial tile), and the prompt attention with the o product.
+//! and 513; widths ending in a partial tile), and the prompt attention with the o product; every
+//! block format the narrowing takes on sm_90a (`F16Products::AllBlocks`: on an H100 the Hopper
+//! `wgmma` form runs the f16 products; on another GPU the `mma.sync` forms, slower for Q8_0,
+//! Q4_K and Q6_K but the same bits), those three in whole 128-output tiles, the only shapes in
+//! which they narrow.
 //! Seeded random inputs, never zeros. Needs a GPU: ignored by default, it fails where there is none
 //! (`ops::narrow`'s test runs the CPU kernels).
 
@@ -14,7 +18,7 @@ mod cuda_open;
 mod seeded;
 
 use cuda_open::cuda_device;
-use onepass::backend::{cuda, Capabilities};
+use onepass::backend::{cuda, Capabilities, F16Products};
 use onepass::{Buffer, DType, Device, Executor, Mode, Plan};
 use seeded::random_f32;
 
@@ -64,12 +68,15 @@ fn run(
 #[ignore = "needs a CUDA GPU"]
 fn narrowed_prompt_products_give_the_f32_forms_bits() {
     let gpu = cuda_device();
-    let narrowing = cuda::CAPABILITIES.with_f16_prompt_activations(true);
-    let plain = cuda::CAPABILITIES.with_f16_prompt_activations(false);
-    let cases: [(DType, usize, usize, [usize; 4]); 3] = [
+    let narrowing = cuda::CAPABILITIES.with_f16_products(F16Products::AllBlocks);
+    let plain = cuda::CAPABILITIES.with_f16_products(F16Products::None);
+    let cases: [(DType, usize, usize, [usize; 4]); 6] = [
         (DType::Q4_0, 512, 4096, [4096, 1024, 1024, 14336]),
         (DType::Q5_0, 513, 2048, [2048, 512, 512, 8192]),
         (DType::Q4_1, 100, 2048, [200, 64, 72, 96]),
+        (DType::Q4K, 512, 4096, [4096, 1024, 1024, 14336]),
+        (DType::Q6K, 513, 4096, [4096, 1024, 1024, 256]),
+        (DType::Q8_0, 100, 2048, [2048, 512, 512, 8192]),
     ];
     for (dtype, rows, k, widths) in cases {
         let what = format!("{dtype} rows {rows} k {k}");
@@ -129,12 +136,15 @@ fn run_down(
 #[ignore = "needs a CUDA GPU"]
 fn a_narrowed_swiglu_and_down_product_give_the_f32_forms_bits() {
     let gpu = cuda_device();
-    let narrowing = cuda::CAPABILITIES.with_f16_prompt_activations(true);
-    let plain = cuda::CAPABILITIES.with_f16_prompt_activations(false);
-    let cases: [(DType, usize, usize, usize); 3] = [
+    let narrowing = cuda::CAPABILITIES.with_f16_products(F16Products::AllBlocks);
+    let plain = cuda::CAPABILITIES.with_f16_products(F16Products::None);
+    let cases: [(DType, usize, usize, usize); 6] = [
         (DType::Q4_0, 512, 14336, 4096),
         (DType::Q4_1, 100, 8192, 2048),
         (DType::Q5_0, 513, 2048, 200),
+        (DType::Q6K, 512, 14336, 4096),
+        (DType::Q4K, 100, 14336, 4096),
+        (DType::Q8_0, 513, 2048, 256),
     ];
     for (dtype, rows, ffn, n) in cases {
         let what = format!("{dtype} rows {rows} ffn {ffn} n {n}");
@@ -198,12 +208,15 @@ fn run_o(
 #[ignore = "needs a CUDA GPU"]
 fn a_narrowed_attention_and_o_product_give_the_f32_forms_bits() {
     let gpu = cuda_device();
-    let narrowing = cuda::CAPABILITIES.with_f16_prompt_activations(true);
-    let plain = cuda::CAPABILITIES.with_f16_prompt_activations(false);
-    let cases: [(DType, usize, Heads, usize); 3] = [
+    let narrowing = cuda::CAPABILITIES.with_f16_products(F16Products::AllBlocks);
+    let plain = cuda::CAPABILITIES.with_f16_products(F16Products::None);
+    let cases: [(DType, usize, Heads, usize); 6] = [
         (DType::Q4_0, 512, (32, 8, 128), 4096),
         (DType::Q4_1, 100, (32, 8, 64), 2048),
         (DType::Q5_0, 513, (16, 4, 128), 200),
+        (DType::Q6K, 512, (32, 8, 128), 4096),
+        (DType::Q4K, 100, (32, 8, 64), 2048),
+        (DType::Q8_0, 513, (16, 4, 128), 256),
     ];
     for (dtype, rows, heads, n) in cases {
         let what = format!("{dtype} rows {rows} heads {heads:?} n {n}");

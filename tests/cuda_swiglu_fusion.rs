@@ -2,7 +2,9 @@
 //! prompt's MLP input (the norm, the gate and up products, the SwiGLU, the down product and its
 //! residual add) gives bitwise the same residual fused, narrowed without the fusion, and in the
 //! plain f32 forms (which round x to f16 before their `mma` and sum in the same order), at the
-//! Llama 3.1 8B shape and at odd rows (100 and 513, partial tiles); and the fused kernel alone,
+//! Llama 3.1 8B shape and at odd rows (100 and 513, partial tiles), for Q4_0, Q4_1 and Q5_0 and,
+//! where the GPU's kernels are compiled for sm_90a (the Hopper form), Q4_K, Q6_K and Q8_0 (on
+//! other GPUs those neither narrow nor fuse, which the test checks); and the fused kernel alone,
 //! dispatched directly at widths that end in a partial tile of 64 outputs, gives the bits of the
 //! two f16 products and `swiglu_f32_to_f16` dispatched the same way. Seeded random inputs, never
 //! zeros. Needs a GPU: ignored by default, it fails where there is none (`ops::matmul_swiglu`'s
@@ -13,7 +15,7 @@ mod cuda_open;
 mod seeded;
 
 use cuda_open::cuda_device;
-use onepass::backend::{cuda, Capabilities};
+use onepass::backend::{Capabilities, F16Products};
 use onepass::graph::{Arg, Dispatch, Grid, KernelId};
 use onepass::kernels::{elementwise as ew, matmul as mm, Fusion, FusionUse, WEIGHT_FORMATS};
 use onepass::{Buffer, DType, Device, Executor, Mode, Plan};
@@ -78,29 +80,41 @@ fn run_mlp(
 #[ignore = "needs a CUDA GPU"]
 fn a_fused_gate_up_swiglu_gives_the_unfused_bits() {
     let gpu = cuda_device();
-    let no_pair: Vec<FusionUse> = cuda::CAPABILITIES
+    // The GPU's declarations: on sm_90a every block format's pairs fuse (the Hopper form), on
+    // other GPUs Q4_0, Q4_1 and Q5_0's only.
+    let caps = gpu.capabilities();
+    let no_pair: Vec<FusionUse> = caps
         .fusions
         .iter()
         .filter(|u| u.fusion != Fusion::ProductPairSwiglu)
         .copied()
         .collect();
-    let unfused = cuda::CAPABILITIES.with_fusions(Box::leak(no_pair.into_boxed_slice()));
-    let plain = cuda::CAPABILITIES.with_f16_prompt_activations(false);
+    let unfused = caps.with_fusions(Box::leak(no_pair.into_boxed_slice()));
+    let plain = caps.with_f16_products(F16Products::None);
     let cases = [
         (DType::Q4_0, (512, 4096, 14336, 4096)),
         (DType::Q4_1, (100, 2048, 2112, 200)),
         (DType::Q5_0, (513, 2048, 8192, 2048)),
+        (DType::Q4K, (512, 4096, 14336, 4096)),
+        (DType::Q6K, (100, 4096, 14336, 4096)),
+        (DType::Q8_0, (513, 2048, 8192, 2048)),
     ];
     for (dtype, shape) in cases {
         let what = format!("{dtype} {shape:?}");
+        let takes = caps.f16_products.takes(dtype);
         let (f32_forms, p0, n0) = run_mlp(&gpu, &plain, dtype, shape);
         let (narrowed, p1, n1) = run_mlp(&gpu, &unfused, dtype, shape);
-        let (fused, p2, n2) = run_mlp(&gpu, &cuda::CAPABILITIES, dtype, shape);
-        assert_eq!((p0, p1, p2), (0, 0, 1), "{what}: fused only where declared");
+        let (fused, p2, n2) = run_mlp(&gpu, caps, dtype, shape);
+        let (pairs, narrowings) = if takes { (1, 2) } else { (0, 0) };
+        assert_eq!(
+            (p0, p1, p2),
+            (0, 0, pairs),
+            "{what}: fused only where declared"
+        );
         assert_eq!(
             (n0, n1, n2),
-            (0, 2, 2),
-            "{what}: the norm and SwiGLU narrowed"
+            (0, narrowings, narrowings),
+            "{what}: the norm and SwiGLU narrowed where the GPU takes the format"
         );
         let differ = |a: &[u32], b: &[u32]| a.iter().zip(b).position(|(x, y)| x != y);
         assert_eq!(differ(&fused, &narrowed), None, "{what}: fused vs narrowed");

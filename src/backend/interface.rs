@@ -22,8 +22,9 @@ use crate::graph::{Dispatch, DispatchRef, KernelId};
 use crate::kernels::{Fusion, FusionUse};
 
 /// What a backend declares about itself: which kernels and sizes suit it, and what its memory
-/// and submissions are like. Each backend has one constant value; the model, the ops and the
-/// engine read these fields instead of asking which device they run on.
+/// and submissions are like. Each backend has constant values (CUDA: one for Hopper's sm_90a
+/// target, one for every other GPU); the model, the ops and the engine read these fields
+/// instead of asking which device they run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Capabilities {
@@ -62,12 +63,16 @@ pub struct Capabilities {
     /// What [`Backend::step_timer`] measures. CPU: [`StepClock::HostWall`]. CUDA:
     /// [`StepClock::DeviceEvents`].
     pub step_clock: StepClock,
-    /// Whether the optimizer narrows an f32 norm or SwiGLU whose every reader is a tensor-core
-    /// product to f16 (`graph::passes::narrow`, `ops::narrow`): the backend's `_h` products then
-    /// read half the activation bytes, with the bits of the f32 forms. CPU: `false` (its products
-    /// read the f32 values: the f16 rounding would be new there). CUDA: `true` (the Llama 3.1 8B's
-    /// 512-token prompt 19% faster on an H100, `tests/cuda_narrow.rs` checks the bits).
-    pub f16_prompt_activations: bool,
+    /// Which prompt products the optimizer gives f16 activations: an f32 norm, SwiGLU or
+    /// attention whose every reader is such a tensor-core product is narrowed to f16
+    /// (`graph::passes::narrow`, `ops::narrow`), the backend's `_h` products then read half the
+    /// activation bytes with the bits of the f32 forms, and a gate/up pair of them fuses with its
+    /// SwiGLU (`ops::matmul_swiglu`). CPU: [`F16Products::None`] (its products read the f32
+    /// values: the f16 rounding would be new there). CUDA: [`F16Products::SmallBlocks`] (the
+    /// Llama 3.1 8B's 512-token prompt 19% faster on an H100, `tests/cuda_narrow.rs` checks the
+    /// bits); on compute capability 9.0, compiled for sm_90a, [`F16Products::AllBlocks`] (the
+    /// `wgmma` form takes every GGML block format).
+    pub f16_products: F16Products,
     /// The element type of a model's KV cache unless its loader is told otherwise
     /// ([`KvCache::Auto`](crate::model::transformer::KvCache::Auto)). CPU: f32 (the reference:
     /// every backend's results are checked against it). CUDA: f16 (half the bytes the decode and
@@ -77,10 +82,10 @@ pub struct Capabilities {
 }
 
 impl Capabilities {
-    /// These capabilities with the f16 narrowing of prompt activations on or off (see
-    /// [`Capabilities::f16_prompt_activations`]): for tests and measurements of the pass.
-    pub const fn with_f16_prompt_activations(mut self, on: bool) -> Capabilities {
-        self.f16_prompt_activations = on;
+    /// These capabilities with `products` in place of the backend's (see
+    /// [`Capabilities::f16_products`]): for tests and measurements of the narrowing.
+    pub const fn with_f16_products(mut self, products: F16Products) -> Capabilities {
+        self.f16_products = products;
         self
     }
 
@@ -94,6 +99,33 @@ impl Capabilities {
     /// How this backend uses `fusion`, if it uses it at all.
     pub fn fusion(&self, fusion: Fusion) -> Option<&FusionUse> {
         self.fusions.iter().find(|u| u.fusion == fusion)
+    }
+}
+
+/// The weight formats whose prompt products a backend runs on f16 activations
+/// ([`Capabilities::f16_products`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum F16Products {
+    /// None: activations stay f32.
+    None,
+    /// Q4_0, Q4_1 and Q5_0 (CUDA's `mma.sync` f16 form stages them in 64-value steps; on other
+    /// formats it would take a two-buffer form slower than the f32 pipelined one).
+    SmallBlocks,
+    /// Every GGML block format: Q8_0, Q4_K and Q6_K too (CUDA's Hopper `wgmma` form).
+    AllBlocks,
+}
+
+impl F16Products {
+    /// Whether products of `format` weights run on f16 activations.
+    pub fn takes(self, format: DType) -> bool {
+        match self {
+            F16Products::None => false,
+            F16Products::SmallBlocks => matches!(format, DType::Q4_0 | DType::Q4_1 | DType::Q5_0),
+            F16Products::AllBlocks => matches!(
+                format,
+                DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0 | DType::Q4K | DType::Q6K
+            ),
+        }
     }
 }
 

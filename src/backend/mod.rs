@@ -11,7 +11,7 @@ pub use crate::dtype::{DType, Element};
 pub use crate::memory::{bytes_of, AllocId, Allocation, Buffer, DeviceMemory, Location, Shape};
 pub(crate) use interface::{Backend, Encoder, Replay, Submission};
 pub use interface::{
-    Capabilities, EncoderOptions, KernelTime, ReplayOrdering, StepClock, WarmReport,
+    Capabilities, EncoderOptions, F16Products, KernelTime, ReplayOrdering, StepClock, WarmReport,
 };
 pub use memory::{
     available_host_memory, parse_mem_available, HostMemory, MappedMemory, HOST_ALIGN,

@@ -208,7 +208,7 @@ fn print_rules(choice: BackendChoice, json: bool) -> anyhow::Result<()> {
         .fusions
         .iter()
         .map(|u| {
-            let rule = onepass::ops::fusion_rule(u.fusion);
+            let rule = onepass::ops::fusion_rule(u.fusion, caps);
             serde_json::json!({
                 "rule": rule.name,
                 "pattern": rule.describe(),
@@ -232,7 +232,7 @@ fn print_rules(choice: BackendChoice, json: bool) -> anyhow::Result<()> {
          narrowing runs in a second stage, on what the narrowing made):"
     )?;
     for u in caps.fusions {
-        let rule = onepass::ops::fusion_rule(u.fusion);
+        let rule = onepass::ops::fusion_rule(u.fusion, caps);
         let rows = u
             .max_rows
             .map_or("any rows".to_string(), |m| format!("up to {m} rows"));

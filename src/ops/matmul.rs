@@ -164,11 +164,29 @@ const MMA_SMEM: u32 = (if MMP_SMEM > MMH_SMEM {
 const MMW_SMEM: usize = 4 * (MMA_TILE + MMA_TILE) * 128 + 1024;
 
 /// Whether the Hopper form (`mmw_applies` in `matmul_wgmma.cuh`, sm_90a) can take a launch of
-/// weights `w` with `k` inputs and products of `outputs` outputs in tiles of `tile`: Q4_0, whole
-/// 64-value steps and whole tiles. Such a launch asks for that form's shared memory (a GPU that
-/// grants less runs the other forms).
+/// weights `w` with `k` inputs and products of `outputs` outputs in tiles of `tile`: a GGML block
+/// format (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K), whole 64-value steps, rows a whole number of the
+/// format's load alignment ([`wgmma_alignment`]; Q6_K: an even count of 210-byte super-blocks)
+/// and whole tiles. Such a launch asks for that form's shared memory (a GPU that grants less, or
+/// whose kernels are not compiled for sm_90a, runs the other forms).
 pub(crate) fn wgmma_shape(w: DType, k: usize, outputs: &[usize], tile: usize) -> bool {
-    w == DType::Q4_0 && k.is_multiple_of(64) && outputs.iter().all(|n| n.is_multiple_of(tile))
+    let Some(align) = wgmma_alignment(w) else {
+        return false;
+    };
+    k.is_multiple_of(64)
+        && w.bytes_for(k).is_some_and(|b| b.is_multiple_of(align))
+        && outputs.iter().all(|n| n.is_multiple_of(tile))
+}
+
+/// The alignment, in bytes, that the Hopper form's loads need of a weight row's start (16 for
+/// Q4_K's 16-byte loads, 4 for the word loads of the other block formats); `None` for a format
+/// it does not take.
+pub(crate) fn wgmma_alignment(w: DType) -> Option<usize> {
+    match w {
+        DType::Q4K => Some(16),
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0 | DType::Q6K => Some(4),
+        _ => None,
+    }
 }
 
 /// SMs of the GPU the tile choice below is tuned for (an H100); on another GPU the choice is
@@ -179,9 +197,14 @@ const MMA_TUNED_SMS: usize = 132;
 /// grid `[output tiles, row tiles]`. For the block formats (the pipelined form), where
 /// 128-row tiles would not give every SM of an H100 a block, tiles of 64 rows instead (twice the
 /// blocks, each half the work): the kernel reads the tile height from the grid's height.
-pub(crate) fn mma_grid(n: usize, k: usize, rows: usize, w: DType) -> Grid {
-    let hopper = wgmma_shape(w, k, &[n], MMA_TILE);
-    mma_grid_for_tiles(n.div_ceil(MMA_TILE), rows, w, hopper)
+pub(crate) fn mma_grid(n: usize, rows: usize, w: DType) -> Grid {
+    mma_grid_for_tiles(n.div_ceil(MMA_TILE), rows, w, false)
+}
+
+/// `grid` asking for the Hopper form's shared memory too: the launch of an f16-activation product
+/// in that form's shapes ([`wgmma_shape`]) on a backend that runs it (the narrowing makes them).
+pub(crate) fn with_hopper_memory(grid: Grid) -> Grid {
+    grid.with_shared(MMA_SMEM.max(MMW_SMEM as u32))
 }
 
 /// [`mma_grid`] for `cols` tiles of outputs side by side (one product's, or several products'
@@ -277,7 +300,7 @@ fn product(x: &Buffer, w: &Buffer, out: &Buffer, int8: bool) -> Result<Dispatch>
     ];
     if rows >= MMA_MIN_ROWS {
         let kernel = for_weight("matmul", &mm::MATMUL_MMA, w)?;
-        return Dispatch::new(kernel, args, mma_grid(n, k, rows, w.dtype()));
+        return Dispatch::new(kernel, args, mma_grid(n, rows, w.dtype()));
     }
     let grid = if rows == 1 && int8 {
         vector_grid(w.dtype(), n, k)

@@ -13,15 +13,17 @@
 //! 58.7 MB. The fused kernel's tiles hold 64 outputs of gate and the same 64 of up, so every
 //! thread has both sums of its outputs in registers.
 //!
-//! Only where the fused kernel's one form applies (it has no other): Q4_0, Q4_1 or Q5_0 weights,
-//! k a multiple of 64, x 16-byte and the weights 4-byte aligned in their allocations (whose bases
-//! the backends align to 256 bytes). The fused kernel computes each sum with the unfused
+//! Only where one of the fused kernel's forms applies (it has no other): Q4_0, Q4_1 or Q5_0
+//! weights, k a multiple of 64, x 16-byte and the weights 4-byte aligned in their allocations
+//! (whose bases the backends align to 256 bytes); and, where the backend declares every block
+//! format's f16 products ([`F16Products::AllBlocks`]: CUDA on sm_90a), Q8_0, Q4_K and Q6_K
+//! weights in the Hopper form's shapes ([`PRODUCT_PAIR_SWIGLU_ALL_BLOCKS`]). The fused kernel computes each sum with the unfused
 //! kernel's code, in the same order, and the SwiGLU with the elementwise kernel's arithmetic, so
 //! the fused dispatch gives the three dispatches' bits (the backends declare it exact).
 
-use super::matmul::{mma_grid_for_tiles, wgmma_shape, MMA_TILE};
+use super::matmul::{mma_grid_for_tiles, wgmma_alignment, wgmma_shape, MMA_TILE};
 use super::matmul_triple::Product;
-use crate::backend::DType;
+use crate::backend::{DType, F16Products};
 use crate::graph::passes::{At, Found, FusionRule, Matcher};
 use crate::graph::{ArgRef, DispatchSpec, KernelId, OpKind, Range, Scalar};
 use crate::kernels::{elementwise as ew, matmul as mm, WEIGHT_FORMATS};
@@ -35,27 +37,49 @@ fn f16_product<'g>(m: &Matcher<'g>, at: At) -> Option<Product<'g>> {
     Product::read(m, at, format)
 }
 
-/// Whether the fused kernel's form takes the pair: a format it stages in 64-value steps, k whole
-/// steps, x and the weights aligned for its copies (`mmh_applies` in `matmul_mma_h.cuh`).
-fn fast_form(gate: &Product<'_>, up: &Product<'_>) -> bool {
-    let fast = matches!(
-        WEIGHT_FORMATS[gate.format],
-        DType::Q4_0 | DType::Q4_1 | DType::Q5_0
-    );
-    let k_steps = matches!(gate.k, Scalar::U32(k) if k % 64 == 0);
-    fast && k_steps
-        && gate.x.offset().is_multiple_of(16)
-        && [gate.w, up.w].iter().all(|w| w.offset().is_multiple_of(4))
+/// Whether one of the fused kernel's forms takes the pair: a format the `mma.sync` form stages in
+/// 64-value steps, k whole steps, x and the weights aligned for its copies (`mmh_applies` in
+/// `matmul_mma_h.cuh`); or, where `products` says the Hopper form runs, its shapes and alignment
+/// (`mmw_applies` in `matmul_wgmma.cuh`).
+fn fast_form(gate: &Product<'_>, up: &Product<'_>, products: F16Products) -> bool {
+    let format = WEIGHT_FORMATS[gate.format];
+    let (Scalar::U32(k), Scalar::U32(n)) = (gate.k, gate.n) else {
+        return false;
+    };
+    let (k, n) = (k as usize, n as usize);
+    let x_aligned = gate.x.offset().is_multiple_of(16);
+    let w_aligned = |align: usize| {
+        [gate.w, up.w]
+            .iter()
+            .all(|w| w.offset().is_multiple_of(align))
+    };
+    let mma = matches!(format, DType::Q4_0 | DType::Q4_1 | DType::Q5_0)
+        && k.is_multiple_of(64)
+        && x_aligned
+        && w_aligned(4);
+    let hopper = products == F16Products::AllBlocks
+        && wgmma_shape(format, k, &[n], PAIR_TILE)
+        && x_aligned
+        && wgmma_alignment(format).is_some_and(w_aligned);
+    mma || hopper
 }
 
 fn find_pair_swiglu<'g>(m: &Matcher<'g>, at: At) -> Option<Found<'g>> {
+    find_pair(m, at, F16Products::SmallBlocks)
+}
+
+fn find_pair_swiglu_all<'g>(m: &Matcher<'g>, at: At) -> Option<Found<'g>> {
+    find_pair(m, at, F16Products::AllBlocks)
+}
+
+fn find_pair<'g>(m: &Matcher<'g>, at: At, products: F16Products) -> Option<Found<'g>> {
     let gate = f16_product(m, at)?;
     let x = Range::of(gate.x);
     let up = f16_product(m, m.readers(at, x).next()?)?;
     let same = Range::of(up.x) == x
         && up.x.dims() == gate.x.dims()
         && (up.format, up.rows, up.k, up.n) == (gate.format, gate.rows, gate.k, gate.n);
-    if !same || !fast_form(&gate, &up) {
+    if !same || !fast_form(&gate, &up, products) {
         return None;
     }
     // The SwiGLU is the one reader of each product's output, and reads all of both.
@@ -87,7 +111,8 @@ fn find_pair_swiglu<'g>(m: &Matcher<'g>, at: At) -> Option<Found<'g>> {
         Scalar::U32(k) => k as usize,
         _ => return None,
     };
-    let hopper = wgmma_shape(gate.w.dtype(), k, &[n], PAIR_TILE);
+    let hopper =
+        products == F16Products::AllBlocks && wgmma_shape(gate.w.dtype(), k, &[n], PAIR_TILE);
     let grid = mma_grid_for_tiles(n.div_ceil(PAIR_TILE), rows, gate.w.dtype(), hopper);
     let spec = DispatchSpec::new(
         KernelId::of(&mm::MATMUL_SWIGLU_MMA_H[gate.format]),
@@ -114,6 +139,16 @@ pub const PRODUCT_PAIR_SWIGLU_FUSION: FusionRule = FusionRule::graph(
     OpKind::MatMul,
     "matmul_mma_h x -> {matmul_mma_h x, swiglu_f32_to_f16 of both} (one format, k, n)",
     find_pair_swiglu,
+)
+.after_narrowing();
+
+/// [`PRODUCT_PAIR_SWIGLU_FUSION`] where the backend declares every block format's f16 products
+/// ([`F16Products::AllBlocks`]): Q8_0, Q4_K and Q6_K pairs too, in the Hopper form's shapes.
+pub const PRODUCT_PAIR_SWIGLU_ALL_BLOCKS: FusionRule = FusionRule::graph(
+    "matmul_swiglu",
+    OpKind::MatMul,
+    "matmul_mma_h x -> {matmul_mma_h x, swiglu_f32_to_f16 of both} (one format, k, n)",
+    find_pair_swiglu_all,
 )
 .after_narrowing();
 

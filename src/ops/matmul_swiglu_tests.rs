@@ -1,4 +1,4 @@
-use crate::backend::{cpu, Capabilities, DType, Device};
+use crate::backend::{cpu, Capabilities, DType, Device, F16Products};
 use crate::kernels::{Fusion, FusionUse};
 use crate::session::FinishReport;
 use crate::testutil::random_f32;
@@ -12,11 +12,17 @@ const K: usize = 2048;
 const HIDDEN: usize = 2112;
 /// The down product's outputs: a partial tile of 128.
 const OUT: usize = 200;
+/// The other block formats' hidden width (whole 256-value super-blocks, an even count of them so
+/// Q6_K rows are word-aligned) and outputs (whole tiles): the Hopper form's shapes, the only ones
+/// in which Q8_0, Q4_K and Q6_K narrow.
+const HIDDEN_K: usize = 2560;
+const OUT_K: usize = 256;
 
 /// An MLP input as a prompt pass records it: the norm, the gate and up products, the SwiGLU, the
 /// down product and its residual add.
 struct Mlp {
     dev: Device,
+    out: usize,
     x: Buffer,
     norm: Buffer,
     xn: Buffer,
@@ -35,6 +41,11 @@ fn weights(dev: &Device, dtype: DType, n: usize, k: usize, seed: u64) -> Buffer 
 }
 
 fn mlp(dtype: DType) -> Mlp {
+    let (hidden, out) = if !F16Products::SmallBlocks.takes(dtype) {
+        (HIDDEN_K, OUT_K)
+    } else {
+        (HIDDEN, OUT)
+    };
     let dev = Device::cpu(2).unwrap();
     let x = dev
         .upload(&random_f32(ROWS * K, 2.0, 71), &[ROWS, K])
@@ -43,13 +54,14 @@ fn mlp(dtype: DType) -> Mlp {
     let f32s = |n: usize| dev.alloc(DType::F32, &[ROWS, n]).unwrap();
     Mlp {
         xn: f32s(K),
-        wg: weights(&dev, dtype, HIDDEN, K, 73),
-        wu: weights(&dev, dtype, HIDDEN, K, 74),
-        wd: weights(&dev, dtype, OUT, HIDDEN, 75),
-        gate: f32s(HIDDEN),
-        up: f32s(HIDDEN),
-        h: f32s(HIDDEN),
-        proj: f32s(OUT),
+        wg: weights(&dev, dtype, hidden, K, 73),
+        wu: weights(&dev, dtype, hidden, K, 74),
+        wd: weights(&dev, dtype, out, hidden, 75),
+        gate: f32s(hidden),
+        up: f32s(hidden),
+        h: f32s(hidden),
+        proj: f32s(out),
+        out,
         dev,
         x,
         norm,
@@ -61,7 +73,7 @@ fn mlp(dtype: DType) -> Mlp {
 fn run(m: &Mlp, caps: &Capabilities, also_up: Option<&Buffer>) -> (Vec<u32>, FinishReport) {
     let acc = m
         .dev
-        .upload(&random_f32(ROWS * OUT, 1.0, 76), &[ROWS, OUT])
+        .upload(&random_f32(ROWS * m.out, 1.0, 76), &[ROWS, m.out])
         .unwrap();
     let exec = Executor::new(m.dev.clone());
     let mut s = exec.begin(Mode::Recorded);
@@ -94,6 +106,11 @@ fn run(m: &Mlp, caps: &Capabilities, also_up: Option<&Buffer>) -> (Vec<u32>, Fin
 /// the CPU makes at every row count and which would take the whole MLP input first), and without
 /// the pair fusion when `pair` is false.
 fn caps(pair: bool) -> Capabilities {
+    caps_for(pair, F16Products::SmallBlocks)
+}
+
+/// [`caps`] declaring `products`.
+fn caps_for(pair: bool, products: F16Products) -> Capabilities {
     let fusions: Vec<FusionUse> = cpu::CAPABILITIES
         .fusions
         .iter()
@@ -103,7 +120,7 @@ fn caps(pair: bool) -> Capabilities {
         .collect();
     Capabilities {
         fusions: Box::leak(fusions.into_boxed_slice()),
-        ..cpu::CAPABILITIES.with_f16_prompt_activations(true)
+        ..cpu::CAPABILITIES.with_f16_products(products)
     }
 }
 
@@ -117,13 +134,17 @@ fn fused(report: &FinishReport) -> usize {
 
 /// Once narrowed, the gate and up products and their SwiGLU fuse into one dispatch, whose
 /// results are the unfused graph's, bit for bit; the unfused graph narrowed the norm and the
-/// SwiGLU (so it is the graph the fusion replaces).
+/// SwiGLU (so it is the graph the fusion replaces). Q4_0, Q4_1 and Q5_0 where their f16 products
+/// are declared (`F16Products::SmallBlocks`), Q8_0, Q4_K and Q6_K where every block format's are
+/// (`AllBlocks`: the Hopper form's shapes).
 #[test]
 fn a_narrowed_gate_up_pair_and_its_swiglu_fuse_with_the_same_bits() {
-    for dtype in [DType::Q4_0, DType::Q4_1, DType::Q5_0] {
+    let small = [DType::Q4_0, DType::Q4_1, DType::Q5_0].map(|d| (d, F16Products::SmallBlocks));
+    let all = [DType::Q8_0, DType::Q4K, DType::Q6K].map(|d| (d, F16Products::AllBlocks));
+    for (dtype, products) in small.into_iter().chain(all) {
         let m = mlp(dtype);
-        let (plain, before) = run(&m, &caps(false), None);
-        let (got, after) = run(&m, &caps(true), None);
+        let (plain, before) = run(&m, &caps_for(false, products), None);
+        let (got, after) = run(&m, &caps_for(true, products), None);
         assert_eq!(
             (before.narrowed, fused(&before)),
             (2, 0),

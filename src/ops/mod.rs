@@ -29,12 +29,12 @@ pub mod softmax;
 
 pub use check::Check;
 
-use crate::backend::Capabilities;
+use crate::backend::{Capabilities, F16Products};
 use crate::graph::passes::FusionRule;
 use crate::kernels::Fusion;
 
-/// The rule that makes `fusion` out of plain ops.
-pub fn fusion_rule(fusion: Fusion) -> FusionRule {
+/// The rule that makes `fusion` out of plain ops for a backend that declares `caps`.
+pub fn fusion_rule(fusion: Fusion, caps: &Capabilities) -> FusionRule {
     match fusion {
         Fusion::NormQkvRope => block_fusion::NORM_QKV_ROPE_FUSION,
         Fusion::NormGateUp => block_fusion::NORM_GATE_UP_FUSION,
@@ -43,6 +43,9 @@ pub fn fusion_rule(fusion: Fusion) -> FusionRule {
         Fusion::RmsNormAdd => norm::RMS_NORM_ADD_FUSION,
         Fusion::RmsNormRope => norm_rope::RMS_NORM_ROPE_FUSION,
         Fusion::ProductTriple => matmul_triple::PRODUCT_TRIPLE_FUSION,
+        Fusion::ProductPairSwiglu if caps.f16_products == F16Products::AllBlocks => {
+            matmul_swiglu::PRODUCT_PAIR_SWIGLU_ALL_BLOCKS
+        }
         Fusion::ProductPairSwiglu => matmul_swiglu::PRODUCT_PAIR_SWIGLU_FUSION,
         Fusion::RopeKv => rope_kv::ROPE_KV_FUSION,
     }
@@ -53,6 +56,6 @@ pub fn fusion_rule(fusion: Fusion) -> FusionRule {
 pub fn fusion_rules_for(caps: &Capabilities) -> Vec<FusionRule> {
     caps.fusions
         .iter()
-        .map(|u| fusion_rule(u.fusion).up_to_rows(u.max_rows))
+        .map(|u| fusion_rule(u.fusion, caps).up_to_rows(u.max_rows))
         .collect()
 }

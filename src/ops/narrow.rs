@@ -7,10 +7,11 @@
 //! producer's f32 values are the same in both forms, so the products see the same f16 operands:
 //! the same bits, half the activation bytes read.
 
-use crate::backend::{Buffer, DType};
+use crate::backend::{Buffer, DType, F16Products};
 use crate::graph::passes::NarrowRule;
 use crate::graph::{Access, Arg, ArgRef, DispatchRef, DispatchSpec, KernelId, Range};
 use crate::kernels::{attention as ka, elementwise as ew, matmul as mm, norm as kn};
+use crate::ops::matmul::{wgmma_shape, with_hopper_memory, MMA_TILE};
 
 /// `d`'s output `out` and its f16 view of the same first bytes.
 fn f16_view(d: DispatchRef<'_>) -> Option<(Buffer, Buffer)> {
@@ -40,11 +41,12 @@ fn narrow_norm<'a>(d: DispatchRef<'a>, narrow: &'a Buffer) -> Option<DispatchSpe
 const MIN_K: u32 = 2048;
 
 /// A tensor-core product of exactly `wide` (one of the three kernels' families), reading
-/// `narrow` instead.
+/// `narrow` instead, where `products` takes its weight format.
 fn narrow_product<'a>(
     d: DispatchRef<'a>,
     wide: &'a Buffer,
     narrow: &'a Buffer,
+    products: F16Products,
 ) -> Option<DispatchSpec<'a>> {
     let x = d.buffer("x")?;
     if Range::of(x) != Range::of(wide) || x.dims() != wide.dims() {
@@ -58,23 +60,80 @@ fn narrow_product<'a>(
     } else {
         (&mm::MATMUL3_MMA_H, kernel.index_in(&mm::MATMUL3_MMA)?)
     };
-    // Only where the f16 form is the fast one (`MmhFormat::fast` in `matmul_mma_h.cuh`): Q4_0,
-    // Q4_1 and Q5_0 in 64-value steps. Elsewhere it would take its two-buffer form, slower than
-    // the f32 pipelined one.
-    let fast = matches!(
-        crate::kernels::WEIGHT_FORMATS[index],
-        DType::Q4_0 | DType::Q4_1 | DType::Q5_0
-    );
+    // Only where the f16 form is the fast one: `MmhFormat::fast` in `matmul_mma_h.cuh` (Q4_0,
+    // Q4_1 and Q5_0 in 64-value steps), and on sm_90a every format of `MmwFormat`
+    // (`matmul_wgmma.cuh`). Elsewhere it would take its two-buffer form, slower than the f32
+    // pipelined one.
     let k = match d.scalar("k")? {
         crate::graph::Scalar::U32(k) => k,
         _ => return None,
     };
-    if !fast || k % 64 != 0 || k < MIN_K {
+    let format = crate::kernels::WEIGHT_FORMATS[index];
+    if !products.takes(format) || k % 64 != 0 || k < MIN_K {
         return None;
     }
+    // The formats past Q4_0, Q4_1 and Q5_0 are fast only in the Hopper form's shapes (whole
+    // output tiles, aligned rows).
+    let outputs: Vec<usize> = ["n", "n0", "n1", "n2"]
+        .iter()
+        .filter_map(|name| match d.scalar(name) {
+            Some(crate::graph::Scalar::U32(n)) => Some(n as usize),
+            _ => None,
+        })
+        .collect();
+    let hopper = wgmma_shape(format, k as usize, &outputs, MMA_TILE);
+    if !F16Products::SmallBlocks.takes(format) && !hopper {
+        return None;
+    }
+    // Where the backend runs the Hopper form and it takes the shapes, the launch asks for its
+    // shared memory (the f32 forms did not).
+    let grid = if products == F16Products::AllBlocks && hopper {
+        with_hopper_memory(d.grid())
+    } else {
+        d.grid()
+    };
     // x is the first argument.
     let args = replaced(d, |i, _| i == 0, narrow);
-    DispatchSpec::new(KernelId::of(&family[index]), &args, d.grid()).ok()
+    DispatchSpec::new(KernelId::of(&family[index]), &args, grid).ok()
+}
+
+fn small_blocks<'a>(d: DispatchRef<'a>, w: &'a Buffer, n: &'a Buffer) -> Option<DispatchSpec<'a>> {
+    narrow_product(d, w, n, F16Products::SmallBlocks)
+}
+
+fn all_blocks<'a>(d: DispatchRef<'a>, w: &'a Buffer, n: &'a Buffer) -> Option<DispatchSpec<'a>> {
+    narrow_product(d, w, n, F16Products::AllBlocks)
+}
+
+/// The narrowings for a backend that runs `products` on f16 activations (none for
+/// [`F16Products::None`]): an f32 norm, SwiGLU or tensor-core attention read only by such
+/// products writes f16, and they read f16.
+pub fn rules_for(products: F16Products) -> Vec<NarrowRule> {
+    let reader = match products {
+        F16Products::None => return Vec::new(),
+        F16Products::SmallBlocks => small_blocks,
+        F16Products::AllBlocks => all_blocks,
+    };
+    vec![
+        NarrowRule {
+            name: "rms_norm->f16 products",
+            output: norm_output,
+            producer: narrow_norm,
+            reader,
+        },
+        NarrowRule {
+            name: "swiglu->f16 products",
+            output: swiglu_output,
+            producer: narrow_swiglu,
+            reader,
+        },
+        NarrowRule {
+            name: "attention->f16 products",
+            output: attention_output,
+            producer: narrow_attention,
+            reader,
+        },
+    ]
 }
 
 /// Every argument of `d` as it was, the buffer that `pick` (given its index and access) chooses
@@ -94,14 +153,6 @@ fn replaced<'a>(
         })
         .collect()
 }
-
-/// An f32 norm read only by tensor-core products: f16 written, f16 read.
-pub const NORM_TO_F16_PRODUCTS: NarrowRule = NarrowRule {
-    name: "rms_norm->f16 products",
-    output: norm_output,
-    producer: narrow_norm,
-    reader: narrow_product,
-};
 
 /// The output of an out-of-place f32 SwiGLU whose gate and up are as long as it (no broadcast
 /// row), and its f16 view.
@@ -129,15 +180,6 @@ fn narrow_swiglu<'a>(d: DispatchRef<'a>, narrow: &'a Buffer) -> Option<DispatchS
     .ok()
 }
 
-/// An f32 SwiGLU read only by tensor-core products (a block's down product, with its residual
-/// add fused): f16 written, f16 read.
-pub const SWIGLU_TO_F16_PRODUCTS: NarrowRule = NarrowRule {
-    name: "swiglu->f16 products",
-    output: swiglu_output,
-    producer: narrow_swiglu,
-    reader: narrow_product,
-};
-
 /// The output of a tensor-core prompt attention, and its f16 view.
 fn attention_output(d: DispatchRef<'_>) -> Option<(Buffer, Buffer)> {
     d.kernel().index_in(&ka::ATTENTION_MMA)?;
@@ -156,18 +198,9 @@ fn narrow_attention<'a>(d: DispatchRef<'a>, narrow: &'a Buffer) -> Option<Dispat
     .ok()
 }
 
-/// A tensor-core prompt attention read only by tensor-core products (a block's o product, with
-/// its residual add fused): f16 written, f16 read.
-pub const ATTENTION_TO_F16_PRODUCTS: NarrowRule = NarrowRule {
-    name: "attention->f16 products",
-    output: attention_output,
-    producer: narrow_attention,
-    reader: narrow_product,
-};
-
 #[cfg(test)]
 mod tests {
-    use crate::backend::{cpu, Capabilities, DType, Device};
+    use crate::backend::{cpu, Capabilities, DType, Device, F16Products};
     use crate::testutil::random_f32;
     use crate::{Buffer, Executor, Mode, Plan};
 
@@ -251,10 +284,7 @@ mod tests {
     #[test]
     fn a_norm_read_only_by_tensor_core_products_is_narrowed_to_f16() {
         let c = case();
-        let narrowing = Capabilities {
-            f16_prompt_activations: true,
-            ..cpu::CAPABILITIES
-        };
+        let narrowing = cpu::CAPABILITIES.with_f16_products(F16Products::SmallBlocks);
         let plain = run(&c, &cpu::CAPABILITIES, None);
         let narrowed = run(&c, &narrowing, None);
         // The reference: the f32 norm (as the plain run left it), rounded to f16, multiplied.
@@ -300,22 +330,30 @@ mod tests {
     }
 
     /// A producer (`produce` records it, writing f32 `[ROWS, K]` into its argument), then the
-    /// product with 200 rows of Q4_1 weights and the residual add (fused into `matmul_add_mma`),
-    /// optimized with `caps` and run: the accumulator after it, and the producers narrowed. With
-    /// `round`, the reference: the producer runs alone, and the product reads its values rounded
-    /// to f16 on the host.
+    /// product with 200 (or 256) rows of `format` weights and the residual add (fused into
+    /// `matmul_add_mma`), optimized with `caps` and run: the accumulator after it, and the
+    /// producers narrowed. With `round`, the reference: the producer runs alone, and the product
+    /// reads its values rounded to f16 on the host.
     fn then_product(
         dev: &Device,
         caps: &Capabilities,
+        format: DType,
         round: bool,
         produce: &dyn Fn(&mut crate::Session, &Buffer),
     ) -> (Vec<f32>, usize) {
-        let bytes = crate::quant::quantize(DType::Q4_1, &random_f32(200 * K, 1.0, 23)).unwrap();
-        let w = dev.upload_bytes(&bytes, DType::Q4_1, &[200, K]).unwrap();
+        // A partial tile of 128 outputs; whole tiles for the formats that narrow only in the
+        // Hopper form's shapes.
+        let n = if F16Products::SmallBlocks.takes(format) {
+            200
+        } else {
+            256
+        };
+        let bytes = crate::quant::quantize(format, &random_f32(n * K, 1.0, 23)).unwrap();
+        let w = dev.upload_bytes(&bytes, format, &[n, K]).unwrap();
         let acc = dev
-            .upload(&random_f32(ROWS * 200, 1.0, 24), &[ROWS, 200])
+            .upload(&random_f32(ROWS * n, 1.0, 24), &[ROWS, n])
             .unwrap();
-        let proj = dev.alloc(DType::F32, &[ROWS, 200]).unwrap();
+        let proj = dev.alloc(DType::F32, &[ROWS, n]).unwrap();
         let produced = dev.alloc(DType::F32, &[ROWS, K]).unwrap();
         let exec = Executor::new(dev.clone());
         let x = if round {
@@ -349,14 +387,21 @@ mod tests {
     /// Narrowed once where declared; the narrowed accumulator equals, bit for bit, the product
     /// of the producer's f32 values rounded to f16, and differs from the unnarrowed one.
     fn check_narrowed(what: &str, produce: &dyn Fn(&mut crate::Session, &Buffer)) {
+        check_narrowed_for(what, DType::Q4_1, F16Products::SmallBlocks, produce);
+    }
+
+    fn check_narrowed_for(
+        what: &str,
+        format: DType,
+        products: F16Products,
+        produce: &dyn Fn(&mut crate::Session, &Buffer),
+    ) {
         let dev = Device::cpu(2).unwrap();
-        let narrowing = Capabilities {
-            f16_prompt_activations: true,
-            ..cpu::CAPABILITIES
-        };
-        let (plain, none) = then_product(&dev, &cpu::CAPABILITIES, false, produce);
-        let (narrowed, once) = then_product(&dev, &narrowing, false, produce);
-        let (want, _) = then_product(&dev, &cpu::CAPABILITIES, true, produce);
+        let narrowing = cpu::CAPABILITIES.with_f16_products(products);
+        let plain = &cpu::CAPABILITIES;
+        let (wide, none) = then_product(&dev, plain, format, false, produce);
+        let (narrowed, once) = then_product(&dev, &narrowing, format, false, produce);
+        let (want, _) = then_product(&dev, plain, format, true, produce);
         assert_eq!(
             (none, once),
             (0, 1),
@@ -370,9 +415,82 @@ mod tests {
         );
         assert_ne!(
             b(&narrowed),
-            b(&plain),
+            b(&wide),
             "{what}: the narrowing did not happen"
         );
+    }
+
+    /// Q8_0, Q4_K and Q6_K products are narrowed only where every block format's f16 form is
+    /// declared fast (`F16Products::AllBlocks`: CUDA's sm_90a), not where only Q4_0, Q4_1 and
+    /// Q5_0's is.
+    #[test]
+    fn the_other_block_formats_narrow_only_where_declared() {
+        let dev = Device::cpu(2).unwrap();
+        let gate = dev
+            .upload(&random_f32(ROWS * K, 2.0, 41), &[ROWS, K])
+            .unwrap();
+        let up = dev
+            .upload(&random_f32(ROWS * K, 2.0, 42), &[ROWS, K])
+            .unwrap();
+        let produce = |s: &mut crate::Session, out: &Buffer| s.swiglu(&gate, &up, out).unwrap();
+        for format in [DType::Q8_0, DType::Q4K, DType::Q6K] {
+            let small = cpu::CAPABILITIES.with_f16_products(F16Products::SmallBlocks);
+            let (_, narrowed) = then_product(&dev, &small, format, false, &produce);
+            assert_eq!(narrowed, 0, "{format:?}: narrowed without the Hopper form");
+            check_narrowed_for(
+                &format!("{format:?}"),
+                format,
+                F16Products::AllBlocks,
+                &produce,
+            );
+        }
+    }
+
+    /// A narrowed product in the Hopper form's shapes asks for that form's shared memory where
+    /// the backend runs it (`F16Products::AllBlocks`), and only there; the f32 forms never do.
+    #[test]
+    fn narrowed_products_ask_for_the_hopper_memory_only_where_it_runs() {
+        use crate::kernels::matmul as mm;
+        // The f32 forms' (the f16 form's `MMH_SMEM`, the larger) and the Hopper form's.
+        let mma = (3 * (128 * 72 * 2 + 128 * 44) + 2 * 128 * 72 * 2) as u32;
+        let hopper = (4 * 256 * 128 + 1024) as u32;
+        let dev = Device::cpu(2).unwrap();
+        let cases = [
+            (F16Products::AllBlocks, DType::Q4K, hopper),
+            (F16Products::AllBlocks, DType::Q4_0, hopper),
+            (F16Products::SmallBlocks, DType::Q4_0, mma),
+            (F16Products::None, DType::Q4_0, mma),
+        ];
+        for (products, format, want) in cases {
+            let x = dev
+                .upload(&random_f32(ROWS * K, 2.0, 51), &[ROWS, K])
+                .unwrap();
+            let norm = dev.upload(&random_f32(K, 1.0, 52), &[K]).unwrap();
+            let xn = dev.alloc(DType::F32, &[ROWS, K]).unwrap();
+            let bytes = crate::quant::quantize(format, &random_f32(256 * K, 1.0, 53)).unwrap();
+            let w = dev.upload_bytes(&bytes, format, &[256, K]).unwrap();
+            let out = dev.alloc(DType::F32, &[ROWS, 256]).unwrap();
+            let mut s = Executor::new(dev.clone()).begin(Mode::Recorded);
+            s.rms_norm(&x, &norm, &xn, 1e-5).unwrap();
+            s.matmul(&xn, &w, &out).unwrap();
+            s.mark_scratch(&xn);
+            let mut graph = s.into_graph().unwrap();
+            let caps = cpu::CAPABILITIES.with_f16_products(products);
+            Executor::optimize(&mut graph, &Plan::OPTIMIZED, &caps);
+            let product = graph
+                .dispatches()
+                .find(|d| {
+                    d.kernel().index_in(&mm::MATMUL_MMA_H).is_some()
+                        || d.kernel().index_in(&mm::MATMUL_MMA).is_some()
+                })
+                .expect("the product");
+            let narrowed = product.kernel().index_in(&mm::MATMUL_MMA_H).is_some();
+            assert_eq!(
+                (narrowed, product.grid().shared_bytes),
+                (products != F16Products::None, want),
+                "{products:?} {format}"
+            );
+        }
     }
 
     /// A SwiGLU read only by a down product (with its residual add) narrows.

@@ -93,14 +93,10 @@ impl Executor {
         } else {
             Vec::new()
         };
-        let narrowings: &[passes::NarrowRule] = if plan.fuse && caps.f16_prompt_activations {
-            &[
-                crate::ops::narrow::NORM_TO_F16_PRODUCTS,
-                crate::ops::narrow::SWIGLU_TO_F16_PRODUCTS,
-                crate::ops::narrow::ATTENTION_TO_F16_PRODUCTS,
-            ]
+        let narrowings = if plan.fuse {
+            crate::ops::narrow::rules_for(caps.f16_products)
         } else {
-            &[]
+            Vec::new()
         };
         let passes::Optimized {
             fusions,
@@ -108,7 +104,7 @@ impl Executor {
             narrowed,
             reordered,
             barriers,
-        } = passes::optimize(graph, &rules, narrowings, plan.reorder.unwrap_or(0));
+        } = passes::optimize(graph, &rules, &narrowings, plan.reorder.unwrap_or(0));
         tracing::debug!(
             dispatches = graph.dispatch_count(),
             barriers,

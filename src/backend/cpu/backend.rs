@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use super::{CpuDevice, CpuKernelFn};
 use crate::backend::interface::{
-    Backend, Capabilities, Encoder, EncoderOptions, KernelTime, Replay, ReplayOrdering, StepClock,
-    StepTimer,
+    Backend, Capabilities, Encoder, EncoderOptions, F16Products, KernelTime, Replay,
+    ReplayOrdering, StepClock, StepTimer,
 };
 use crate::backend::{Allocation, BackendKind, Buffer, DType, Location};
 use crate::error::{Error, Result};
@@ -38,7 +38,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     host_memory: true,
     custom_cpu_kernels: true,
     replay_ordering: ReplayOrdering::Barriers,
-    f16_prompt_activations: false,
+    f16_products: F16Products::None,
     kv_cache: DType::F32,
     step_clock: StepClock::HostWall,
 };

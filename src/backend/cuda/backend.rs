@@ -6,15 +6,16 @@ use std::sync::Arc;
 use super::{CudaDevice, CudaGraph, GpuEvent};
 use crate::backend::cpu::CpuKernelFn;
 use crate::backend::interface::{
-    Backend, Capabilities, Encoder, EncoderOptions, KernelTime, Replay, ReplayOrdering, StepClock,
-    StepTimer,
+    Backend, Capabilities, Encoder, EncoderOptions, F16Products, KernelTime, Replay,
+    ReplayOrdering, StepClock, StepTimer,
 };
 use crate::backend::{Allocation, BackendKind, Buffer, DType, Location, WarmReport};
 use crate::error::{Error, Result};
 use crate::graph::{Dispatch, KernelId};
 use crate::kernels::{Fusion, FusionUse};
 
-/// What the CUDA backend declares (see each field of [`Capabilities`] for the reasons).
+/// What the CUDA backend declares on a GPU whose kernels are not compiled for sm_90a (see each
+/// field of [`Capabilities`] for the reasons); [`CAPABILITIES_SM90A`] where they are.
 pub const CAPABILITIES: Capabilities = Capabilities {
     fusions: &[
         FusionUse {
@@ -41,10 +42,15 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     host_memory: false,
     custom_cpu_kernels: false,
     replay_ordering: ReplayOrdering::Edges,
-    f16_prompt_activations: true,
+    f16_products: F16Products::SmallBlocks,
     kv_cache: DType::F16,
     step_clock: StepClock::DeviceEvents,
 };
+
+/// What the CUDA backend declares on a GPU of compute capability 9.0 whose kernels are compiled
+/// for sm_90a: [`CAPABILITIES`] with every GGML block format's prompt products on f16
+/// activations (the `wgmma` form, `matmul_wgmma.cuh`, takes them all).
+pub const CAPABILITIES_SM90A: Capabilities = CAPABILITIES.with_f16_products(F16Products::AllBlocks);
 
 impl Backend for Arc<CudaDevice> {
     fn kind(&self) -> BackendKind {
@@ -56,7 +62,11 @@ impl Backend for Arc<CudaDevice> {
     }
 
     fn capabilities(&self) -> &'static Capabilities {
-        &CAPABILITIES
+        if self.registry().compiler().arch() == "sm_90a" {
+            &CAPABILITIES_SM90A
+        } else {
+            &CAPABILITIES
+        }
     }
 
     fn home(&self) -> Location {

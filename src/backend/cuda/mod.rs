@@ -28,7 +28,7 @@ pub mod nvrtc;
 mod registry;
 mod warm;
 
-pub use backend::CAPABILITIES;
+pub use backend::{CAPABILITIES, CAPABILITIES_SM90A};
 pub use cache::{cache_key, default_cache_dir, CubinCache};
 pub use encoder::CudaEncoder;
 pub use graph::{profile_dispatches, CudaGraph, GpuEvent};

@@ -324,10 +324,11 @@ __device__ void matmul_mma_h(const __half* x, const Mm3& m, uint32_t rows,
     }
 }
 
-// `matmul_swiglu_mma_h_<w>`: silu(x . wg) * (x . wu) in f16 (matmul_mma_h.cuh's `mmsw_tiles`).
-// Only the fast form: the optimizer fuses where it applies (Q4_0, Q4_1, Q5_0 weights, k a multiple
-// of 64, x 16-byte and the weights 4-byte aligned, `ops::matmul_swiglu`) and launches a block of
-// MMA_THREADS with its shared memory; any other launch fails its check.
+// `matmul_swiglu_mma_h_<w>`: silu(x . wg) * (x . wu) in f16: the Hopper form (matmul_wgmma.cuh),
+// else matmul_mma_h.cuh's `mmsw_tiles`. Only those: the optimizer fuses where one applies (Q4_0,
+// Q4_1, Q5_0 weights, and on sm_90a Q8_0, Q4_K and Q6_K, k a multiple of 64, x 16-byte and the
+// weights aligned, `ops::matmul_swiglu`) and launches a block of MMA_THREADS with its shared
+// memory; any other launch fails its check.
 template <int FMT>
 __device__ void matmul_swiglu_mma_h(const __half* x, const uint8_t* wg, const uint8_t* wu,
                                     __half* out, uint32_t rows, uint32_t k, uint32_t n,
@@ -335,10 +336,10 @@ __device__ void matmul_swiglu_mma_h(const __half* x, const uint8_t* wg, const ui
     OP_REQUIRE(k % op_block_elems(FMT) == 0 && n_x == (uint64_t)rows * k &&
                n_out == (uint64_t)rows * n);
     const uint64_t row_bytes = op_row_bytes(FMT, k);
-    OP_REQUIRE(blockDim.x == MMA_THREADS && blockDim.y == 1 && blockDim.z == 1 &&
-               mmh_applies<FMT>(x, wg, k, row_bytes) && mmh_applies<FMT>(x, wu, k, row_bytes));
     const Mm3 pair{wg, wu, wu, nullptr, nullptr, nullptr, n, n, n};
     if (mm_wgmma<FMT, false, 1, true>(x, pair, rows, k, row_bytes, out)) return;
+    OP_REQUIRE(blockDim.x == MMA_THREADS && blockDim.y == 1 && blockDim.z == 1 &&
+               mmh_applies<FMT>(x, wg, k, row_bytes) && mmh_applies<FMT>(x, wu, k, row_bytes));
 #if __CUDA_ARCH__ >= 800
     if constexpr (MmhFormat<FMT>::fast) {
         if (mmp_short_tiles(rows))
