@@ -9,7 +9,7 @@
 //! the form: the plain product, the product added into an accumulator, three products in one
 //! launch, and the gate/up pair with its SwiGLU (fused in the Hopper run; in the other run the two
 //! f16 products and `swiglu_f32_to_f16`, as the `mma.sync` fused form has no Q8_0, Q4_K or Q6_K
-//! tiles). Rows 64, 100, 129 and 513 (partial 128-row tiles), k of one to 64 steps of 64 values
+//! tiles). Rows 64, 100, 129, 511 and 513 (partial 128-row tiles), k of one to 64 steps of 64 values
 //! (whole super-blocks for the K formats; Q6_K rows of an odd count of 210-byte super-blocks are
 //! not word-aligned, so there both runs take the other forms), outputs of one to eight tiles, and
 //! widths the form does not take (not whole tiles). Seeded random inputs, never zeros. Needs a
@@ -168,6 +168,7 @@ fn the_hopper_form_gives_the_mma_forms_bits() {
         (513, 192, 192),
         (513, 256, 200),
         (513, 512, 192),
+        (511, 512, 256),
         (513, 4096, 256),
     ];
     let formats = [

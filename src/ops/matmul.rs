@@ -79,13 +79,15 @@ const Q8_MIN_WEIGHTS: usize = 1 << 22;
 
 /// Bytes of shared memory the int8 form of a row of `k` activations takes (`MM_Q8_BYTES` in
 /// `backend/cuda/kernels/matmul_blocks.cuh`: k int8 values and a pair of f32 per 32), for the
-/// weight formats whose one-row CUDA products read int8 activations (the 32-value block formats
-/// and Q4_K); `None` for the others and for `k` not a multiple of 32.
+/// weight formats whose one-row CUDA products read int8 activations (the 32-value block formats,
+/// Q4_K, and Q6_K in rows of an even count of super-blocks, whose rows stay word-aligned for
+/// `mm_q8_q6k_rows`); `None` for the others and for `k` not a multiple of 32.
 pub(crate) fn int8_row_bytes(w: DType, k: usize) -> Option<usize> {
-    let q8 = matches!(
-        w,
-        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0 | DType::Q4K
-    );
+    let q8 = match w {
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0 | DType::Q4K => true,
+        DType::Q6K => k.is_multiple_of(512),
+        _ => false,
+    };
     (q8 && k.is_multiple_of(32)).then(|| k + k / 4)
 }
 

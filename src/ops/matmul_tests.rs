@@ -315,9 +315,10 @@ fn wrong_dtypes_and_shapes_name_op_and_argument() {
 }
 
 /// Where a one-row product may read int8 activations on a GPU (its launch carries the int8 row's
-/// shared memory, `k + k / 4` bytes): the 32-value block formats and Q4_K from 2^22 weights, in
-/// blocks of fewer warps for narrow products; never a small product, Q6_K or a float format, two
-/// rows, or a product recorded through `matmul_f32_activations`. The CPU runs the f32 kernel whatever the launch.
+/// shared memory, `k + k / 4` bytes): the 32-value block formats, Q4_K and Q6_K (rows of an even
+/// count of super-blocks) from 2^22 weights, in blocks of fewer warps for narrow products; never a
+/// small product, Q6_K rows of an odd count, a float format, two rows, or a product recorded
+/// through `matmul_f32_activations`. The CPU runs the f32 kernel whatever the launch.
 #[test]
 fn the_int8_one_row_form_is_chosen_by_format_and_size() {
     let dev = device();
@@ -340,9 +341,11 @@ fn the_int8_one_row_form_is_chosen_by_format_and_size() {
     assert_eq!(launch(DType::Q5_0, 1, 2048, 2048, true), (2560, 128, 256));
     // Q4_K too (its super-blocks' 32-value sub-blocks against the int8 row's blocks).
     assert_eq!(launch(DType::Q4K, 1, 4096, 4096, true), (5120, 256, 256));
+    // Q6_K in rows of an even count of super-blocks (word-aligned rows).
+    assert_eq!(launch(DType::Q6K, 1, 4096, 4096, true), (5120, 256, 256));
     for (dt, rows, n, k, int8) in [
         (DType::Q4_0, 1, 576, 1536, true),
-        (DType::Q6K, 1, 4096, 4096, true),
+        (DType::Q6K, 1, 4096, 4352, true),
         (DType::F16, 1, 4096, 4096, true),
         (DType::Q4_0, 2, 4096, 4096, true),
         (DType::Q4_0, 1, 4096, 4096, false),

@@ -222,7 +222,7 @@ pub(crate) fn int8_rounded(x: &[f32]) -> Vec<f32> {
 }
 
 /// Whether CUDA's one-row product of an `[n, k]` weight of dtype `w` reads int8 activations
-/// (`ops::matmul::vector_grid`: the 32-value block formats and Q4_K, at least 2^22 weights, the row
+/// (`ops::matmul::vector_grid`: the 32-value block formats, Q4_K and Q6_K, at least 2^22 weights, the row
 /// within the 48 KiB of shared memory the launch asks for).
 pub(crate) fn takes_int8(w: DType, rows: usize, n: usize, k: usize) -> bool {
     rows == 1 && int8_format(w, k) && n * k >= 1 << 22 && k + k / 4 <= 48 * 1024
@@ -243,7 +243,9 @@ fn int8_format(w: DType, k: usize) -> bool {
         DType::Q8_0,
         DType::Q4K,
     ];
-    formats.contains(&w) && k.is_multiple_of(32)
+    // Q6_K in rows of an even count of super-blocks (`ops::matmul::int8_row_bytes`).
+    let q6k = w == DType::Q6K && k.is_multiple_of(512);
+    (formats.contains(&w) || q6k) && k.is_multiple_of(32)
 }
 
 /// An f32 activation tensor as the CPU should see it to stand for CUDA's product with the weight

@@ -91,6 +91,7 @@ fn fused_block_ops_at_real_widths() {
             DType::F16,
             DType::Q5_0,
             DType::Q4K,
+            DType::Q6K,
         ]
         .iter()
         .enumerate()

@@ -224,17 +224,19 @@ struct MmIsQ8<XQ8> {
 };
 
 // Whether a format's one-row products take int8 activations (Q4_K's through `mm_q8_q4k_rows`,
-// with its rows at 8-byte aligned addresses: `mm_q8_rows_ok`).
+// with its rows at 8-byte aligned addresses, Q6_K's through `mm_q8_q6k_rows`, 4-byte aligned:
+// `mm_q8_rows_ok`).
 template <int FMT>
 __device__ __forceinline__ constexpr bool mm_q8_format() {
     return FMT == OP_FMT_Q4_0 || FMT == OP_FMT_Q4_1 || FMT == OP_FMT_Q5_0 || FMT == OP_FMT_Q8_0 ||
-           FMT == OP_FMT_Q4_K;
+           FMT == OP_FMT_Q4_K || FMT == OP_FMT_Q6_K;
 }
 // Whether weight rows from `w` (row_bytes apart) suit the int8 products of FMT: even addresses
-// for the block formats, 8-byte aligned ones for Q4_K (its quants are read 8 bytes at a time).
+// for the block formats, 8-byte aligned ones for Q4_K (its quants are read 8 bytes at a time),
+// 4-byte aligned ones for Q6_K (word loads; rows of an even count of 210-byte super-blocks).
 template <int FMT>
 __device__ __forceinline__ bool mm_q8_rows_ok(const uint8_t* w, uint64_t row_bytes) {
-    const uint64_t align = FMT == OP_FMT_Q4_K ? 8 : 2;
+    const uint64_t align = FMT == OP_FMT_Q4_K ? 8 : FMT == OP_FMT_Q6_K ? 4 : 2;
     return ((uint64_t)w % align) == 0 && row_bytes % align == 0;
 }
 // Weights from which the plain one-row matmul reads the int8 row (`ops::matmul::Q8_MIN_WEIGHTS`;
@@ -331,9 +333,21 @@ __device__ __forceinline__ float mm_q8_quarter(XQ8 x, MmQuarter w, uint32_t b, u
 // quant bytes of values 8 (t % 4).. of sub-blocks 2 (t / 4) and 2 (t / 4) + 1), each sub-block's
 // part d s d_x sum(q q_x) - dmin m (d_x sum q_x) / 4 (a quarter of the block's sum of q_x, as each
 // of its four lanes adds one): the CPU's product on the int8-rounded row, up to f32 rounding.
+//
+// Rows at 16-byte aligned addresses take `mm_q8_q4k_pairs` instead.
+template <int R>
+__device__ __forceinline__ void mm_q8_q4k_pairs(XQ8 x, const uint8_t* const (&rows)[R], uint32_t k,
+                                                int lane, float (&out)[R]);
 template <int R>
 __device__ __forceinline__ void mm_q8_q4k_rows(XQ8 x, const uint8_t* const (&rows)[R], uint32_t k,
                                                int lane, float (&out)[R]) {
+    bool pairs = true;
+#pragma unroll
+    for (int r = 0; r < R; ++r) pairs = pairs && ((uint64_t)rows[r] & 15u) == 0;
+    if (pairs) {
+        mm_q8_q4k_pairs<R>(x, rows, k, lane, out);
+        return;
+    }
     const uint32_t sbs = k / 256, t = lane & 15, pair = t >> 2, part = t & 3;
     // The int8 words of values 8 part .. 8 part + 3 and 8 part + 4 .. 8 part + 7 of a block.
     const uint32_t w0 = part < 2 ? 4 * part : 4 * (part - 2) + 1, w1 = w0 + 2;
@@ -367,16 +381,153 @@ __device__ __forceinline__ void mm_q8_q4k_rows(XQ8 x, const uint8_t* const (&row
     for (int r = 0; r < R; ++r) out[r] = op_warp_sum(acc[r]);
 }
 
+// Q4_K against the int8 row, a lane per pair of sub-blocks (pair j of super-block sb, values 64 j
+// .. of it: sub-block 2 j in the low nibbles of its 32 quant bytes, 2 j + 1 in the high ones), for
+// rows at 16-byte aligned addresses: three 16-byte loads a lane (the super-block's header, the
+// pair's 32 quant bytes) where `mm_q8_q4k_rows` issues an 8-byte load and a dozen byte loads of
+// scales for a quarter of it; 16 `dp4a` against the pair's two int8 blocks, each sub-block's part
+// d s d_x sum(q q_x) - dmin m d_x sum q_x. `docs/kernels.md` item 21.
+template <int R>
+__device__ __forceinline__ void mm_q8_q4k_pairs(XQ8 x, const uint8_t* const (&rows)[R], uint32_t k,
+                                                int lane, float (&out)[R]) {
+    const uint32_t pairs = k / 64, m4 = 0x0f0f0f0fu;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+#pragma unroll 2
+    for (uint32_t p = lane; p < pairs; p += 32) {
+        const uint32_t sb = p / 4, j = p % 4, b = 2 * p;
+        // The int8 words of block b (values 4 g .. of group g: word 2 g below 4, else
+        // 2 (g - 4) + 1) and of block b + 1, and their (d_x, d_x sum q_x).
+        const int4* xq = (const int4*)(x.q + (uint64_t)b * 8);
+        const int4 a0 = xq[0], a1 = xq[1], c0 = xq[2], c1 = xq[3];
+        const float4 dd = *(const float4*)(x.ds + b);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const uint8_t* sp = rows[r] + (uint64_t)sb * 144;
+            const uint4 h = *(const uint4*)sp;
+            const uint4 q0 = *(const uint4*)(sp + 16 + 32 * j);
+            const uint4 q1 = *(const uint4*)(sp + 32 + 32 * j);
+            // `op_q4k_scale_min` for sub-blocks 2 j and 2 j + 1 on the header's bytes 4 .. 15.
+            auto byte = [](uint32_t w, uint32_t i) { return (w >> (8 * i)) & 0xffu; };
+            uint32_t s0, m0, s1, m1;
+            if (j < 2) {
+                s0 = byte(h.y, 2 * j) & 63;
+                m0 = byte(h.z, 2 * j) & 63;
+                s1 = byte(h.y, 2 * j + 1) & 63;
+                m1 = byte(h.z, 2 * j + 1) & 63;
+            } else {
+                const uint32_t i0 = 2 * j - 4, i1 = 2 * j - 3;
+                s0 = (byte(h.w, i0) & 0x0F) | ((byte(h.y, i0) >> 6) << 4);
+                m0 = (byte(h.w, i0) >> 4) | ((byte(h.z, i0) >> 6) << 4);
+                s1 = (byte(h.w, i1) & 0x0F) | ((byte(h.y, i1) >> 6) << 4);
+                m1 = (byte(h.w, i1) >> 4) | ((byte(h.z, i1) >> 6) << 4);
+            }
+            int lo = __dp4a((int)(q0.x & m4), a0.x, __dp4a((int)(q0.y & m4), a0.z, 0));
+            lo = __dp4a((int)(q0.z & m4), a1.x, __dp4a((int)(q0.w & m4), a1.z, lo));
+            lo = __dp4a((int)(q1.x & m4), a0.y, __dp4a((int)(q1.y & m4), a0.w, lo));
+            lo = __dp4a((int)(q1.z & m4), a1.y, __dp4a((int)(q1.w & m4), a1.w, lo));
+            int hi = __dp4a((int)((q0.x >> 4) & m4), c0.x, __dp4a((int)((q0.y >> 4) & m4), c0.z, 0));
+            hi = __dp4a((int)((q0.z >> 4) & m4), c1.x, __dp4a((int)((q0.w >> 4) & m4), c1.z, hi));
+            hi = __dp4a((int)((q1.x >> 4) & m4), c0.y, __dp4a((int)((q1.y >> 4) & m4), c0.w, hi));
+            hi = __dp4a((int)((q1.z >> 4) & m4), c1.y, __dp4a((int)((q1.w >> 4) & m4), c1.w, hi));
+            const float d = __half2float(__ushort_as_half((unsigned short)(h.x & 0xffffu)));
+            const float dmin = __half2float(__ushort_as_half((unsigned short)(h.x >> 16)));
+            acc[r] += d * ((float)s0 * (dd.x * (float)lo) + (float)s1 * (dd.z * (float)hi)) -
+                      dmin * ((float)m0 * dd.y + (float)m1 * dd.w);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) out[r] = op_warp_sum(acc[r]);
+}
+
+// Q6_K against the int8 row, rows at 4-byte aligned addresses (super-block sb then starts 2 (sb %
+// 2) bytes past a word): a lane per 64 values, positions l0 .. l0 + 15 (l0 0 or 16) of the four
+// 32-value quarters of half h of a super-block. It loads five words for each of its 16 ql bytes
+// of quarters 0 and 2, of quarters 1 and 3 and its 16 qh bytes (funnel shifts realign them),
+// three words holding its four scales and the word holding d; each byte's q - 32 is a signed
+// byte, so each quarter is four `dp4a` against its int8 block (values 4 g .. of group g: word 2 g
+// below 4, else 2 (g - 4) + 1), d d_x sc sum((q - 32) q_x): the CPU's product on the
+// int8-rounded row, up to f32 rounding. `docs/kernels.md` item 21.
+template <int R>
+__device__ __forceinline__ void mm_q8_q6k_rows(XQ8 x, const uint8_t* const (&rows)[R], uint32_t k,
+                                               int lane, float (&out)[R]) {
+    const uint32_t units = k / 64;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+#pragma unroll 1
+    for (uint32_t u = lane; u < units; u += 32) {
+        const uint32_t sb = u / 4, h = (u / 2) % 2, l0 = 16 * (u % 2), lead = 2 * (sb % 2);
+        // The int8 words of the four quarters' blocks at positions l0 ..: words 0, 2, 4, 6 (l0
+        // 0) or 1, 3, 5, 7 (l0 16) of block sb * 8 + 4 h + quarter.
+        int xs[4][4];
+        float dx[4];
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+            const uint32_t b = sb * 8 + 4 * h + g;
+            const int4* xq = (const int4*)(x.q + (uint64_t)b * 8);
+            const int4 a = xq[0], c = xq[1];
+            xs[g][0] = l0 ? a.y : a.x;
+            xs[g][1] = l0 ? a.w : a.z;
+            xs[g][2] = l0 ? c.y : c.x;
+            xs[g][3] = l0 ? c.w : c.z;
+            dx[g] = x.ds[b].x;
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            // The word-aligned start of the super-block.
+            const uint32_t* base = (const uint32_t*)(rows[r] + (uint64_t)sb * 210 - lead);
+            uint32_t qa[5], qb[5], qh[5], sw[3];
+#pragma unroll
+            for (int i = 0; i < 5; ++i) {
+                qa[i] = __ldg(base + (64 * h + l0) / 4 + i);
+                qb[i] = __ldg(base + (64 * h + 32 + l0) / 4 + i);
+                qh[i] = __ldg(base + (128 + 32 * h + l0) / 4 + i);
+            }
+#pragma unroll
+            for (int i = 0; i < 3; ++i) sw[i] = __ldg(base + (192 + 8 * h) / 4 + i);
+            const uint32_t dw = __ldg(base + 208 / 4);
+            const float d = __half2float(__ushort_as_half((unsigned short)(dw >> (8 * lead))));
+            float part = 0.0f;
+#pragma unroll
+            for (int g = 0; g < 4; ++g) {
+                // Scale 8 h + 2 g + l0 / 16 of the 16: byte lead + l0 / 16 + 2 g of `sw`.
+                const uint32_t at = lead + l0 / 16 + 2 * g;
+                const uint32_t word = at < 4 ? sw[0] : at < 8 ? sw[1] : sw[2];
+                const float sc = (float)(int8_t)((word >> (8 * (at % 4))) & 0xffu);
+                int sum = 0;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const uint32_t lw = __funnelshift_r((g & 1) ? qb[i] : qa[i],
+                                                        (g & 1) ? qb[i + 1] : qa[i + 1], 8 * lead);
+                    const uint32_t hw = __funnelshift_r(qh[i], qh[i + 1], 8 * lead);
+                    const uint32_t q = ((lw >> (4 * (g >> 1))) & 0x0f0f0f0fu) |
+                                       (((hw >> (2 * g)) & 0x03030303u) << 4);
+                    sum = __dp4a((int)__vsub4(q, 0x20202020u), xs[g][i], sum);
+                }
+                part += sc * (dx[g] * (float)sum);
+            }
+            acc[r] += d * part;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) out[r] = op_warp_sum(acc[r]);
+}
+
 // Two rows' dots against the int8 row, four lanes a block as `mm_dot_blocks` (the same quarters
 // in the same order per lane), the activation words read once for both rows; Q4_K rows by
 // `mm_q8_q4k_rows`.
 template <int FMT>
 __device__ __forceinline__ void mm_q8_dot2(XQ8 x, const uint8_t* ra, const uint8_t* rb, uint32_t k,
                                            int lane, float& va, float& vb) {
-    if constexpr (FMT == OP_FMT_Q4_K) {
+    if constexpr (FMT == OP_FMT_Q4_K || FMT == OP_FMT_Q6_K) {
         const uint8_t* const rows[2] = {ra, rb};
         float v[2];
-        mm_q8_q4k_rows<2>(x, rows, k, lane, v);
+        if constexpr (FMT == OP_FMT_Q4_K)
+            mm_q8_q4k_rows<2>(x, rows, k, lane, v);
+        else
+            mm_q8_q6k_rows<2>(x, rows, k, lane, v);
         va = v[0];
         vb = v[1];
         return;
@@ -581,6 +732,14 @@ __device__ __forceinline__ void mm_dot_pair(X x, const uint8_t* a, const uint8_t
     } else if (blocks) {
         va = mm_dot_blocks<FMT>(x, a, k, lane);
         vb = mm_dot_blocks<FMT>(x, b, k, lane);
+    } else if (MmIsQ8<X>::value && FMT == OP_FMT_Q6_K &&
+               (((uint64_t)a | (uint64_t)b | row_bytes) & 3u) == 0) {
+        if constexpr (MmIsQ8<X>::value) {
+            float v[2];
+            mm_q8_q6k_rows<2>(x, rows, k, lane, v);
+            va = v[0];
+            vb = v[1];
+        }
     } else if (FMT == OP_FMT_Q4_K && mm_q4k_ok(x, a, b)) {
         float v[2];
         if constexpr (MmIsQ8<X>::value)
