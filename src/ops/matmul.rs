@@ -265,9 +265,9 @@ pub(crate) fn check_rows(c: &Check, x: &Buffer, out: &Buffer, k: usize, n: usize
 
 /// `out[rows, n] = x[rows, k] · W[n, k]ᵀ` for a weight of any of [`WEIGHT_DTYPES`]. One row takes
 /// the vector (decode) form (on the GPU, for the 32-value block formats, Q4_K and Q6_K, x rounded
-/// to int8 in blocks of 32 values, see [`int8_row_bytes`]), more rows the matrix (prefill) form, and from
-/// [`MMA_MIN_ROWS`] rows the tensor-core kernels (on the GPU: x and w rounded to f16, sums in
-/// f32).
+/// to int8 in blocks of 32 values, see [`int8_row_bytes`]), more rows the matrix (prefill) form,
+/// and from [`MMA_MIN_ROWS`] rows the tensor-core kernels (on the GPU: x and w rounded to f16,
+/// sums in f32).
 pub fn matmul(x: &Buffer, w: &Buffer, out: &Buffer) -> Result<Dispatch> {
     product(x, w, out, true)
 }

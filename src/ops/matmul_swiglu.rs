@@ -17,9 +17,10 @@
 //! weights, k a multiple of 64, x 16-byte and the weights 4-byte aligned in their allocations
 //! (whose bases the backends align to 256 bytes); and, where the backend declares every block
 //! format's f16 products ([`F16Products::AllBlocks`]: CUDA on sm_90a), Q8_0, Q4_K and Q6_K
-//! weights in the Hopper form's shapes ([`PRODUCT_PAIR_SWIGLU_ALL_BLOCKS`]). The fused kernel computes each sum with the unfused
-//! kernel's code, in the same order, and the SwiGLU with the elementwise kernel's arithmetic, so
-//! the fused dispatch gives the three dispatches' bits (the backends declare it exact).
+//! weights in the Hopper form's shapes ([`PRODUCT_PAIR_SWIGLU_ALL_BLOCKS`]). The fused kernel
+//! computes each sum with the unfused kernel's code, in the same order, and the SwiGLU with the
+//! elementwise kernel's arithmetic, so the fused dispatch gives the three dispatches' bits (the
+//! backends declare it exact).
 
 use super::matmul::{mma_grid_for_tiles, wgmma_alignment, wgmma_shape, MMA_TILE};
 use super::matmul_triple::Product;
