@@ -1,5 +1,6 @@
-//! The doctor's report: its JSON carries the documented keys (with or without NVRTC), and every
-//! kernel compiles where libnvrtc is present (ignored where the build found none, see `build.rs`).
+//! The doctor's report: its JSON carries the documented keys (with or without NVRTC), every
+//! kernel compiles where libnvrtc is present, and `--fill-cache` leaves every family in the kernel
+//! cache (both ignored where the build found no NVRTC, see `build.rs`).
 
 use std::sync::OnceLock;
 
@@ -10,7 +11,7 @@ mod doctor;
 /// The report, gathered once for both tests (it compiles every kernel family where it can).
 fn report() -> &'static doctor::DoctorReport {
     static REPORT: OnceLock<doctor::DoctorReport> = OnceLock::new();
-    REPORT.get_or_init(doctor::diagnose)
+    REPORT.get_or_init(|| doctor::diagnose(None, false))
 }
 
 #[test]
@@ -57,4 +58,40 @@ fn every_kernel_compiles_where_nvrtc_is_present() {
     );
     assert_eq!(report.kernels_failed, 0, "failures: {:#?}", report.failures);
     assert_eq!(report.kernels_compiled, report.kernels);
+}
+
+#[test]
+#[cfg_attr(not(onepass_nvrtc), ignore = "needs NVRTC: source scripts/cuda-env.sh")]
+fn fill_cache_compiles_every_family_once_for_the_named_architecture() {
+    let dir = std::env::temp_dir().join(format!("onepass-fill-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let fill = || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_onepass"))
+            .args(["doctor", "--json", "--arch", "sm_89", "--fill-cache"])
+            .env("ONEPASS_CACHE_DIR", &dir)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()
+    };
+    let first = fill();
+    assert_eq!(first["arch"], "sm_89");
+    let families = first["families"].as_u64().unwrap();
+    assert_eq!(first["filled_cache"]["compiled"].as_u64(), Some(families));
+    let cubins = std::fs::read_dir(dir.join("kernels"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "cubin"))
+        })
+        .count();
+    assert_eq!(cubins as u64, families);
+    // Everything is cached now: nothing is compiled again.
+    assert_eq!(fill()["filled_cache"]["compiled"].as_u64(), Some(0));
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,14 +1,16 @@
 //! `onepass doctor [--json]`: what this machine offers onepass. Whether the CPU backend starts;
 //! for CUDA, driver and NVRTC versions, devices with their compute capability, and whether every
 //! embedded kernel family compiles (NVRTC only, no GPU needed: without a device it compiles for
-//! `sm_90`). CUDA being absent is not a problem; a part of it that is present and broken is.
+//! `sm_90`; `--arch` names another). CUDA being absent is not a problem; a part of it that is
+//! present and broken is. With `--fill-cache` the kernels are compiled into the kernel cache, so a
+//! machine can be prepared for a GPU it does not have.
 
 use std::io::Write;
 use std::time::Instant;
 
 use onepass::backend::cuda::{
-    all_kernel_names, arch_for, devices, driver_present, driver_version, include_dir_from_env,
-    nvrtc, DeviceInfo, KernelCompiler, DEFAULT_ARCH, SOURCES,
+    all_kernel_names, arch_for, default_cache_dir, devices, driver_present, driver_version,
+    include_dir_from_env, nvrtc, DeviceInfo, KernelCompiler, DEFAULT_ARCH, SOURCES,
 };
 
 /// One kernel family that failed to compile.
@@ -18,6 +20,15 @@ pub struct FamilyFailure {
     pub family: String,
     /// NVRTC's status, options and log.
     pub error: String,
+}
+
+/// The kernel cache `--fill-cache` filled.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FilledCache {
+    /// The cache directory.
+    pub dir: String,
+    /// Families compiled into it by this run.
+    pub compiled: usize,
 }
 
 /// Everything the doctor found.
@@ -51,12 +62,15 @@ pub struct DoctorReport {
     pub failures: Vec<FamilyFailure>,
     /// Seconds spent compiling.
     pub compile_seconds: f64,
+    /// With `--fill-cache`: the kernel cache filled, and how many families were compiled into it
+    /// (the others were there already).
+    pub filled_cache: Option<FilledCache>,
     /// What is present on this machine but broken, one line each (empty: nothing is).
     pub problems: Vec<String>,
 }
 
 /// Gathers the report.
-pub fn diagnose() -> DoctorReport {
+pub fn diagnose(arch: Option<&str>, fill_cache: bool) -> DoctorReport {
     let (cpu, cpu_ready) = match onepass::Device::cpu(0) {
         Ok(d) => (format!("ready: {}", d.name()), true),
         Err(e) => (format!("does not start: {e}"), false),
@@ -70,19 +84,51 @@ pub fn diagnose() -> DoctorReport {
     } else {
         (Vec::new(), None)
     };
-    let arch = devices
-        .first()
-        .map(|d| arch_for(d.compute_capability))
-        .unwrap_or_else(|| DEFAULT_ARCH.to_string());
+    let arch = match arch {
+        Some(a) => a.to_string(),
+        None => devices
+            .first()
+            .map(|d| arch_for(d.compute_capability))
+            .unwrap_or_else(|| DEFAULT_ARCH.to_string()),
+    };
     let include = include_dir_from_env();
     let nvrtc_version = nvrtc::nvrtc_version();
     let kernels = all_kernel_names().len();
     let start = Instant::now();
     let mut failures = Vec::new();
     let mut kernels_failed = 0;
-    if nvrtc_version.is_some() {
+    let mut filled_cache = None;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if nvrtc_version.is_some() && fill_cache {
+        match default_cache_dir() {
+            Some(dir) => {
+                let compiler = KernelCompiler::new(&arch, include.as_deref(), Some(dir.clone()));
+                match compiler.warm(SOURCES, threads, &|_, _, _| {}) {
+                    Ok(report) => {
+                        filled_cache = Some(FilledCache {
+                            dir: dir.display().to_string(),
+                            compiled: report.compiled,
+                        })
+                    }
+                    Err(e) => {
+                        kernels_failed = kernels;
+                        failures.push(FamilyFailure {
+                            family: "*".into(),
+                            error: e.with_causes(),
+                        });
+                    }
+                }
+            }
+            None => {
+                kernels_failed = kernels;
+                failures.push(FamilyFailure {
+                    family: "*".into(),
+                    error: "no kernel cache directory (set ONEPASS_CACHE_DIR)".into(),
+                });
+            }
+        }
+    } else if nvrtc_version.is_some() {
         let compiler = KernelCompiler::new(&arch, include.as_deref(), None);
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         for (src, result) in SOURCES.iter().zip(compiler.compile_all(SOURCES, threads)) {
             if let Err(f) = result {
                 kernels_failed += src.kernel_names().len();
@@ -135,6 +181,7 @@ pub fn diagnose() -> DoctorReport {
         kernels_failed,
         failures,
         compile_seconds: start.elapsed().as_secs_f64(),
+        filled_cache,
         problems,
     }
 }
@@ -161,8 +208,8 @@ fn or_none(v: &Option<String>) -> &str {
 
 /// Prints the report (one JSON object with `json`); an error when something this machine has is
 /// broken (a CUDA that is absent is not).
-pub fn run(json: bool) -> anyhow::Result<()> {
-    let r = diagnose();
+pub fn run(json: bool, arch: Option<&str>, fill_cache: bool) -> anyhow::Result<()> {
+    let r = diagnose(arch, fill_cache);
     let mut out = std::io::stdout().lock();
     if json {
         writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?;
@@ -200,6 +247,13 @@ pub fn run(json: bool) -> anyhow::Result<()> {
                 r.compile_seconds,
                 r.kernels_failed
             )?;
+            if let Some(c) = &r.filled_cache {
+                writeln!(
+                    out,
+                    "cache:        {} ({} families compiled into it)",
+                    c.dir, c.compiled
+                )?;
+            }
             for f in &r.failures {
                 writeln!(out, "\nfamily {}:\n{}", f.family, f.error)?;
             }

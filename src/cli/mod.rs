@@ -42,6 +42,15 @@ enum Command {
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
+        /// Compile the kernels for this architecture (`sm_90a`, `sm_89`, ...) rather than the
+        /// first device's (without a device: `sm_90`).
+        #[arg(long, value_name = "SM")]
+        arch: Option<String>,
+        /// Compile through the kernel cache and keep the cubins there (families already cached
+        /// are not compiled again), so that a later run on a GPU of that architecture, with the
+        /// same NVRTC version and header directory, starts without compiling.
+        #[arg(long)]
+        fill_cache: bool,
     },
 }
 
@@ -56,7 +65,11 @@ pub fn main() -> i32 {
         Command::Synth(a) => synth::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Serve(a) => serve::run(a),
-        Command::Doctor { json } => doctor::run(json),
+        Command::Doctor {
+            json,
+            arch,
+            fill_cache,
+        } => doctor::run(json, arch.as_deref(), fill_cache),
     };
     exit_code(result)
 }

@@ -368,7 +368,9 @@ fn single_decode_grid(params: AttentionParams, chunks: usize, chunked: Grid) -> 
     }
     let group = params.n_head / params.n_kv_head;
     let owners = params.n_kv_head * group.div_ceil(split_heads_per_block(params.n_kv_head));
-    let splits = SPLIT_TARGET_BLOCKS.div_ceil(owners).clamp(1, chunks.max(1));
+    // Whole splits within the target: a block past one wave waits for a whole block before it
+    // starts (8 owners took 17 splits, 136 blocks on 132 SMs, docs/kernels.md item 22).
+    let splits = (SPLIT_TARGET_BLOCKS / owners).clamp(1, chunks.max(1));
     Grid::new((owners * splits).min(u32::MAX as usize) as u32, 256)
 }
 

@@ -132,21 +132,30 @@ const MIN_SHARED_ROW: usize = 4 * 1024;
 /// squares (`FB_SHARED_TAIL` in `fused_block.cu`).
 const WEIGHT_STAGE: usize = 8 * 136 * 16 + 32 * 8;
 /// Threads of a block of the shared-memory form: eight warps, the rms_norm kernel's block size
-/// ([`super::norm::ROW_THREADS`]), so the block's sum of squares is that kernel's.
+/// ([`super::norm::ROW_THREADS`]; the kernels sum the squares with that many threads whatever the
+/// block, so the block's sum of squares is that kernel's).
 const SHARED_THREADS: u32 = super::norm::ROW_THREADS;
 /// Most blocks of the shared-memory form: each normalizes the row once, then its warps stride over
 /// the outputs, so a wide product pays a few hundred normalizations, not one per four outputs.
 /// Two blocks an SM of an H100 (132 SMs; the kernels take at most 128 registers a thread so that
 /// two fit): every block starts at once and none repeats the prologue in a second wave.
 const SHARED_MAX_BLOCKS: usize = 264;
+/// Warps the shared form's grid holds: [`SHARED_MAX_BLOCKS`] blocks of [`SHARED_THREADS`].
+const SHARED_MAX_WARPS: usize = SHARED_MAX_BLOCKS * (SHARED_THREADS / 32) as usize;
+/// Threads of a block of the shared form where it quantizes its row to int8: the same warps an SM
+/// as two blocks of [`SHARED_THREADS`], in one block, so each SM normalizes and quantizes the row
+/// once rather than twice (the prologue is most of a decode product's instructions,
+/// docs/kernels.md item 22).
+const WIDE_THREADS: u32 = 2 * SHARED_THREADS;
 
 /// Whether a pass of `rows` rows of width `dim` takes the shared-memory form of the fused kernels
 /// (`*_shared`: the CUDA kernels normalize the row once per block into shared memory and read the
 /// weights through a shared-memory stage; the same values, rounded to int8 for the 32-value block
 /// formats where the int8 row fits too), and its launch shape: one
-/// warp per output (pair); for the shared form eight-warp blocks, at most [`SHARED_MAX_BLOCKS`],
-/// with that memory and `extra` bytes after it where they fit too (`norm_qkv_rope`'s rope table;
-/// the kernel uses them only when given).
+/// warp per output (pair); for the shared form eight-warp blocks, at most [`SHARED_MAX_BLOCKS`]
+/// (sixteen-warp blocks, one an SM, where a Q4_0, Q4_K or Q6_K product's row is quantized:
+/// [`WIDE_THREADS`]), with that memory and `extra` bytes after it where they fit too
+/// (`norm_qkv_rope`'s rope table; the kernel uses them only when given).
 fn fused_launch(
     outputs: usize,
     rows: usize,
@@ -156,21 +165,27 @@ fn fused_launch(
 ) -> (bool, crate::graph::Grid) {
     let f32_bytes = dim * 4 + WEIGHT_STAGE;
     // The int8 row after the tail where it fits (see `fb_quantize_row` in fused_block.cu).
-    let mut bytes = match super::matmul::int8_row_bytes(w, dim) {
-        Some(q8) if f32_bytes + q8 <= MAX_SHARED_ROW => f32_bytes + q8,
-        _ => f32_bytes,
+    let (mut bytes, int8) = match super::matmul::int8_row_bytes(w, dim) {
+        Some(q8) if f32_bytes + q8 <= MAX_SHARED_ROW => (f32_bytes + q8, true),
+        _ => (f32_bytes, false),
     };
     if rows == 1 && dim * 4 >= MIN_SHARED_ROW && bytes <= MAX_SHARED_ROW {
         if bytes + extra <= MAX_SHARED_ROW {
             bytes += extra;
         }
-        let warps_per_block = (SHARED_THREADS / 32) as usize;
+        // Q4_1, Q5_0 and Q8_0 rows go through the weight stage, sized for eight warps.
+        let (threads, per_sm) = if int8 && matches!(w, DType::Q4_0 | DType::Q4K | DType::Q6K) {
+            (WIDE_THREADS, 1)
+        } else {
+            (SHARED_THREADS, super::matmul::ONE_WAVE_BLOCKS_PER_SM)
+        };
+        let warps_per_block = (threads / 32) as usize;
         let blocks = outputs
             .div_ceil(warps_per_block)
-            .clamp(1, SHARED_MAX_BLOCKS);
-        let grid = crate::graph::Grid::new(blocks as u32, SHARED_THREADS)
+            .clamp(1, SHARED_MAX_WARPS / warps_per_block);
+        let grid = crate::graph::Grid::new(blocks as u32, threads)
             .with_shared(bytes as u32)
-            .with_max_blocks_per_sm(super::matmul::ONE_WAVE_BLOCKS_PER_SM);
+            .with_max_blocks_per_sm(per_sm);
         (true, grid)
     } else {
         (false, super::matmul::warp_per_output(outputs, rows))
@@ -182,8 +197,7 @@ fn fused_launch(
 /// summing half of it (`fb_qkv_split` in `fused_block.cu`, which also asks for 16-byte aligned
 /// half rows; a pass it does not split just has spare warps).
 fn qkv_warps(pairs: usize, dim: usize) -> usize {
-    let most = SHARED_MAX_BLOCKS * (SHARED_THREADS / 32) as usize;
-    if pairs > most && dim.is_multiple_of(512) {
+    if pairs > SHARED_MAX_WARPS && dim.is_multiple_of(512) {
         2 * pairs
     } else {
         pairs

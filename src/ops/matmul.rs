@@ -58,12 +58,13 @@ pub(crate) fn warp_per_output(n: usize, rows: usize) -> Grid {
 }
 
 /// Most threads of a block of the int8 one-row form (`MM_Q8_THREADS` in
-/// `backend/cuda/kernels/matmul.cu`).
-const Q8_THREADS: u32 = 256;
-/// Most blocks of the int8 one-row form: each block quantizes the row before its warps stride
-/// over the outputs, two at a time, so a wide product pays a few hundred quantizations, not one
-/// per eight outputs.
-const Q8_MAX_BLOCKS: usize = 264;
+/// `backend/cuda/kernels/matmul.cu`): sixteen warps, one block an SM, so each SM quantizes the row
+/// once (docs/kernels.md item 22).
+const Q8_THREADS: u32 = 512;
+/// Warps the int8 one-row form's grid holds: each block quantizes the row before its warps stride
+/// over the outputs, two at a time, so a wide product pays one quantization an SM (two where its
+/// outputs take eight-warp blocks), not one per eight outputs.
+const Q8_MAX_WARPS: usize = 2112;
 /// Blocks an SM of the one-wave forms (the int8 one-row product, the fused block products): their
 /// grids are sized for two blocks on each of an H100's 132 SMs, and with programmatic launch
 /// (`backend/cuda/graph.rs`) the blocks of a kernel start on the SMs the kernel before it leaves
@@ -93,20 +94,26 @@ pub(crate) fn int8_row_bytes(w: DType, k: usize) -> Option<usize> {
 
 /// The launch shape of a one-row product: for the formats of [`int8_row_bytes`] and at least
 /// [`Q8_MIN_WEIGHTS`] weights, blocks of up to
-/// [`Q8_THREADS`] with that shared memory (at most [`Q8_MAX_BLOCKS`], two outputs a warp; fewer
+/// [`Q8_THREADS`] with that shared memory (at most [`Q8_MAX_WARPS`], two outputs a warp; fewer
 /// warps a block for narrow products, so that they still spread over about 132 SMs), else
 /// [`warp_per_output`].
 fn vector_grid(w: DType, n: usize, k: usize) -> Grid {
     match int8_row_bytes(w, k) {
         Some(bytes) if bytes <= Q8_MAX_SHARED && n.saturating_mul(k) >= Q8_MIN_WEIGHTS => {
-            let mut warps = (Q8_THREADS / 32) as usize;
-            while warps > 1 && n < 2 * warps * 132 {
+            let most = (Q8_THREADS / 32) as usize;
+            let mut warps = most;
+            while warps > 1 && n < warps * 132 {
                 warps /= 2;
             }
-            let blocks = n.div_ceil(2 * warps).clamp(1, Q8_MAX_BLOCKS);
+            let blocks = n.div_ceil(2 * warps).clamp(1, Q8_MAX_WARPS / warps);
+            let per_sm = if warps == most {
+                1
+            } else {
+                ONE_WAVE_BLOCKS_PER_SM
+            };
             Grid::new(blocks as u32, 32 * warps as u32)
                 .with_shared(bytes as u32)
-                .with_max_blocks_per_sm(ONE_WAVE_BLOCKS_PER_SM)
+                .with_max_blocks_per_sm(per_sm)
         }
         _ => warp_per_output(n, 1),
     }

@@ -334,15 +334,16 @@ fn the_int8_one_row_form_is_chosen_by_format_and_size() {
         let g = d.unwrap().grid();
         (g.shared_bytes, g.threads[0], g.blocks[0])
     };
-    assert_eq!(launch(DType::Q4_0, 1, 4096, 4096, true), (5120, 256, 256));
-    assert_eq!(launch(DType::Q8_0, 1, 4096, 14336, true), (17920, 256, 256));
-    assert_eq!(launch(DType::Q4_1, 1, 128256, 4096, true), (5120, 256, 264));
-    // 2048 outputs: four-warp blocks, so that 256 blocks spread over the SMs.
-    assert_eq!(launch(DType::Q5_0, 1, 2048, 2048, true), (2560, 128, 256));
+    assert_eq!(launch(DType::Q4_0, 1, 4096, 4096, true), (5120, 512, 128));
+    assert_eq!(launch(DType::Q8_0, 1, 4096, 14336, true), (17920, 512, 128));
+    assert_eq!(launch(DType::Q4_1, 1, 128256, 4096, true), (5120, 512, 132));
+    // Sixteen-warp blocks, one an SM; 2048 outputs: eight-warp blocks, so that 128 blocks
+    // spread over the SMs.
+    assert_eq!(launch(DType::Q5_0, 1, 2048, 2048, true), (2560, 256, 128));
     // Q4_K too (its super-blocks' 32-value sub-blocks against the int8 row's blocks).
-    assert_eq!(launch(DType::Q4K, 1, 4096, 4096, true), (5120, 256, 256));
+    assert_eq!(launch(DType::Q4K, 1, 4096, 4096, true), (5120, 512, 128));
     // Q6_K in rows of an even count of super-blocks (word-aligned rows).
-    assert_eq!(launch(DType::Q6K, 1, 4096, 4096, true), (5120, 256, 256));
+    assert_eq!(launch(DType::Q6K, 1, 4096, 4096, true), (5120, 512, 128));
     for (dt, rows, n, k, int8) in [
         (DType::Q4_0, 1, 576, 1536, true),
         (DType::Q6K, 1, 4096, 4352, true),

@@ -131,6 +131,11 @@ __device__ __forceinline__ bool fb_shared_ok(uint64_t rows, const float* x, cons
            (((uint64_t)x | (uint64_t)nw) & 15u) == 0;
 }
 
+// Threads that sum the row's squares: the rms_norm kernel's block (ROW_THREADS in
+// src/ops/norm.rs), whatever this block's size (eight warps, or sixteen where the row is
+// quantized: src/ops/fused_block.rs, `WIDE_THREADS`).
+#define FB_NORM_THREADS 256u
+
 // Writes the normalized row into the block's dynamic shared memory and returns it.
 __device__ __forceinline__ const float* fb_shared_row(const float* x, const float* nw, uint32_t k,
                                                       float eps) {
@@ -138,10 +143,14 @@ __device__ __forceinline__ const float* fb_shared_row(const float* x, const floa
     // The scratch after the row and the stage (no static shared memory: a kernel launched
     // without dynamic shared memory uses none).
     double* scratch = (double*)(fb_smem + k + 4 * MM_STAGE_WARPS * MM_STAGE_MAX_WORDS);
+    // The first FB_NORM_THREADS threads sum (the rms_norm kernel's order); the others add 0.0,
+    // which leaves every partial sum exact.
     double ss = 0.0;
-    for (uint32_t i = threadIdx.x; i < k; i += blockDim.x) {
-        const double v = (double)x[i];
-        ss += v * v;
+    if (threadIdx.x < FB_NORM_THREADS) {
+        for (uint32_t i = threadIdx.x; i < k; i += FB_NORM_THREADS) {
+            const double v = (double)x[i];
+            ss += v * v;
+        }
     }
     ss = op_block_sum_f64(ss, scratch);
     const XNorm xn = XNorm{x, nw, (float)(1.0 / sqrt(ss / (double)k + (double)eps))};
@@ -455,10 +464,14 @@ __device__ __forceinline__ void fb_prefetch_gate_up(const uint8_t* wg, const uin
     mm_prefetch_row(wu + o * row_bytes, row_bytes);
 }
 
-// At most 256 threads a block and two blocks an SM (at most 128 registers a thread): the shared
-// form's blocks are eight warps, and one block an SM leaves too few loads in flight.
+// At most 128 registers a thread, so that sixteen warps fit an SM: the shared form's blocks are
+// eight warps, two an SM, or sixteen, one an SM, where the row is quantized (each SM then
+// normalizes and quantizes it once); fewer warps an SM leave too few loads in flight. The
+// per-warp forms keep the bounds of two 256-thread blocks (SmolLM2's step measured 1.6% slower
+// with the shared forms' 512-thread bounds, the same register cap).
+#define FB_BOUNDS(SH) __launch_bounds__((SH) ? 512 : 256, (SH) ? 1 : 2)
 #define NORM_QKV_ROPE_KERNEL(NAME, FMT, SH)                                                          \
-    extern "C" __global__ __launch_bounds__(256, 2) void NAME(                                      \
+    extern "C" __global__ FB_BOUNDS(SH) void NAME(                                                 \
         const float* x, const float* nw, const uint8_t* wq, const uint8_t* wk, const uint8_t* wv,    \
         const int32_t* positions, const int32_t* step, float* q, void* kc, void* vc, float eps,      \
         uint32_t k, uint32_t n_head, uint32_t n_kv, uint32_t hd, float base, uint32_t mode,          \
@@ -474,7 +487,7 @@ __device__ __forceinline__ void fb_prefetch_gate_up(const uint8_t* wg, const uin
                                op_tag(#NAME));                                                      \
     }
 #define NORM_GATE_UP_KERNEL(NAME, FMT, SH)                                                           \
-    extern "C" __global__ __launch_bounds__(256, 2) void NAME(                                      \
+    extern "C" __global__ FB_BOUNDS(SH) void NAME(                                                 \
         const float* x, const float* nw, const uint8_t* wg, const uint8_t* wu, float* hidden,         \
         float eps, uint32_t k, uint32_t n, uint32_t act, uint64_t n_x, uint64_t n_nw, uint64_t n_wg,  \
         uint64_t n_wu, uint64_t n_hidden) {                                                           \

@@ -170,7 +170,7 @@ __device__ void mm_tiled(X x, const uint8_t* w, float* out, uint32_t rows, uint3
 
 // Most threads of a block of the int8 one-row form (a multiple of 32: narrow products take
 // fewer warps a block, so that they spread over the SMs).
-#define MM_Q8_THREADS 256
+#define MM_Q8_THREADS 512
 
 // Before the grid wait (prelude.cuh): a one-row product asks L2 for the weight rows its warp
 // takes first (two in the int8 form's launch, else one), which no earlier kernel writes, so they
