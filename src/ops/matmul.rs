@@ -61,6 +61,9 @@ pub(crate) fn warp_per_output(n: usize, rows: usize) -> Grid {
 /// `backend/cuda/kernels/matmul.cu`): sixteen warps, one block an SM, so each SM quantizes the row
 /// once (docs/kernels.md item 22).
 const Q8_THREADS: u32 = 512;
+/// Blocks below which a narrow int8 one-row product takes fewer warps a block, so that it still
+/// spreads over at least this many SMs.
+const Q8_MIN_BLOCKS: usize = 64;
 /// Warps the int8 one-row form's grid holds: each block quantizes the row before its warps stride
 /// over the outputs, two at a time, so a wide product pays one quantization an SM (two where its
 /// outputs take eight-warp blocks), not one per eight outputs.
@@ -94,18 +97,26 @@ pub(crate) fn int8_row_bytes(w: DType, k: usize) -> Option<usize> {
 
 /// The launch shape of a one-row product: for the formats of [`int8_row_bytes`] and at least
 /// [`Q8_MIN_WEIGHTS`] weights, blocks of up to
-/// [`Q8_THREADS`] with that shared memory (at most [`Q8_MAX_WARPS`], two outputs a warp; fewer
-/// warps a block for narrow products, so that they still spread over about 132 SMs), else
+/// [`Q8_THREADS`] with that shared memory (at most [`Q8_MAX_WARPS`]; a warp an output where one
+/// wave of sixteen-warp blocks holds them, else two; fewer warps a block for products too narrow
+/// for [`Q8_MIN_BLOCKS`] blocks), else
 /// [`warp_per_output`].
 fn vector_grid(w: DType, n: usize, k: usize) -> Grid {
     match int8_row_bytes(w, k) {
         Some(bytes) if bytes <= Q8_MAX_SHARED && n.saturating_mul(k) >= Q8_MIN_WEIGHTS => {
             let most = (Q8_THREADS / 32) as usize;
             let mut warps = most;
-            while warps > 1 && n < warps * 132 {
+            while warps > 1 && n < warps * Q8_MIN_BLOCKS {
                 warps /= 2;
             }
-            let blocks = n.div_ceil(2 * warps).clamp(1, Q8_MAX_WARPS / warps);
+            // A warp an output where that fits one wave (the kernel takes one row a warp when the
+            // grid has a warp for every output), else two.
+            let one = n.div_ceil(warps);
+            let blocks = if one <= Q8_MAX_WARPS / most {
+                one
+            } else {
+                n.div_ceil(2 * warps).clamp(1, Q8_MAX_WARPS / warps)
+            };
             let per_sm = if warps == most {
                 1
             } else {

@@ -337,9 +337,10 @@ fn the_int8_one_row_form_is_chosen_by_format_and_size() {
     assert_eq!(launch(DType::Q4_0, 1, 4096, 4096, true), (5120, 512, 128));
     assert_eq!(launch(DType::Q8_0, 1, 4096, 14336, true), (17920, 512, 128));
     assert_eq!(launch(DType::Q4_1, 1, 128256, 4096, true), (5120, 512, 132));
-    // Sixteen-warp blocks, one an SM; 2048 outputs: eight-warp blocks, so that 128 blocks
-    // spread over the SMs.
-    assert_eq!(launch(DType::Q5_0, 1, 2048, 2048, true), (2560, 256, 128));
+    // Sixteen-warp blocks, one an SM, two outputs a warp; 2048 outputs: one a warp, so that 128
+    // blocks spread over the SMs; 576 outputs: eight-warp blocks.
+    assert_eq!(launch(DType::Q5_0, 1, 2048, 2048, true), (2560, 512, 128));
+    assert_eq!(launch(DType::Q4_0, 1, 576, 8192, true), (10240, 256, 72));
     // Q4_K too (its super-blocks' 32-value sub-blocks against the int8 row's blocks).
     assert_eq!(launch(DType::Q4K, 1, 4096, 4096, true), (5120, 512, 128));
     // Q6_K in rows of an even count of super-blocks (word-aligned rows).

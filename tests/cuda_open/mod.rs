@@ -19,13 +19,18 @@ pub(crate) fn require_gpu() {
     }
 }
 
-/// The first CUDA device, its kernels compiled without the on-disk cache; panics (see
+/// The first CUDA device, its kernels compiled without the on-disk cache unless
+/// `ONEPASS_TEST_KERNEL_CACHE` names a directory of cubins to use and fill (one that
+/// `onepass doctor --fill-cache` filled, with `ONEPASS_CACHE_DIR` its parent, saves a GPU
+/// machine the minutes of compiling the matmul family in every test binary); panics (see
 /// [`require_gpu`]) where there is none.
 #[allow(dead_code)] // Some test files open their device another way, after `require_gpu`.
 pub(crate) fn cuda_device() -> Device {
     require_gpu();
     let opts = CudaOptions {
-        cache_dir: None,
+        cache_dir: std::env::var_os("ONEPASS_TEST_KERNEL_CACHE")
+            .filter(|v| !v.is_empty())
+            .map(std::path::PathBuf::from),
         ..CudaOptions::from_env()
     };
     Device::cuda_with(0, &opts).expect("a CUDA device is present, opening it must work")

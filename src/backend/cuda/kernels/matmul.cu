@@ -172,6 +172,13 @@ __device__ void mm_tiled(X x, const uint8_t* w, float* out, uint32_t rows, uint3
 // fewer warps a block, so that they spread over the SMs).
 #define MM_Q8_THREADS 512
 
+// Outputs a warp of the int8 one-row form takes at a time: two, or one where the grid has a warp
+// for every output (the host then launches sixteen-warp blocks for fewer outputs rather than
+// eight-warp ones: each SM quantizes the row once; `ops::matmul::vector_grid`).
+__device__ __forceinline__ uint32_t mm_q8_rows_per_warp(uint32_t n) {
+    return n <= mm_warp_count() ? 1u : 2u;
+}
+
 // Before the grid wait (prelude.cuh): a one-row product asks L2 for the weight rows its warp
 // takes first (two in the int8 form's launch, else one), which no earlier kernel writes, so they
 // load while the kernel before it finishes; then the block quantizes x meanwhile.
@@ -182,8 +189,9 @@ __device__ __forceinline__ void mm_prefetch_first(const uint8_t* w, uint32_t row
     const uint64_t row_bytes = op_row_bytes(FMT, k);
     const bool q8 = mm_q8_format<FMT>() && k % 32 == 0 && blockDim.x % 32 == 0 &&
                     mm_dynamic_smem() >= MM_Q8_BYTES(k);
-    const uint64_t first = q8 ? 2 * mm_warp_id() : mm_warp_id();
-    for (uint64_t r = first; r < first + (q8 ? 2 : 1) && r < n; ++r)
+    const uint32_t per = q8 ? mm_q8_rows_per_warp(n) : 1;
+    const uint64_t first = per * mm_warp_id();
+    for (uint64_t r = first; r < first + per && r < n; ++r)
         mm_prefetch_row(w + r * row_bytes, row_bytes);
 }
 
@@ -203,14 +211,16 @@ __device__ __forceinline__ bool mm_vector_q8(X x, const uint8_t* w, float* out, 
     int* q = (int*)mm_smem;
     float2* ds = (float2*)((uint8_t*)mm_smem + k);
     const int lane = threadIdx.x & 31;
-    const uint64_t first = 2 * mm_warp_id(), step = 2 * mm_warp_count();
+    const uint32_t per = mm_q8_rows_per_warp(n);
+    const uint64_t first = per * mm_warp_id(), step = per * mm_warp_count();
     const bool pairs = FMT == OP_FMT_Q4_0 && mm_q8_pairs_ok(w, k);
     mm_quantize_row(x, k, q, ds);
     __syncthreads();
     const XQ8 xq{nullptr, q, ds};
     for (uint64_t o = first; o < n; o += step) {
-        // An odd last output: the warp's second row is its first.
-        const uint64_t o1 = o + 1 < n ? o + 1 : o;
+        // One output a warp, or an odd last output: the warp's second row is its first (summed
+        // twice from the same loads, the second result unused).
+        const uint64_t o1 = per == 2 && o + 1 < n ? o + 1 : o;
         float a, b;
         if (pairs)  // a lane a pair of blocks (`mm_q8_rows_pairs_q4_0`)
             mm_q8_rows_pairs_q4_0(xq, w + o * row_bytes, w + o1 * row_bytes, k, lane, a, b);
