@@ -155,7 +155,8 @@ const WIDE_THREADS: u32 = 2 * SHARED_THREADS;
 /// warp per output (pair); for the shared form eight-warp blocks, at most [`SHARED_MAX_BLOCKS`]
 /// (sixteen-warp blocks, one an SM, where a Q4_0, Q4_K or Q6_K product's row is quantized:
 /// [`WIDE_THREADS`]), with that memory and `extra` bytes after it where they fit too
-/// (`norm_qkv_rope`'s rope table; the kernel uses them only when given).
+/// (`norm_qkv_rope`'s rope table; the kernel uses them only when given; a one-row per-warp pass
+/// takes them alone).
 fn fused_launch(
     outputs: usize,
     rows: usize,
@@ -188,7 +189,14 @@ fn fused_launch(
             .with_max_blocks_per_sm(per_sm);
         (true, grid)
     } else {
-        (false, super::matmul::warp_per_output(outputs, rows))
+        let grid = super::matmul::warp_per_output(outputs, rows);
+        // One row: the `extra` bytes too (the per-warp form's rope table).
+        let grid = if rows == 1 && extra > 0 {
+            grid.with_shared(extra as u32)
+        } else {
+            grid
+        };
+        (false, grid)
     }
 }
 

@@ -387,9 +387,18 @@ __device__ void norm_qkv_rope(const float* x, const float* nw, const uint8_t* wq
         norm_qkv_rope_one<FMT>(row, wq, wk, wv, positions, step, q, kv, k, n_head, n_kv, hd,
                                base, mode, n_kc, rope, tag);
     } else {
+        // One row given 4 * hd bytes: the rope table too, so that no warp computes an angle's f64
+        // `pow` and `sincos` after its sums (SmolLM2's rows are normalized per warp).
+        float2* rope = nullptr;
+        if (n_pos == 1 && mm_dynamic_smem() >= 4u * hd) {
+            extern __shared__ __align__(16) float fb_smem[];
+            rope = (float2*)fb_smem;
+            fb_rope_table(rope, positions[0], hd, base, freq);
+            __syncthreads();
+        }
         const FbPerWarp row{x, nw, k, eps, (int)(threadIdx.x & 31)};
         norm_qkv_rope_rows<FMT>(row, wq, wk, wv, positions, step, q, kv, k, n_head, n_kv, hd,
-                                base, mode, n_pos, n_kc, nullptr, nullptr, tag);
+                                base, mode, n_pos, n_kc, rope, nullptr, tag);
     }
 }
 
