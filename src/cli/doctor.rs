@@ -1,7 +1,7 @@
 //! `onepass doctor [--json]`: what this machine offers onepass. Whether the CPU backend starts;
 //! for CUDA, driver and NVRTC versions, devices with their compute capability, and whether every
 //! embedded kernel family compiles (NVRTC only, no GPU needed: without a device it compiles for
-//! `sm_90`; `--arch` names another). CUDA being absent is not a problem; a part of it that is
+//! `sm_90a`; `--arch` names another). CUDA being absent is not a problem; a part of it that is
 //! present and broken is. With `--fill-cache` the kernels are compiled into the kernel cache, so a
 //! machine can be prepared for a GPU it does not have.
 

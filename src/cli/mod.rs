@@ -43,7 +43,7 @@ enum Command {
         #[arg(long)]
         json: bool,
         /// Compile the kernels for this architecture (`sm_90a`, `sm_89`, ...) rather than the
-        /// first device's (without a device: `sm_90`).
+        /// first device's (without a device: `sm_90a`).
         #[arg(long, value_name = "SM")]
         arch: Option<String>,
         /// Compile through the kernel cache and keep the cubins there (families already cached

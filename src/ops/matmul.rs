@@ -64,12 +64,14 @@ const Q8_THREADS: u32 = 512;
 /// Blocks below which a narrow int8 one-row product takes fewer warps a block, so that it still
 /// spreads over at least this many SMs.
 const Q8_MIN_BLOCKS: usize = 64;
-/// Warps the int8 one-row form's grid holds: each block quantizes the row before its warps stride
-/// over the outputs, two at a time, so a wide product pays one quantization an SM (two where its
-/// outputs take eight-warp blocks), not one per eight outputs.
+/// Warps the int8 one-row form's grid holds (sixteen on each of an H100's 132 SMs): each block
+/// quantizes the row before its warps stride over the outputs, one or two at a time, so a wide
+/// product pays one quantization an SM (two where its outputs take eight-warp blocks), not one per
+/// few outputs.
 const Q8_MAX_WARPS: usize = 2112;
-/// Blocks an SM of the one-wave forms (the int8 one-row product, the fused block products): their
-/// grids are sized for two blocks on each of an H100's 132 SMs, and with programmatic launch
+/// Blocks an SM of the one-wave forms in blocks of eight warps or fewer (the int8 one-row product,
+/// the fused block products; sixteen-warp blocks take one an SM): their grids are sized for two
+/// blocks on each of an H100's 132 SMs, and with programmatic launch
 /// (`backend/cuda/graph.rs`) the blocks of a kernel start on the SMs the kernel before it leaves
 /// first, so without the cap the early SMs took more than two and the grid finished unevenly
 /// (1B 1018 -> 1084 tok/s with the cap, on an H200; docs/kernels.md item 17).
