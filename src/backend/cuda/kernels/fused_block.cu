@@ -34,15 +34,29 @@ struct XNorm {
     }
 };
 
+// float4 loads a lane of the per-warp norm issues before it sums them.
+#define FB_WARP_BATCH 8u
+
 __device__ __forceinline__ XNorm fb_norm_row(const float* xr, const float* w, uint32_t k, float eps,
                                              int lane) {
     double ss = 0.0;
     if (((uint64_t)xr & 15u) == 0 && k % 4 == 0) {
-        // Four values a load, several loads in flight.
-#pragma unroll 4
-        for (uint32_t i = 4 * lane; i < k; i += 128) {
-            const float4 v = *(const float4*)(xr + i);
-            ss += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
+        // Four values a load, FB_WARP_BATCH loads a lane in flight before their squares are
+        // added (a row of up to 1,024 values in one round).
+        for (uint32_t i0 = 4 * lane; i0 < k; i0 += 128 * FB_WARP_BATCH) {
+            float4 b[FB_WARP_BATCH];
+#pragma unroll
+            for (uint32_t j = 0; j < FB_WARP_BATCH; ++j) {
+                const uint32_t i = i0 + 128 * j;
+                b[j] = i < k ? *(const float4*)(xr + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (uint32_t j = 0; j < FB_WARP_BATCH; ++j) {
+                const float4 v = b[j];
+                if (i0 + 128 * j < k)
+                    ss += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z +
+                          (double)v.w * v.w;
+            }
         }
     } else {
 #pragma unroll 8
