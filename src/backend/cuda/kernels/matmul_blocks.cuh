@@ -621,14 +621,61 @@ __device__ __forceinline__ bool mm_blocks_ok(X x, const uint8_t* w, uint32_t k) 
            x.aligned16() && k % 32 == 0 && ((uint64_t)w & 1u) == 0;
 }
 
+// Quarters a lane of `mm_dot_blocks` loads before it sums them: its block b is clamped to the
+// row's last rather than guarded by a branch, so that no load waits behind another round's sums
+// (with a guard, the unrolled loop's loads went one round trip after another), and a quarter past
+// the row is loaded but not added.
+#define MM_BLOCKS_BATCH 4
+
 template <int FMT, typename X>
 __device__ __forceinline__ float mm_dot_blocks(X x, const uint8_t* wrow, uint32_t k, int lane) {
     const uint32_t blocks = k / 32, t = lane & 3;
     float acc = 0.0f;
-    // Unrolled so that a row of up to 32 blocks is one round of loads in flight.
-#pragma unroll 4
-    for (uint32_t b = lane >> 2; b < blocks; b += 8) acc += mm_block_quarter<FMT>(x, wrow, b, t);
+    for (uint32_t b0 = lane >> 2; b0 < blocks; b0 += 8 * MM_BLOCKS_BATCH) {
+        MmQuarter w[MM_BLOCKS_BATCH];
+#pragma unroll
+        for (int j = 0; j < MM_BLOCKS_BATCH; ++j) {
+            const uint32_t b = b0 + 8 * j < blocks ? b0 + 8 * j : blocks - 1;
+            w[j] = mm_load_quarter<FMT>(wrow, b, t);
+        }
+#pragma unroll
+        for (int j = 0; j < MM_BLOCKS_BATCH; ++j) {
+            const uint32_t b = b0 + 8 * j < blocks ? b0 + 8 * j : blocks - 1;
+            const float v = mm_apply_quarter<FMT>(x, w[j], b, t);
+            if (b0 + 8 * j < blocks) acc += v;
+        }
+    }
     return op_warp_sum(acc);
+}
+
+// `mm_dot_blocks` for two rows, each row's quarters loaded and summed in its order, both rows'
+// loads of a batch issued before either is summed.
+template <int FMT, typename X>
+__device__ __forceinline__ void mm_dot_blocks2(X x, const uint8_t* ra, const uint8_t* rb,
+                                               uint32_t k, int lane, float& va, float& vb) {
+    const uint32_t blocks = k / 32, t = lane & 3;
+    float a = 0.0f, c = 0.0f;
+    for (uint32_t b0 = lane >> 2; b0 < blocks; b0 += 8 * MM_BLOCKS_BATCH) {
+        MmQuarter wa[MM_BLOCKS_BATCH], wb[MM_BLOCKS_BATCH];
+#pragma unroll
+        for (int j = 0; j < MM_BLOCKS_BATCH; ++j) {
+            const uint32_t b = b0 + 8 * j < blocks ? b0 + 8 * j : blocks - 1;
+            wa[j] = mm_load_quarter<FMT>(ra, b, t);
+            wb[j] = mm_load_quarter<FMT>(rb, b, t);
+        }
+#pragma unroll
+        for (int j = 0; j < MM_BLOCKS_BATCH; ++j) {
+            const uint32_t b = b0 + 8 * j < blocks ? b0 + 8 * j : blocks - 1;
+            const float u = mm_apply_quarter<FMT>(x, wa[j], b, t);
+            const float v = mm_apply_quarter<FMT>(x, wb[j], b, t);
+            if (b0 + 8 * j < blocks) {
+                a += u;
+                c += v;
+            }
+        }
+    }
+    va = op_warp_sum(a);
+    vb = op_warp_sum(c);
 }
 
 // ---- The staged vector form: R weight rows of a 32-value block format against one activation
@@ -730,8 +777,7 @@ __device__ __forceinline__ void mm_dot_pair(X x, const uint8_t* a, const uint8_t
         va = acc[0];
         vb = acc[1];
     } else if (blocks) {
-        va = mm_dot_blocks<FMT>(x, a, k, lane);
-        vb = mm_dot_blocks<FMT>(x, b, k, lane);
+        mm_dot_blocks2<FMT>(x, a, b, k, lane, va, vb);
     } else if (MmIsQ8<X>::value && FMT == OP_FMT_Q6_K &&
                (((uint64_t)a | (uint64_t)b | row_bytes) & 3u) == 0) {
         if constexpr (MmIsQ8<X>::value) {
