@@ -369,8 +369,10 @@ fn embedding_family() {
 fn matmul_family() {
     let dev = cuda_device();
     // k = 576 (18 blocks of 32) leaves the block-per-lane-quarter path a partial last round;
-    // k = 1280 (5 super-blocks) gives the one-row Q4_K path's half-warps 3 and 2 super-blocks.
-    for (n, k) in [(96usize, 512usize), (40, 576), (33, 1280)] {
+    // k = 1280 (5 super-blocks) gives the one-row Q4_K path's half-warps 3 and 2 super-blocks;
+    // k = 2080 (65 blocks of 32) gives the f32 one-row path's first lanes nine blocks: two whole
+    // batches of quarters loaded before their sums (`mm_dot_blocks`) and a partial one.
+    for (n, k) in [(96usize, 512usize), (40, 576), (33, 1280), (24, 2080)] {
         for (j, &dt) in WEIGHT_DTYPES.iter().enumerate() {
             if k % dt.block_elems() != 0 {
                 continue;

@@ -621,29 +621,41 @@ __device__ __forceinline__ bool mm_blocks_ok(X x, const uint8_t* w, uint32_t k) 
            x.aligned16() && k % 32 == 0 && ((uint64_t)w & 1u) == 0;
 }
 
-// Quarters a lane of `mm_dot_blocks` loads before it sums them: its block b is clamped to the
-// row's last rather than guarded by a branch, so that no load waits behind another round's sums
-// (with a guard, the unrolled loop's loads went one round trip after another), and a quarter past
-// the row is loaded but not added.
+// Quarters a lane of `mm_dot_blocks` loads before it sums them. In a lane's last, partial batch
+// its block b is clamped to the row's last rather than guarded by a branch, so that no load waits
+// behind another quarter's sums (with a guard, the unrolled loop's loads went one round trip after
+// another), and a quarter past the row is loaded but not added; whole batches take no clamp (its
+// compares and selects cost the f32 output head about 12 us of an 8B step).
 #define MM_BLOCKS_BATCH 4
+
+// One batch of `mm_dot_blocks` from block b0 (a lane's blocks b0, b0 + 8, ...), added to acc in
+// order; CLAMP for a batch that runs past the row.
+template <int FMT, bool CLAMP, typename X>
+__device__ __forceinline__ void mm_blocks_batch(X x, const uint8_t* wrow, uint32_t blocks,
+                                                uint32_t b0, uint32_t t, float& acc) {
+    MmQuarter w[MM_BLOCKS_BATCH];
+#pragma unroll
+    for (int j = 0; j < MM_BLOCKS_BATCH; ++j) {
+        const uint32_t b = !CLAMP || b0 + 8 * j < blocks ? b0 + 8 * j : blocks - 1;
+        w[j] = mm_load_quarter<FMT>(wrow, b, t);
+    }
+#pragma unroll
+    for (int j = 0; j < MM_BLOCKS_BATCH; ++j) {
+        const uint32_t b = !CLAMP || b0 + 8 * j < blocks ? b0 + 8 * j : blocks - 1;
+        const float v = mm_apply_quarter<FMT>(x, w[j], b, t);
+        if (!CLAMP || b0 + 8 * j < blocks) acc += v;
+    }
+}
 
 template <int FMT, typename X>
 __device__ __forceinline__ float mm_dot_blocks(X x, const uint8_t* wrow, uint32_t k, int lane) {
     const uint32_t blocks = k / 32, t = lane & 3;
     float acc = 0.0f;
     for (uint32_t b0 = lane >> 2; b0 < blocks; b0 += 8 * MM_BLOCKS_BATCH) {
-        MmQuarter w[MM_BLOCKS_BATCH];
-#pragma unroll
-        for (int j = 0; j < MM_BLOCKS_BATCH; ++j) {
-            const uint32_t b = b0 + 8 * j < blocks ? b0 + 8 * j : blocks - 1;
-            w[j] = mm_load_quarter<FMT>(wrow, b, t);
-        }
-#pragma unroll
-        for (int j = 0; j < MM_BLOCKS_BATCH; ++j) {
-            const uint32_t b = b0 + 8 * j < blocks ? b0 + 8 * j : blocks - 1;
-            const float v = mm_apply_quarter<FMT>(x, w[j], b, t);
-            if (b0 + 8 * j < blocks) acc += v;
-        }
+        if (b0 + 8 * (MM_BLOCKS_BATCH - 1) < blocks)
+            mm_blocks_batch<FMT, false>(x, wrow, blocks, b0, t, acc);
+        else
+            mm_blocks_batch<FMT, true>(x, wrow, blocks, b0, t, acc);
     }
     return op_warp_sum(acc);
 }
