@@ -172,6 +172,13 @@ __device__ void mm_tiled(X x, const uint8_t* w, float* out, uint32_t rows, uint3
 // fewer warps a block, so that they spread over the SMs).
 #define MM_Q8_THREADS 512
 
+// Outputs from which the f32 one-row product of Q4_0 and Q4_1 rows sums its quarters one at a
+// time rather than in batches (`mm_dot_blocks`): an output head's warps keep enough loads in
+// flight, and the batches' compares cost the 8B's Q4_0 head 190 -> 199 us on an H100, while
+// SmolLM2's 576- and 1,536-wide products (a warp an output) gained, and so did the Q8_0 heads of
+// the 1B (128 -> 123 us) and SmolLM2 (31 -> 29 us), whose quarters take more loads each.
+#define MM_BATCH_MAX_OUTPUTS 16384u
+
 // Outputs a warp of the int8 one-row form takes at a time: two, or one where the grid has a warp
 // for every output (the host then launches sixteen-warp blocks for fewer outputs rather than
 // eight-warp ones: each SM quantizes the row once; `ops::matmul::vector_grid`).
@@ -251,9 +258,12 @@ __device__ void matmul(X x, const uint8_t* w, float* out, uint32_t rows, uint32_
     const bool blocks = mm_blocks_ok<FMT>(x, w, k);
     if (rows == 1) {
         if (mm_vector_q8<FMT, ACC>(x, w, out, k, n, row_bytes)) return;
+        const bool batched =
+            n < MM_BATCH_MAX_OUTPUTS || (FMT != OP_FMT_Q4_0 && FMT != OP_FMT_Q4_1);
         for (uint64_t o = mm_warp_id(); o < n; o += mm_warp_count()) {
             const uint8_t* wr = w + o * row_bytes;
-            const float v = blocks ? mm_dot_blocks<FMT>(x, wr, k, lane) : mm_dot<FMT>(x, wr, k, lane);
+            const float v =
+                blocks ? mm_dot_blocks<FMT>(x, wr, k, lane, batched) : mm_dot<FMT>(x, wr, k, lane);
             if (lane == 0) out[o] = ACC ? out[o] + v : v;
         }
         return;

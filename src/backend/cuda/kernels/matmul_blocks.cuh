@@ -625,7 +625,7 @@ __device__ __forceinline__ bool mm_blocks_ok(X x, const uint8_t* w, uint32_t k) 
 // its block b is clamped to the row's last rather than guarded by a branch, so that no load waits
 // behind another quarter's sums (with a guard, the unrolled loop's loads went one round trip after
 // another), and a quarter past the row is loaded but not added; whole batches take no clamp (its
-// compares and selects cost the f32 output head about 12 us of an 8B step).
+// compares and selects cost SmolLM2's step about 2%, docs/kernels.md item 23).
 #define MM_BLOCKS_BATCH 4
 
 // One batch of `mm_dot_blocks` from block b0 (a lane's blocks b0, b0 + 8, ...), added to acc in
@@ -647,10 +647,19 @@ __device__ __forceinline__ void mm_blocks_batch(X x, const uint8_t* wrow, uint32
     }
 }
 
+// `batched` false: the quarters one at a time (the loop unrolled four times), for a product with
+// warps enough to keep the loads in flight (`MM_BATCH_MAX_OUTPUTS` in matmul.cu); the same sums
+// either way.
 template <int FMT, typename X>
-__device__ __forceinline__ float mm_dot_blocks(X x, const uint8_t* wrow, uint32_t k, int lane) {
+__device__ __forceinline__ float mm_dot_blocks(X x, const uint8_t* wrow, uint32_t k, int lane,
+                                               bool batched = true) {
     const uint32_t blocks = k / 32, t = lane & 3;
     float acc = 0.0f;
+    if (!batched) {
+#pragma unroll 4
+        for (uint32_t b = lane >> 2; b < blocks; b += 8) acc += mm_block_quarter<FMT>(x, wrow, b, t);
+        return op_warp_sum(acc);
+    }
     for (uint32_t b0 = lane >> 2; b0 < blocks; b0 += 8 * MM_BLOCKS_BATCH) {
         if (b0 + 8 * (MM_BLOCKS_BATCH - 1) < blocks)
             mm_blocks_batch<FMT, false>(x, wrow, blocks, b0, t, acc);
