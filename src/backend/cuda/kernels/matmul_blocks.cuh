@@ -628,23 +628,46 @@ __device__ __forceinline__ bool mm_blocks_ok(X x, const uint8_t* w, uint32_t k) 
 // compares and selects cost SmolLM2's step about 2%, docs/kernels.md item 23).
 #define MM_BLOCKS_BATCH 4
 
-// One batch of `mm_dot_blocks` from block b0 (a lane's blocks b0, b0 + 8, ...), added to acc in
-// order; CLAMP for a batch that runs past the row.
-template <int FMT, bool CLAMP, typename X>
-__device__ __forceinline__ void mm_blocks_batch(X x, const uint8_t* wrow, uint32_t blocks,
-                                                uint32_t b0, uint32_t t, float& acc) {
-    MmQuarter w[MM_BLOCKS_BATCH];
+// One batch of `mm_dot_blocks` for R rows from block b0 (a lane's blocks b0, b0 + 8, ...): every
+// row's quarters loaded, then each row's added to its acc in order; CLAMP for a batch that runs
+// past the row.
+template <int FMT, bool CLAMP, int R, typename X>
+__device__ __forceinline__ void mm_blocks_batch(X x, const uint8_t* const (&rows)[R],
+                                                uint32_t blocks, uint32_t b0, uint32_t t,
+                                                float (&acc)[R]) {
+    MmQuarter w[MM_BLOCKS_BATCH][R];
 #pragma unroll
     for (int j = 0; j < MM_BLOCKS_BATCH; ++j) {
         const uint32_t b = !CLAMP || b0 + 8 * j < blocks ? b0 + 8 * j : blocks - 1;
-        w[j] = mm_load_quarter<FMT>(wrow, b, t);
+#pragma unroll
+        for (int r = 0; r < R; ++r) w[j][r] = mm_load_quarter<FMT>(rows[r], b, t);
     }
 #pragma unroll
     for (int j = 0; j < MM_BLOCKS_BATCH; ++j) {
         const uint32_t b = !CLAMP || b0 + 8 * j < blocks ? b0 + 8 * j : blocks - 1;
-        const float v = mm_apply_quarter<FMT>(x, w[j], b, t);
-        if (!CLAMP || b0 + 8 * j < blocks) acc += v;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float v = mm_apply_quarter<FMT>(x, w[j][r], b, t);
+            if (!CLAMP || b0 + 8 * j < blocks) acc[r] += v;
+        }
     }
+}
+
+// The batches of R rows' dots: whole batches unclamped, a lane's last partial one clamped.
+template <int FMT, int R, typename X>
+__device__ __forceinline__ void mm_blocks_rows(X x, const uint8_t* const (&rows)[R], uint32_t k,
+                                               int lane, float (&acc)[R]) {
+    const uint32_t blocks = k / 32, t = lane & 3;
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    for (uint32_t b0 = lane >> 2; b0 < blocks; b0 += 8 * MM_BLOCKS_BATCH) {
+        if (b0 + 8 * (MM_BLOCKS_BATCH - 1) < blocks)
+            mm_blocks_batch<FMT, false, R>(x, rows, blocks, b0, t, acc);
+        else
+            mm_blocks_batch<FMT, true, R>(x, rows, blocks, b0, t, acc);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = op_warp_sum(acc[r]);
 }
 
 // `batched` false: the quarters one at a time (the loop unrolled four times), for a product with
@@ -653,50 +676,17 @@ __device__ __forceinline__ void mm_blocks_batch(X x, const uint8_t* wrow, uint32
 template <int FMT, typename X>
 __device__ __forceinline__ float mm_dot_blocks(X x, const uint8_t* wrow, uint32_t k, int lane,
                                                bool batched = true) {
-    const uint32_t blocks = k / 32, t = lane & 3;
-    float acc = 0.0f;
     if (!batched) {
+        const uint32_t blocks = k / 32, t = lane & 3;
+        float acc = 0.0f;
 #pragma unroll 4
         for (uint32_t b = lane >> 2; b < blocks; b += 8) acc += mm_block_quarter<FMT>(x, wrow, b, t);
         return op_warp_sum(acc);
     }
-    for (uint32_t b0 = lane >> 2; b0 < blocks; b0 += 8 * MM_BLOCKS_BATCH) {
-        if (b0 + 8 * (MM_BLOCKS_BATCH - 1) < blocks)
-            mm_blocks_batch<FMT, false>(x, wrow, blocks, b0, t, acc);
-        else
-            mm_blocks_batch<FMT, true>(x, wrow, blocks, b0, t, acc);
-    }
-    return op_warp_sum(acc);
-}
-
-// `mm_dot_blocks` for two rows, each row's quarters loaded and summed in its order, both rows'
-// loads of a batch issued before either is summed.
-template <int FMT, typename X>
-__device__ __forceinline__ void mm_dot_blocks2(X x, const uint8_t* ra, const uint8_t* rb,
-                                               uint32_t k, int lane, float& va, float& vb) {
-    const uint32_t blocks = k / 32, t = lane & 3;
-    float a = 0.0f, c = 0.0f;
-    for (uint32_t b0 = lane >> 2; b0 < blocks; b0 += 8 * MM_BLOCKS_BATCH) {
-        MmQuarter wa[MM_BLOCKS_BATCH], wb[MM_BLOCKS_BATCH];
-#pragma unroll
-        for (int j = 0; j < MM_BLOCKS_BATCH; ++j) {
-            const uint32_t b = b0 + 8 * j < blocks ? b0 + 8 * j : blocks - 1;
-            wa[j] = mm_load_quarter<FMT>(ra, b, t);
-            wb[j] = mm_load_quarter<FMT>(rb, b, t);
-        }
-#pragma unroll
-        for (int j = 0; j < MM_BLOCKS_BATCH; ++j) {
-            const uint32_t b = b0 + 8 * j < blocks ? b0 + 8 * j : blocks - 1;
-            const float u = mm_apply_quarter<FMT>(x, wa[j], b, t);
-            const float v = mm_apply_quarter<FMT>(x, wb[j], b, t);
-            if (b0 + 8 * j < blocks) {
-                a += u;
-                c += v;
-            }
-        }
-    }
-    va = op_warp_sum(a);
-    vb = op_warp_sum(c);
+    const uint8_t* const rows[1] = {wrow};
+    float v[1];
+    mm_blocks_rows<FMT, 1>(x, rows, k, lane, v);
+    return v[0];
 }
 
 // ---- The staged vector form: R weight rows of a 32-value block format against one activation
@@ -798,7 +788,11 @@ __device__ __forceinline__ void mm_dot_pair(X x, const uint8_t* a, const uint8_t
         va = acc[0];
         vb = acc[1];
     } else if (blocks) {
-        mm_dot_blocks2<FMT>(x, a, b, k, lane, va, vb);
+        // Both rows' quarters of a batch loaded before either is summed.
+        float v[2];
+        mm_blocks_rows<FMT, 2>(x, rows, k, lane, v);
+        va = v[0];
+        vb = v[1];
     } else if (MmIsQ8<X>::value && FMT == OP_FMT_Q6_K &&
                (((uint64_t)a | (uint64_t)b | row_bytes) & 3u) == 0) {
         if constexpr (MmIsQ8<X>::value) {
