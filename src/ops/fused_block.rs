@@ -128,7 +128,7 @@ const MAX_SHARED_ROW: usize = 48 * 1024;
 /// Shorter rows are normalized per warp (a SmolLM2-sized step measured no gain from sharing).
 const MIN_SHARED_ROW: usize = 4 * 1024;
 /// Shared memory after the row: the weight stage (`MM_STAGE_WARPS * MM_STAGE_MAX_WORDS * 16` in
-/// `backend/cuda/kernels/matmul_blocks.cuh`) and 32 doubles of scratch for the block's sum of
+/// `backend/cuda/kernels/matmul_dots.cuh`) and 32 doubles of scratch for the block's sum of
 /// squares (`FB_SHARED_TAIL` in `fused_block.cu`).
 const WEIGHT_STAGE: usize = 8 * 136 * 16 + 32 * 8;
 /// Threads of a block of the shared-memory form: eight warps, the rms_norm kernel's block size

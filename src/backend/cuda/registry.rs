@@ -60,8 +60,8 @@ pub const SOURCES: &[KernelSource] = &[
         ),
     ),
     family("embedding", include_str!("kernels/embedding.cu")),
-    // The vector forms of the products (`matmul_blocks.cuh`) in front of each family that uses
-    // them.
+    // The vector forms of the products (`matmul_blocks.cuh`, then `matmul_dots.cuh`) in front of
+    // each family that uses them.
     family(
         "fused_block",
         concat!(
@@ -69,6 +69,8 @@ pub const SOURCES: &[KernelSource] = &[
             include_str!("kernels/activation.cuh"),
             "#line 1 \"matmul_blocks.cuh\"\n",
             include_str!("kernels/matmul_blocks.cuh"),
+            "#line 1 \"matmul_dots.cuh\"\n",
+            include_str!("kernels/matmul_dots.cuh"),
             "#line 1 \"fused_block.cu\"\n",
             include_str!("kernels/fused_block.cu"),
         ),
@@ -88,6 +90,8 @@ pub const SOURCES: &[KernelSource] = &[
             include_str!("kernels/activation.cuh"),
             "#line 1 \"matmul_blocks.cuh\"\n",
             include_str!("kernels/matmul_blocks.cuh"),
+            "#line 1 \"matmul_dots.cuh\"\n",
+            include_str!("kernels/matmul_dots.cuh"),
             "#line 1 \"matmul_mma.cuh\"\n",
             include_str!("kernels/matmul_mma.cuh"),
             "#line 1 \"matmul_mma_pipe.cuh\"\n",

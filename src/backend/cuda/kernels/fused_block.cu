@@ -1,7 +1,7 @@
 // The `fused_block` family: the fused decoder-block products (src/ops/fused_block.rs; CPU kernels
 // in src/backend/cpu/kernels/fused_block.rs), one kernel per weight format and their `_shared`
-// forms, built on the vector forms of matmul_blocks.cuh and the activations of activation.cuh
-// (compiled in front of this file):
+// forms, built on the vector forms of matmul_blocks.cuh and matmul_dots.cuh and the activations
+// of activation.cuh (compiled in front of this file):
 //   norm_qkv_rope_<w>: x, norm, wq, wk, wv, positions, step, q, k_cache, v_cache, eps, dim,
 //                      n_head, n_kv_head, head_dim, base, mode, cache_f16 (the caches f32, or f16
 //                      where it is 1)
@@ -455,7 +455,7 @@ __device__ void norm_gate_up(const float* x, const float* nw, const uint8_t* wg,
 }
 
 // Before the grid wait (prelude.cuh): a one-row pass asks L2 for its warp's first output pair's
-// two weight rows, which no earlier kernel writes (`mm_prefetch_row`, matmul_blocks.cuh).
+// two weight rows, which no earlier kernel writes (`mm_prefetch_row`, matmul_dots.cuh).
 template <int FMT, bool SHARED>
 __device__ __forceinline__ void fb_prefetch_qkv(const float* x, const float* nw,
                                                 const uint8_t* wq, const uint8_t* wk,

@@ -14,8 +14,8 @@
 //   ops::matmul gives those formats), each block first quantizes x to int8 in shared memory and
 //   its warps take two outputs at a time with `dp4a` (`mm_vector_q8`; Q4_0 rows of k a multiple of
 //   64 a lane per pair of blocks, `mm_q8_rows_pairs_q4_0`, the others a lane per quarter block).
-//   Both are in matmul_blocks.cuh, compiled in front of this file (the fused block kernels use
-//   them too).
+//   Both are in matmul_blocks.cuh and matmul_dots.cuh, compiled in front of this file (the fused
+//   block kernels use them too).
 // - 2 to 15 rows: one warp per output value and group of MM_ROWS rows, each weight value read once
 //   for the group.
 // - 16 rows and more (prefill, given MM_TILE_SMEM bytes of dynamic shared memory): the tiled form
