@@ -44,6 +44,14 @@ __device__ __forceinline__ float4 ad_raw4(const float* p) { return *(const float
 __device__ __forceinline__ uint2 ad_raw4(const __half* p) { return *(const uint2*)p; }
 __device__ __forceinline__ float2 ad_raw2(const float* p) { return *(const float2*)p; }
 __device__ __forceinline__ uint32_t ad_raw2(const __half* p) { return *(const uint32_t*)p; }
+// The same through L2 only, for the loads a block issues before its grid wait (no L1 line an
+// earlier kernel left can answer them).
+__device__ __forceinline__ float4 ad_raw4_cg(const float* p) { return __ldcg((const float4*)p); }
+__device__ __forceinline__ uint2 ad_raw4_cg(const __half* p) { return __ldcg((const uint2*)p); }
+__device__ __forceinline__ float2 ad_raw2_cg(const float* p) { return __ldcg((const float2*)p); }
+__device__ __forceinline__ uint32_t ad_raw2_cg(const __half* p) {
+    return __ldcg((const unsigned int*)p);
+}
 __device__ __forceinline__ float4 ad_wide(float4 a) { return a; }
 __device__ __forceinline__ float4 ad_wide(uint2 u) {
     const float2 a = __half22float2(*(const __half2*)&u.x);
@@ -66,6 +74,14 @@ struct AdV {
         } else {
 #pragma unroll
             for (int i = 0; i < DV / 4; ++i) q[i] = ad_raw4(p + 4 * i);
+        }
+    }
+    __device__ __forceinline__ void load_cg(const T* p) {
+        if constexpr (DV == 2) {
+            d = ad_raw2_cg(p);
+        } else {
+#pragma unroll
+            for (int i = 0; i < DV / 4; ++i) q[i] = ad_raw4_cg(p + 4 * i);
         }
     }
     __device__ __forceinline__ void zero() {
@@ -191,14 +207,6 @@ __device__ void ad_block(const float* q, const T* k, const T* v, float* partials
     const uint32_t slot = lane / LPK, sub = lane % LPK;
     const T* ks = k + (uint64_t)kv * ctx * HD;
     const T* vs = v + (uint64_t)kv * ctx * HD;
-    float4 qr[AD_HEADS][4];
-#pragma unroll
-    for (int h = 0; h < AD_HEADS; ++h)
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-            qr[h][i] = (uint32_t)h < nh
-                           ? *(const float4*)(q + (uint64_t)(h0 + h) * HD + 4 * sub + 4 * LPK * i)
-                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float m[AD_HEADS], l[AD_HEADS], acc[AD_HEADS][DV];
 #pragma unroll
     for (int h = 0; h < AD_HEADS; ++h) {
@@ -225,9 +233,45 @@ __device__ void ad_block(const float* q, const T* k, const T* v, float* partials
             }
         }
     };
+    // The first step's keys before the grid wait (prelude.cuh), all but the newest: the kernel
+    // before this one writes q and the newest key's K and V rows; every older row was written by
+    // an earlier step or prompt pass, complete before this kernel could start. So the loads that
+    // start each warp's chain are in flight while that kernel finishes.
+    const uint64_t newest = kv_len - 1;
     const uint64_t stride = (uint64_t)AD_WARPS * KPI;
     uint64_t j0 = a + (uint64_t)warp * KPI;
-    if (j0 < b) load(j0);
+    if (j0 < b) {
+        const uint64_t j = j0 + slot;
+        const bool old = j < b && j != newest;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) kk[i] = old ? ad_raw4_cg(ks + j * HD + 4 * sub + 4 * LPK * i) : R4{};
+#pragma unroll
+        for (int t = 0; t < KPI; ++t) {
+            if (j0 + t < b && j0 + t != newest) {
+                vv[t].load_cg(vs + (j0 + t) * HD + lane * DV);
+            } else {
+                vv[t].zero();
+            }
+        }
+    }
+    OP_GRID_WAIT();
+    if (j0 < b && j0 <= newest && newest < j0 + KPI) {
+        if (j0 + slot == newest) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) kk[i] = ad_raw4(ks + newest * HD + 4 * sub + 4 * LPK * i);
+        }
+#pragma unroll
+        for (int t = 0; t < KPI; ++t)
+            if (j0 + t == newest) vv[t].load(vs + newest * HD + lane * DV);
+    }
+    float4 qr[AD_HEADS][4];
+#pragma unroll
+    for (int h = 0; h < AD_HEADS; ++h)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            qr[h][i] = (uint32_t)h < nh
+                           ? *(const float4*)(q + (uint64_t)(h0 + h) * HD + 4 * sub + 4 * LPK * i)
+                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (; j0 < b; j0 += stride) {
         const bool valid = j0 + slot < b;
         R4 kr[4];
@@ -338,19 +382,26 @@ __device__ void attention_decode(const float* q, const T* k, const T* v, const i
                                  uint64_t n_out, uint32_t tag) {
     __shared__ __align__(16) float acc_s[AD_WARPS * AD_HEADS * ATTN_MAX_HD];
     if (!ad_ok(q, k, v, hd)) {
+        OP_GRID_WAIT();
         attention_partial<T>(q, k, v, step, partials, out, n_head, n_kv_head, hd, scale, softcap,
                              window, chunk_len, max_chunks, n_q, n_k, n_v, n_step, n_partials,
                              n_out, tag);
         return;
     }
+    // Until ad_block's grid wait, this block reads only what no kernel still running writes:
+    // the step buffer (the host's, written before the graph) and the older keys.
     const uint64_t records = (uint64_t)max_chunks * n_head * (hd + 2);
-    OP_REQUIRE(n_head != 0 && n_kv_head != 0 && n_head % n_kv_head == 0 && n_step != 0 &&
-               n_k == n_v && n_q == (uint64_t)n_head * hd &&
-               n_k % ((uint64_t)n_kv_head * hd) == 0 && chunk_len != 0 && max_chunks != 0 &&
-               n_partials == records + n_head && n_out == n_q);
+    if (!(n_head != 0 && n_kv_head != 0 && n_head % n_kv_head == 0 && n_step != 0 &&
+          n_k == n_v && n_q == (uint64_t)n_head * hd && n_k % ((uint64_t)n_kv_head * hd) == 0 &&
+          chunk_len != 0 && max_chunks != 0 && n_partials == records + n_head && n_out == n_q)) {
+        OP_GRID_WAIT();
+        op_fail(tag, OP_ERR_SHAPE, __LINE__, 0, 0);
+        return;
+    }
     const uint64_t max_ctx = n_k / ((uint64_t)n_kv_head * hd);
-    const int64_t pos0 = step[0];
+    const int64_t pos0 = __ldcg(step);
     if (pos0 < 0 || (uint64_t)pos0 + 1 > max_ctx) {
+        OP_GRID_WAIT();
         op_fail(tag, OP_ERR_POS0, pos0, max_ctx, 1);
         return;
     }
@@ -373,7 +424,7 @@ __device__ void attention_decode(const float* q, const T* k, const T* v, const i
                                     uint32_t chunk_len, uint32_t max_chunks, uint64_t n_q,            \
                                     uint64_t n_k, uint64_t n_v, uint64_t n_step, uint64_t n_partials, \
                                     uint64_t n_out) {                                                 \
-        OP_GRID_ENTRY();                                                                              \
+        OP_GRID_ENTRY_LATE();                                                                         \
         attention_decode<T>(q, k, v, step, partials, out, n_head, n_kv_head, hd, scale, softcap,      \
                             window, chunk_len, max_chunks, n_q, n_k, n_v, n_step, n_partials, n_out,  \
                             op_tag(#NAME));                                                           \

@@ -241,9 +241,13 @@ __device__ __noinline__ void op_fail(uint32_t tag, uint32_t code, int64_t value,
 // (`griddepcontrol.wait`), then lets its own dependents start (`griddepcontrol.launch_dependents`),
 // so that their blocks take the SMs this kernel's blocks leave and run their prologues (weight
 // prefetches) while it finishes. Outside such a graph (a plain launch, an older GPU) both are
-// no-ops. Nothing before the wait may read or write memory: an L2 prefetch (`mm_prefetch_row`)
-// only asks for a line, and L2 is where every SM's writes meet, so it cannot make a later load
-// see stale bytes.
+// no-ops. Before the wait a kernel writes nothing and reads only what no kernel still running
+// can write: an L2 prefetch (`mm_prefetch_row`) only asks for a line, and L2 is where every SM's
+// writes meet, so it cannot make a later load see stale bytes; a load through L2 (`__ldcg`) of
+// memory that only the host or kernels two or more edges back wrote (they completed before the
+// kernel this one waits for passed its own wait, so before this one could start), such as the
+// decode attention's older keys (`attention_decode.cu`). A kernel that reads early begins with
+// `OP_GRID_ENTRY_LATE()` and calls `OP_GRID_WAIT()` on every path before its other memory work.
 __device__ __forceinline__ void op_grid_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -254,11 +258,17 @@ __device__ __forceinline__ void op_grid_release() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
-#define OP_GRID_ENTRY()                                                                            \
-    do {                                                                                           \
-        op_grid_wait();                                                                            \
-        op_grid_release();                                                                         \
-    } while (0)
+// Waits for the kernels this one depends on, then lets its dependents start.
+__device__ __forceinline__ void op_grid_enter() {
+    op_grid_wait();
+    op_grid_release();
+}
+
+// The first statement of a kernel: the wait and release at once.
+#define OP_GRID_ENTRY() op_grid_enter()
+// The first statement of a kernel that reads early (above); it then calls `OP_GRID_WAIT()`.
+#define OP_GRID_ENTRY_LATE()
+#define OP_GRID_WAIT() op_grid_enter()
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 // `BYTES` (4 or 16) from global `src` to shared `dst`, asynchronously; zeros instead when
