@@ -24,7 +24,7 @@ use super::launch::LaunchParams;
 use super::{CudaDevice, Kernel};
 use crate::backend::Allocation;
 use crate::error::{Error, Result};
-use crate::graph::{Access, Arg, Dispatch};
+use crate::graph::{Arg, Dispatch};
 
 /// A raw driver status as a result, through the device (so a fault that breaks the context is
 /// remembered and named in the error).
@@ -49,12 +49,14 @@ fn allocations_of(dispatches: &[Dispatch]) -> Vec<Arc<Allocation>> {
 /// gives; see [`edge_data`]).
 pub const PDL_ENV: &str = "ONEPASS_CUDA_PDL";
 
-/// The kind of the edges into a kernel that reads less than [`PROGRAMMATIC_MAX_READ`] (the others
-/// are plain): programmatic (the dependent kernel may be scheduled once
-/// every block of the kernel before it has passed `OP_GRID_ENTRY()`, `kernels/prelude.cuh`; its
-/// own `griddepcontrol.wait` still waits for that kernel's completion and writes) on a GPU of
-/// compute capability 9.0 or later, where every onepass kernel begins with that wait; plain
-/// (the dependent starts after the kernel completes) elsewhere or with [`PDL_ENV`] set to `0`.
+/// The kind of every edge between kernels: programmatic (the dependent kernel may be scheduled
+/// once every block of the kernel before it has passed `OP_GRID_ENTRY()`, `kernels/prelude.cuh`;
+/// its own `griddepcontrol.wait` still waits for that kernel's completion and writes) on a GPU of
+/// compute capability 9.0 or later, where every onepass kernel begins with that wait; plain (the
+/// dependent starts after the kernel completes) elsewhere or with [`PDL_ENV`] set to `0`. The
+/// edges into the big products were plain until stop 46 (they cost on the 8B shape then,
+/// docs/kernels.md item 17); with item 24's kernels every edge programmatic measured 1B +4.6%
+/// and 8B +2% on an H100 against plain edges into kernels reading 16 MiB or more.
 fn edge_data(device: &CudaDevice) -> sys::CUgraphEdgeData {
     // SAFETY: the all-zero bit pattern is valid for this plain C struct (a default edge).
     let mut edge: sys::CUgraphEdgeData = unsafe { std::mem::zeroed() };
@@ -64,29 +66,6 @@ fn edge_data(device: &CudaDevice) -> sys::CUgraphEdgeData {
         edge.from_port = sys::CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC as u8;
     }
     edge
-}
-
-/// Bytes a dispatch reads (its read-only buffers, whole).
-fn read_bytes(d: &Dispatch) -> usize {
-    d.args()
-        .iter()
-        .map(|a| match a {
-            Arg::Buffer(b, Access::Read) => b.len_bytes(),
-            _ => 0,
-        })
-        .sum()
-}
-
-/// Kernels that read at least this many bytes get plain edges in: at 3 TB/s such a kernel
-/// streams for over 5 µs, so starting it early hides little, and on the 8B shape programmatic
-/// edges into its gate/up, down and head products cost more than they gave (on an H200: every
-/// edge programmatic 334 tok/s, none 340, all but those 346; the 1B 1078 / 1015 / 1067, SmolLM2
-/// 1190 / 1053 / 1196; docs/kernels.md item 17).
-pub const PROGRAMMATIC_MAX_READ: usize = 16 << 20;
-
-/// Whether the edges into `d` may be programmatic (it reads under [`PROGRAMMATIC_MAX_READ`]).
-fn programmatic_into(d: &Dispatch) -> bool {
-    read_bytes(d) < PROGRAMMATIC_MAX_READ
 }
 
 /// An instantiated CUDA graph of kernel nodes with explicit dependency edges.
@@ -145,8 +124,6 @@ impl CudaGraph {
         let mut deps: Vec<sys::CUgraphNode> = Vec::new();
         let mut params = LaunchParams::default();
         let edge = edge_data(device);
-        // SAFETY: the all-zero bit pattern is valid for this plain C struct (a default edge).
-        let plain: sys::CUgraphEdgeData = unsafe { std::mem::zeroed() };
         for (d, p) in dispatches.iter().zip(preds) {
             deps.clear();
             deps.extend(p.iter().map(|&j| handles[j]));
@@ -156,8 +133,7 @@ impl CudaGraph {
             let (node, kernel) = unsafe { params.add_node(device, this.graph, &[], d.as_view()) }?;
             if !deps.is_empty() {
                 let to = vec![node; deps.len()];
-                let kind = if programmatic_into(d) { edge } else { plain };
-                let data = vec![kind; deps.len()];
+                let data = vec![edge; deps.len()];
                 // SAFETY: every node of `deps` and `to` was added to `this.graph` in this loop;
                 // the three arrays hold `deps.len()` entries each, which the driver copies.
                 check(device, "cuGraphAddDependencies", unsafe {
@@ -299,30 +275,4 @@ pub fn profile_dispatches(device: &Arc<CudaDevice>, dispatches: &[Dispatch]) -> 
     }
     enc.finish()?;
     events.windows(2).map(|w| w[0].elapsed_ms(&w[1])).collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{programmatic_into, read_bytes, PROGRAMMATIC_MAX_READ};
-    use crate::backend::{DType, Device};
-
-    /// A product reading 16 MiB of weights gets plain edges in; one reading 1 MiB programmatic
-    /// ones; the bytes counted are the buffers read (x and w), not the one written.
-    #[test]
-    fn only_small_readers_take_programmatic_edges() {
-        let dev = Device::cpu(1).unwrap();
-        let k = 1024;
-        let product = |n: usize| {
-            let x = dev.alloc(DType::F32, &[1, k]).unwrap();
-            let w = dev.alloc(DType::F32, &[n, k]).unwrap();
-            let out = dev.alloc(DType::F32, &[1, n]).unwrap();
-            crate::ops::matmul::matmul(&x, &w, &out).unwrap()
-        };
-        let small = product(256);
-        assert_eq!(read_bytes(&small), 4 * k + 4 * 256 * k);
-        assert!(programmatic_into(&small));
-        let big = product(PROGRAMMATIC_MAX_READ / (4 * k));
-        assert!(read_bytes(&big) >= PROGRAMMATIC_MAX_READ);
-        assert!(!programmatic_into(&big));
-    }
 }
