@@ -199,6 +199,7 @@ impl RuntimeConfig {
             include_dir: self.cuda_include.clone(),
             cache_dir: self.kernel_cache_dir(),
             arch: self.cuda_arch.clone(),
+            block_stamps: false,
         }
     }
 

@@ -67,6 +67,7 @@
 #![deny(clippy::missing_safety_doc)]
 
 pub mod backend;
+pub mod block_timeline;
 pub mod cache_dir;
 pub mod config;
 pub mod dtype;

@@ -20,6 +20,7 @@ const LAYERS: &[&str] = &[
     "session",
     "executable",
     "trace",
+    "block_timeline",
     "model",
     "sanitize",
     "serve",

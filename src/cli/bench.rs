@@ -57,6 +57,11 @@ pub struct BenchArgs {
     /// pass per mode.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
+    /// CUDA: write a Chrome-trace JSON (Perfetto) of one graph-mode decode step as the GPU ran it
+    /// (every block's start and end, per SM; kernels compiled again with block stamps, which slow
+    /// each a little) and print where its time went.
+    #[arg(long, value_name = "FILE")]
+    pub timeline: Option<PathBuf>,
     #[command(flatten)]
     pub run: RunArgs,
 }
@@ -205,7 +210,16 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.trace {
         check_output_path("--trace", path)?;
     }
+    if let Some(path) = &args.timeline {
+        check_output_path("--timeline", path)?;
+    }
     let device = open_device(&config)?;
+    if args.timeline.is_some() && !matches!(device, onepass::Device::Cuda(_)) {
+        anyhow::bail!(
+            "--timeline reads the GPU's block stamps: it needs the CUDA backend (on {})",
+            device.name()
+        );
+    }
     let quant = args.quant.formats();
     let temp = args
         .like
@@ -221,10 +235,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             args.model.model.clone(),
         ),
     };
-    let executor = Executor::new(device.clone()).with_config(config);
+    let executor = Executor::new(device.clone()).with_config(config.clone());
     if !args.rows.is_empty() {
-        if args.trace.is_some() {
-            anyhow::bail!("--trace profiles one sequence's steps; leave it out with --rows");
+        if args.trace.is_some() || args.timeline.is_some() {
+            anyhow::bail!(
+                "--trace and --timeline show one sequence's steps; leave them out with --rows"
+            );
         }
         return super::bench_rows::run(&args, file, &model_name, &device, executor, modes[0], ctx);
     }
@@ -257,6 +273,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             name: format!("prompt pass of {} tokens, {} mode", pass.len(), mode.name()),
             kernels: prefill_kernels,
         });
+    }
+    drop(engine);
+    if let Some(path) = &args.timeline {
+        super::bench_timeline::run(&args, &config, file.clone(), &prompt, path)?;
     }
     if let Some(path) = &args.trace {
         let all: Vec<Timeline> = timelines

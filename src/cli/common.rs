@@ -239,7 +239,11 @@ pub struct Loaded {
 /// run, or the first after onepass or NVRTC changed: minutes on one thread), with a progress bar
 /// on standard error and a line saying what it did. Nothing to compile: no output.
 pub fn open_device(config: &RuntimeConfig) -> anyhow::Result<Device> {
-    let device = config.open_device()?;
+    warm_device(config.open_device()?)
+}
+
+/// Compiles ahead the kernels `device` lacks, as [`open_device`] does, and returns it.
+pub fn warm_device(device: Device) -> anyhow::Result<Device> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let bar = ProgressBar::hidden();
     let report = device.warm_kernels(threads, &|done, total, family| {

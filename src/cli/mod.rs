@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_rows;
+mod bench_timeline;
 mod common;
 mod doctor;
 mod generate;

@@ -26,6 +26,7 @@ mod launch;
 mod memory;
 pub mod nvrtc;
 mod registry;
+pub mod stamps;
 mod warm;
 
 pub use backend::{CAPABILITIES, CAPABILITIES_SM90A};
@@ -148,6 +149,9 @@ pub struct CudaOptions {
     pub cache_dir: Option<PathBuf>,
     /// Architecture to compile for; `None` asks the device (`sm_90a` on H100/H200).
     pub arch: Option<String>,
+    /// Compile the kernels with block stamps ([`stamps`]): every block records when it ran, which
+    /// [`CudaDevice::take_block_stamps`] reads. Each kernel runs a little slower; for timelines.
+    pub block_stamps: bool,
 }
 
 impl CudaOptions {
@@ -159,6 +163,7 @@ impl CudaOptions {
             include_dir: include_dir_from_env(),
             cache_dir: default_cache_dir(),
             arch: None,
+            block_stamps: false,
         }
     }
 }
@@ -171,6 +176,7 @@ pub struct CudaDevice {
     registry: KernelRegistry,
     pool: Arc<ScratchPool>,
     error_record: CudaMemory,
+    block_stamps: bool,
     fault: OnceLock<String>,
 }
 
@@ -192,12 +198,17 @@ impl CudaDevice {
             .arch
             .clone()
             .unwrap_or_else(|| arch_for(info.compute_capability));
-        let compiler = KernelCompiler::new(
+        let mut compiler = KernelCompiler::new(
             &arch,
             options.include_dir.as_deref(),
             options.cache_dir.clone(),
         );
-        let error_record = CudaMemory::alloc_zeroed(&ctx, fault::RECORD_BYTES)?;
+        let mut record_bytes = fault::RECORD_BYTES;
+        if options.block_stamps {
+            compiler = compiler.with_block_stamps();
+            record_bytes += stamps::RING_BYTES;
+        }
+        let error_record = CudaMemory::alloc_zeroed(&ctx, record_bytes)?;
         let registry =
             KernelRegistry::new(ctx.clone(), compiler).with_error_record(error_record.device_ptr());
         let pool = ScratchPool::new(ctx.clone());
@@ -208,6 +219,7 @@ impl CudaDevice {
             registry,
             pool,
             error_record,
+            block_stamps: options.block_stamps,
             fault: OnceLock::new(),
         })
     }
@@ -337,6 +349,29 @@ impl CudaDevice {
         let cleared = unsafe { result::memset_d8_sync(record, 0, fault::RECORD_BYTES) };
         self.driver("clearing the kernel error record", cleared)?;
         Err(err)
+    }
+
+    /// The block stamps written since the last call (oldest first; at most
+    /// [`stamps::STAMP_CAP`]), after waiting for the stream; the ring is emptied. An error on a
+    /// device opened without [`CudaOptions::block_stamps`].
+    pub fn take_block_stamps(&self) -> Result<Vec<stamps::BlockStamp>> {
+        if !self.block_stamps {
+            return Err(Error::InvalidArgument(
+                "this CUDA device was opened without block stamps".into(),
+            ));
+        }
+        self.synchronize()?;
+        let mut words = vec![0u64; stamps::RING_BYTES / 8];
+        let ring = self.error_record.device_ptr() + fault::RECORD_BYTES as u64;
+        // SAFETY: the ring is the live tail of the error record allocation (`RING_BYTES` after
+        // its `RECORD_BYTES`, allocated so in `new`), in this context, which `synchronize` bound;
+        // the stream that kernels write it from is idle.
+        let copied = unsafe { result::memcpy_dtoh_sync(&mut words, ring) };
+        self.driver("reading the block stamps", copied)?;
+        // SAFETY: as above; only the counter is cleared (the records are overwritten in order).
+        let cleared = unsafe { result::memset_d8_sync(ring, 0, 8) };
+        self.driver("clearing the block stamps", cleared)?;
+        Ok(stamps::decode_ring(&words))
     }
 
     /// A fresh encoder with the default options.

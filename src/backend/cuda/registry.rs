@@ -243,6 +243,14 @@ impl KernelCompiler {
         }
     }
 
+    /// The same compiler with block stamps compiled in (`-DOP_STAMPS`, `kernels/prelude.cuh`):
+    /// every kernel's blocks record when they ran ([`super::stamps`]). The cubins get their own
+    /// cache keys, since the options differ.
+    pub fn with_block_stamps(mut self) -> Self {
+        self.options.push("-DOP_STAMPS".to_string());
+        self
+    }
+
     /// The target architecture.
     pub fn arch(&self) -> &str {
         &self.arch

@@ -264,11 +264,75 @@ __device__ __forceinline__ void op_grid_enter() {
     op_grid_release();
 }
 
+#ifdef OP_STAMPS
+// ---- Block stamps (compiled with -DOP_STAMPS: `onepass bench --timeline`). ----
+// Every block records, when its last thread leaves, one record of OP_STAMP_WORDS u64 words into a
+// ring that follows the error record (src/backend/cuda/stamps.rs reads it): [0] the kernel's tag
+// | the SM << 32, [1] the block's index | the grid's block count << 32, [2] when thread 0 arrived
+// (%globaltimer, ns), [3] when its grid wait returned, [4] when the block's last thread left. The
+// ring's u64 write counter sits right after the error record's eight words.
+#define OP_STAMP_WORDS 5
+#define OP_STAMP_CAP (1u << 18)
+__shared__ unsigned long long op_stamp_times[2];
+__shared__ uint32_t op_stamp_left;
+__device__ __forceinline__ unsigned long long op_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ uint32_t op_block_thread() {
+    return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+}
+// Lives for the whole kernel (declared by OP_GRID_ENTRY at its top): its destructor runs as each
+// thread leaves, and the last thread of the block writes the record.
+struct OpStamp {
+    uint32_t tag;
+    __device__ OpStamp(const char* name, bool wait) : tag(op_tag(name)) {
+        if (op_block_thread() == 0) {
+            op_stamp_times[0] = op_now();
+            op_stamp_left = 0;
+        }
+        if (wait) op_grid_wait();
+        if (op_block_thread() == 0) op_stamp_times[1] = op_now();
+        __syncthreads();
+        if (wait) op_grid_release();
+    }
+    __device__ ~OpStamp() {
+        const unsigned mask = __activemask();
+        const uint32_t n = __popc(mask);
+        if ((threadIdx.x & 31) != (uint32_t)(__ffs(mask) - 1)) return;
+        const uint32_t threads = blockDim.x * blockDim.y * blockDim.z;
+        __threadfence_block();  // thread 0's times are seen by the thread that counts last
+        if (atomicAdd(&op_stamp_left, n) + n != threads || op_error_word == nullptr) return;
+        const unsigned long long end = op_now();
+        unsigned long long* ring = (unsigned long long*)(op_error_word + 8);
+        const unsigned long long at = atomicAdd(ring, 1ull) % OP_STAMP_CAP;
+        unsigned long long* r = ring + 1 + at * OP_STAMP_WORDS;
+        uint32_t sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        const uint32_t block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+        r[0] = (unsigned long long)tag | ((unsigned long long)sm << 32);
+        r[1] = (unsigned long long)block |
+               ((unsigned long long)(gridDim.x * gridDim.y * gridDim.z) << 32);
+        r[2] = op_stamp_times[0];
+        r[3] = op_stamp_times[1];
+        r[4] = end;
+    }
+};
+#define OP_GRID_ENTRY() OpStamp op_stamp_(__func__, true)
+#define OP_GRID_ENTRY_LATE() OpStamp op_stamp_(__func__, false)
+#define OP_GRID_WAIT()                                                                             \
+    do {                                                                                           \
+        op_grid_enter();                                                                           \
+        if (op_block_thread() == 0) op_stamp_times[1] = op_now();                                  \
+    } while (0)
+#else
 // The first statement of a kernel: the wait and release at once.
 #define OP_GRID_ENTRY() op_grid_enter()
 // The first statement of a kernel that reads early (above); it then calls `OP_GRID_WAIT()`.
 #define OP_GRID_ENTRY_LATE()
 #define OP_GRID_WAIT() op_grid_enter()
+#endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 // `BYTES` (4 or 16) from global `src` to shared `dst`, asynchronously; zeros instead when
