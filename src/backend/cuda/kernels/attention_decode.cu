@@ -68,20 +68,14 @@ template <typename T, int DV>
 struct AdV {
     typename AdRaw<T>::R4 q[DV >= 4 ? DV / 4 : 1];
     typename AdRaw<T>::R2 d;
+    // With CG through L2 only (the loads before the grid wait).
+    template <bool CG = false>
     __device__ __forceinline__ void load(const T* p) {
         if constexpr (DV == 2) {
-            d = ad_raw2(p);
+            d = CG ? ad_raw2_cg(p) : ad_raw2(p);
         } else {
 #pragma unroll
-            for (int i = 0; i < DV / 4; ++i) q[i] = ad_raw4(p + 4 * i);
-        }
-    }
-    __device__ __forceinline__ void load_cg(const T* p) {
-        if constexpr (DV == 2) {
-            d = ad_raw2_cg(p);
-        } else {
-#pragma unroll
-            for (int i = 0; i < DV / 4; ++i) q[i] = ad_raw4_cg(p + 4 * i);
+            for (int i = 0; i < DV / 4; ++i) q[i] = CG ? ad_raw4_cg(p + 4 * i) : ad_raw4(p + 4 * i);
         }
     }
     __device__ __forceinline__ void zero() {
@@ -248,7 +242,7 @@ __device__ void ad_block(const float* q, const T* k, const T* v, float* partials
 #pragma unroll
         for (int t = 0; t < KPI; ++t) {
             if (j0 + t < b && j0 + t != newest) {
-                vv[t].load_cg(vs + (j0 + t) * HD + lane * DV);
+                vv[t].template load<true>(vs + (j0 + t) * HD + lane * DV);
             } else {
                 vv[t].zero();
             }
