@@ -380,32 +380,18 @@ fn bench_takes_the_synthetic_format_and_reports_bandwidth_per_op_kind() {
 #[test]
 fn bench_timeline_on_the_cpu_says_it_needs_cuda_before_any_work() {
     let out_file = dir().join("bench-timeline.json");
-    let args = [
-        "bench",
-        "--model",
-        &tiny(),
-        "--backend",
-        "cpu",
-        "-p",
-        "2",
-        "-n",
-        "1",
-        "--repeat",
-        "1",
-        "--timeline",
-        out_file.to_str().unwrap(),
-    ];
+    let model = tiny();
+    let mut args: Vec<&str> = "bench --backend cpu -p 2 -n 1 --repeat 1 --model"
+        .split_whitespace()
+        .collect();
+    args.extend([model.as_str(), "--timeline", out_file.to_str().unwrap()]);
     let out = cli(dir(), &args, b"");
     assert_ne!(out.code, 0, "{out:?}");
+    let err = &out.stderr;
     assert!(
-        out.stderr.contains("--timeline") && out.stderr.contains("CUDA backend"),
-        "{}",
-        out.stderr
+        err.contains("--timeline") && err.contains("CUDA backend"),
+        "{err}"
     );
-    assert!(
-        !out.stdout.contains("decode tok/s"),
-        "no measurement ran: {}",
-        out.stdout
-    );
+    assert!(!out.stdout.contains("decode tok/s"), "{}", out.stdout);
     assert!(!out_file.exists(), "no timeline written");
 }
