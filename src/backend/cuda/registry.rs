@@ -321,10 +321,10 @@ impl Kernel {
         self.static_shared
     }
 
-    /// Raises the kernel's dynamic shared-memory limit to `bytes` when it is above 48 KiB (the
-    /// default limit) and above what was set before.
+    /// Raises the kernel's dynamic shared-memory limit to `bytes` when it is above the default
+    /// (48 KiB less the kernel's static shared memory) and above what was set before.
     pub fn ensure_dynamic_shared(&self, bytes: u32) -> Result<()> {
-        if bytes <= 48 * 1024 {
+        if bytes.saturating_add(self.static_shared) <= 48 * 1024 {
             return Ok(());
         }
         let mut cur = self
@@ -430,10 +430,11 @@ impl KernelRegistry {
                 e,
             )
         })?;
+        let static_shared = u32::try_from(static_shared).unwrap_or(0);
         let kernel = Kernel {
             function: Arc::new(function),
-            max_dynamic_shared: Arc::new(Mutex::new(48 * 1024)),
-            static_shared: u32::try_from(static_shared).unwrap_or(0),
+            max_dynamic_shared: Arc::new(Mutex::new((48 * 1024u32).saturating_sub(static_shared))),
+            static_shared,
         };
         self.kernels
             .write()
