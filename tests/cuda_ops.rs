@@ -400,6 +400,42 @@ fn matmul_family() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn matmul_head_family() {
+    let dev = cuda_device();
+    // An output head's one-row f32 product: from 16,384 outputs the 32-value block formats take
+    // four rows a warp (`MM_HEAD_ROWS`; Q8_0 up to 1,024 values a row, so k = 576 and not 2080);
+    // 16,387 outputs leave the last warp three rows past the end, and k = 2080 (65 blocks) a
+    // partial batch of quarters. F16 keeps a warp an output. The CPU multiplies the same f32 row
+    // (`compare`, not `compare_product`: this product never rounds x to int8).
+    let n = 16387usize;
+    let formats = [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q8_0,
+        DType::F16,
+    ];
+    for (j, (&dt, k)) in formats
+        .iter()
+        .flat_map(|d| [(d, 2080usize), (d, 576)])
+        .enumerate()
+    {
+        let w = weight_tensor(dt, n, k, 880 + j as u64);
+        let x = random_tensor(DType::F32, &[1, k], 1.0, 890 + k as u64);
+        compare(
+            &format!("matmul_f32_activations {dt} {n}x{k}"),
+            &dev,
+            &[x, w],
+            &[(DType::F32, vec![1, n])],
+            2e-4,
+            1e-4,
+            &|s, i, o| s.matmul_f32_activations(&i[0], &i[1], &o[0]),
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn matmul_id_family() {
     let dev = cuda_device();
     let (experts, n, k, rows, slots) = (4usize, 32usize, 256usize, 3usize, 2usize);

@@ -300,6 +300,28 @@ pub fn matmul_f32_activations(x: &Buffer, w: &Buffer, out: &Buffer) -> Result<Di
     product(x, w, out, false)
 }
 
+/// Outputs from which the f32 one-row product of a 32-value block format takes
+/// [`HEAD_ROWS_PER_WARP`] rows a warp (`MM_BATCH_MAX_OUTPUTS` in `backend/cuda/kernels/matmul.cu`).
+const HEAD_MIN_OUTPUTS: usize = 16384;
+/// Rows a warp of such a product (an output head) takes at once, each lane's quarter of x loaded
+/// once for all of them (`MM_HEAD_ROWS` in the CUDA kernel).
+const HEAD_ROWS_PER_WARP: usize = 4;
+/// Q8_0 rows longer than this keep a warp an output (`MM_HEAD_Q8_MAX_K`).
+const HEAD_Q8_MAX_K: usize = 1024;
+
+/// Warps the f32 one-row product of `n` outputs of `k` values takes: one an output, or one every
+/// [`HEAD_ROWS_PER_WARP`] outputs for an output head of a 32-value block format (Q8_0 rows of at
+/// most [`HEAD_Q8_MAX_K`] values).
+fn head_warps(w: DType, n: usize, k: usize) -> usize {
+    let blocks32 = matches!(w, DType::Q4_0 | DType::Q4_1 | DType::Q5_0)
+        || (w == DType::Q8_0 && k <= HEAD_Q8_MAX_K);
+    if blocks32 && n >= HEAD_MIN_OUTPUTS {
+        n.div_ceil(HEAD_ROWS_PER_WARP)
+    } else {
+        n
+    }
+}
+
 /// The plain product; `int8`: the one-row form may read int8 activations.
 fn product(x: &Buffer, w: &Buffer, out: &Buffer, int8: bool) -> Result<Dispatch> {
     let c = Check::op("matmul");
@@ -327,7 +349,7 @@ fn product(x: &Buffer, w: &Buffer, out: &Buffer, int8: bool) -> Result<Dispatch>
     let grid = if rows == 1 && int8 {
         vector_grid(w.dtype(), n, k)
     } else if rows == 1 {
-        warp_per_output(n, 1)
+        warp_per_output(head_warps(w.dtype(), n, k), 1)
     } else {
         matmul_grid(n, rows)
     };

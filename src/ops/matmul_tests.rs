@@ -397,3 +397,18 @@ fn prompt_products_take_64_row_tiles_where_128_row_tiles_leave_sms_idle() {
     // Below 64 rows the products keep their CUDA-core forms (blocks of 128 threads).
     assert_eq!(launch(DType::Q4_0, 63, 4096, 4096).2, 128);
 }
+
+/// An output head of a 32-value block format takes a warp every four outputs (Q8_0 only for
+/// rows of up to 1,024 values); every other f32 one-row product a warp an output.
+#[test]
+fn given_head_shapes_when_sizing_the_f32_one_row_grid_then_four_rows_a_warp_where_the_kernel_takes_them(
+) {
+    assert_eq!(head_warps(DType::Q4_0, 128_256, 4096), 32_064);
+    assert_eq!(head_warps(DType::Q4_1, 16_387, 2080), 4097);
+    assert_eq!(head_warps(DType::Q5_0, 16_384, 64), 4096);
+    assert_eq!(head_warps(DType::Q8_0, 49_152, 576), 12_288);
+    assert_eq!(head_warps(DType::Q8_0, 128_256, 2048), 128_256);
+    assert_eq!(head_warps(DType::Q4_0, 16_383, 4096), 16_383);
+    assert_eq!(head_warps(DType::F16, 128_256, 4096), 128_256);
+    assert_eq!(head_warps(DType::Q6K, 128_256, 4096), 128_256);
+}

@@ -178,6 +178,15 @@ __device__ void mm_tiled(X x, const uint8_t* w, float* out, uint32_t rows, uint3
 // SmolLM2's 576- and 1,536-wide products (a warp an output) gained, and so did the Q8_0 heads of
 // the 1B (128 -> 123 us) and SmolLM2 (31 -> 29 us), whose quarters take more loads each.
 #define MM_BATCH_MAX_OUTPUTS 16384u
+// Rows a warp of such an f32 one-row product (an output head) takes at once (`mm_blocks_rows`):
+// each lane loads its quarter of x once for all of them, where one row a warp read x's 128 bytes
+// a block for 18 (Q4_0) to 34 (Q8_0) bytes of weights; each row's sum keeps its order. Q8_0 rows
+// of more than MM_HEAD_Q8_MAX_K values keep a warp an output (on an H100 the 8B's Q4_0 head gained
+// 44 us and SmolLM2's Q8_0 head of 576-value rows 7-10, while the 1B's Q8_0 head of 2,048-value
+// rows lost 4-6; docs/kernels.md item 26). The host sizes the grid the same way
+// (`head_warps` in src/ops/matmul.rs).
+#define MM_HEAD_ROWS 4
+#define MM_HEAD_Q8_MAX_K 1024u
 
 // Outputs a warp of the int8 one-row form takes at a time: two, or one where the grid has a warp
 // for every output (the host then launches sixteen-warp blocks for fewer outputs rather than
@@ -258,6 +267,22 @@ __device__ void matmul(X x, const uint8_t* w, float* out, uint32_t rows, uint32_
     const bool blocks = mm_blocks_ok<FMT>(x, w, k);
     if (rows == 1) {
         if (mm_vector_q8<FMT, ACC>(x, w, out, k, n, row_bytes)) return;
+        if (blocks && n >= MM_BATCH_MAX_OUTPUTS && (FMT != OP_FMT_Q8_0 || k <= MM_HEAD_Q8_MAX_K)) {
+            constexpr uint32_t R = MM_HEAD_ROWS;
+            for (uint64_t o0 = mm_warp_id() * R; o0 < n; o0 += mm_warp_count() * R) {
+                const uint8_t* rs[R];
+#pragma unroll
+                for (uint32_t r = 0; r < R; ++r) rs[r] = w + (o0 + r < n ? o0 + r : n - 1) * row_bytes;
+                float v[R];
+                mm_blocks_rows<FMT, R>(x, rs, k, lane, v);
+                if (lane == 0) {
+#pragma unroll
+                    for (uint32_t r = 0; r < R; ++r)
+                        if (o0 + r < n) out[o0 + r] = ACC ? out[o0 + r] + v[r] : v[r];
+                }
+            }
+            return;
+        }
         const bool batched =
             n < MM_BATCH_MAX_OUTPUTS || (FMT != OP_FMT_Q4_0 && FMT != OP_FMT_Q4_1);
         for (uint64_t o = mm_warp_id(); o < n; o += mm_warp_count()) {
