@@ -165,7 +165,7 @@ fn fused_launch(
     extra: usize,
 ) -> (bool, crate::graph::Grid) {
     let f32_bytes = dim * 4 + WEIGHT_STAGE;
-    // The int8 row after the tail where it fits (see `fb_quantize_row` in fused_block.cu).
+    // The int8 row after the tail where it fits (see `fb_norm_quantize_row` in fused_block.cu).
     let (mut bytes, int8) = match super::matmul::int8_row_bytes(w, dim) {
         Some(q8) if f32_bytes + q8 <= MAX_SHARED_ROW => (f32_bytes + q8, true),
         _ => (f32_bytes, false),

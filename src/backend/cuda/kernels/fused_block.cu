@@ -8,12 +8,12 @@
 //   norm_gate_up_<w>:  x, norm, w_gate, w_up, hidden, eps, dim, ffn, act (0 SiLU, 1 GELU tanh)
 // The optimizer makes them on a GPU for decode steps only: each block (one-row passes with shared
 // memory) or warp normalizes the row, which a prefill pass would pay per output. A one-row pass
-// of a 32-value block format given the memory for it also quantizes the normalized row to int8
-// (`fb_quantize_row`; matmul_blocks.cuh's int8 activations) and sums every product with `dp4a`,
-// whatever its size. (Keeping f32 for the products under MM_Q8_MIN_WEIGHTS, the plain matmul's
-// rule, so that the fused kernels would give the separate ops' bits, cost 8B 272 -> 263 tok/s and
-// 1B 864 -> 820 on an H100: both arithmetic paths in one kernel. CUDA declares these fusions
-// within rounding, not bit-exact.)
+// of a 32-value block format given the memory for it also quantizes the normalized row to
+// int8 (`fb_norm_quantize_row`; matmul_blocks.cuh's int8 activations) and sums every product
+// with `dp4a`, whatever its size. (Keeping f32 for the products under MM_Q8_MIN_WEIGHTS, the
+// plain matmul's rule, so that the fused kernels would give the separate ops' bits, cost 8B 272
+// -> 263 tok/s and 1B 864 -> 820 on an H100: both arithmetic paths in one kernel. CUDA declares
+// these fusions within rounding, not bit-exact.)
 // The activation row is RMS-normalized as it is read: each warp sums the squares of its row in
 // f64 (each lane its share, then a shuffle tree), inv = 1 / sqrt(ss / k + eps) rounded to f32, and value
 // i is (x[i] * inv) * norm[i], the rms_norm kernel's float order.
@@ -119,21 +119,13 @@ struct FbSharedQ8 {
     __device__ __forceinline__ uint4* stage() const { return (uint4*)(x.s + k); }
 };
 
-// Whether the one-row pass also quantizes its normalized row (block-uniform).
+// Whether the one-row pass also quantizes its normalized row (block-uniform): given the memory,
+// a row that `fb_norm_quantize_row` takes in one batch of MM_Q8_BATCH groups a thread (8,192
+// values at eight warps; the host's 48 KiB of shared memory hold at most about 6,000).
 template <int FMT>
 __device__ __forceinline__ bool fb_q8_ok(uint32_t k) {
-    return mm_q8_format<FMT>() && k % 32 == 0 &&
+    return mm_q8_format<FMT>() && k % 32 == 0 && k <= 128u * (blockDim.x / 32) * MM_Q8_BATCH &&
            mm_dynamic_smem() >= 4u * k + FB_SHARED_TAIL + MM_Q8_BYTES(k);
-}
-
-// Quantizes the normalized row `s` (fb_shared_row's) into the memory after the tail.
-__device__ __forceinline__ FbSharedQ8 fb_quantize_row(const float* s, uint32_t k) {
-    uint8_t* base = (uint8_t*)(s + k) + FB_SHARED_TAIL;
-    int* q = (int*)base;
-    float2* ds = (float2*)(base + k);
-    mm_quantize_row(XShared{s}, k, q, ds);
-    __syncthreads();
-    return FbSharedQ8{XQ8{s, q, ds}, k};
 }
 
 // Whether a pass of `rows` rows takes the shared row (block-uniform): one row, the row and its
@@ -173,6 +165,56 @@ __device__ __forceinline__ const float* fb_shared_row(const float* x, const floa
     }
     __syncthreads();
     return fb_smem;
+}
+
+// The one row normalized into shared memory and quantized to int8 after the tail
+// (mm_quantize_row's groups) in one pass: each thread loads the values of x and of the norm
+// weight of its quantization groups at once and sums their squares; after the block's sum it
+// normalizes them from registers ((x * inv) * w, XNorm's order), stores them in the shared row and
+// quantizes them. One round trip to L2 and three barriers, where summing the row, normalizing it
+// into shared memory and quantizing it from there took about three and four (docs/kernels.md
+// item 27). Needs fb_shared_ok and fb_q8_ok.
+__device__ __forceinline__ FbSharedQ8 fb_norm_quantize_row(const float* x, const float* nw,
+                                                           uint32_t k, float eps) {
+    extern __shared__ __align__(16) float fb_smem[];
+    double* scratch = (double*)(fb_smem + k + 4 * MM_STAGE_WARPS * MM_STAGE_MAX_WORDS);
+    uint8_t* base = (uint8_t*)(fb_smem + k) + FB_SHARED_TAIL;
+    int* q = (int*)base;
+    float2* ds = (float2*)(base + k);
+    const uint32_t nb = k / 32, p = threadIdx.x & 7, stride = 4 * (blockDim.x / 32);
+    const uint32_t warp_first = 4 * (threadIdx.x / 32);
+    const uint32_t first = warp_first + ((threadIdx.x & 31) >> 3);
+    float4 xv[MM_Q8_BATCH], wv[MM_Q8_BATCH];
+#pragma unroll
+    for (uint32_t j = 0; j < MM_Q8_BATCH; ++j) {
+        const uint32_t b = first + stride * j;
+        const bool live = b < nb;
+        xv[j] = live ? *(const float4*)(x + 32 * b + 4 * p) : make_float4(0.f, 0.f, 0.f, 0.f);
+        wv[j] = live ? *(const float4*)(nw + 32 * b + 4 * p) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    // Every thread sums the squares of its groups' values in f64: another order than the rms_norm
+    // kernel's (fb_shared_row's), so inv may differ from that kernel's where the f64 sums round
+    // to different f32 values.
+    double ss = 0.0;
+#pragma unroll
+    for (uint32_t j = 0; j < MM_Q8_BATCH; ++j) {
+        const float4 v = xv[j];
+        ss += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
+    }
+    ss = op_block_sum_f64(ss, scratch);
+    const float inv = (float)(1.0 / sqrt(ss / (double)k + (double)eps));
+#pragma unroll
+    for (uint32_t j = 0; j < MM_Q8_BATCH; ++j) {
+        if (warp_first + stride * j >= nb) break;  // warp-uniform
+        const uint32_t b = first + stride * j;
+        const float4 a = xv[j], c = wv[j];
+        const float4 v = make_float4((a.x * inv) * c.x, (a.y * inv) * c.y, (a.z * inv) * c.z,
+                                     (a.w * inv) * c.w);
+        if (b < nb) *(float4*)(fb_smem + 32 * b + 4 * p) = v;
+        mm_quantize_group(v, b < nb, b, p, q, ds);
+    }
+    __syncthreads();
+    return FbSharedQ8{XQ8{fb_smem, q, ds}, k};
 }
 
 // Output pair p of a norm_qkv_rope row: which product (0 q, 1 k, 2 v), head h, pair i, its two
@@ -392,12 +434,12 @@ __device__ void norm_qkv_rope(const float* x, const float* nw, const uint8_t* wq
             rope = (float2*)((uint8_t*)fb_smem + at);
             fb_rope_table(rope, positions[0], hd, base, freq);
         }
-        const FbShared row{fb_shared_row(x, nw, k, eps), k};
         if (fb_q8_ok<FMT>(k)) {
-            norm_qkv_rope_one<FMT>(fb_quantize_row(row.s, k), wq, wk, wv, positions, step, q, kv,
-                                   k, n_head, n_kv, hd, base, mode, n_kc, rope, tag);
+            norm_qkv_rope_one<FMT>(fb_norm_quantize_row(x, nw, k, eps), wq, wk, wv, positions,
+                                   step, q, kv, k, n_head, n_kv, hd, base, mode, n_kc, rope, tag);
             return;
         }
+        const FbShared row{fb_shared_row(x, nw, k, eps), k};
         norm_qkv_rope_one<FMT>(row, wq, wk, wv, positions, step, q, kv, k, n_head, n_kv, hd,
                                base, mode, n_kc, rope, tag);
     } else {
@@ -442,11 +484,12 @@ __device__ void norm_gate_up(const float* x, const float* nw, const uint8_t* wg,
     OP_REQUIRE(k != 0 && k % op_block_elems(FMT) == 0 && n_nw == k && n_x % k == 0 &&
                n_hidden == n_x / k * n && act <= 1);
     if (SHARED && fb_shared_ok(n_x / k, x, nw, k)) {
-        const FbShared row{fb_shared_row(x, nw, k, eps), k};
         if (fb_q8_ok<FMT>(k)) {
-            norm_gate_up_rows<FMT>(fb_quantize_row(row.s, k), wg, wu, hidden, k, n, act, n_hidden);
+            norm_gate_up_rows<FMT>(fb_norm_quantize_row(x, nw, k, eps), wg, wu, hidden, k, n, act,
+                                   n_hidden);
             return;
         }
+        const FbShared row{fb_shared_row(x, nw, k, eps), k};
         norm_gate_up_rows<FMT>(row, wg, wu, hidden, k, n, act, n_hidden);
     } else {
         const FbPerWarp row{x, nw, k, eps, (int)(threadIdx.x & 31)};
