@@ -67,7 +67,9 @@ fn matmul_vector_form_at_real_shapes() {
 /// separate ops on the CPU's normalized row rounded as CUDA rounds it ([`int8_rounded`]), else the
 /// CPU's fused op. Odd sizes: 2100 and 520 gate/up rows (a partial block of warps), 136-block rows
 /// at 4352. At 4096 the Llama-3.1-8B's heads: 3,072 output pairs, more than the grid's warps, so
-/// `norm_qkv_rope` splits each pair's sums between two warps there (and nowhere else here).
+/// `norm_qkv_rope` splits each pair's sums between two warps there; the same heads at 1536, where
+/// the second half of the Q4_0 int8 row starts at pair 12, so its swizzled slots (`XQ8` in
+/// matmul_blocks.cuh) are taken with a phase other than the row's start.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn fused_block_ops_at_real_widths() {
@@ -80,6 +82,7 @@ fn fused_block_ops_at_real_widths() {
         (2048usize, 32usize, 8usize, 64usize, 2100usize),
         (4096, 32, 8, 128, 520),
         (4352, 4, 1, 64, 96),
+        (1536, 32, 8, 128, 96),
     ]
     .iter()
     .enumerate()

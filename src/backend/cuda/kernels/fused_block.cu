@@ -173,7 +173,9 @@ __device__ __forceinline__ const float* fb_shared_row(const float* x, const floa
 // normalizes them from registers ((x * inv) * w, XNorm's order), stores them in the shared row and
 // quantizes them. One round trip to L2 and three barriers, where summing the row, normalizing it
 // into shared memory and quantizing it from there took about three and four (docs/kernels.md
-// item 27). Needs fb_shared_ok and fb_q8_ok.
+// item 27). Needs fb_shared_ok and fb_q8_ok; the order of the int8 words is FMT's
+// (`mm_q8_swizzled`).
+template <int FMT>
 __device__ __forceinline__ FbSharedQ8 fb_norm_quantize_row(const float* x, const float* nw,
                                                            uint32_t k, float eps) {
     extern __shared__ __align__(16) float fb_smem[];
@@ -211,10 +213,10 @@ __device__ __forceinline__ FbSharedQ8 fb_norm_quantize_row(const float* x, const
         const float4 v = make_float4((a.x * inv) * c.x, (a.y * inv) * c.y, (a.z * inv) * c.z,
                                      (a.w * inv) * c.w);
         if (b < nb) *(float4*)(fb_smem + 32 * b + 4 * p) = v;
-        mm_quantize_group(v, b < nb, b, p, q, ds);
+        mm_quantize_group<mm_q8_swizzled<FMT>()>(v, b < nb, b, p, q, ds);
     }
     __syncthreads();
-    return FbSharedQ8{XQ8{fb_smem, q, ds}, k};
+    return FbSharedQ8{XQ8{fb_smem, q, ds, 0}, k};
 }
 
 // Output pair p of a norm_qkv_rope row: which product (0 q, 1 k, 2 v), head h, pair i, its two
@@ -435,7 +437,7 @@ __device__ void norm_qkv_rope(const float* x, const float* nw, const uint8_t* wq
             fb_rope_table(rope, positions[0], hd, base, freq);
         }
         if (fb_q8_ok<FMT>(k)) {
-            norm_qkv_rope_one<FMT>(fb_norm_quantize_row(x, nw, k, eps), wq, wk, wv, positions,
+            norm_qkv_rope_one<FMT>(fb_norm_quantize_row<FMT>(x, nw, k, eps), wq, wk, wv, positions,
                                    step, q, kv, k, n_head, n_kv, hd, base, mode, n_kc, rope, tag);
             return;
         }
@@ -485,7 +487,7 @@ __device__ void norm_gate_up(const float* x, const float* nw, const uint8_t* wg,
                n_hidden == n_x / k * n && act <= 1);
     if (SHARED && fb_shared_ok(n_x / k, x, nw, k)) {
         if (fb_q8_ok<FMT>(k)) {
-            norm_gate_up_rows<FMT>(fb_norm_quantize_row(x, nw, k, eps), wg, wu, hidden, k, n, act,
+            norm_gate_up_rows<FMT>(fb_norm_quantize_row<FMT>(x, nw, k, eps), wg, wu, hidden, k, n, act,
                                    n_hidden);
             return;
         }

@@ -230,9 +230,9 @@ __device__ __forceinline__ bool mm_vector_q8(X x, const uint8_t* w, float* out, 
     const uint32_t per = mm_q8_rows_per_warp(n);
     const uint64_t first = per * mm_warp_id(), step = per * mm_warp_count();
     const bool pairs = FMT == OP_FMT_Q4_0 && mm_q8_pairs_ok(w, k);
-    mm_quantize_row(x, k, q, ds);
+    mm_quantize_row<mm_q8_swizzled<FMT>()>(x, k, q, ds);
     __syncthreads();
-    const XQ8 xq{nullptr, q, ds};
+    const XQ8 xq{nullptr, q, ds, 0};
     for (uint64_t o = first; o < n; o += step) {
         // One output a warp, or an odd last output: the warp's second row is its first (summed
         // twice from the same loads, the second result unused).

@@ -203,16 +203,41 @@ __device__ __forceinline__ MmQuarter mm_load_quarter(const uint8_t* row, uint32_
 // sum q_w * q_x exactly with `dp4a` and scale once per quarter, so against f32 activations each
 // product w_i x_i moves by at most |w_i| d / 2. A block holding a NaN or an infinity gets m = inf,
 // so its d * sum q is NaN and the output is NaN. `docs/kernels.md` item 12 has the measurements.
+// For Q4_0 weights (`mm_q8_swizzled`) the int8 words are stored by pairs of blocks (64 bytes,
+// four 16-byte chunks: block 2p's words 0-3 and 4-7, block 2p + 1's), chunk c of pair p at slot
+// c ^ ((p / 2) % 4) of the pair's 64 bytes (`mm_q8_chunk`): the lanes of the pair form, a pair
+// each, then find chunk c of eight consecutive pairs in eight distinct slots of 128 bytes, where
+// the plain order put four lanes of each eight on the same banks (under `ncu` 71% of the 8B
+// `norm_gate_up`'s shared-memory wavefronts were such conflicts; docs/kernels.md item 29). The
+// other formats' readers keep the plain order (their lanes did not conflict, and the Q4_K pair
+// form measured 0.5% slower swizzled: the slot's arithmetic, 16 more registers).
+__device__ __forceinline__ uint32_t mm_q8_chunk(uint32_t p, uint32_t c, uint32_t phase) {
+    return 16 * p + 4 * (c ^ (((p >> 1) + phase) & 3u));
+}
+// Word i (0..7) of block b.
+__device__ __forceinline__ uint32_t mm_q8_word(uint32_t b, uint32_t i, uint32_t phase) {
+    return mm_q8_chunk(b >> 1, 2 * (b & 1) + (i >> 2), phase) + (i & 3);
+}
 struct XQ8 {
     const float* s;  // the f32 row, where the kernel keeps it (formats without the int8 path)
     const int* q;
     const float2* ds;
+    uint32_t phase;  // (pairs before q) / 2 % 4: a row taken `from` a value keeps its slots
+    // Chunk c of pair p, and word i of block b, in the swizzled order (SW) or the plain one.
+    template <bool SW>
+    __device__ __forceinline__ const int4* chunk(uint32_t p, uint32_t c) const {
+        return (const int4*)(q + (SW ? mm_q8_chunk(p, c, phase) : 16 * p + 4 * c));
+    }
+    template <bool SW>
+    __device__ __forceinline__ const int* word(uint32_t b, uint32_t i) const {
+        return q + (SW ? mm_q8_word(b, i, phase) : 8 * b + i);
+    }
     __device__ __forceinline__ float at(uint64_t i) const { return s[i]; }
     __device__ __forceinline__ float4 at4(uint64_t i) const { return *(const float4*)(s + i); }
     __device__ __forceinline__ bool aligned16() const { return true; }
     // The row from value e on (e a multiple of 128, so every part stays 16-byte aligned).
     __device__ __forceinline__ XQ8 from(uint32_t e) const {
-        return XQ8{s + e, q + e / 4, ds + e / 32};
+        return XQ8{s + e, q + e / 4, ds + e / 32, (phase + e / 128) & 3u};
     }
 };
 template <typename X>
@@ -231,6 +256,11 @@ template <int FMT>
 __device__ __forceinline__ constexpr bool mm_q8_format() {
     return FMT == OP_FMT_Q4_0 || FMT == OP_FMT_Q4_1 || FMT == OP_FMT_Q5_0 || FMT == OP_FMT_Q8_0 ||
            FMT == OP_FMT_Q4_K || FMT == OP_FMT_Q6_K;
+}
+// Whether the int8 row read against FMT weights is stored swizzled (see XQ8).
+template <int FMT>
+__device__ __forceinline__ constexpr bool mm_q8_swizzled() {
+    return FMT == OP_FMT_Q4_0;
 }
 // Whether weight rows from `w` (row_bytes apart) suit the int8 products of FMT: even addresses
 // for the block formats, 8-byte aligned ones for Q4_K (its quants are read 8 bytes at a time),
@@ -251,6 +281,8 @@ __device__ __forceinline__ bool mm_q8_rows_ok(const uint8_t* w, uint64_t row_byt
 
 // Block b's values 4p..4p+3 (p = lane % 8, eight lanes a block) quantized; `live` is false for a
 // group past the row's end (it still takes part in the shuffles).
+// SW: the swizzled order (`mm_q8_swizzled`).
+template <bool SW>
 __device__ __forceinline__ void mm_quantize_group(float4 v, bool live, uint32_t b, uint32_t p,
                                                   int* q, float2* ds) {
     auto mag = [](float f) { return f != f ? __int_as_float(0x7f800000) : fabsf(f); };
@@ -266,7 +298,8 @@ __device__ __forceinline__ void mm_quantize_group(float4 v, bool live, uint32_t 
     sum += __shfl_xor_sync(ONEPASS_FULL_MASK, sum, 2);
     sum += __shfl_xor_sync(ONEPASS_FULL_MASK, sum, 4);
     if (!live) return;
-    q[b * 8 + (p < 4 ? 2 * p : 2 * (p - 4) + 1)] =
+    const uint32_t i = p < 4 ? 2 * p : 2 * (p - 4) + 1;
+    q[SW ? mm_q8_word(b, i, 0) : 8 * b + i] =
         (int)((uint32_t)(a0 & 255) | ((uint32_t)(a1 & 255) << 8) | ((uint32_t)(a2 & 255) << 16) |
               ((uint32_t)a3 << 24));
     if (p == 0) {
@@ -278,7 +311,7 @@ __device__ __forceinline__ void mm_quantize_group(float4 v, bool live, uint32_t 
 // Quantizes the row `src` (k values, k a multiple of 32, 16-byte aligned) into q and ds. Every
 // thread of the block calls it (blockDim.x a multiple of 32); the caller synchronizes after it.
 // Each thread issues MM_Q8_BATCH loads before it uses them.
-template <typename X>
+template <bool SW, typename X>
 __device__ __forceinline__ void mm_quantize_row(X src, uint32_t k, int* q, float2* ds) {
     const uint32_t nb = k / 32, p = threadIdx.x & 7, warps = blockDim.x / 32;
     const uint32_t group = (threadIdx.x & 31) >> 3;
@@ -293,7 +326,7 @@ __device__ __forceinline__ void mm_quantize_row(X src, uint32_t k, int* q, float
         for (int j = 0; j < MM_Q8_BATCH; ++j) {
             if (base + 4 * warps * j >= nb) break;  // warp-uniform
             const uint32_t b = base + 4 * warps * j + group;
-            mm_quantize_group(v[j], b < nb, b, p, q, ds);
+            mm_quantize_group<SW>(v[j], b < nb, b, p, q, ds);
         }
     }
 }
@@ -309,16 +342,15 @@ __device__ __forceinline__ uint32_t mm_q5_high(uint32_t h) {
 template <int FMT>
 __device__ __forceinline__ float mm_q8_quarter(XQ8 x, MmQuarter w, uint32_t b, uint32_t t) {
     const float2 dx = x.ds[b];
-    const int* xb = x.q + b * 8;
     if (FMT == OP_FMT_Q8_0) {
         // Values 8t..8t+7: the groups of four 2t and 2t + 1 (group j is word 2j below 4, else
         // word 2 (j - 4) + 1).
         const uint32_t j0 = 2 * t, j1 = 2 * t + 1;
-        const int a = xb[j0 < 4 ? 2 * j0 : 2 * (j0 - 4) + 1];
-        const int c = xb[j1 < 4 ? 2 * j1 : 2 * (j1 - 4) + 1];
+        const int a = *x.word<false>(b, j0 < 4 ? 2 * j0 : 2 * (j0 - 4) + 1);
+        const int c = *x.word<false>(b, j1 < 4 ? 2 * j1 : 2 * (j1 - 4) + 1);
         return w.d * (dx.x * (float)__dp4a((int)w.q0, a, __dp4a((int)w.q1, c, 0)));
     }
-    const int2 xv = *(const int2*)(xb + 2 * t);
+    const int2 xv = *(const int2*)x.word<mm_q8_swizzled<FMT>()>(b, 2 * t);
     uint32_t lo = w.q0 & 0x0f0f0f0fu, hi = (w.q0 >> 4) & 0x0f0f0f0fu;
     if (FMT == OP_FMT_Q5_0) {
         lo |= mm_q5_high(w.q1);
@@ -358,8 +390,8 @@ __device__ __forceinline__ void mm_q8_q4k_rows(XQ8 x, const uint8_t* const (&row
 #pragma unroll 2
     for (uint32_t sb = lane >> 4; sb < sbs; sb += 2) {
         const uint32_t b = sb * 8 + 2 * pair;
-        const int* xlo = x.q + (uint64_t)b * 8;
-        const int lo0 = xlo[w0], lo1 = xlo[w1], hi0 = xlo[8 + w0], hi1 = xlo[8 + w1];
+        const int lo0 = *x.word<false>(b, w0), lo1 = *x.word<false>(b, w1);
+        const int hi0 = *x.word<false>(b + 1, w0), hi1 = *x.word<false>(b + 1, w1);
         const float2 dlo = x.ds[b], dhi = x.ds[b + 1];
 #pragma unroll
         for (int r = 0; r < R; ++r) {
@@ -400,8 +432,8 @@ __device__ __forceinline__ void mm_q8_q4k_pairs(XQ8 x, const uint8_t* const (&ro
         const uint32_t sb = p / 4, j = p % 4, b = 2 * p;
         // The int8 words of block b (values 4 g .. of group g: word 2 g below 4, else
         // 2 (g - 4) + 1) and of block b + 1, and their (d_x, d_x sum q_x).
-        const int4* xq = (const int4*)(x.q + (uint64_t)b * 8);
-        const int4 a0 = xq[0], a1 = xq[1], c0 = xq[2], c1 = xq[3];
+        const int4 a0 = *x.chunk<false>(p, 0), a1 = *x.chunk<false>(p, 1);
+        const int4 c0 = *x.chunk<false>(p, 2), c1 = *x.chunk<false>(p, 3);
         const float4 dd = *(const float4*)(x.ds + b);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
@@ -467,8 +499,8 @@ __device__ __forceinline__ void mm_q8_q6k_rows(XQ8 x, const uint8_t* const (&row
 #pragma unroll
         for (int g = 0; g < 4; ++g) {
             const uint32_t b = sb * 8 + 4 * h + g;
-            const int4* xq = (const int4*)(x.q + (uint64_t)b * 8);
-            const int4 a = xq[0], c = xq[1];
+            const int4 a = *x.chunk<false>(b >> 1, 2 * (b & 1));
+            const int4 c = *x.chunk<false>(b >> 1, 2 * (b & 1) + 1);
             xs[g][0] = l0 ? a.y : a.x;
             xs[g][1] = l0 ? a.w : a.z;
             xs[g][2] = l0 ? c.y : c.x;
@@ -558,8 +590,8 @@ __device__ __forceinline__ float mm_q8_pair_q4_0(XQ8 x, const uint32_t* wp, uint
 #pragma unroll
     for (int i = 0; i < 9; ++i) w[i] = wp[i];
     const uint32_t m4 = 0x0f0f0f0fu;
-    const int4* xq = (const int4*)(x.q + p * 16);
-    const int4 a0 = xq[0], a1 = xq[1], b0 = xq[2], b1 = xq[3];
+    const int4 a0 = *x.chunk<true>(p, 0), a1 = *x.chunk<true>(p, 1);
+    const int4 b0 = *x.chunk<true>(p, 2), b1 = *x.chunk<true>(p, 3);
     const float4 dd = *(const float4*)(x.ds + 2 * p);
     const uint32_t u0 = __funnelshift_r(w[0], w[1], 16), u1 = __funnelshift_r(w[1], w[2], 16);
     const uint32_t u2 = __funnelshift_r(w[2], w[3], 16), u3 = __funnelshift_r(w[3], w[4], 16);
