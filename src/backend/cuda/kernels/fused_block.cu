@@ -437,8 +437,9 @@ __device__ void norm_qkv_rope(const float* x, const float* nw, const uint8_t* wq
             fb_rope_table(rope, positions[0], hd, base, freq);
         }
         if (fb_q8_ok<FMT>(k)) {
-            norm_qkv_rope_one<FMT>(fb_norm_quantize_row<FMT>(x, nw, k, eps), wq, wk, wv, positions,
-                                   step, q, kv, k, n_head, n_kv, hd, base, mode, n_kc, rope, tag);
+            norm_qkv_rope_one<FMT>(fb_norm_quantize_row<FMT>(x, nw, k, eps), wq, wk, wv,
+                                   positions, step, q, kv, k, n_head, n_kv, hd, base, mode, n_kc,
+                                   rope, tag);
             return;
         }
         const FbShared row{fb_shared_row(x, nw, k, eps), k};
@@ -487,8 +488,8 @@ __device__ void norm_gate_up(const float* x, const float* nw, const uint8_t* wg,
                n_hidden == n_x / k * n && act <= 1);
     if (SHARED && fb_shared_ok(n_x / k, x, nw, k)) {
         if (fb_q8_ok<FMT>(k)) {
-            norm_gate_up_rows<FMT>(fb_norm_quantize_row<FMT>(x, nw, k, eps), wg, wu, hidden, k, n, act,
-                                   n_hidden);
+            norm_gate_up_rows<FMT>(fb_norm_quantize_row<FMT>(x, nw, k, eps), wg, wu, hidden, k,
+                                   n, act, n_hidden);
             return;
         }
         const FbShared row{fb_shared_row(x, nw, k, eps), k};

@@ -209,8 +209,9 @@ __device__ __forceinline__ MmQuarter mm_load_quarter(const uint8_t* row, uint32_
 // each, then find chunk c of eight consecutive pairs in eight distinct slots of 128 bytes, where
 // the plain order put four lanes of each eight on the same banks (under `ncu` 71% of the 8B
 // `norm_gate_up`'s shared-memory wavefronts were such conflicts; docs/kernels.md item 29). The
-// other formats' readers keep the plain order (their lanes did not conflict, and the Q4_K pair
-// form measured 0.5% slower swizzled: the slot's arithmetic, 16 more registers).
+// other formats' readers keep the plain order: the quarter forms did not conflict, and Q4_K's
+// pair form, which does, measured 0.5% slower swizzled in the plain product (16 more registers)
+// and no faster in the fused kernels.
 __device__ __forceinline__ uint32_t mm_q8_chunk(uint32_t p, uint32_t c, uint32_t phase) {
     return 16 * p + 4 * (c ^ (((p >> 1) + phase) & 3u));
 }
