@@ -418,10 +418,55 @@ fn matmul_head_family() {
     for (j, (&dt, k)) in formats
         .iter()
         .flat_map(|d| [(d, 2080usize), (d, 576)])
+        .chain([(&DType::Q4_0, 2048), (&DType::Q8_0, 2048)])
         .enumerate()
     {
         let w = weight_tensor(dt, n, k, 880 + j as u64);
         let x = random_tensor(DType::F32, &[1, k], 1.0, 890 + k as u64);
+        compare(
+            &format!("matmul_f32_activations {dt} {n}x{k}"),
+            &dev,
+            &[x, w],
+            &[(DType::F32, vec![1, n])],
+            2e-4,
+            1e-4,
+            &|s, i, o| s.matmul_f32_activations(&i[0], &i[1], &o[0]),
+        );
+    }
+    // A value f16 cannot hold: the tensor-core form of Q4_0 and Q8_0 heads (`matmul_head.cuh`)
+    // hands the row to the f32 form, whose sums then carry that value's magnitude (Q8_0's q x up
+    // to 8.9e6, whose ulp is 1, before the scale d of about 1/127; Q4_0's d (sum q x - 8 sum x)),
+    // hence the wider atol: a row left to the int8 or the tensor-core form would miss by far more.
+    for (j, dt) in [DType::Q4_0, DType::Q8_0].into_iter().enumerate() {
+        let w = weight_tensor(dt, n, 2048, 870 + j as u64);
+        let mut x = random_tensor(DType::F32, &[1, 2048], 1.0, 875);
+        x.bytes[28..32].copy_from_slice(&70_000.0f32.to_le_bytes());
+        compare(
+            &format!("matmul_f32_activations {dt} {n}x2048, one value of 70,000"),
+            &dev,
+            &[x, w],
+            &[(DType::F32, vec![1, n])],
+            0.25,
+            1e-4,
+            &|s, i, o| s.matmul_f32_activations(&i[0], &i[1], &o[0]),
+        );
+    }
+}
+
+/// The output heads at their real shapes: the Llama-3.2-1B's Q8_0 head (128,256 x 2,048) and
+/// the Llama-3.1-8B's in Q4_0 (128,256 x 4,096), both through the tensor-core form (x in two f16
+/// halves, f32 sums in another order than the CPU's).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn matmul_head_at_real_shapes() {
+    let dev = cuda_device();
+    for (j, (dt, k)) in [(DType::Q8_0, 2048usize), (DType::Q4_0, 4096)]
+        .into_iter()
+        .enumerate()
+    {
+        let n = 128_256usize;
+        let w = weight_tensor(dt, n, k, 860 + j as u64);
+        let x = random_tensor(DType::F32, &[1, k], 1.0, 865 + j as u64);
         compare(
             &format!("matmul_f32_activations {dt} {n}x{k}"),
             &dev,

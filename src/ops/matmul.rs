@@ -322,6 +322,38 @@ fn head_warps(w: DType, n: usize, k: usize) -> usize {
     }
 }
 
+/// Threads a block of the tensor-core head form takes (`matmul_head.cuh`): eight warps, each
+/// 16 rows at a time.
+const HEAD_SPLIT_THREADS: u32 = 256;
+/// Rows a warp of that form takes at once (`MM_HEAD_GROUP`).
+const HEAD_SPLIT_ROWS: usize = 16;
+/// Values of a row each step of that form stages (`MM_HEAD_STEP` blocks of 32).
+const HEAD_SPLIT_STEP: usize = 256;
+
+/// The dynamic shared memory that selects the tensor-core head form for Q4_0 or Q8_0 rows
+/// (`MM_HEAD_SMEM`): x split into two f16 halves (4 bytes a value), 16 bytes more, and each
+/// warp's stage of 16 rows' step (144 bytes a row for Q4_0, 272 for Q8_0).
+fn head_split_bytes(w: DType, k: usize) -> usize {
+    let step_bytes = if w == DType::Q4_0 { 144 } else { 272 };
+    4 * k + 16 + (HEAD_SPLIT_THREADS as usize / 32) * HEAD_SPLIT_ROWS * step_bytes
+}
+
+/// The grid of the f32 one-row product of `n` outputs of `k` values: an output head of Q4_0 or
+/// Q8_0 rows (k a multiple of 256) takes the tensor-core form (a warp every 16 outputs, x's halves
+/// and the weight stages in shared memory), every other one [`head_warps`] warps.
+fn head_grid(w: DType, n: usize, k: usize) -> Grid {
+    let split = matches!(w, DType::Q4_0 | DType::Q8_0)
+        && n >= HEAD_MIN_OUTPUTS
+        && k.is_multiple_of(HEAD_SPLIT_STEP)
+        && head_split_bytes(w, k) <= Q8_MAX_SHARED;
+    if !split {
+        return warp_per_output(head_warps(w, n, k), 1);
+    }
+    let warps = (HEAD_SPLIT_THREADS / 32) as usize;
+    let blocks = n.div_ceil(HEAD_SPLIT_ROWS).div_ceil(warps);
+    Grid::new(blocks as u32, HEAD_SPLIT_THREADS).with_shared(head_split_bytes(w, k) as u32)
+}
+
 /// The plain product; `int8`: the one-row form may read int8 activations.
 fn product(x: &Buffer, w: &Buffer, out: &Buffer, int8: bool) -> Result<Dispatch> {
     let c = Check::op("matmul");
@@ -349,7 +381,7 @@ fn product(x: &Buffer, w: &Buffer, out: &Buffer, int8: bool) -> Result<Dispatch>
     let grid = if rows == 1 && int8 {
         vector_grid(w.dtype(), n, k)
     } else if rows == 1 {
-        warp_per_output(head_warps(w.dtype(), n, k), 1)
+        head_grid(w.dtype(), n, k)
     } else {
         matmul_grid(n, rows)
     };

@@ -100,6 +100,8 @@ pub const SOURCES: &[KernelSource] = &[
             include_str!("kernels/matmul_mma_h.cuh"),
             "#line 1 \"matmul_wgmma.cuh\"\n",
             include_str!("kernels/matmul_wgmma.cuh"),
+            "#line 1 \"matmul_head.cuh\"\n",
+            include_str!("kernels/matmul_head.cuh"),
             "#line 1 \"matmul.cu\"\n",
             include_str!("kernels/matmul.cu"),
             "#line 1 \"matmul_rows.cu\"\n",

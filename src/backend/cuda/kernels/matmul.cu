@@ -204,7 +204,8 @@ __device__ __forceinline__ void mm_prefetch_first(const uint8_t* w, uint32_t row
     if (rows != 1 || k == 0 || k % op_block_elems(FMT) != 0) return;
     const uint64_t row_bytes = op_row_bytes(FMT, k);
     const bool q8 = mm_q8_format<FMT>() && k % 32 == 0 && blockDim.x % 32 == 0 &&
-                    mm_dynamic_smem() >= MM_Q8_BYTES(k);
+                    mm_dynamic_smem() >= MM_Q8_BYTES(k) &&
+                    mm_dynamic_smem() != MM_HEAD_SMEM(k, FMT);
     const uint32_t per = q8 ? mm_q8_rows_per_warp(n) : 1;
     const uint64_t first = per * mm_warp_id();
     for (uint64_t r = first; r < first + per && r < n; ++r)
@@ -219,7 +220,8 @@ __device__ __forceinline__ void mm_prefetch_first(const uint8_t* w, uint32_t row
 template <int FMT, bool ACC, typename X>
 __device__ __forceinline__ bool mm_vector_q8(X x, const uint8_t* w, float* out, uint32_t k,
                                              uint32_t n, uint64_t row_bytes) {
-    if (!mm_q8_format<FMT>() || blockDim.x > MM_Q8_THREADS || blockDim.x % 32 != 0 ||
+    if (!mm_q8_format<FMT>() || mm_dynamic_smem() == MM_HEAD_SMEM(k, FMT) ||
+        blockDim.x > MM_Q8_THREADS || blockDim.x % 32 != 0 ||
         blockDim.y != 1 || k % 32 != 0 || (uint64_t)n * k < MM_Q8_MIN_WEIGHTS || !x.aligned16() ||
         !mm_q8_rows_ok<FMT>(w, row_bytes) || mm_dynamic_smem() < MM_Q8_BYTES(k))
         return false;
@@ -266,6 +268,13 @@ __device__ void matmul(X x, const uint8_t* w, float* out, uint32_t rows, uint32_
     const int lane = threadIdx.x & 31;
     const bool blocks = mm_blocks_ok<FMT>(x, w, k);
     if (rows == 1) {
+        // An output head launched for the tensor-core form (`matmul_head.cuh`; never a residual
+        // add, whose kernels keep their registers).
+        const float* xf = ACC ? nullptr : mm_plain_row(x);
+        if (xf != nullptr && n >= MM_BATCH_MAX_OUTPUTS &&
+            mm_head_split_ok<FMT>(xf, w, k, row_bytes) &&
+            mm_head_split<FMT, ACC>(xf, w, out, k, n, row_bytes))
+            return;
         if (mm_vector_q8<FMT, ACC>(x, w, out, k, n, row_bytes)) return;
         if (blocks && n >= MM_BATCH_MAX_OUTPUTS && (FMT != OP_FMT_Q8_0 || k <= MM_HEAD_Q8_MAX_K)) {
             constexpr uint32_t R = MM_HEAD_ROWS;

@@ -1,0 +1,206 @@
+// The output head's one-row product on f32 activations through tensor cores (compiled after
+// matmul_mma.cuh, whose `mma_16816` it calls, in front of matmul.cu): `mm_head_split`.
+//
+// Under `ncu` the f32 one-row form of the heads was bound by the SM, not by DRAM (the 8B's Q4_0
+// head issued 6.5 warp instructions a weight, the 1B's Q8_0 head kept L1 96% busy with x read
+// for every row; docs/kernels.md items 29 and 30). Here the row is split once per block into two
+// f16 halves, x = hi + lo (hi = x rounded to f16, lo = the rest rounded to f16: about 22 bits of
+// x), and each warp takes 16 weight rows at a time, staged eight blocks at a time into its
+// shared memory with 16-byte loads (the next step's loads in flight while this one is summed):
+// read straight from global memory, two bytes a lane, each load touched eight rows' cache lines
+// and L1 bound the form (docs/kernels.md items 30-32). Per 32-value block two `mma.sync` m16n8k16
+// products whose B operand has hi in column 0 and lo in column 1 (the other six columns zero),
+// against the block's quants as exact small integers in f16 (Q4_0's q - 8, Q8_0's q). The f32
+// sums of hi and lo are added and scaled by the row's block scale d in f32, block after block.
+// So each product w x sees x to about 2^-22 relatively (an f16 half of a value under 2^-14 keeps
+// fewer bits: about 6e-8 absolutely) and sums in f32, as the f32 form does, in another order.
+
+// The f32 row behind an activation row type: XPlain's, else none (no other row takes this form).
+__device__ __forceinline__ const float* mm_plain_row(XPlain x) { return x.x; }
+template <typename X>
+__device__ __forceinline__ const float* mm_plain_row(X) {
+    return nullptr;
+}
+
+// Rows a warp takes at once: the m16n8k16 product's 16.
+#define MM_HEAD_GROUP 16u
+// Blocks of a row a step stages (256 values: Q4_0's 144 bytes, Q8_0's 272, whole 16-byte words),
+// the words of a row's step, and the warps of a block (the launch's 256 threads).
+#define MM_HEAD_STEP 8u
+#define MM_HEAD_WORDS(FMT) (MM_HEAD_STEP * ((FMT) == OP_FMT_Q4_0 ? 18u : 34u) / 16u)
+#define MM_HEAD_WARPS 8u
+// Dynamic shared memory that selects this form: the row's two f16 halves (4 bytes a value), 16
+// bytes more, and each warp's stage of 16 rows' step, a size no other one-row launch has (the int8
+// form's is MM_Q8_BYTES(k)).
+#define MM_HEAD_SMEM(k, FMT) \
+    (4u * (k) + 16u + MM_HEAD_WARPS * MM_HEAD_GROUP * 16u * MM_HEAD_WORDS(FMT))
+
+// Whether the launch asks for this form (block-uniform): Q4_0 or Q8_0 rows of k values (a multiple
+// of 256) at 16-byte aligned addresses and lengths, x 8-byte aligned, MM_HEAD_WARPS warps a block
+// with MM_HEAD_SMEM(k, FMT) bytes of dynamic shared memory, sm_80+.
+template <int FMT>
+__device__ __forceinline__ bool mm_head_split_ok(const float* x, const uint8_t* w, uint32_t k,
+                                                 uint64_t row_bytes) {
+#if __CUDA_ARCH__ >= 800
+    return (FMT == OP_FMT_Q4_0 || FMT == OP_FMT_Q8_0) && k % 256 == 0 &&
+           blockDim.x == 32 * MM_HEAD_WARPS && blockDim.y == 1 &&
+           (((uint64_t)w | row_bytes) & 15u) == 0 && ((uint64_t)x & 7u) == 0 &&
+           mm_dynamic_smem() == MM_HEAD_SMEM(k, FMT);
+#else
+    return false;
+#endif
+}
+
+#if __CUDA_ARCH__ >= 800
+// Two bytes (the low 16 bits of u) as the f16 pair (1024 + v0, 1024 + v1) of their low nibbles
+// (LO), high nibbles (HI) or whole signed values plus 128 (BYTES): the bits 0x6400 | v are
+// 1024 + v exactly.
+#define MM_HEAD_LO 0
+#define MM_HEAD_HI 1
+#define MM_HEAD_BYTES 2
+template <int PART>
+__device__ __forceinline__ __half2 mm_head_pair(uint32_t u) {
+    uint32_t v;
+    if (PART == MM_HEAD_LO) v = (u & 0x0fu) | ((u << 8) & 0x0f0000u);
+    else if (PART == MM_HEAD_HI) v = ((u >> 4) & 0x0fu) | ((u << 4) & 0x0f0000u);
+    else v = ((u & 0xffu) | ((u << 8) & 0xff0000u)) ^ 0x00800080u;
+    v |= 0x64006400u;
+    return *reinterpret_cast<const __half2*>(&v);
+}
+__device__ __forceinline__ uint32_t mm_head_bits(__half2 h) {
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// The A fragment of k-step s (0 or 1) of block `b` for rows ra (the lane's row g of the stage)
+// and rb (g + 8), lane t = lane % 4: positions 2t, 2t + 1 and 2t + 8, 2t + 9 of the step are values
+//   Q4_0: 8s + 2t, +1 (low nibbles of quant bytes 8s + 2t, +1) and 16 + 8s + 2t, +1 (their high
+//         nibbles), each q - 8;
+//   Q8_0: 16s + 2t, +1 and 16s + 8 + 2t, +1.
+// `mm_head_x_at` gives the same values' places in x.
+template <int FMT>
+__device__ __forceinline__ void mm_head_a(uint32_t (&a)[4], const uint8_t* ra, const uint8_t* rb,
+                                          uint32_t b, uint32_t s, uint32_t t) {
+    if (FMT == OP_FMT_Q4_0) {
+        const uint32_t off = 18 * b + 2 + 8 * s + 2 * t;
+        const uint32_t ua = *(const uint16_t*)(ra + off), ub = *(const uint16_t*)(rb + off);
+        const __half2 eight = __floats2half2_rn(1032.0f, 1032.0f);
+        a[0] = mm_head_bits(__hsub2(mm_head_pair<MM_HEAD_LO>(ua), eight));
+        a[1] = mm_head_bits(__hsub2(mm_head_pair<MM_HEAD_LO>(ub), eight));
+        a[2] = mm_head_bits(__hsub2(mm_head_pair<MM_HEAD_HI>(ua), eight));
+        a[3] = mm_head_bits(__hsub2(mm_head_pair<MM_HEAD_HI>(ub), eight));
+    } else {
+        const uint32_t off = 34 * b + 2 + 16 * s + 2 * t;
+        const __half2 bias = __floats2half2_rn(1152.0f, 1152.0f);
+        const uint32_t u0 = *(const uint16_t*)(ra + off), u1 = *(const uint16_t*)(rb + off);
+        const uint32_t u2 = *(const uint16_t*)(ra + off + 8), u3 = *(const uint16_t*)(rb + off + 8);
+        a[0] = mm_head_bits(__hsub2(mm_head_pair<MM_HEAD_BYTES>(u0), bias));
+        a[1] = mm_head_bits(__hsub2(mm_head_pair<MM_HEAD_BYTES>(u1), bias));
+        a[2] = mm_head_bits(__hsub2(mm_head_pair<MM_HEAD_BYTES>(u2), bias));
+        a[3] = mm_head_bits(__hsub2(mm_head_pair<MM_HEAD_BYTES>(u3), bias));
+    }
+}
+
+// The value of x that position 2t (j = 0) or 2t + 8 (j = 1) of k-step s of a block holds (see
+// `mm_head_a`), relative to the block's first value; the next position holds the next value.
+template <int FMT>
+__device__ __forceinline__ uint32_t mm_head_x_at(uint32_t s, uint32_t j, uint32_t t) {
+    return FMT == OP_FMT_Q4_0 ? 16 * j + 8 * s + 2 * t : 16 * s + 8 * j + 2 * t;
+}
+
+// The block scale of a row's block b (an f16 at the block's start).
+template <int FMT>
+__device__ __forceinline__ float mm_head_d(const uint8_t* row, uint32_t b) {
+    return __half2float(*(const __half*)(row + (FMT == OP_FMT_Q4_0 ? 18 : 34) * b));
+}
+#endif
+
+// out[o] = x . W[o] (with ACC, out[o] += it) for the one row x, where `mm_head_split_ok`. Every
+// thread of the block splits part of x into shared memory first; a value that f16 cannot hold
+// (|x| of 65,504 or more, or not finite) makes the block return false, and the caller's f32 form
+// computes its rows. Warp w takes rows 16 w .., then strides by the grid's warps, each group of 16
+// rows staged a step (MM_HEAD_STEP blocks of each) at a time; rows past n read the last row and
+// write nothing.
+template <int FMT, bool ACC>
+__device__ __forceinline__ bool mm_head_split(const float* x, const uint8_t* w, float* out,
+                                              uint32_t k, uint32_t n, uint64_t row_bytes) {
+#if __CUDA_ARCH__ >= 800
+    extern __shared__ __align__(16) float mm_smem[];
+    __half2* hi = (__half2*)mm_smem;
+    __half2* lo = hi + k / 2;
+    bool ok = true;
+    for (uint32_t i = threadIdx.x; i < k / 2; i += blockDim.x) {
+        const float2 v = *(const float2*)(x + 2 * i);
+        ok = ok && fabsf(v.x) < 65504.0f && fabsf(v.y) < 65504.0f;
+        const __half2 h = __floats2half2_rn(v.x, v.y);
+        const float2 hf = __half22float2(h);
+        hi[i] = h;
+        lo[i] = __floats2half2_rn(v.x - hf.x, v.y - hf.y);
+    }
+    if (__syncthreads_or(!ok)) return false;
+    const uint32_t lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    // Column g of the B operand: hi for g = 0, lo for g = 1, zeros for the others.
+    const __half2* col = g == 0 ? hi : lo;
+    const bool live = g < 2;
+    constexpr uint32_t W = MM_HEAD_WORDS(FMT), WORDS = MM_HEAD_GROUP * W, PER = (WORDS + 31) / 32;
+    // This warp's stage: 16 rows of W words.
+    uint4* stage = (uint4*)((uint8_t*)mm_smem + 4 * k + 16) + (threadIdx.x >> 5) * WORDS;
+    const uint8_t* ra = (const uint8_t*)(stage + g * W);
+    const uint8_t* rb = (const uint8_t*)(stage + (g + 8) * W);
+    const uint32_t steps = k / (32 * MM_HEAD_STEP);
+    const uint64_t groups = ((uint64_t)n + MM_HEAD_GROUP - 1) / MM_HEAD_GROUP;
+    for (uint64_t grp = mm_warp_id(); grp < groups; grp += mm_warp_count()) {
+        const uint64_t r0 = grp * MM_HEAD_GROUP + g, r1 = r0 + 8;
+        // Word i of the group's step: row i / W (the last row for rows past n), word i % W.
+        uint4 next[PER];
+        auto load = [&](uint32_t st) {
+#pragma unroll
+            for (uint32_t j = 0; j < PER; ++j) {
+                const uint32_t i = lane + 32 * j;
+                if (i < WORDS) {
+                    const uint64_t r = grp * MM_HEAD_GROUP + i / W;
+                    const uint4* src = (const uint4*)(w + (r < n ? r : n - 1) * row_bytes);
+                    next[j] = __ldg(src + (uint64_t)st * W + i % W);
+                }
+            }
+        };
+        load(0);
+        float acc0 = 0.0f, acc1 = 0.0f;
+        for (uint32_t st = 0; st < steps; ++st) {
+            __syncwarp();  // the last step's reads of the stage are done
+#pragma unroll
+            for (uint32_t j = 0; j < PER; ++j)
+                if (lane + 32 * j < WORDS) stage[lane + 32 * j] = next[j];
+            __syncwarp();
+            if (st + 1 < steps) load(st + 1);
+#pragma unroll 4
+            for (uint32_t bb = 0; bb < MM_HEAD_STEP; ++bb) {
+                uint32_t a0[4], a1[4];
+                mm_head_a<FMT>(a0, ra, rb, bb, 0, t);
+                mm_head_a<FMT>(a1, ra, rb, bb, 1, t);
+                const float da = mm_head_d<FMT>(ra, bb), db = mm_head_d<FMT>(rb, bb);
+                const uint32_t xb = 32 * (st * MM_HEAD_STEP + bb);
+                uint32_t b00 = 0, b01 = 0, b10 = 0, b11 = 0;
+                if (live) {
+                    b00 = mm_head_bits(col[(xb + mm_head_x_at<FMT>(0, 0, t)) / 2]);
+                    b01 = mm_head_bits(col[(xb + mm_head_x_at<FMT>(0, 1, t)) / 2]);
+                    b10 = mm_head_bits(col[(xb + mm_head_x_at<FMT>(1, 0, t)) / 2]);
+                    b11 = mm_head_bits(col[(xb + mm_head_x_at<FMT>(1, 1, t)) / 2]);
+            }
+            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            mma_16816(c, a0, b00, b01);
+            mma_16816(c, a1, b10, b11);
+            // Lanes with t = 0 hold columns 0 (hi) and 1 (lo) of rows g and g + 8.
+            acc0 += da * (c[0] + c[1]);
+            acc1 += db * (c[2] + c[3]);
+            }
+        }
+        if (t == 0) {
+            if (r0 < n) out[r0] = ACC ? out[r0] + acc0 : acc0;
+            if (r1 < n) out[r1] = ACC ? out[r1] + acc1 : acc1;
+        }
+    }
+    return true;
+#else
+    return false;
+#endif
+}
