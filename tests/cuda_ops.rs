@@ -398,6 +398,20 @@ fn matmul_family() {
     }
 }
 
+/// `matmul_f32_activations` of the one row x against w (n rows) on CUDA and on the CPU, within
+/// `atol + 1e-4 |want|`.
+fn compare_head(dev: &Device, what: &str, x: Host, w: Host, n: usize, atol: f64) {
+    compare(
+        what,
+        dev,
+        &[x, w],
+        &[(DType::F32, vec![1, n])],
+        atol,
+        1e-4,
+        &|s, i, o| s.matmul_f32_activations(&i[0], &i[1], &o[0]),
+    );
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn matmul_head_family() {
@@ -423,14 +437,13 @@ fn matmul_head_family() {
     {
         let w = weight_tensor(dt, n, k, 880 + j as u64);
         let x = random_tensor(DType::F32, &[1, k], 1.0, 890 + k as u64);
-        compare(
-            &format!("matmul_f32_activations {dt} {n}x{k}"),
+        compare_head(
             &dev,
-            &[x, w],
-            &[(DType::F32, vec![1, n])],
+            &format!("matmul_f32_activations {dt} {n}x{k}"),
+            x,
+            w,
+            n,
             2e-4,
-            1e-4,
-            &|s, i, o| s.matmul_f32_activations(&i[0], &i[1], &o[0]),
         );
     }
     // A value f16 cannot hold: the tensor-core form of Q4_0 and Q8_0 heads (`matmul_head.cuh`)
@@ -441,15 +454,8 @@ fn matmul_head_family() {
         let w = weight_tensor(dt, n, 2048, 870 + j as u64);
         let mut x = random_tensor(DType::F32, &[1, 2048], 1.0, 875);
         x.bytes[28..32].copy_from_slice(&70_000.0f32.to_le_bytes());
-        compare(
-            &format!("matmul_f32_activations {dt} {n}x2048, one value of 70,000"),
-            &dev,
-            &[x, w],
-            &[(DType::F32, vec![1, n])],
-            0.25,
-            1e-4,
-            &|s, i, o| s.matmul_f32_activations(&i[0], &i[1], &o[0]),
-        );
+        let what = format!("matmul_f32_activations {dt} {n}x2048, one value of 70,000");
+        compare_head(&dev, &what, x, w, n, 0.25);
     }
 }
 
@@ -467,14 +473,13 @@ fn matmul_head_at_real_shapes() {
         let n = 128_256usize;
         let w = weight_tensor(dt, n, k, 860 + j as u64);
         let x = random_tensor(DType::F32, &[1, k], 1.0, 865 + j as u64);
-        compare(
-            &format!("matmul_f32_activations {dt} {n}x{k}"),
+        compare_head(
             &dev,
-            &[x, w],
-            &[(DType::F32, vec![1, n])],
+            &format!("matmul_f32_activations {dt} {n}x{k}"),
+            x,
+            w,
+            n,
             2e-4,
-            1e-4,
-            &|s, i, o| s.matmul_f32_activations(&i[0], &i[1], &o[0]),
         );
     }
 }
