@@ -334,7 +334,7 @@ const HEAD_SPLIT_STEP: usize = 256;
 /// (`MM_HEAD_SMEM`): x split into two f16 halves (4 bytes a value), 16 bytes more, and each
 /// warp's stage of 16 rows' step (144 bytes a row for Q4_0, 272 for Q8_0).
 fn head_split_bytes(w: DType, k: usize) -> usize {
-    let step_bytes = if w == DType::Q4_0 { 144 } else { 272 };
+    let step_bytes = HEAD_SPLIT_STEP / w.block_elems() * w.block_bytes();
     4 * k + 16 + (HEAD_SPLIT_THREADS as usize / 32) * HEAD_SPLIT_ROWS * step_bytes
 }
 
