@@ -419,7 +419,9 @@ fn matmul_head_family() {
     // An output head's one-row f32 product: from 16,384 outputs the 32-value block formats take
     // four rows a warp (`MM_HEAD_ROWS`; Q8_0 up to 1,024 values a row, so k = 576 and not 2080);
     // 16,387 outputs leave the last warp three rows past the end, and k = 2080 (65 blocks) a
-    // partial batch of quarters. F16 keeps a warp an output. The CPU multiplies the same f32 row
+    // partial batch of quarters. F16 keeps a warp an output. Q4_0 and Q8_0 rows of 2,048 values
+    // and Q4_K rows of 256 (one step) and 2,048 take the tensor-core form, its last group of 16
+    // rows partial. The CPU multiplies the same f32 row
     // (`compare`, not `compare_product`: this product never rounds x to int8).
     let n = 16387usize;
     let formats = [
@@ -433,6 +435,7 @@ fn matmul_head_family() {
         .iter()
         .flat_map(|d| [(d, 2080usize), (d, 576)])
         .chain([(&DType::Q4_0, 2048), (&DType::Q8_0, 2048)])
+        .chain([(&DType::Q4K, 256), (&DType::Q4K, 2048)])
         .enumerate()
     {
         let w = weight_tensor(dt, n, k, 880 + j as u64);
@@ -446,11 +449,15 @@ fn matmul_head_family() {
             2e-4,
         );
     }
-    // A value f16 cannot hold: the tensor-core form of Q4_0 and Q8_0 heads (`matmul_head.cuh`)
-    // hands the row to the f32 form, whose sums then carry that value's magnitude (Q8_0's q x up
-    // to 8.9e6, whose ulp is 1, before the scale d of about 1/127; Q4_0's d (sum q x - 8 sum x)),
-    // hence the wider atol: a row left to the int8 or the tensor-core form would miss by far more.
-    for (j, dt) in [DType::Q4_0, DType::Q8_0].into_iter().enumerate() {
+    // A value f16 cannot hold: the tensor-core form of Q4_0, Q8_0 and Q4_K heads
+    // (`matmul_head.cuh`) hands the row to the f32 form, whose sums then carry that value's
+    // magnitude (Q8_0's q x up to 8.9e6, whose ulp is 1, before the scale d of about 1/127; Q4_0's
+    // d (sum q x - 8 sum x)), hence the wider atol: a row left to the int8 or the tensor-core form
+    // would miss by far more.
+    for (j, dt) in [DType::Q4_0, DType::Q8_0, DType::Q4K]
+        .into_iter()
+        .enumerate()
+    {
         let w = weight_tensor(dt, n, 2048, 870 + j as u64);
         let mut x = random_tensor(DType::F32, &[1, 2048], 1.0, 875);
         x.bytes[28..32].copy_from_slice(&70_000.0f32.to_le_bytes());
@@ -460,15 +467,19 @@ fn matmul_head_family() {
 }
 
 /// The output heads at their real shapes: the Llama-3.2-1B's Q8_0 head (128,256 x 2,048) and
-/// the Llama-3.1-8B's in Q4_0 (128,256 x 4,096), both through the tensor-core form (x in two f16
-/// halves, f32 sums in another order than the CPU's).
+/// the Llama-3.1-8B's in Q4_0 and in Q4_K (128,256 x 4,096), all through the tensor-core form (x
+/// in two f16 halves, f32 sums in another order than the CPU's).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn matmul_head_at_real_shapes() {
     let dev = cuda_device();
-    for (j, (dt, k)) in [(DType::Q8_0, 2048usize), (DType::Q4_0, 4096)]
-        .into_iter()
-        .enumerate()
+    for (j, (dt, k)) in [
+        (DType::Q8_0, 2048usize),
+        (DType::Q4_0, 4096),
+        (DType::Q4K, 4096),
+    ]
+    .into_iter()
+    .enumerate()
     {
         let n = 128_256usize;
         let w = weight_tensor(dt, n, k, 860 + j as u64);
@@ -513,9 +524,11 @@ fn attention_family() {
     let dev = cuda_device();
     // A 64-wide head takes the four-value path of the CUDA kernels (and the split form of the
     // decode attention), a 40-wide one the scalar path (and the chunked form); 128-wide heads
-    // with 6 query heads a KV head take the split form with two head groups of 4 and 2.
+    // with 6 query heads a KV head take the split form with two head groups of 4 and 2. At 258
+    // keys a split of the split form takes one or two steps of its warps; at 4,101 keys (up to
+    // 32 splits) three to five, so each warp's ring of steps in flight wraps around.
     for (hd, n_head, n_kv) in [(64usize, 9usize, 3usize), (128, 12, 2), (40, 9, 3)] {
-        let max_ctx = 300usize;
+        let max_ctx = 4200usize;
         for (j, &cache_dt) in [DType::F32, DType::F16].iter().enumerate() {
             let k = random_tensor(cache_dt, &[n_kv, max_ctx, hd], 1.0, 1000 + j as u64);
             let v = random_tensor(cache_dt, &[n_kv, max_ctx, hd], 1.0, 1001 + j as u64);
@@ -537,28 +550,34 @@ fn attention_family() {
                     2e-4,
                     &|s, i, o| s.attention(&i[0], &i[1], &i[2], &i[3], &o[0], params),
                 );
-                // Decode: one row at pos0 = 257 in chunks of 64.
-                let chunk = 64usize;
-                let q1 = random_tensor(DType::F32, &[1, n_head * hd], 1.0, 1020 + j as u64);
-                let step1 = i32_tensor(&[257, 0], &[2]);
-                // The scratch starts zeroed (its tail holds the CUDA kernel's counters, which
-                // must end at zero again: tests/cuda_attention_window checks them). Its records
-                // are not compared: CUDA's split form keeps one per split of the run-time
-                // length, the CPU's one per chunk.
-                let scratch = attention_decode_scratch_len(params, max_ctx, chunk).unwrap();
-                let zeros = float_tensor(&vec![0.0; scratch], DType::F32, &[scratch]);
-                compare_except(
-                    &format!("attention decode hd {hd} {cache_dt} softcap {softcap}"),
-                    &dev,
-                    &[q1, k.clone(), v.clone(), step1, zeros],
-                    &[(DType::F32, vec![1, n_head * hd])],
-                    2e-5,
-                    2e-4,
-                    &|s, i, o| {
-                        s.attention_decode(&i[0], &i[1], &i[2], &i[3], &i[4], &o[0], params, chunk)
-                    },
-                    &[4],
-                );
+                // Decode: one row at pos0 = 257 or 4,100 in chunks of 64.
+                for pos0 in [257i32, 4100] {
+                    let chunk = 64usize;
+                    let q1 = random_tensor(DType::F32, &[1, n_head * hd], 1.0, 1020 + j as u64);
+                    let step1 = i32_tensor(&[pos0, 0], &[2]);
+                    // The scratch starts zeroed (its tail holds the CUDA kernel's counters, which
+                    // must end at zero again: tests/cuda_attention_window checks them). Its records
+                    // are not compared: CUDA's split form keeps one per split of the run-time
+                    // length, the CPU's one per chunk.
+                    let scratch = attention_decode_scratch_len(params, max_ctx, chunk).unwrap();
+                    let zeros = float_tensor(&vec![0.0; scratch], DType::F32, &[scratch]);
+                    compare_except(
+                        &format!(
+                            "attention decode hd {hd} {cache_dt} softcap {softcap} pos {pos0}"
+                        ),
+                        &dev,
+                        &[q1, k.clone(), v.clone(), step1, zeros],
+                        &[(DType::F32, vec![1, n_head * hd])],
+                        2e-5,
+                        2e-4,
+                        &|s, i, o| {
+                            s.attention_decode(
+                                &i[0], &i[1], &i[2], &i[3], &i[4], &o[0], params, chunk,
+                            )
+                        },
+                        &[4],
+                    );
+                }
             }
         }
     }

@@ -330,19 +330,21 @@ const HEAD_SPLIT_ROWS: usize = 16;
 /// Values of a row each step of that form stages (`MM_HEAD_STEP` blocks of 32).
 const HEAD_SPLIT_STEP: usize = 256;
 
-/// The dynamic shared memory that selects the tensor-core head form for Q4_0 or Q8_0 rows
-/// (`MM_HEAD_SMEM`): x split into two f16 halves (4 bytes a value), 16 bytes more, and each
-/// warp's stage of 16 rows' step (144 bytes a row for Q4_0, 272 for Q8_0).
+/// The dynamic shared memory that selects the tensor-core head form for Q4_0, Q8_0 or Q4_K rows
+/// (`MM_HEAD_SMEM`): x split into two f16 halves (4 bytes a value), 16 bytes more, Q4_K's sums
+/// of x (4 bytes a 32-value block), and each warp's stage of 16 rows' step (144 bytes a row for
+/// Q4_0 and Q4_K, 272 for Q8_0).
 fn head_split_bytes(w: DType, k: usize) -> usize {
     let step_bytes = HEAD_SPLIT_STEP / w.block_elems() * w.block_bytes();
-    4 * k + 16 + (HEAD_SPLIT_THREADS as usize / 32) * HEAD_SPLIT_ROWS * step_bytes
+    let xsums = if w == DType::Q4K { k / 8 } else { 0 };
+    4 * k + 16 + xsums + (HEAD_SPLIT_THREADS as usize / 32) * HEAD_SPLIT_ROWS * step_bytes
 }
 
-/// The grid of the f32 one-row product of `n` outputs of `k` values: an output head of Q4_0 or
-/// Q8_0 rows (k a multiple of 256) takes the tensor-core form (a warp every 16 outputs, x's halves
+/// The grid of the f32 one-row product of `n` outputs of `k` values: an output head of Q4_0, Q8_0
+/// or Q4_K rows (k a multiple of 256) takes the tensor-core form (a warp every 16 outputs, x's halves
 /// and the weight stages in shared memory), every other one [`head_warps`] warps.
 fn head_grid(w: DType, n: usize, k: usize) -> Grid {
-    let split = matches!(w, DType::Q4_0 | DType::Q8_0)
+    let split = matches!(w, DType::Q4_0 | DType::Q8_0 | DType::Q4K)
         && n >= HEAD_MIN_OUTPUTS
         && k.is_multiple_of(HEAD_SPLIT_STEP)
         && head_split_bytes(w, k) <= Q8_MAX_SHARED;

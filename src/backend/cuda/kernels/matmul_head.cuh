@@ -10,8 +10,10 @@
 // read straight from global memory, two bytes a lane, each load touched eight rows' cache lines
 // and L1 bound the form (docs/kernels.md items 30-32). Per 32-value block two `mma.sync` m16n8k16
 // products whose B operand has hi in column 0 and lo in column 1 (the other six columns zero),
-// against the block's quants as exact small integers in f16 (Q4_0's q - 8, Q8_0's q). The f32
-// sums of hi and lo are added and scaled by the row's block scale d in f32, block after block.
+// against the block's quants as exact small integers in f16 (Q4_0's q - 8, Q8_0's q, Q4_K's q of a
+// 32-value sub-block). The f32 sums of hi and lo are added and scaled by the row's block scale d
+// in f32, block after block; a Q4_K sub-block's by d times its 6-bit scale, less dmin times its
+// 6-bit min times the sub-block's sum of x (in f32, once per block into shared memory).
 // So each product w x sees x to about 2^-22 relatively (an f16 half of a value under 2^-14 keeps
 // fewer bits: about 6e-8 absolutely) and sums in f32, as the f32 form does, in another order.
 
@@ -24,25 +26,28 @@ __device__ __forceinline__ const float* mm_plain_row(X) {
 
 // Rows a warp takes at once: the m16n8k16 product's 16.
 #define MM_HEAD_GROUP 16u
-// Blocks of a row a step stages (256 values: Q4_0's 144 bytes, Q8_0's 272, whole 16-byte words),
-// the words of a row's step, and the warps of a block (the launch's 256 threads).
+// 32-value blocks of a row a step stages (256 values: Q4_0's and Q4_K's 144 bytes, Q8_0's 272,
+// whole 16-byte words), the words of a row's step, and the warps of a block (256 threads).
 #define MM_HEAD_STEP 8u
-#define MM_HEAD_WORDS(FMT) (MM_HEAD_STEP * ((FMT) == OP_FMT_Q4_0 ? 18u : 34u) / 16u)
+#define MM_HEAD_WORDS(FMT) ((FMT) == OP_FMT_Q8_0 ? 17u : 9u)
 #define MM_HEAD_WARPS 8u
+// Bytes of the sums of x a 32-value block (Q4_K's mins need them; 4 bytes a block).
+#define MM_HEAD_XSUMS(k, FMT) ((FMT) == OP_FMT_Q4_K ? (k) / 8u : 0u)
 // Dynamic shared memory that selects this form: the row's two f16 halves (4 bytes a value), 16
-// bytes more, and each warp's stage of 16 rows' step, a size no other one-row launch has (the int8
-// form's is MM_Q8_BYTES(k)).
-#define MM_HEAD_SMEM(k, FMT) \
-    (4u * (k) + 16u + MM_HEAD_WARPS * MM_HEAD_GROUP * 16u * MM_HEAD_WORDS(FMT))
+// bytes more, Q4_K's sums of x, and each warp's stage of 16 rows' step, a size no other one-row
+// launch has (the int8 form's is MM_Q8_BYTES(k)).
+#define MM_HEAD_SMEM(k, FMT)                          \
+    (4u * (k) + 16u + MM_HEAD_XSUMS(k, FMT) + \
+     MM_HEAD_WARPS * MM_HEAD_GROUP * 16u * MM_HEAD_WORDS(FMT))
 
-// Whether the launch asks for this form (block-uniform): Q4_0 or Q8_0 rows of k values (a multiple
+// Whether the launch asks for this form (block-uniform): Q4_0, Q8_0 or Q4_K rows of k values (a multiple
 // of 256) at 16-byte aligned addresses and lengths, x 8-byte aligned, MM_HEAD_WARPS warps a block
 // with MM_HEAD_SMEM(k, FMT) bytes of dynamic shared memory, sm_80+.
 template <int FMT>
 __device__ __forceinline__ bool mm_head_split_ok(const float* x, const uint8_t* w, uint32_t k,
                                                  uint64_t row_bytes) {
 #if __CUDA_ARCH__ >= 800
-    return (FMT == OP_FMT_Q4_0 || FMT == OP_FMT_Q8_0) && k % 256 == 0 &&
+    return (FMT == OP_FMT_Q4_0 || FMT == OP_FMT_Q8_0 || FMT == OP_FMT_Q4_K) && k % 256 == 0 &&
            blockDim.x == 32 * MM_HEAD_WARPS && blockDim.y == 1 &&
            (((uint64_t)w | row_bytes) & 15u) == 0 && ((uint64_t)x & 7u) == 0 &&
            mm_dynamic_smem() == MM_HEAD_SMEM(k, FMT);
@@ -75,7 +80,9 @@ __device__ __forceinline__ uint32_t mm_head_bits(__half2 h) {
 // and rb (g + 8), lane t = lane % 4: positions 2t, 2t + 1 and 2t + 8, 2t + 9 of the step are values
 //   Q4_0: 8s + 2t, +1 (low nibbles of quant bytes 8s + 2t, +1) and 16 + 8s + 2t, +1 (their high
 //         nibbles), each q - 8;
-//   Q8_0: 16s + 2t, +1 and 16s + 8 + 2t, +1.
+//   Q8_0: 16s + 2t, +1 and 16s + 8 + 2t, +1;
+//   Q4_K: the same values of sub-block b of the step's super-block (the low nibbles of its quant
+//         bytes 32 (b / 2) + ... for even b, the high ones for odd b).
 // `mm_head_x_at` gives the same values' places in x.
 template <int FMT>
 __device__ __forceinline__ void mm_head_a(uint32_t (&a)[4], const uint8_t* ra, const uint8_t* rb,
@@ -88,6 +95,22 @@ __device__ __forceinline__ void mm_head_a(uint32_t (&a)[4], const uint8_t* ra, c
         a[1] = mm_head_bits(__hsub2(mm_head_pair<MM_HEAD_LO>(ub), eight));
         a[2] = mm_head_bits(__hsub2(mm_head_pair<MM_HEAD_HI>(ua), eight));
         a[3] = mm_head_bits(__hsub2(mm_head_pair<MM_HEAD_HI>(ub), eight));
+    } else if (FMT == OP_FMT_Q4_K) {
+        const uint32_t off = 16 + 32 * (b / 2) + 16 * s + 2 * t;
+        const __half2 base = __floats2half2_rn(1024.0f, 1024.0f);
+        const uint32_t u0 = *(const uint16_t*)(ra + off), u1 = *(const uint16_t*)(rb + off);
+        const uint32_t u2 = *(const uint16_t*)(ra + off + 8), u3 = *(const uint16_t*)(rb + off + 8);
+        if (b % 2 == 0) {
+            a[0] = mm_head_bits(__hsub2(mm_head_pair<MM_HEAD_LO>(u0), base));
+            a[1] = mm_head_bits(__hsub2(mm_head_pair<MM_HEAD_LO>(u1), base));
+            a[2] = mm_head_bits(__hsub2(mm_head_pair<MM_HEAD_LO>(u2), base));
+            a[3] = mm_head_bits(__hsub2(mm_head_pair<MM_HEAD_LO>(u3), base));
+        } else {
+            a[0] = mm_head_bits(__hsub2(mm_head_pair<MM_HEAD_HI>(u0), base));
+            a[1] = mm_head_bits(__hsub2(mm_head_pair<MM_HEAD_HI>(u1), base));
+            a[2] = mm_head_bits(__hsub2(mm_head_pair<MM_HEAD_HI>(u2), base));
+            a[3] = mm_head_bits(__hsub2(mm_head_pair<MM_HEAD_HI>(u3), base));
+        }
     } else {
         const uint32_t off = 34 * b + 2 + 16 * s + 2 * t;
         const __half2 bias = __floats2half2_rn(1152.0f, 1152.0f);
@@ -107,10 +130,11 @@ __device__ __forceinline__ uint32_t mm_head_x_at(uint32_t s, uint32_t j, uint32_
     return FMT == OP_FMT_Q4_0 ? 16 * j + 8 * s + 2 * t : 16 * s + 8 * j + 2 * t;
 }
 
-// The block scale of a row's block b (an f16 at the block's start).
+// The block scale of a row's block b (an f16 at the block's start; Q4_K: the super-block's d).
 template <int FMT>
 __device__ __forceinline__ float mm_head_d(const uint8_t* row, uint32_t b) {
-    return __half2float(*(const __half*)(row + (FMT == OP_FMT_Q4_0 ? 18 : 34) * b));
+    const uint32_t bytes = FMT == OP_FMT_Q4_0 ? 18 : FMT == OP_FMT_Q8_0 ? 34 : 0;
+    return __half2float(*(const __half*)(row + bytes * b));
 }
 #endif
 
@@ -136,6 +160,20 @@ __device__ __forceinline__ bool mm_head_split(const float* x, const uint8_t* w, 
         hi[i] = h;
         lo[i] = __floats2half2_rn(v.x - hf.x, v.y - hf.y);
     }
+    // Q4_K: the sum of each 32-value block of x, in order.
+    float* xsum = (float*)((uint8_t*)mm_smem + 4 * k + 16);
+    if (FMT == OP_FMT_Q4_K) {
+        for (uint32_t b = threadIdx.x; b < k / 32; b += blockDim.x) {
+            float sum = 0.0f;
+#pragma unroll
+            for (uint32_t i = 0; i < 16; ++i) {
+                const float2 v = *(const float2*)(x + 32 * b + 2 * i);
+                sum += v.x;
+                sum += v.y;
+            }
+            xsum[b] = sum;
+        }
+    }
     if (__syncthreads_or(!ok)) return false;
     const uint32_t lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     // Column g of the B operand: hi for g = 0, lo for g = 1, zeros for the others.
@@ -143,7 +181,8 @@ __device__ __forceinline__ bool mm_head_split(const float* x, const uint8_t* w, 
     const bool live = g < 2;
     constexpr uint32_t W = MM_HEAD_WORDS(FMT), WORDS = MM_HEAD_GROUP * W, PER = (WORDS + 31) / 32;
     // This warp's stage: 16 rows of W words.
-    uint4* stage = (uint4*)((uint8_t*)mm_smem + 4 * k + 16) + (threadIdx.x >> 5) * WORDS;
+    uint4* stage = (uint4*)((uint8_t*)mm_smem + 4 * k + 16 + MM_HEAD_XSUMS(k, FMT)) +
+                   (threadIdx.x >> 5) * WORDS;
     const uint8_t* ra = (const uint8_t*)(stage + g * W);
     const uint8_t* rb = (const uint8_t*)(stage + (g + 8) * W);
     const uint32_t steps = k / (32 * MM_HEAD_STEP);
@@ -172,12 +211,19 @@ __device__ __forceinline__ bool mm_head_split(const float* x, const uint8_t* w, 
                 if (lane + 32 * j < WORDS) stage[lane + 32 * j] = next[j];
             __syncwarp();
             if (st + 1 < steps) load(st + 1);
-#pragma unroll 4
+            // Q4_K: the step's super-block scales of rows g and g + 8.
+            float dka = 0.0f, dkb = 0.0f, mka = 0.0f, mkb = 0.0f;
+            if (FMT == OP_FMT_Q4_K) {
+                dka = __half2float(*(const __half*)ra);
+                dkb = __half2float(*(const __half*)rb);
+                mka = __half2float(*(const __half*)(ra + 2));
+                mkb = __half2float(*(const __half*)(rb + 2));
+            }
+#pragma unroll(FMT == OP_FMT_Q4_K ? 8 : 4)
             for (uint32_t bb = 0; bb < MM_HEAD_STEP; ++bb) {
                 uint32_t a0[4], a1[4];
                 mm_head_a<FMT>(a0, ra, rb, bb, 0, t);
                 mm_head_a<FMT>(a1, ra, rb, bb, 1, t);
-                const float da = mm_head_d<FMT>(ra, bb), db = mm_head_d<FMT>(rb, bb);
                 const uint32_t xb = 32 * (st * MM_HEAD_STEP + bb);
                 uint32_t b00 = 0, b01 = 0, b10 = 0, b11 = 0;
                 if (live) {
@@ -185,13 +231,22 @@ __device__ __forceinline__ bool mm_head_split(const float* x, const uint8_t* w, 
                     b01 = mm_head_bits(col[(xb + mm_head_x_at<FMT>(0, 1, t)) / 2]);
                     b10 = mm_head_bits(col[(xb + mm_head_x_at<FMT>(1, 0, t)) / 2]);
                     b11 = mm_head_bits(col[(xb + mm_head_x_at<FMT>(1, 1, t)) / 2]);
-            }
-            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            mma_16816(c, a0, b00, b01);
-            mma_16816(c, a1, b10, b11);
-            // Lanes with t = 0 hold columns 0 (hi) and 1 (lo) of rows g and g + 8.
-            acc0 += da * (c[0] + c[1]);
-            acc1 += db * (c[2] + c[3]);
+                }
+                float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                mma_16816(c, a0, b00, b01);
+                mma_16816(c, a1, b10, b11);
+                // Lanes with t = 0 hold columns 0 (hi) and 1 (lo) of rows g and g + 8.
+                if (FMT == OP_FMT_Q4_K) {
+                    uint32_t sa, ma, sb, mb;
+                    op_q4k_scale_min(ra + 4, bb, sa, ma);
+                    op_q4k_scale_min(rb + 4, bb, sb, mb);
+                    const float xs = xsum[xb / 32];
+                    acc0 += dka * (float)sa * (c[0] + c[1]) - mka * (float)ma * xs;
+                    acc1 += dkb * (float)sb * (c[2] + c[3]) - mkb * (float)mb * xs;
+                } else {
+                    acc0 += mm_head_d<FMT>(ra, bb) * (c[0] + c[1]);
+                    acc1 += mm_head_d<FMT>(rb, bb) * (c[2] + c[3]);
+                }
             }
         }
         if (t == 0) {
