@@ -341,8 +341,8 @@ fn head_split_bytes(w: DType, k: usize) -> usize {
 }
 
 /// The grid of the f32 one-row product of `n` outputs of `k` values: an output head of Q4_0, Q8_0
-/// or Q4_K rows (k a multiple of 256) takes the tensor-core form (a warp every 16 outputs, x's halves
-/// and the weight stages in shared memory), every other one [`head_warps`] warps.
+/// or Q4_K rows (k a multiple of 256) takes the tensor-core form (a warp every 16 outputs, x's
+/// halves and the weight stages in shared memory), every other one [`head_warps`] warps.
 fn head_grid(w: DType, n: usize, k: usize) -> Grid {
     let split = matches!(w, DType::Q4_0 | DType::Q8_0 | DType::Q4K)
         && n >= HEAD_MIN_OUTPUTS

@@ -36,13 +36,13 @@ __device__ __forceinline__ const float* mm_plain_row(X) {
 // Dynamic shared memory that selects this form: the row's two f16 halves (4 bytes a value), 16
 // bytes more, Q4_K's sums of x, and each warp's stage of 16 rows' step, a size no other one-row
 // launch has (the int8 form's is MM_Q8_BYTES(k)).
-#define MM_HEAD_SMEM(k, FMT)                          \
+#define MM_HEAD_SMEM(k, FMT)                  \
     (4u * (k) + 16u + MM_HEAD_XSUMS(k, FMT) + \
      MM_HEAD_WARPS * MM_HEAD_GROUP * 16u * MM_HEAD_WORDS(FMT))
 
-// Whether the launch asks for this form (block-uniform): Q4_0, Q8_0 or Q4_K rows of k values (a multiple
-// of 256) at 16-byte aligned addresses and lengths, x 8-byte aligned, MM_HEAD_WARPS warps a block
-// with MM_HEAD_SMEM(k, FMT) bytes of dynamic shared memory, sm_80+.
+// Whether the launch asks for this form (block-uniform): Q4_0, Q8_0 or Q4_K rows of k values (a
+// multiple of 256) at 16-byte aligned addresses and lengths, x 8-byte aligned, MM_HEAD_WARPS warps
+// a block with MM_HEAD_SMEM(k, FMT) bytes of dynamic shared memory, sm_80+.
 template <int FMT>
 __device__ __forceinline__ bool mm_head_split_ok(const float* x, const uint8_t* w, uint32_t k,
                                                  uint64_t row_bytes) {
