@@ -442,21 +442,18 @@ __device__ __forceinline__ void mm_q8_q4k_pairs(XQ8 x, const uint8_t* const (&ro
             const uint4 h = *(const uint4*)sp;
             const uint4 q0 = *(const uint4*)(sp + 16 + 32 * j);
             const uint4 q1 = *(const uint4*)(sp + 32 + 32 * j);
-            // `op_q4k_scale_min` for sub-blocks 2 j and 2 j + 1 on the header's bytes 4 .. 15.
-            auto byte = [](uint32_t w, uint32_t i) { return (w >> (8 * i)) & 0xffu; };
-            uint32_t s0, m0, s1, m1;
-            if (j < 2) {
-                s0 = byte(h.y, 2 * j) & 63;
-                m0 = byte(h.z, 2 * j) & 63;
-                s1 = byte(h.y, 2 * j + 1) & 63;
-                m1 = byte(h.z, 2 * j + 1) & 63;
-            } else {
-                const uint32_t i0 = 2 * j - 4, i1 = 2 * j - 3;
-                s0 = (byte(h.w, i0) & 0x0F) | ((byte(h.y, i0) >> 6) << 4);
-                m0 = (byte(h.w, i0) >> 4) | ((byte(h.z, i0) >> 6) << 4);
-                s1 = (byte(h.w, i1) & 0x0F) | ((byte(h.y, i1) >> 6) << 4);
-                m1 = (byte(h.w, i1) >> 4) | ((byte(h.z, i1) >> 6) << 4);
-            }
+            // `op_q4k_scale_min` for sub-blocks 2 j and 2 j + 1 on the header's bytes 4 .. 15,
+            // bytes 2 (j % 2) and 2 (j % 2) + 1 of each of its three words, without a branch: a
+            // warp's lanes take every j, and a divergent branch on the header held back the next
+            // row's loads until this row's header had arrived.
+            const uint32_t sh = 16 * (j & 1);
+            const uint32_t ws = (h.y >> sh) & 0xffffu, wm = (h.z >> sh) & 0xffffu;
+            const uint32_t wl = (h.w >> sh) & 0xffffu;
+            const uint32_t s01 =
+                j < 2 ? ws & 0x3f3fu : (wl & 0x0f0fu) | ((ws >> 2) & 0x3030u);
+            const uint32_t m01 =
+                j < 2 ? wm & 0x3f3fu : ((wl >> 4) & 0x0f0fu) | ((wm >> 2) & 0x3030u);
+            const uint32_t s0 = s01 & 0xffu, s1 = s01 >> 8, m0 = m01 & 0xffu, m1 = m01 >> 8;
             int lo = __dp4a((int)(q0.x & m4), a0.x, __dp4a((int)(q0.y & m4), a0.z, 0));
             lo = __dp4a((int)(q0.z & m4), a1.x, __dp4a((int)(q0.w & m4), a1.z, lo));
             lo = __dp4a((int)(q1.x & m4), a0.y, __dp4a((int)(q1.y & m4), a0.w, lo));
