@@ -104,6 +104,12 @@ struct AdV {
     }
 };
 
+// A count known when compiled, for the key loop's heads.
+template <int N>
+struct AdCount {
+    static constexpr int value = N;
+};
+
 // Query heads a block takes: AD_HEADS where there are AD_MIN_KV_SHARED KV heads or more, or the
 // query sees AD_MIN_KEYS_SHARED keys or more; else one, so that a model with few KV heads still
 // spreads a short context over enough blocks, while a long one reads each K and V row once for
@@ -266,58 +272,70 @@ __device__ void ad_block(const float* q, const T* k, const T* v, float* partials
             qr[h][i] = (uint32_t)h < nh
                            ? *(const float4*)(q + (uint64_t)(h0 + h) * HD + 4 * sub + 4 * LPK * i)
                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (; j0 < b; j0 += stride) {
-        const bool valid = j0 + slot < b;
-        R4 kr[4];
-        AdV<T, DV> vr[KPI];
+    // The key loop for NH heads a block, known when compiled: one, or AD_HEADS where the block
+    // has more than one (the query rows of heads past nh are zeros, their states unused), so that
+    // the heads' chains of shuffles and exponentials interleave rather than run one after the
+    // other behind a run-time bound.
+    auto keys_loop = [&](auto nh_c) {
+        constexpr int NH = decltype(nh_c)::value;
+        for (; j0 < b; j0 += stride) {
+            const bool valid = j0 + slot < b;
+            R4 kr[4];
+            AdV<T, DV> vr[KPI];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) kr[i] = kk[i];
+            for (int i = 0; i < 4; ++i) kr[i] = kk[i];
 #pragma unroll
-        for (int t = 0; t < KPI; ++t) vr[t] = vv[t];
-        if (j0 + stride < b) load(j0 + stride);
-        float4 kc[4];
-        float vc[KPI][DV];
+            for (int t = 0; t < KPI; ++t) vr[t] = vv[t];
+            if (j0 + stride < b) load(j0 + stride);
+            float4 kc[4];
+            float vc[KPI][DV];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) kc[i] = ad_wide(kr[i]);
+            for (int i = 0; i < 4; ++i) kc[i] = ad_wide(kr[i]);
 #pragma unroll
-        for (int t = 0; t < KPI; ++t) vr[t].wide(vc[t]);
+            for (int t = 0; t < KPI; ++t) vr[t].wide(vc[t]);
 #pragma unroll
-        for (int h = 0; h < AD_HEADS; ++h) {
-            if ((uint32_t)h >= nh) break;
-            float d = 0.0f;
+            for (int h = 0; h < AD_HEADS; ++h) {
+                if (h >= NH) break;
+                float d = 0.0f;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                d = fmaf(qr[h][i].x, kc[i].x, d);
-                d = fmaf(qr[h][i].y, kc[i].y, d);
-                d = fmaf(qr[h][i].z, kc[i].z, d);
-                d = fmaf(qr[h][i].w, kc[i].w, d);
-            }
+                for (int i = 0; i < 4; ++i) {
+                    d = fmaf(qr[h][i].x, kc[i].x, d);
+                    d = fmaf(qr[h][i].y, kc[i].y, d);
+                    d = fmaf(qr[h][i].z, kc[i].z, d);
+                    d = fmaf(qr[h][i].w, kc[i].w, d);
+                }
 #pragma unroll
-            for (int o = 1; o < LPK; o <<= 1) d += __shfl_xor_sync(ONEPASS_FULL_MASK, d, o);
-            float s = d * scale;
-            if (softcap != 0.0f) s = softcap * tanhf(s / softcap);
-            s = valid ? s * AD_LOG2E : -__int_as_float(0x7f800000);
-            float t = s;
+                for (int o = 1; o < LPK; o <<= 1) d += __shfl_xor_sync(ONEPASS_FULL_MASK, d, o);
+                float s = d * scale;
+                if (softcap != 0.0f) s = softcap * tanhf(s / softcap);
+                s = valid ? s * AD_LOG2E : -__int_as_float(0x7f800000);
+                float t = s;
 #pragma unroll
-            for (int o = LPK; o < 32; o <<= 1) t = fmaxf(t, __shfl_xor_sync(ONEPASS_FULL_MASK, t, o));
-            const float nm = fmaxf(m[h], t);
-            const float c = exp2f(m[h] - nm);
-            const float p = valid ? exp2f(s - nm) : 0.0f;
-            float ps = p;
+                for (int o = LPK; o < 32; o <<= 1)
+                    t = fmaxf(t, __shfl_xor_sync(ONEPASS_FULL_MASK, t, o));
+                const float nm = fmaxf(m[h], t);
+                const float c = exp2f(m[h] - nm);
+                const float p = valid ? exp2f(s - nm) : 0.0f;
+                float ps = p;
 #pragma unroll
-            for (int o = LPK; o < 32; o <<= 1) ps += __shfl_xor_sync(ONEPASS_FULL_MASK, ps, o);
-            l[h] = l[h] * c + ps;
-            m[h] = nm;
+                for (int o = LPK; o < 32; o <<= 1) ps += __shfl_xor_sync(ONEPASS_FULL_MASK, ps, o);
+                l[h] = l[h] * c + ps;
+                m[h] = nm;
 #pragma unroll
-            for (int e = 0; e < DV; ++e) acc[h][e] *= c;
+                for (int e = 0; e < DV; ++e) acc[h][e] *= c;
 #pragma unroll
-            for (int t2 = 0; t2 < KPI; ++t2) {
-                const float pk = __shfl_sync(ONEPASS_FULL_MASK, p, t2 * LPK);
+                for (int t2 = 0; t2 < KPI; ++t2) {
+                    const float pk = __shfl_sync(ONEPASS_FULL_MASK, p, t2 * LPK);
 #pragma unroll
-                for (int e = 0; e < DV; ++e) acc[h][e] = fmaf(pk, vc[t2][e], acc[h][e]);
+                    for (int e = 0; e < DV; ++e) acc[h][e] = fmaf(pk, vc[t2][e], acc[h][e]);
+                }
             }
         }
-    }
+    };
+    if (nh == 1)
+        keys_loop(AdCount<1>{});
+    else
+        keys_loop(AdCount<AD_HEADS>{});
     // The warps' states side by side; each (warp, head)'s factor 2^(max - block max) computed
     // once; then merged per (head, dimension).
 #pragma unroll
