@@ -21,8 +21,10 @@
 // (and keeps a factor a split and head in shared memory). On an H100 (docs/kernels.md item 18):
 // one split per 32 keys rather than 64 measured slower at 512 tokens of context everywhere
 // (SmolLM2 1,204 -> 1,080 tok/s), and 45 splits of the SmolLM2 shape at 4096 tokens 952 tok/s
-// against 1,057 with 32.
-#define AD_MAX_SPLITS 32
+// against 1,057 with 32. On an H200 (item 35) that shape at 4096 tokens took 683-689 us a step
+// with 24, 696-697 with 16, 703-705 with 20, 721-729 with 28 and 32. Only models with few KV
+// heads reach the cap: the 1B's and 8B's eight KV heads fill the grid with 16 splits.
+#define AD_MAX_SPLITS 24
 // Scores are kept in base 2 (times log2 e), so each exponential is one `exp2f`.
 #define AD_LOG2E 1.4426950408889634f
 
