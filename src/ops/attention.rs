@@ -338,8 +338,9 @@ fn mma_grid(rows: usize, n_head: usize, head_dim: usize, cache: DType) -> Grid {
 /// `backend/cuda/kernels/attention_decode.cu`), all of one KV head.
 const SPLIT_HEADS: usize = 4;
 /// KV heads from which a block of the split form always takes [`SPLIT_HEADS`] query heads
-/// (`AD_MIN_KV_SHARED` in the kernel); with fewer, a block takes one query head until the context
-/// reaches 2048 keys (`AD_MIN_KEYS_SHARED`), so a short context fills enough blocks.
+/// (`AD_MIN_KV_SHARED` in the kernel); with fewer, a block takes one query head while the grid's
+/// splits for one head a block leave at most 64 keys each (`ad_heads_per_block`), so a short
+/// context fills enough blocks.
 const SPLIT_MIN_KV_SHARED: usize = 8;
 
 /// Query heads one block of the split form takes at a short context (`ad_heads_per_block` in the
@@ -354,7 +355,7 @@ fn split_heads_per_block(n_kv_head: usize) -> usize {
 
 /// Blocks the one-dispatch decode attention aims at for a long context: the grid holds about this
 /// many (KV head, head group, split) blocks; the kernel uses as many splits as the run-time length
-/// asks for (one per 64 keys, at most 32) and no more than the grid holds. One an SM of an H100:
+/// asks for (one per 64 keys, at most 24) and no more than the grid holds. One an SM of an H100:
 /// the kernel's registers leave room for one block an SM, and 256 blocks ran as two waves
 /// (`docs/kernels.md` item 15: 1B at 4096 tokens 708 -> 728 tok/s).
 const SPLIT_TARGET_BLOCKS: usize = 132;

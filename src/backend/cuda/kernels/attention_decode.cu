@@ -112,16 +112,23 @@ struct AdCount {
     static constexpr int value = N;
 };
 
-// Query heads a block takes: AD_HEADS where there are AD_MIN_KV_SHARED KV heads or more, or the
-// query sees AD_MIN_KEYS_SHARED keys or more; else one, so that a model with few KV heads still
-// spreads a short context over enough blocks, while a long one reads each K and V row once for
-// the heads that share it. The host sizes the grid for one head a block where that can happen
-// (`ops::attention::split_heads_per_block`); with more heads a block, each owner takes more of
-// the grid's splits.
+// Query heads a block takes: AD_HEADS where there are AD_MIN_KV_SHARED KV heads or more, or where
+// one head a block would leave more than AD_MIN_KEYS keys a split (the grid's splits for one head
+// a block, at most AD_MAX_SPLITS and `max_chunks`, too few for the length); else one, so that a
+// model with few KV heads spreads a short context over enough blocks, while a longer one reads
+// each K and V row once for the heads that share it. The host sizes the grid for one head a block
+// where that can happen (`ops::attention::split_heads_per_block`); with more heads a block, each
+// owner takes more of the grid's splits. (A fixed bound of 2,048 keys left SmolLM2's shape at
+// 1,024 tokens two steps a warp on 9 x 14 blocks: 702 us a step on an H200, against 625 with its
+// three heads a block; docs/kernels.md item 35.)
 #define AD_MIN_KV_SHARED 8
-#define AD_MIN_KEYS_SHARED 2048
-__device__ __forceinline__ uint32_t ad_heads_per_block(uint32_t n_kv, uint64_t keys) {
-    return n_kv >= AD_MIN_KV_SHARED || keys >= AD_MIN_KEYS_SHARED ? AD_HEADS : 1;
+__device__ __forceinline__ uint32_t ad_heads_per_block(uint32_t n_kv, uint32_t group,
+                                                       uint64_t keys, uint32_t max_chunks) {
+    if (n_kv >= AD_MIN_KV_SHARED) return AD_HEADS;
+    uint32_t cap = gridDim.x / (n_kv * group);
+    if (cap > max_chunks) cap = max_chunks;
+    if (cap > AD_MAX_SPLITS) cap = AD_MAX_SPLITS;
+    return (keys + AD_MIN_KEYS - 1) / AD_MIN_KEYS > cap ? AD_HEADS : 1;
 }
 
 // Whether the split form takes this launch (block-uniform).
@@ -186,7 +193,7 @@ __device__ void ad_block(const float* q, const T* k, const T* v, float* partials
     constexpr int LPK = HD / 16, KPI = 32 / LPK, DV = HD / 32;
     __shared__ float m_s[AD_WARPS][AD_HEADS], l_s[AD_WARPS][AD_HEADS];
     const uint64_t keys = kv_len - lo;
-    const uint32_t group = n_head / n_kv, hpb = ad_heads_per_block(n_kv, keys);
+    const uint32_t group = n_head / n_kv, hpb = ad_heads_per_block(n_kv, group, keys, max_chunks);
     const uint32_t hgroups = (group + hpb - 1) / hpb;
     const uint32_t owners = n_kv * hgroups;
     const uint32_t grid_splits = gridDim.x / owners;
