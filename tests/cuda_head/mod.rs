@@ -19,6 +19,15 @@ fn compare_head(dev: &Device, what: &str, x: Host, w: Host, n: usize, atol: f64)
     );
 }
 
+/// `compare_head` on seeded random weights (n rows of k values of `dt`) and a random row x, within
+/// 2e-4 + 1e-4 |want|.
+fn compare_random_head(dev: &Device, dt: DType, n: usize, k: usize, w_seed: u64, x_seed: u64) {
+    let w = weight_tensor(dt, n, k, w_seed);
+    let x = random_tensor(DType::F32, &[1, k], 1.0, x_seed);
+    let what = format!("matmul_f32_activations {dt} {n}x{k}");
+    compare_head(dev, &what, x, w, n, 2e-4);
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn matmul_head_family() {
@@ -45,16 +54,7 @@ fn matmul_head_family() {
         .chain([(&DType::Q4K, 256), (&DType::Q4K, 2048)])
         .enumerate()
     {
-        let w = weight_tensor(dt, n, k, 880 + j as u64);
-        let x = random_tensor(DType::F32, &[1, k], 1.0, 890 + k as u64);
-        compare_head(
-            &dev,
-            &format!("matmul_f32_activations {dt} {n}x{k}"),
-            x,
-            w,
-            n,
-            2e-4,
-        );
+        compare_random_head(&dev, dt, n, k, 880 + j as u64, 890 + k as u64);
     }
     // A value f16 cannot hold: the tensor-core form of Q4_0, Q8_0 and Q4_K heads
     // (`matmul_head.cuh`) hands the row to the f32 form, whose sums then carry that value's
@@ -88,16 +88,6 @@ fn matmul_head_at_real_shapes() {
     .into_iter()
     .enumerate()
     {
-        let n = 128_256usize;
-        let w = weight_tensor(dt, n, k, 860 + j as u64);
-        let x = random_tensor(DType::F32, &[1, k], 1.0, 865 + j as u64);
-        compare_head(
-            &dev,
-            &format!("matmul_f32_activations {dt} {n}x{k}"),
-            x,
-            w,
-            n,
-            2e-4,
-        );
+        compare_random_head(&dev, dt, 128_256, k, 860 + j as u64, 865 + j as u64);
     }
 }
