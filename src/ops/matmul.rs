@@ -329,25 +329,43 @@ const HEAD_SPLIT_THREADS: u32 = 256;
 const HEAD_SPLIT_ROWS: usize = 16;
 /// Values of a row each step of that form stages (`MM_HEAD_STEP` blocks of 32).
 const HEAD_SPLIT_STEP: usize = 256;
-
-/// The dynamic shared memory that selects the tensor-core head form for Q4_0, Q8_0 or Q4_K rows
-/// (`MM_HEAD_SMEM`): x split into two f16 halves (4 bytes a value), 16 bytes more, Q4_K's sums
-/// of x (4 bytes a 32-value block), and each warp's stage of 16 rows' step (144 bytes a row for
-/// Q4_0 and Q4_K, 272 for Q8_0).
-fn head_split_bytes(w: DType, k: usize) -> usize {
-    let step_bytes = HEAD_SPLIT_STEP / w.block_elems() * w.block_bytes();
-    let xsums = if w == DType::Q4K { k / 8 } else { 0 };
-    4 * k + 16 + xsums + (HEAD_SPLIT_THREADS as usize / 32) * HEAD_SPLIT_ROWS * step_bytes
+/// The 16-byte words of a row's step a warp's stage of that form keeps (`MM_HEAD_WORDS`): Q4_0's
+/// and Q4_K's 144 bytes and Q8_0's 272 are whole words; Q6_K's 210-byte steps start at any even
+/// byte of a word, so they take 14 words, made odd (15) so the rows' same words fall in different
+/// banks.
+fn head_stage_words(w: DType) -> usize {
+    if w == DType::Q6K {
+        15
+    } else {
+        256 / w.block_elems() * w.block_bytes() / 16
+    }
 }
 
-/// The grid of the f32 one-row product of `n` outputs of `k` values: an output head of Q4_0, Q8_0
-/// or Q4_K rows (k a multiple of 256) takes the tensor-core form (a warp every 16 outputs, x's
-/// halves and the weight stages in shared memory), every other one [`head_warps`] warps.
+/// The dynamic shared memory that selects the tensor-core head form (`MM_HEAD_SMEM`): x split into
+/// two f16 halves (4 bytes a value), 16 bytes more, Q4_K's sums of x (4 bytes a 32-value block),
+/// and each warp's stage of 16 rows' step.
+fn head_split_bytes(w: DType, k: usize) -> usize {
+    let xsums = if w == DType::Q4K { k / 8 } else { 0 };
+    4 * k
+        + 16
+        + xsums
+        + (HEAD_SPLIT_THREADS as usize / 32) * HEAD_SPLIT_ROWS * 16 * head_stage_words(w)
+}
+
+/// The most dynamic shared memory a block of the tensor-core head form takes (the launch asks
+/// the driver for it past 48 KiB): rows of up to 8,192 values.
+const HEAD_MAX_SHARED: usize = 96 * 1024;
+
+/// The grid of the f32 one-row product of `n` outputs of `k` values: an output head of Q4_0, Q8_0,
+/// Q4_K or Q6_K rows of a multiple of 256 values (Q6_K: n rows of whole 16-byte words) takes the
+/// tensor-core form (a warp every 16 outputs, x's halves and the weight stages in shared memory),
+/// every other one [`head_warps`] warps.
 fn head_grid(w: DType, n: usize, k: usize) -> Grid {
-    let split = matches!(w, DType::Q4_0 | DType::Q8_0 | DType::Q4K)
+    let split = matches!(w, DType::Q4_0 | DType::Q8_0 | DType::Q4K | DType::Q6K)
         && n >= HEAD_MIN_OUTPUTS
         && k.is_multiple_of(HEAD_SPLIT_STEP)
-        && head_split_bytes(w, k) <= Q8_MAX_SHARED;
+        && (n * (k / w.block_elems() * w.block_bytes())).is_multiple_of(16)
+        && head_split_bytes(w, k) <= HEAD_MAX_SHARED;
     if !split {
         return warp_per_output(head_warps(w, n, k), 1);
     }

@@ -413,12 +413,13 @@ fn given_head_shapes_when_sizing_the_f32_one_row_grid_then_four_rows_a_warp_wher
     assert_eq!(head_warps(DType::Q6K, 128_256, 4096), 128_256);
 }
 
-/// Q4_0, Q8_0 and Q4_K output heads (rows a multiple of 256 values) take the tensor-core form:
-/// eight-warp blocks, a warp every 16 outputs, the shared memory that selects the form (Q4_K's
-/// with 4 bytes more a 32-value block for the sums of x); other formats, narrow products and
-/// other row lengths keep the warp grid.
+/// Q4_0, Q8_0, Q4_K and Q6_K output heads of rows of a multiple of 256 values take the tensor-core
+/// form: eight-warp blocks, a warp every 16 outputs, the shared memory that selects the form (a
+/// stage of 9, 17, 9 or 15 words a row; Q4_K's with 4 bytes more a 32-value block for the sums of
+/// x); other formats, narrow products, other widths and Q6_K heads whose last row ends inside a
+/// 16-byte word keep the warp grid.
 #[test]
-fn given_q4_0_q8_0_and_q4_k_heads_when_sizing_the_grid_then_the_tensor_core_form_takes_them() {
+fn given_q4_0_q8_0_q4_k_and_q6_k_heads_when_sizing_the_grid_then_the_tensor_core_form_takes_them() {
     let launch = |w, n, k| {
         let g = head_grid(w, n, k);
         (g.blocks[0], g.threads[0], g.shared_bytes)
@@ -426,9 +427,14 @@ fn given_q4_0_q8_0_and_q4_k_heads_when_sizing_the_grid_then_the_tensor_core_form
     assert_eq!(launch(DType::Q4_0, 128_256, 4096), (1002, 256, 34_832));
     assert_eq!(launch(DType::Q8_0, 128_256, 2048), (1002, 256, 43_024));
     assert_eq!(launch(DType::Q4K, 128_256, 4096), (1002, 256, 35_344));
-    assert_eq!(launch(DType::Q6K, 128_256, 4096), (128_256 / 4, 128, 0));
+    assert_eq!(launch(DType::Q6K, 128_256, 4096), (1002, 256, 47_120));
+    // The 8B shape's Q8_0 head (50 KiB of shared memory), SmolLM2's (576 values a row).
+    assert_eq!(launch(DType::Q8_0, 128_256, 4096), (1002, 256, 51_216));
+    assert_eq!(launch(DType::Q8_0, 49_152, 576), (3072, 128, 0));
+    // Q6_K rows of 256 values (210 bytes): 16,387 of them end inside a word, 16,392 do not.
+    assert_eq!(launch(DType::Q6K, 16_387, 256), (16_387 / 4 + 1, 128, 0));
+    assert_eq!(launch(DType::Q6K, 16_392, 256), (129, 256, 31_760));
     assert_eq!(launch(DType::Q4_1, 128_256, 4096), (32_064 / 4, 128, 0));
     assert_eq!(launch(DType::Q4_0, 16_383, 4096), (16_383 / 4 + 1, 128, 0));
     assert_eq!(launch(DType::Q8_0, 16_387, 2080), (16_387 / 4 + 1, 128, 0));
-    assert_eq!(launch(DType::Q8_0, 128_256, 4096), (128_256 / 4, 128, 0));
 }

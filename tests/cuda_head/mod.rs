@@ -56,12 +56,23 @@ fn matmul_head_family() {
     {
         compare_random_head(&dev, dt, n, k, 880 + j as u64, 890 + k as u64);
     }
-    // A value f16 cannot hold: the tensor-core form of Q4_0, Q8_0 and Q4_K heads
+    // Q6_K: rows of 256 values (210 bytes, so each row's step starts at another even byte of a
+    // 16-byte word; 16,392 rows end on a whole word) and of 2,048 take the tensor-core form, its
+    // last group partial; 16,387 rows of 256 end inside a word and keep a warp a row.
+    let cases = [
+        (DType::Q6K, 256usize, 16392usize),
+        (DType::Q6K, 2048, 16387),
+        (DType::Q6K, 256, 16387),
+    ];
+    for (j, (dt, k, n)) in cases.into_iter().enumerate() {
+        compare_random_head(&dev, dt, n, k, 900 + j as u64, 910 + k as u64);
+    }
+    // A value f16 cannot hold: the tensor-core form of Q4_0, Q8_0, Q4_K and Q6_K heads
     // (`matmul_head.cuh`) hands the row to the f32 form, whose sums then carry that value's
     // magnitude (Q8_0's q x up to 8.9e6, whose ulp is 1, before the scale d of about 1/127; Q4_0's
     // d (sum q x - 8 sum x)), hence the wider atol: a row left to the int8 or the tensor-core form
     // would miss by far more.
-    for (j, dt) in [DType::Q4_0, DType::Q8_0, DType::Q4K]
+    for (j, dt) in [DType::Q4_0, DType::Q8_0, DType::Q4K, DType::Q6K]
         .into_iter()
         .enumerate()
     {
@@ -73,21 +84,25 @@ fn matmul_head_family() {
     }
 }
 
-/// The output heads at their real shapes: the Llama-3.2-1B's Q8_0 head (128,256 x 2,048) and
-/// the Llama-3.1-8B's in Q4_0 and in Q4_K (128,256 x 4,096), all through the tensor-core form (x
-/// in two f16 halves, f32 sums in another order than the CPU's).
+/// The output heads at their real shapes: SmolLM2's Q8_0 head (49,152 x 576, four rows a warp),
+/// then through the tensor-core form (x in two f16 halves, f32 sums in another order than the
+/// CPU's) the Llama-3.2-1B's Q8_0 head (128,256 x 2,048) and the Llama-3.1-8B's in Q4_0, Q4_K,
+/// Q6_K (a Q4_K_M file's) and Q8_0 (128,256 x 4,096).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn matmul_head_at_real_shapes() {
     let dev = cuda_device();
-    for (j, (dt, k)) in [
-        (DType::Q8_0, 2048usize),
-        (DType::Q4_0, 4096),
-        (DType::Q4K, 4096),
+    for (j, (dt, n, k)) in [
+        (DType::Q8_0, 49_152, 576usize),
+        (DType::Q8_0, 128_256, 2048),
+        (DType::Q4_0, 128_256, 4096),
+        (DType::Q4K, 128_256, 4096),
+        (DType::Q6K, 128_256, 4096),
+        (DType::Q8_0, 128_256, 4096),
     ]
     .into_iter()
     .enumerate()
     {
-        compare_random_head(&dev, dt, 128_256, k, 860 + j as u64, 865 + j as u64);
+        compare_random_head(&dev, dt, n, k, 860 + j as u64, 865 + j as u64);
     }
 }

@@ -272,7 +272,7 @@ __device__ void matmul(X x, const uint8_t* w, float* out, uint32_t rows, uint32_
         // add, whose kernels keep their registers).
         const float* xf = ACC ? nullptr : mm_plain_row(x);
         if (xf != nullptr && n >= MM_BATCH_MAX_OUTPUTS &&
-            mm_head_split_ok<FMT>(xf, w, k, row_bytes) &&
+            mm_head_split_ok<FMT>(xf, w, k, n, row_bytes) &&
             mm_head_split<FMT, ACC>(xf, w, out, k, n, row_bytes))
             return;
         if (mm_vector_q8<FMT, ACC>(x, w, out, k, n, row_bytes)) return;
