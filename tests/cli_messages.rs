@@ -375,6 +375,35 @@ fn bench_takes_the_synthetic_format_and_reports_bandwidth_per_op_kind() {
     let out = cli(dir(), &["bench", "--quant", "q4_0"], b"");
     assert_ne!(out.code, 0);
     assert!(out.stderr.contains("--like"), "{}", out.stderr);
+    // So does a head format, and only a shape whose head is not its embedding takes one.
+    let out = cli(dir(), &["bench", "--head", "q6_k"], b"");
+    assert_ne!(out.code, 0);
+    assert!(out.stderr.contains("--like"), "{}", out.stderr);
+    let tied = "bench --like smollm2 --head q6_k --backend cpu -p 2 -n 1 --repeat 1";
+    let out = cli(dir(), &tied.split_whitespace().collect::<Vec<_>>(), b"");
+    assert_ne!(out.code, 0);
+    assert!(out.stderr.contains("is its embedding"), "{}", out.stderr);
+    let mixed = [
+        "synth",
+        "--like",
+        "llama-3.1-8b",
+        "--quant",
+        "q4_k_m",
+        "--head",
+        "q8_0",
+        "-o",
+    ];
+    let file = dir().join("never-written.gguf");
+    let mut args = mixed.to_vec();
+    args.push(file.to_str().unwrap());
+    let out = cli(dir(), &args, b"");
+    assert_ne!(out.code, 0);
+    assert!(
+        out.stderr.contains("sets its own head format"),
+        "{}",
+        out.stderr
+    );
+    assert!(!file.exists());
 }
 
 #[test]

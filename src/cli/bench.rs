@@ -19,7 +19,7 @@ use onepass::Executor;
 use super::common::{
     check_output_path, count, load_with_prefill_rows, open_device, open_model, ModelArgs, RunArgs,
 };
-use super::synth::SynthQuant;
+use super::synth::{HeadQuant, SynthQuant};
 
 /// Flags of `bench`.
 #[derive(Args, Debug)]
@@ -32,6 +32,10 @@ pub struct BenchArgs {
     /// Format of the synthetic model's matrices (with `--like`).
     #[arg(long, value_enum, default_value_t = SynthQuant::Q4_1, requires = "like")]
     pub quant: SynthQuant,
+    /// Format of the synthetic model's output head, where it differs from the matrices' (with
+    /// `--like` of a shape whose head is not its embedding: llama-3.1-8b).
+    #[arg(long, value_enum, requires = "like")]
+    pub head: Option<HeadQuant>,
     /// Modes to measure, comma-separated (default: the `--mode` flag's).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub modes: Vec<RunMode>,
@@ -220,7 +224,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             device.name()
         );
     }
-    let quant = args.quant.formats();
+    let quant = args.quant.formats_with(args.head)?;
     let temp = args
         .like
         .map(|shape| TempModel::write(shape, quant))

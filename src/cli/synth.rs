@@ -34,7 +34,57 @@ pub enum SynthQuant {
     Q4KM,
 }
 
+/// The output head formats `synth` writes (`--head`).
+#[derive(ValueEnum, Debug, Clone, Copy)]
+pub enum HeadQuant {
+    /// GGML Q4_0.
+    #[value(name = "q4_0")]
+    Q4_0,
+    /// GGML Q4_1.
+    #[value(name = "q4_1")]
+    Q4_1,
+    /// GGML Q5_0.
+    #[value(name = "q5_0")]
+    Q5_0,
+    /// GGML Q8_0.
+    #[value(name = "q8_0")]
+    Q8_0,
+    /// GGML Q4_K.
+    #[value(name = "q4_k")]
+    Q4K,
+    /// GGML Q6_K (a llama.cpp Q4_K_M file's head).
+    #[value(name = "q6_k")]
+    Q6K,
+}
+
+impl HeadQuant {
+    /// The format.
+    pub fn dtype(self) -> DType {
+        match self {
+            HeadQuant::Q4_0 => DType::Q4_0,
+            HeadQuant::Q4_1 => DType::Q4_1,
+            HeadQuant::Q5_0 => DType::Q5_0,
+            HeadQuant::Q8_0 => DType::Q8_0,
+            HeadQuant::Q4K => DType::Q4K,
+            HeadQuant::Q6K => DType::Q6K,
+        }
+    }
+}
+
 impl SynthQuant {
+    /// The matrices' formats, the output head's `head` where given (not with `q4_k_m`, whose
+    /// head is Q6_K).
+    pub fn formats_with(self, head: Option<HeadQuant>) -> anyhow::Result<MatrixFormats> {
+        match (self.formats(), head) {
+            (f, None) => Ok(f),
+            (MatrixFormats::All(matrices), Some(h)) => Ok(MatrixFormats::WithHead {
+                matrices,
+                head: h.dtype(),
+            }),
+            (f, Some(_)) => anyhow::bail!("--head: the {f} mix sets its own head format (q6_k)"),
+        }
+    }
+
     /// The matrices' formats.
     pub fn formats(self) -> MatrixFormats {
         match self {
@@ -57,6 +107,10 @@ pub struct SynthArgs {
     /// Format of the matrices.
     #[arg(long, value_enum, default_value_t = SynthQuant::Q4_1)]
     pub quant: SynthQuant,
+    /// Format of the output head, where it differs from the matrices' (shapes whose head is not
+    /// their embedding: llama-3.1-8b).
+    #[arg(long, value_enum)]
+    pub head: Option<HeadQuant>,
     /// Seed of the random weights.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = seed)]
     pub seed: u64,
@@ -71,7 +125,7 @@ pub struct SynthArgs {
 
 /// Runs `synth`.
 pub fn run(args: SynthArgs) -> anyhow::Result<()> {
-    let quant = args.quant.formats();
+    let quant = args.quant.formats_with(args.head)?;
     check_output_path("-o", &args.output)?;
     let config = onepass::RuntimeConfig::from_env();
     let source = match &args.tokenizer_from {

@@ -163,6 +163,14 @@ pub enum MatrixFormats {
     /// super-blocks fall back to Q5_0 (for Q4_K) and Q8_0 (for Q6_K), as the converter does. For
     /// the Gemma 3 270M shape this gives exactly the real file's formats.
     Q4KM,
+    /// One format for every matrix but the output head, which takes `head` (a shape whose head
+    /// is not its embedding).
+    WithHead {
+        /// The format of every other matrix, as [`MatrixFormats::All`].
+        matrices: DType,
+        /// The output head's format.
+        head: DType,
+    },
 }
 
 impl From<DType> for MatrixFormats {
@@ -176,6 +184,7 @@ impl std::fmt::Display for MatrixFormats {
         match self {
             MatrixFormats::All(d) => write!(f, "{d}"),
             MatrixFormats::Q4KM => f.write_str("q4_k_m"),
+            MatrixFormats::WithHead { matrices, head } => write!(f, "{matrices}, {head} head"),
         }
     }
 }
@@ -186,6 +195,10 @@ impl MatrixFormats {
     pub fn of(self, name: &str, layer: usize, n_layer: usize, cols: usize) -> DType {
         let whole = cols.is_multiple_of(256);
         match self {
+            MatrixFormats::WithHead { head, .. } if name == "output" => head,
+            MatrixFormats::WithHead { matrices, .. } => {
+                MatrixFormats::All(matrices).of(name, layer, n_layer, cols)
+            }
             MatrixFormats::All(DType::Q4K) if !whole => DType::Q4_1,
             MatrixFormats::All(d) => d,
             MatrixFormats::Q4KM => {
@@ -245,7 +258,14 @@ pub fn write_synthetic_shape(
     out: &Path,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<()> {
-    if let MatrixFormats::All(dtype) = quant {
+    if let MatrixFormats::WithHead { head, .. } = quant {
+        check_head(p, head)?;
+    }
+    if let MatrixFormats::All(dtype)
+    | MatrixFormats::WithHead {
+        matrices: dtype, ..
+    } = quant
+    {
         if !matches!(
             dtype,
             DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0 | DType::Q4K
@@ -356,9 +376,38 @@ pub fn write_synthetic_shape(
     w.write_to(out, progress)
 }
 
+/// Refuses an output head format `synth` cannot give shape `p`: a head tied to the embedding, a
+/// format other than the matrices' and Q6_K, or a K format for rows that are not whole 256-value
+/// super-blocks.
+fn check_head(p: &ShapeParams, head: DType) -> Result<()> {
+    if p.tied {
+        return Err(Error::InvalidArgument(format!(
+            "the output head of the {} shape is its embedding: a head format applies to shapes \
+             with their own (llama-3.1-8b)",
+            p.name
+        )));
+    }
+    let supported = matches!(
+        head,
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0 | DType::Q4K | DType::Q6K
+    );
+    if !supported || !p.dim.is_multiple_of(head.block_elems()) {
+        return Err(Error::InvalidArgument(format!(
+            "synth writes q4_0, q4_1, q5_0, q8_0, q4_k or q6_k output heads of whole blocks, \
+             not {head} for rows of {} values",
+            p.dim
+        )));
+    }
+    Ok(())
+}
+
 /// GGML's `general.file_type` code for a model whose matrices are `quant`.
 fn file_type(quant: MatrixFormats) -> u32 {
-    let MatrixFormats::All(dtype) = quant else {
+    let (MatrixFormats::All(dtype)
+    | MatrixFormats::WithHead {
+        matrices: dtype, ..
+    }) = quant
+    else {
         return 15; // Q4_K_M
     };
     match dtype {
@@ -621,5 +670,30 @@ mod tests {
         }
         assert_eq!(m.of("output", 32, 32, 4096), DType::Q6K);
         assert_eq!(file_type(m), 15);
+    }
+
+    /// A head format of its own changes the output head only; shapes whose head is the embedding,
+    /// and formats or widths `synth` cannot write, are refused before anything is written.
+    #[test]
+    fn a_head_format_of_its_own_sets_the_output_head_only() {
+        let m = MatrixFormats::WithHead {
+            matrices: DType::Q4K,
+            head: DType::Q6K,
+        };
+        assert_eq!(m.of("output", 32, 32, 4096), DType::Q6K);
+        assert_eq!(m.of("attn_q", 3, 32, 4096), DType::Q4K);
+        assert_eq!(m.of("ffn_down", 3, 32, 1000), DType::Q4_1);
+        assert_eq!(file_type(m), 15);
+        assert_eq!(m.to_string(), "q4_k, q6_k head");
+        let p8 = SynthShape::Llama31_8b.params();
+        check_head(&p8, DType::Q6K).unwrap();
+        check_head(&p8, DType::Q8_0).unwrap();
+        let tied = check_head(&SynthShape::SmolLm2.params(), DType::Q6K).unwrap_err();
+        assert!(tied.to_string().contains("is its embedding"), "{tied}");
+        let f16 = check_head(&p8, DType::F16).unwrap_err();
+        assert!(f16.to_string().contains("not f16"), "{f16}");
+        let narrow = ShapeParams { dim: 640, ..p8 };
+        let k = check_head(&narrow, DType::Q6K).unwrap_err();
+        assert!(k.to_string().contains("rows of 640 values"), "{k}");
     }
 }
