@@ -65,8 +65,8 @@ __device__ __forceinline__ bool mm_head_split_ok(const float* x, const uint8_t* 
     return (FMT == OP_FMT_Q4_0 || FMT == OP_FMT_Q8_0 || FMT == OP_FMT_Q4_K ||
             FMT == OP_FMT_Q6_K) &&
            k % 256 == 0 && blockDim.x == 32 * MM_HEAD_WARPS && blockDim.y == 1 &&
-           ((uint64_t)w & 15u) == 0 && (FMT == OP_FMT_Q6_K || row_bytes % 16 == 0) &&
-           (n * row_bytes) % 16 == 0 &&
+           ((uint64_t)w & 15u) == 0 &&
+           (FMT == OP_FMT_Q6_K ? (n * row_bytes) % 16 == 0 : row_bytes % 16 == 0) &&
            ((uint64_t)x & 7u) == 0 && mm_dynamic_smem() == MM_HEAD_SMEM(k, FMT);
 #else
     return false;
@@ -251,13 +251,16 @@ __device__ __forceinline__ bool mm_head_split(const float* x, const uint8_t* w, 
                 const uint32_t i = lane + 32 * j;
                 if (i < SLOTS) {
                     const uint64_t r = grp * MM_HEAD_GROUP + i / WIN;
-                    const uint64_t at = (r < n ? r : n - 1) * row_bytes + st * SB;
-                    // (A condition on the other formats' loads, always true there, costs them
-                    // 40 registers.)
-                    if (FMT != OP_FMT_Q6_K || 16 * (i % WIN) < ((uint32_t)at & 15u) + SB)
-                        next[j] = __ldg((const uint4*)w + at / 16 + i % WIN);
-                    else
+                    const uint8_t* row = w + (r < n ? r : n - 1) * row_bytes;
+                    if (FMT != OP_FMT_Q6_K) {
+                        // Whole words (a condition here, always true, cost 40 registers).
+                        next[j] = __ldg((const uint4*)row + (uint64_t)st * W + i % W);
+                    } else {
+                        const uint64_t at = (uint64_t)row + st * SB;
                         next[j] = make_uint4(0u, 0u, 0u, 0u);
+                        if (16 * (i % WIN) < ((uint32_t)at & 15u) + SB)
+                            next[j] = __ldg((const uint4*)(at & ~(uint64_t)15) + i % WIN);
+                    }
                 }
             }
         };
