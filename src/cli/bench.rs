@@ -14,12 +14,13 @@ use onepass::model::gguf::GgufFile;
 use onepass::model::synth::{write_synthetic, MatrixFormats, SynthShape, SynthSpec};
 use onepass::model::transformer::{Logits, Transformer};
 use onepass::trace::{kernel_summary, op_summary, write_chrome_trace, OpTime, Timeline};
+use onepass::DType;
 use onepass::Executor;
 
 use super::common::{
     check_output_path, count, load_with_prefill_rows, open_device, open_model, ModelArgs, RunArgs,
 };
-use super::synth::{HeadQuant, SynthQuant};
+use super::synth::{head_format, SynthQuant};
 
 /// Flags of `bench`.
 #[derive(Args, Debug)]
@@ -32,10 +33,10 @@ pub struct BenchArgs {
     /// Format of the synthetic model's matrices (with `--like`).
     #[arg(long, value_enum, default_value_t = SynthQuant::Q4_1, requires = "like")]
     pub quant: SynthQuant,
-    /// Format of the synthetic model's output head, where it differs from the matrices' (with
-    /// `--like` of a shape whose head is not its embedding: llama-3.1-8b).
-    #[arg(long, value_enum, requires = "like")]
-    pub head: Option<HeadQuant>,
+    /// Format of the synthetic model's output head, where it differs from the matrices' (as
+    /// `synth --head`; with `--like` of a shape whose head is not its embedding: llama-3.1-8b).
+    #[arg(long, value_name = "FORMAT", value_parser = head_format, requires = "like")]
+    pub head: Option<DType>,
     /// Modes to measure, comma-separated (default: the `--mode` flag's).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub modes: Vec<RunMode>,

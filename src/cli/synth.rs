@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
+use onepass::kernels::WEIGHT_FORMATS;
 use onepass::model::gguf::GgufFile;
 use onepass::model::synth::{write_synthetic, MatrixFormats, SynthShape, SynthSpec};
 use onepass::DType;
@@ -34,53 +35,25 @@ pub enum SynthQuant {
     Q4KM,
 }
 
-/// The output head formats `synth` writes (`--head`).
-#[derive(ValueEnum, Debug, Clone, Copy)]
-pub enum HeadQuant {
-    /// GGML Q4_0.
-    #[value(name = "q4_0")]
-    Q4_0,
-    /// GGML Q4_1.
-    #[value(name = "q4_1")]
-    Q4_1,
-    /// GGML Q5_0.
-    #[value(name = "q5_0")]
-    Q5_0,
-    /// GGML Q8_0.
-    #[value(name = "q8_0")]
-    Q8_0,
-    /// GGML Q4_K.
-    #[value(name = "q4_k")]
-    Q4K,
-    /// GGML Q6_K (a llama.cpp Q4_K_M file's head).
-    #[value(name = "q6_k")]
-    Q6K,
-}
-
-impl HeadQuant {
-    /// The format.
-    pub fn dtype(self) -> DType {
-        match self {
-            HeadQuant::Q4_0 => DType::Q4_0,
-            HeadQuant::Q4_1 => DType::Q4_1,
-            HeadQuant::Q5_0 => DType::Q5_0,
-            HeadQuant::Q8_0 => DType::Q8_0,
-            HeadQuant::Q4K => DType::Q4K,
-            HeadQuant::Q6K => DType::Q6K,
-        }
-    }
+/// Parses `--head`: a block format of the weights (`q4_0`, `q4_1`, `q5_0`, `q8_0`, `q4_k`, `q6_k`)
+/// by its name.
+pub fn head_format(s: &str) -> Result<DType, String> {
+    let formats = WEIGHT_FORMATS.into_iter().filter(|d| d.is_block());
+    formats.clone().find(|d| d.name() == s).ok_or_else(|| {
+        let names: Vec<&str> = formats.map(|d| d.name()).collect();
+        format!("expected one of {}, got {s:?}", names.join(", "))
+    })
 }
 
 impl SynthQuant {
     /// The matrices' formats, the output head's `head` where given (not with `q4_k_m`, whose
     /// head is Q6_K).
-    pub fn formats_with(self, head: Option<HeadQuant>) -> anyhow::Result<MatrixFormats> {
+    pub fn formats_with(self, head: Option<DType>) -> anyhow::Result<MatrixFormats> {
         match (self.formats(), head) {
             (f, None) => Ok(f),
-            (MatrixFormats::All(matrices), Some(h)) => Ok(MatrixFormats::WithHead {
-                matrices,
-                head: h.dtype(),
-            }),
+            (MatrixFormats::All(matrices), Some(head)) => {
+                Ok(MatrixFormats::WithHead { matrices, head })
+            }
             (f, Some(_)) => anyhow::bail!("--head: the {f} mix sets its own head format (q6_k)"),
         }
     }
@@ -107,10 +80,10 @@ pub struct SynthArgs {
     /// Format of the matrices.
     #[arg(long, value_enum, default_value_t = SynthQuant::Q4_1)]
     pub quant: SynthQuant,
-    /// Format of the output head, where it differs from the matrices' (shapes whose head is not
-    /// their embedding: llama-3.1-8b).
-    #[arg(long, value_enum)]
-    pub head: Option<HeadQuant>,
+    /// Format of the output head, where it differs from the matrices' (q4_0, q4_1, q5_0, q8_0,
+    /// q4_k or q6_k; shapes whose head is not their embedding: llama-3.1-8b).
+    #[arg(long, value_name = "FORMAT", value_parser = head_format)]
+    pub head: Option<DType>,
     /// Seed of the random weights.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = seed)]
     pub seed: u64,
