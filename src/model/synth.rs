@@ -377,8 +377,8 @@ pub fn write_synthetic_shape(
 }
 
 /// Refuses an output head format `synth` cannot give shape `p`: a head tied to the embedding, a
-/// format other than the matrices' and Q6_K, or a K format for rows that are not whole 256-value
-/// super-blocks.
+/// format other than the GGML block formats (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K), or a K format
+/// for rows that are not whole 256-value super-blocks.
 fn check_head(p: &ShapeParams, head: DType) -> Result<()> {
     if p.tied {
         return Err(Error::InvalidArgument(format!(
