@@ -12,7 +12,7 @@ mod seeded;
 
 use onepass::ops::fused_block::{GateActivation, QkvRope};
 use onepass::ops::rope::{RopeMode, RopeParams};
-use onepass::{Buffer, DType, Device, Executor, Mode, Plan};
+use onepass::{Buffer, DType, Device, Executor, FinishReport, Mode, Plan};
 use seeded::random_f32;
 
 const N_HEAD: usize = 4;
@@ -52,6 +52,41 @@ fn values(rows: usize) -> Values {
     }
 }
 
+/// The formats of the five weights (wq, wk, wv, w_gate, w_up): one format, or v of another (a
+/// llama.cpp Q4_K_M block: Q6_K v beside Q4_K).
+#[derive(Clone, Copy)]
+struct Formats {
+    all: DType,
+    v: DType,
+}
+
+impl From<DType> for Formats {
+    fn from(d: DType) -> Formats {
+        Formats { all: d, v: d }
+    }
+}
+
+impl Formats {
+    /// Weight `i`'s format.
+    fn of(self, i: usize) -> DType {
+        if i == 2 {
+            self.v
+        } else {
+            self.all
+        }
+    }
+}
+
+impl std::fmt::Display for Formats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.v == self.all {
+            write!(f, "{}", self.all)
+        } else {
+            write!(f, "{} with v {}", self.all, self.v)
+        }
+    }
+}
+
 /// One block's buffers on the CPU.
 struct Block {
     x: Buffer,
@@ -67,7 +102,8 @@ struct Block {
     hidden: Buffer,
 }
 
-fn block(dev: &Device, dtype: DType, v: &Values, rows: usize) -> Block {
+fn block(dev: &Device, formats: impl Into<Formats>, v: &Values, rows: usize) -> Block {
+    let formats = formats.into();
     let up = |vals: &[f32], dims: &[usize]| dev.upload::<f32>(vals, dims).unwrap();
     let shapes = [N_HEAD * HD, N_KV * HD, N_KV * HD, FFN, FFN];
     let pos: Vec<i32> = (0..rows).map(|r| (POS0 + r) as i32).collect();
@@ -76,6 +112,7 @@ fn block(dev: &Device, dtype: DType, v: &Values, rows: usize) -> Block {
         attn_norm: up(&v.attn_norm, &[DIM]),
         ffn_norm: up(&v.ffn_norm, &[DIM]),
         w: std::array::from_fn(|i| {
+            let dtype = formats.of(i);
             let bytes = onepass::quant::quantize(dtype, &v.weights[i]).unwrap();
             dev.upload_bytes(&bytes, dtype, &[shapes[i], DIM]).unwrap()
         }),
@@ -117,6 +154,19 @@ fn separate(
     mode: RopeMode,
     act: GateActivation,
 ) -> [Vec<f32>; 4] {
+    separate_in(dev, b, rows, (mode, act), Mode::Direct, &Plan::SEQUENTIAL).0
+}
+
+/// The separate ops run in `exec` and finished with `plan` (recorded: the intermediates marked
+/// scratch, so the optimizer may fuse them away), and the report.
+fn separate_in(
+    dev: &Device,
+    b: &Block,
+    rows: usize,
+    (mode, act): (RopeMode, GateActivation),
+    exec: Mode,
+    plan: &Plan,
+) -> ([Vec<f32>; 4], FinishReport) {
     let scratch = |dims: &[usize]| dev.alloc(DType::F32, dims).unwrap();
     let (xn, k, v) = (
         scratch(&[rows, DIM]),
@@ -125,7 +175,7 @@ fn separate(
     );
     let (gate, up) = (scratch(&[rows, FFN]), scratch(&[rows, FFN]));
     let rope = RopeParams::new(mode, HD, BASE);
-    let mut s = Executor::new(dev.clone()).begin(Mode::Direct);
+    let mut s = Executor::new(dev.clone()).begin(exec);
     s.rms_norm(&b.x, &b.attn_norm, &xn, EPS).unwrap();
     s.matmul(&xn, &b.w[0], &b.q).unwrap();
     s.matmul(&xn, &b.w[1], &k).unwrap();
@@ -141,8 +191,13 @@ fn separate(
         GateActivation::Silu => s.swiglu(&gate, &up, &b.hidden).unwrap(),
         GateActivation::GeluTanh => s.geglu(&gate, &up, &b.hidden).unwrap(),
     }
-    s.finish(&Plan::SEQUENTIAL).unwrap();
-    outputs(dev, b)
+    if exec == Mode::Recorded {
+        for t in [&xn, &k, &v, &gate, &up] {
+            s.mark_scratch(t);
+        }
+    }
+    let report = s.finish(plan).unwrap();
+    (outputs(dev, b), report)
 }
 
 fn qkv_rope<'a>(b: &'a Block, mode: RopeMode) -> QkvRope<'a> {
@@ -180,7 +235,7 @@ fn fused(dev: &Device, b: &Block, mode: RopeMode, act: GateActivation) -> [Vec<f
 /// The block's outputs in f64 from the dequantized weights: q, the two caches and hidden; and
 /// per hidden value `|g| + |u| + |g u|` of its gate and up products (the scale of its error).
 fn reference(
-    dtype: DType,
+    formats: Formats,
     v: &Values,
     rows: usize,
     mode: RopeMode,
@@ -189,7 +244,9 @@ fn reference(
     let w: Vec<Vec<f64>> = v
         .weights
         .iter()
-        .map(|w| {
+        .enumerate()
+        .map(|(i, w)| {
+            let dtype = formats.of(i);
             let bytes = onepass::quant::quantize(dtype, w).unwrap();
             let deq = onepass::quant::dequantize(dtype, &bytes).unwrap();
             deq.iter().map(|&x| x as f64).collect()
@@ -271,12 +328,17 @@ const NAMES: [&str; 4] = ["q", "k_cache", "v_cache", "hidden"];
 #[test]
 fn fused_block_ops_give_the_separate_ops_bits_on_the_cpu() {
     let dev = Device::cpu(2).unwrap();
+    let q4_k_m = Formats {
+        all: DType::Q4K,
+        v: DType::Q6K,
+    };
     for dtype in [
-        DType::Q4_1,
-        DType::Q5_0,
-        DType::Q8_0,
-        DType::Q4K,
-        DType::F16,
+        DType::Q4_1.into(),
+        DType::Q5_0.into(),
+        DType::Q8_0.into(),
+        DType::Q4K.into(),
+        q4_k_m,
+        DType::F16.into(),
     ] {
         for rows in [1usize, 3, 13] {
             let v = values(rows);
@@ -356,6 +418,54 @@ fn fused_block_ops_write_f16_caches_as_the_separate_ops_do() {
                 for ((g, w), name) in got.iter().zip(&want).zip(NAMES) {
                     assert!(g == w, "{what}: {name} differs");
                 }
+            }
+        }
+    }
+}
+
+/// A llama.cpp Q4_K_M block records its attention input as plain ops with a Q6_K v product beside
+/// Q4_K q and k: the optimizer fuses it into the mixed kernel, whose results are the plain ops'
+/// bits, for one row and several. A v format the fused kernels do not take beside q's (Q8_0
+/// beside Q4_K) is refused by the fused op, naming wv, and left unfused by the optimizer, with
+/// the same bits.
+#[test]
+fn a_q6_k_v_beside_q4_k_fuses_and_keeps_the_separate_ops_bits() {
+    let dev = Device::cpu(2).unwrap();
+    let act = (RopeMode::Normal, GateActivation::Silu);
+    for (v_format, fuses) in [(DType::Q6K, true), (DType::Q8_0, false)] {
+        let formats = Formats {
+            all: DType::Q4K,
+            v: v_format,
+        };
+        for rows in [1usize, 3] {
+            let what = format!("{formats} rows {rows}");
+            let v = values(rows);
+            let want = separate(&dev, &block(&dev, formats, &v, rows), rows, act.0, act.1);
+            let b = block(&dev, formats, &v, rows);
+            let (got, report) = separate_in(&dev, &b, rows, act, Mode::Recorded, &Plan::OPTIMIZED);
+            let by_rule = |r: &str| report.fusions_by_rule.get(r).copied().unwrap_or(0);
+            assert_eq!(
+                by_rule("rms_norm+qkv+rope+kv_write"),
+                usize::from(fuses),
+                "{what}: {report:?}"
+            );
+            assert_eq!(by_rule("rms_norm+gate_up+glu"), 1, "{what}: {report:?}");
+            for ((g, w), name) in got.iter().zip(&want).zip(NAMES) {
+                assert!(
+                    g.iter().zip(w).all(|(a, e)| a.to_bits() == e.to_bits()),
+                    "{what}: {name}: the optimized graph and the separate ops differ"
+                );
+            }
+            if !fuses {
+                let mut s = Executor::new(dev.clone()).begin(Mode::Direct);
+                let err = s
+                    .norm_qkv_rope(&qkv_rope(&b, act.0))
+                    .expect_err("a Q8_0 v beside Q4_K must be refused")
+                    .to_string();
+                assert!(
+                    err.contains("norm_qkv_rope") && err.contains("wv") && err.contains("q6_k"),
+                    "{what}: {err}"
+                );
             }
         }
     }

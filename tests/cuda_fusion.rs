@@ -249,7 +249,8 @@ const MAX_CTX: usize = 16;
 const POS0: usize = 5;
 const EPS: f32 = 1e-5;
 
-fn block(dev: &Device, dtype: DType, rows: usize) -> Block {
+/// One block's buffers, every weight of `dtype` but v, of `dv`.
+fn block(dev: &Device, (dtype, dv): (DType, DType), rows: usize) -> Block {
     let f32s = |seed: u64, dims: &[usize]| {
         let n = dims.iter().product();
         dev.upload::<f32>(&random_f32(n, 1.0, seed), dims).unwrap()
@@ -261,7 +262,7 @@ fn block(dev: &Device, dtype: DType, rows: usize) -> Block {
         ffn_norm: f32s(23, &[DIM]),
         wq: weight(dev, dtype, N_HEAD * HD, DIM, 24),
         wk: weight(dev, dtype, N_KV * HD, DIM, 25),
-        wv: weight(dev, dtype, N_KV * HD, DIM, 26),
+        wv: weight(dev, dv, N_KV * HD, DIM, 26),
         w_gate: weight(dev, dtype, FFN, DIM, 27),
         w_up: weight(dev, dtype, FFN, DIM, 28),
         positions: dev.upload::<i32>(&pos, &[rows]).unwrap(),
@@ -312,18 +313,20 @@ fn outputs(dev: &Device, b: &Block) -> Vec<Vec<f32>> {
 fn fused_block_ops_match_the_separate_ops_on_the_cpu() {
     let gpu = cuda_device();
     let cpu = Device::cpu(2).unwrap();
-    for dtype in [
-        DType::Q4_1,
-        DType::Q5_0,
-        DType::Q8_0,
-        DType::Q4K,
-        DType::F16,
+    // One format, or Q4_K_M's Q6_K v beside Q4_K (`norm_qkv_rope_q4_k_v_q6_k`).
+    for formats in [
+        (DType::Q4_1, DType::Q4_1),
+        (DType::Q5_0, DType::Q5_0),
+        (DType::Q8_0, DType::Q8_0),
+        (DType::Q4K, DType::Q4K),
+        (DType::Q4K, DType::Q6K),
+        (DType::F16, DType::F16),
     ] {
         for rows in [1usize, 3] {
             for mode in [RopeMode::Normal, RopeMode::NeoX] {
-                let what = format!("{dtype} rows {rows} {mode:?}");
-                let want = separate(&cpu, &block(&cpu, dtype, rows), rows, mode);
-                let b = block(&gpu, dtype, rows);
+                let what = format!("{formats:?} rows {rows} {mode:?}");
+                let want = separate(&cpu, &block(&cpu, formats, rows), rows, mode);
+                let b = block(&gpu, formats, rows);
                 let mut s = Executor::new(gpu.clone()).begin(Mode::Direct);
                 s.norm_qkv_rope(&QkvRope {
                     x: &b.x,

@@ -167,12 +167,15 @@ pub static MATMUL_AFFINE: [KernelSig; 2] = [
 /// The parameters of the attention-input kernels.
 macro_rules! qkv_rope_params {
     ($w:ident) => {
+        qkv_rope_params!($w, $w)
+    };
+    ($w:ident, $v:expr) => {
         [
             Param::read("x", F32),
             Param::read("norm", F32),
             Param::read("wq", $w),
             Param::read("wk", $w),
-            Param::read("wv", $w),
+            Param::read("wv", $v),
             Param::read("positions", I32),
             Param::read("step", I32),
             Param::write("q", F32),
@@ -218,6 +221,29 @@ pub static NORM_QKV_ROPE: [KernelSig; 9] =
 /// in blocks of 32 values where the launch gives that memory too).
 pub static NORM_QKV_ROPE_SHARED: [KernelSig; 9] =
     per_format!(OpKind::MatMul; "norm_qkv_rope_shared"; |W| qkv_rope_params!(W));
+
+/// The (q and k, v) weight formats of [`NORM_QKV_ROPE_MIXED`], in its order: Q4_K q and k with
+/// Q6_K v, the blocks of a llama.cpp Q4_K_M file whose v takes more bits.
+pub const QKV_MIXED_FORMATS: [(DType, DType); 1] = [(DType::Q4K, DType::Q6K)];
+
+/// [`NORM_QKV_ROPE`] (even entries) and [`NORM_QKV_ROPE_SHARED`] (odd entries) with v weights of
+/// another format than q's and k's, one pair of kernels per entry of [`QKV_MIXED_FORMATS`].
+pub static NORM_QKV_ROPE_MIXED: [KernelSig; 2] = {
+    const Q4K: DTypes = one(DType::Q4K);
+    const Q6K: DTypes = one(DType::Q6K);
+    [
+        KernelSig::new(
+            "norm_qkv_rope_q4_k_v_q6_k",
+            OpKind::MatMul,
+            &qkv_rope_params!(Q4K, Q6K),
+        ),
+        KernelSig::new(
+            "norm_qkv_rope_shared_q4_k_v_q6_k",
+            OpKind::MatMul,
+            &qkv_rope_params!(Q4K, Q6K),
+        ),
+    ]
+};
 
 /// The MLP input of a block, `hidden = act(norm(x) w_gate) * (norm(x) w_up)` with `act` SiLU
 /// (0, SwiGLU) or GELU in its tanh form (1, GeGLU): x, norm, w_gate, w_up, hidden, eps, dim, ffn,

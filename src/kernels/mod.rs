@@ -521,6 +521,7 @@ pub fn all() -> Vec<&'static KernelSig> {
         &matmul::MATMUL_AFFINE,
         &matmul::NORM_QKV_ROPE,
         &matmul::NORM_QKV_ROPE_SHARED,
+        &matmul::NORM_QKV_ROPE_MIXED,
         &matmul::NORM_GATE_UP,
         &matmul::NORM_GATE_UP_SHARED,
         std::slice::from_ref(&misc::ARGMAX),

@@ -10,7 +10,8 @@
 //!
 //! The matchers follow the data flow from the norm (who reads each output before it is
 //! overwritten), check the kernels by their declarations (the f32 norm with a weight, products of
-//! one weight format, RoPE in place without frequency factors turning whole heads, f32 or f16 caches of one type)
+//! one weight format, or for the attention input v of a second format the fused kernels take, RoPE
+//! in place without frequency factors turning whole heads, f32 or f16 caches of one type)
 //! and the sizes, and leave the proof that the intermediates (the norm's output, the k and v
 //! products) are dead to the fuse pass. Which backends use them, for which passes, is each
 //! backend's declaration ([`Capabilities::fusions`](crate::backend::Capabilities::fusions)).
@@ -60,14 +61,15 @@ fn same_view(a: &Buffer, b: &Buffer) -> bool {
 }
 
 /// The `count` products that read the norm's output (and nothing else reads it before it is
-/// overwritten), each reading exactly it, all of one weight format.
+/// overwritten), each reading exactly it. Their weight formats are the fused op's to check: one
+/// format for gate and up, q's and k's for v or a pair the fused kernels take
+/// ([`QKV_MIXED_FORMATS`](super::fused_block::QKV_MIXED_FORMATS)).
 fn products<'g>(m: &Matcher<'g>, at: At, xn: &Buffer, count: usize) -> Option<Vec<Product<'g>>> {
     let mut found = Vec::with_capacity(count);
-    let mut format = None;
     for r in m.readers(at, Range::of(xn)) {
         let d = m.dispatch(r);
-        let (f, _) = super::matmul::plain_product_format(d.kernel())?;
-        if *format.get_or_insert(f) != f || !same_view(d.buffer("x")?, xn) {
+        super::matmul::plain_product_format(d.kernel())?;
+        if !same_view(d.buffer("x")?, xn) {
             return None;
         }
         found.push(Product {

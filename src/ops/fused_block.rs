@@ -31,8 +31,9 @@
 
 use crate::backend::{Buffer, DType};
 use crate::error::{Error, Result};
-use crate::graph::{ArgRef, Dispatch, DispatchSpec};
+use crate::graph::{ArgRef, Dispatch, DispatchSpec, KernelId};
 use crate::kernels::matmul as mm;
+pub use crate::kernels::matmul::QKV_MIXED_FORMATS;
 use crate::ops::matmul::for_weight;
 use crate::ops::matmul::WEIGHT_DTYPES;
 use crate::ops::rope::{RopeMode, MAX_ROTARY_DIM};
@@ -54,7 +55,8 @@ pub struct QkvRope<'a> {
     pub wq: &'a Buffer,
     /// Key weight `[n_kv_head * head_dim, dim]`, the same dtype as `wq`.
     pub wk: &'a Buffer,
-    /// Value weight, as `wk`.
+    /// Value weight `[n_kv_head * head_dim, dim]`: `wq`'s dtype, or the v format beside it in
+    /// [`QKV_MIXED_FORMATS`] (Q6_K beside Q4_K, as a llama.cpp Q4_K_M file has it).
     pub wv: &'a Buffer,
     /// i32 `[rows]`: each row's position (its rotation angle).
     pub positions: &'a Buffer,
@@ -246,10 +248,23 @@ pub(crate) fn qkv_rope_spec<'a>(p: &QkvRope<'a>) -> Result<DispatchSpec<'a>> {
         format!("{n_head} query and {n_kv} key/value heads")
     })?;
     check_weight(&check, "wq", p.wq, n_head * hd, dim)?;
-    for (name, w) in [("wk", p.wk), ("wv", p.wv)] {
-        check.dtype(name, w, &[p.wq.dtype()])?;
-        check.dims(name, w, &[n_kv * hd, dim])?;
-    }
+    check.dtype("wk", p.wk, &[p.wq.dtype()])?;
+    check.dims("wk", p.wk, &[n_kv * hd, dim])?;
+    let (wq_dtype, wv_dtype) = (p.wq.dtype(), p.wv.dtype());
+    let mixed = QKV_MIXED_FORMATS
+        .iter()
+        .position(|&pair| pair == (wq_dtype, wv_dtype));
+    check.require("wv", wv_dtype == wq_dtype || mixed.is_some(), || {
+        let pairs: Vec<String> = QKV_MIXED_FORMATS
+            .iter()
+            .map(|(qk, v)| format!("{v} beside {qk}"))
+            .collect();
+        format!(
+            "is {wv_dtype} beside wq's {wq_dtype}: v takes wq's format, or {}",
+            pairs.join(", ")
+        )
+    })?;
+    check.dims("wv", p.wv, &[n_kv * hd, dim])?;
     check.require("base", p.base.is_finite() && p.base > 0.0, || {
         format!("{} is not finite and positive", p.base)
     })?;
@@ -302,12 +317,12 @@ pub(crate) fn qkv_rope_spec<'a>(p: &QkvRope<'a>) -> Result<DispatchSpec<'a>> {
     } else {
         fused_launch(pairs, rows, dim, p.wq.dtype(), 0)
     };
-    let family = if shared {
-        &mm::NORM_QKV_ROPE_SHARED
-    } else {
-        &mm::NORM_QKV_ROPE
+    let kernel = match mixed {
+        Some(i) => KernelId::of(&mm::NORM_QKV_ROPE_MIXED[2 * i + usize::from(shared)]),
+        None if shared => for_weight(OP_QKV, &mm::NORM_QKV_ROPE_SHARED, p.wq)?,
+        None => for_weight(OP_QKV, &mm::NORM_QKV_ROPE, p.wq)?,
     };
-    DispatchSpec::new(for_weight(OP_QKV, family, p.wq)?, &args, grid)
+    DispatchSpec::new(kernel, &args, grid)
 }
 
 /// The gated activation of the MLP input: `hidden = act(gate) * up`, computed as the plain

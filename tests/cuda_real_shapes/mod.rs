@@ -69,7 +69,9 @@ fn matmul_vector_form_at_real_shapes() {
 /// at 4352. At 4096 the Llama-3.1-8B's heads: 3,072 output pairs, more than the grid's warps, so
 /// `norm_qkv_rope` splits each pair's sums between two warps there; the same heads at 1536, where
 /// the second half of the Q4_0 int8 row starts at pair 12, so its swizzled slots (`XQ8` in
-/// matmul_blocks.cuh) are taken with a phase other than the row's start.
+/// matmul_blocks.cuh) are taken with a phase other than the row's start. Also the attention input of
+/// a llama.cpp Q4_K_M block, a Q6_K v beside Q4_K q and k (`norm_qkv_rope_shared_q4_k_v_q6_k`:
+/// both read the one int8 row).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn fused_block_ops_at_real_widths() {
@@ -87,14 +89,16 @@ fn fused_block_ops_at_real_widths() {
     .iter()
     .enumerate()
     {
-        for (j, &dt) in [
-            DType::Q4_0,
-            DType::Q4_1,
-            DType::Q8_0,
-            DType::F16,
-            DType::Q5_0,
-            DType::Q4K,
-            DType::Q6K,
+        // (q, k, gate and up; v): one format, or Q4_K_M's Q6_K v beside Q4_K.
+        for (j, &(dt, dv)) in [
+            (DType::Q4_0, DType::Q4_0),
+            (DType::Q4_1, DType::Q4_1),
+            (DType::Q8_0, DType::Q8_0),
+            (DType::F16, DType::F16),
+            (DType::Q5_0, DType::Q5_0),
+            (DType::Q4K, DType::Q4K),
+            (DType::Q6K, DType::Q6K),
+            (DType::Q4K, DType::Q6K),
         ]
         .iter()
         .enumerate()
@@ -103,12 +107,13 @@ fn fused_block_ops_at_real_widths() {
             let x = random_tensor(DType::F32, &[1, dim], 1.0, seed);
             let norm = random_tensor(DType::F32, &[dim], 1.0, seed + 1);
             let ctx = 16;
-            let what = format!("fused {dt} dim {dim}");
+            let what = format!("fused {dt} (v {dv}) dim {dim}");
             // Sums of up to 4352 products (the sum of magnitudes up to about 1100) in another
             // order than the CPU's, whose one-row Q4_1/Q8_0 path rounds the activations to 22
             // bits: both under 3e-6 of the sum of magnitudes.
             let (atol, rtol) = (5e-3, 1e-4);
-            // The CPU's normalized row as CUDA's int8 products read it.
+            // The CPU's normalized row as CUDA's int8 products read it, and as its f32 products
+            // read it (a Q6_K v of an odd count of super-blocks a row, beside an int8 Q4_K).
             let rounded = fused_takes_int8(dt, dim).then(|| {
                 let n = run_on(
                     &cpu,
@@ -120,14 +125,15 @@ fn fused_block_ops_at_real_widths() {
                     .iter()
                     .map(|&v| v as f32)
                     .collect();
-                float_tensor(&int8_rounded(&v), DType::F32, &[1, dim])
+                let plain = float_tensor(&v, DType::F32, &[1, dim]);
+                (float_tensor(&int8_rounded(&v), DType::F32, &[1, dim]), plain)
             });
             let qkv_in = vec![
                 x.clone(),
                 norm.clone(),
                 weight_tensor(dt, nh * hd, dim, seed + 2),
                 weight_tensor(dt, nkv * hd, dim, seed + 3),
-                weight_tensor(dt, nkv * hd, dim, seed + 4),
+                weight_tensor(dv, nkv * hd, dim, seed + 4),
                 i32_tensor(&[3], &[1]),
                 i32_tensor(&[3], &[1]),
             ];
@@ -157,11 +163,16 @@ fn fused_block_ops_at_real_widths() {
                 })
             };
             match &rounded {
-                Some(h) => {
-                    // The separate ops on that row (i[0]); the products' k and v rows are two
-                    // more outputs.
+                Some((h, plain)) => {
+                    // The separate ops on that row (i[0]; v on the plain row, i[1], where its
+                    // format takes f32 products); the products' k and v rows are two more outputs.
                     let mut sep_in = qkv_in.clone();
                     sep_in[0] = h.clone();
+                    if !fused_takes_int8(dv, dim) {
+                        sep_in[1] = plain.clone();
+                    } else {
+                        sep_in[1] = h.clone();
+                    }
                     let mut sep_out = qkv_out.to_vec();
                     sep_out.push((DType::F32, vec![1, nkv * hd]));
                     sep_out.push((DType::F32, vec![1, nkv * hd]));
@@ -169,7 +180,7 @@ fn fused_block_ops_at_real_widths() {
                     let want = run_on(&cpu, &sep_in, &sep_out, &|s, i, o| {
                         s.matmul(&i[0], &i[2], &o[0])?;
                         s.matmul(&i[0], &i[3], &o[3])?;
-                        s.matmul(&i[0], &i[4], &o[4])?;
+                        s.matmul(&i[1], &i[4], &o[4])?;
                         s.rope(&o[0], &i[5], &o[0], &rope)?;
                         s.rope(&o[3], &i[5], &o[3], &rope)?;
                         s.kv_write(&o[3], &o[1], &i[6])?;
@@ -196,7 +207,13 @@ fn fused_block_ops_at_real_widths() {
                     &fused_qkv,
                 ),
             }
-            for act in [GateActivation::Silu, GateActivation::GeluTanh] {
+            // The MLP input has no second format (its Q4_K run is above).
+            let acts = if dv == dt {
+                &[GateActivation::Silu, GateActivation::GeluTanh][..]
+            } else {
+                &[]
+            };
+            for &act in acts {
                 let gu_in = vec![
                     x.clone(),
                     norm.clone(),
@@ -210,7 +227,7 @@ fn fused_block_ops_at_real_widths() {
                 let what = format!("{what}: norm_gate_up {act:?}");
                 match &rounded {
                     None => compare(&what, &dev, &gu_in, &gu_out, atol, rtol, &fused_gu),
-                    Some(h) => {
+                    Some((h, _)) => {
                         let mut sep_in = gu_in.clone();
                         sep_in[0] = h.clone();
                         let sep_out = [

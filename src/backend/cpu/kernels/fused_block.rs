@@ -15,9 +15,10 @@
 //! (one row), or for the rope of many rows in a second loop over rows.
 //!
 //! Argument layouts (the builders in `ops::fused_block` and `ops::matmul_fused` make them):
-//! - `norm_qkv_rope_<w>`: x, norm, wq, wk, wv, positions (i32), step (i32), q (written), k_cache,
-//!   v_cache (read-write, f32, or f16 where cache_f16 is 1), then eps: f32, dim, n_head,
-//!   n_kv_head, head_dim: u32, base: f32, mode: u32 (0 normal, 1 NeoX), cache_f16: u32
+//! - `norm_qkv_rope_<w>` (and `norm_qkv_rope_<w>_v_<v>`, wv of format `<v>`): x, norm, wq, wk,
+//!   wv, positions (i32), step (i32), q (written), k_cache, v_cache (read-write, f32, or f16 where
+//!   cache_f16 is 1), then eps: f32, dim, n_head, n_kv_head, head_dim: u32, base: f32, mode: u32
+//!   (0 normal, 1 NeoX), cache_f16: u32
 //! - `norm_gate_up_<w>`: x, norm, w_gate, w_up, hidden (written), then eps: f32, dim, ffn, act:
 //!   u32 (0 SiLU, 1 GELU tanh)
 //! - `matmul_add_<w>`: x, w, acc (read-write), then rows, k, n: u32
@@ -46,6 +47,7 @@ pub(super) fn register(registry: &mut CpuRegistry) {
     registry.family(&mm::NORM_GATE_UP, [norm_gate_up_kernel; 9]);
     // The one-row shared-memory forms are CUDA launch forms of the same function.
     registry.family(&mm::NORM_QKV_ROPE_SHARED, [norm_qkv_rope_kernel; 9]);
+    registry.family(&mm::NORM_QKV_ROPE_MIXED, [norm_qkv_rope_kernel; 2]);
     registry.family(&mm::NORM_GATE_UP_SHARED, [norm_gate_up_kernel; 9]);
     registry.family(&mm::MATMUL_ADD, [matmul_add_kernel; 9]);
     registry.family(&mm::MATMUL_ADD_MMA, [matmul_add_kernel; 9]);
@@ -102,6 +104,8 @@ struct KernelScratch {
     xn: Vec<f32>,
     products: Vec<f32>,
     quant: QuantRow,
+    /// The row quantized for v weights of another format than q's and k's.
+    quant_v: QuantRow,
 }
 
 thread_local! {
@@ -391,7 +395,8 @@ fn norm_qkv_rope_kernel(args: &KernelArgs<'_>) -> Result<()> {
             ),
         ));
     }
-    let dtype = args.buffer(2)?.0.dtype();
+    // v may take another format than q and k (the kernel's declaration names which).
+    let (dtype, dtype_v) = (args.buffer(2)?.0.dtype(), args.buffer(4)?.0.dtype());
     let (q_heads, kv_heads) = (
         [("n_head", n_head), ("head_dim", hd)],
         [("n_kv_head", n_kv), ("head_dim", hd)],
@@ -399,7 +404,7 @@ fn norm_qkv_rope_kernel(args: &KernelArgs<'_>) -> Result<()> {
     let stack = [
         matrix(args, 2, "wq", dtype, &q_heads, ("dim", dim))?,
         matrix(args, 3, "wk", dtype, &kv_heads, ("dim", dim))?,
-        matrix(args, 4, "wv", dtype, &kv_heads, ("dim", dim))?,
+        matrix(args, 4, "wv", dtype_v, &kv_heads, ("dim", dim))?,
     ];
     let positions = args.input::<i32>(5)?;
     let q = args.output::<f32>(7)?;
@@ -441,7 +446,12 @@ fn norm_qkv_rope_kernel(args: &KernelArgs<'_>) -> Result<()> {
         let all = sized(&mut s.products, rows * n_total);
         if rows == 1 {
             let quant = quantize_for(isa, &stack[0], xn, &mut s.quant);
-            stacked_one_row(isa, &stack, xn, quant, all);
+            let quant_v = if dtype_v == dtype {
+                quant
+            } else {
+                quantize_for(isa, &stack[2], xn, &mut s.quant_v)
+            };
+            stacked_one_row(isa, &stack, xn, &[quant, quant, quant_v], all);
         } else {
             stacked_products(isa, &stack, xn, rows, all);
         }
@@ -472,18 +482,19 @@ fn norm_qkv_rope_kernel(args: &KernelArgs<'_>) -> Result<()> {
 
 /// One activation row times a stack of matrices into `out` (`sum n_m` values, matrix `m`'s rows
 /// after those of the matrices before it): one parallel loop over pieces of the stacked rows.
+/// `quants[m]`: the row quantized for matrix `m`'s integer products, if it takes them.
 fn stacked_one_row(
     isa: Isa,
     stack: &[Matrix<'_>],
     x: &[f32],
-    quant: Option<&QuantRow>,
+    quants: &[Option<&QuantRow>],
     out: &mut [f32],
 ) {
     let n_total: usize = stack.iter().map(|w| w.n).sum();
     let run = |first: usize, piece: &mut [f32]| {
         let last = first + piece.len();
         let mut start = 0;
-        for w in stack {
+        for (w, &quant) in stack.iter().zip(quants) {
             let (lo, hi) = (first.max(start), last.min(start + w.n));
             if lo < hi {
                 let o = &mut piece[lo - first..hi - first];

@@ -389,7 +389,8 @@ impl Qkv<'_> {
 
 #[test]
 fn fused_qkv_kernels_refuse_hostile_heads_positions_and_modes() {
-    for sig in mm::NORM_QKV_ROPE.iter().chain(&mm::NORM_QKV_ROPE_SHARED) {
+    let qkv = mm::NORM_QKV_ROPE.iter().chain(&mm::NORM_QKV_ROPE_SHARED);
+    for sig in qkv.chain(&mm::NORM_QKV_ROPE_MIXED) {
         let ok = Qkv {
             rows: 1,
             dim: 256,

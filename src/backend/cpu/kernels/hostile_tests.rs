@@ -275,6 +275,7 @@ fn families() -> Vec<&'static [KernelSig]> {
         &mm::MATMUL_AFFINE,
         &mm::NORM_QKV_ROPE,
         &mm::NORM_QKV_ROPE_SHARED,
+        &mm::NORM_QKV_ROPE_MIXED,
         &mm::NORM_GATE_UP,
         &mm::NORM_GATE_UP_SHARED,
         &crate::kernels::batch::MATMUL_ROWS,

@@ -4,7 +4,8 @@
 // of activation.cuh (compiled in front of this file):
 //   norm_qkv_rope_<w>: x, norm, wq, wk, wv, positions, step, q, k_cache, v_cache, eps, dim,
 //                      n_head, n_kv_head, head_dim, base, mode, cache_f16 (the caches f32, or f16
-//                      where it is 1)
+//                      where it is 1); norm_qkv_rope_<w>_v_<v> the same with wv of format <v>
+//                      (a llama.cpp Q4_K_M file's blocks whose V is Q6_K)
 //   norm_gate_up_<w>:  x, norm, w_gate, w_up, hidden, eps, dim, ffn, act (0 SiLU, 1 GELU tanh)
 // The optimizer makes them on a GPU for decode steps only: each block (one-row passes with shared
 // memory) or warp normalizes the row, which a prefill pass would pay per output. A one-row pass
@@ -226,9 +227,11 @@ struct QkvTask {
     uint32_t h, i, d0, d1;
     const uint8_t *a, *b;
 };
+// `row_bytes`: q's and k's row bytes, `row_bytes_v` v's.
 __device__ __forceinline__ QkvTask qkv_task(uint64_t p, const uint8_t* wq, const uint8_t* wk,
                                             const uint8_t* wv, uint32_t n_head, uint32_t n_kv,
-                                            uint32_t hd, uint32_t mode, uint64_t row_bytes) {
+                                            uint32_t hd, uint32_t mode, uint64_t row_bytes,
+                                            uint64_t row_bytes_v) {
     const uint32_t half = hd / 2;
     const uint64_t q_pairs = (uint64_t)n_head * half, kv_pairs = (uint64_t)n_kv * half;
     QkvTask t;
@@ -237,6 +240,7 @@ __device__ __forceinline__ QkvTask qkv_task(uint64_t p, const uint8_t* wq, const
     if (p >= q_pairs + kv_pairs) {
         t.which = 2;
         w = wv;
+        row_bytes = row_bytes_v;
         p -= q_pairs + kv_pairs;
     } else if (p >= q_pairs) {
         t.which = 1;
@@ -264,11 +268,12 @@ __device__ __forceinline__ double fb_rope_freq(uint32_t i, uint32_t hd, float ba
 // half 16-byte aligned, so both halves take the same path through `mm_dot_pair`. The 8B's 3,072
 // pairs on 2,112 warps took two rounds of a whole pair; split, three of half (docs/kernels.md
 // item 19).
-template <int FMT>
+template <int FMT, int FMT_V>
 __device__ __forceinline__ bool fb_qkv_split(uint64_t pairs, uint32_t k, const uint8_t* wq,
                                              const uint8_t* wk, const uint8_t* wv) {
-    const uint64_t row_bytes = op_row_bytes(FMT, k);
+    const uint64_t row_bytes = op_row_bytes(FMT, k), row_bytes_v = op_row_bytes(FMT_V, k);
     return pairs > mm_warp_count() && k % 512 == 0 && (row_bytes / 2) % 16 == 0 &&
+           (row_bytes_v / 2) % 16 == 0 &&
            blockDim.x % 64 == 0 && blockDim.x <= 64 * 15 && blockDim.y == 1 &&
            (((uint64_t)wq | (uint64_t)wk | (uint64_t)wv) & 15u) == 0;
 }
@@ -313,8 +318,9 @@ struct FbKv {
 // With `swap`, two warps a pair, each half of k (`fb_qkv_split`): the odd warp hands its sums to
 // the even one through `swap` (two float2 a warp pair and round parity; one code path either
 // way, as two paths in one kernel spilled registers). `rope`: the one row's (cos, sin) table
-// (`fb_rope_table`), or null to compute each angle where it is used.
-template <int FMT, typename RowX>
+// (`fb_rope_table`), or null to compute each angle where it is used. The v products read weights
+// of FMT_V (FMT's own where the three are of one format).
+template <int FMT, int FMT_V, typename RowX>
 __device__ void norm_qkv_rope_rows(RowX row_x, const uint8_t* wq,
                               const uint8_t* wk, const uint8_t* wv, const int32_t* positions,
                               const int32_t* step, float* q, FbKv kv, uint32_t k,
@@ -328,7 +334,7 @@ __device__ void norm_qkv_rope_rows(RowX row_x, const uint8_t* wq,
         return;
     }
     const uint64_t pairs = ((uint64_t)n_head + 2 * n_kv) * (hd / 2);
-    const uint64_t row_bytes = op_row_bytes(FMT, k);
+    const uint64_t row_bytes = op_row_bytes(FMT, k), row_bytes_v = op_row_bytes(FMT_V, k);
     const int lane = threadIdx.x & 31;
     const bool even = (((uint64_t)wq | (uint64_t)wk | (uint64_t)wv) & 1u) == 0;
     // Split: warp 2j + h takes half h of pair j's sums.
@@ -337,18 +343,26 @@ __device__ void norm_qkv_rope_rows(RowX row_x, const uint8_t* wq,
     const uint64_t first = split ? mm_warp_id() / 2 : mm_warp_id();
     const uint64_t stride = split ? mm_warp_count() / 2 : mm_warp_count();
     const uint32_t kk = split ? k / 2 : k;
-    const uint64_t w_off = h * (row_bytes / 2);
     uint32_t round = 0;
     for (uint64_t t = first; t < rows * pairs; t += stride, ++round) {
         const uint64_t r = t / pairs;
-        const QkvTask task = qkv_task(t % pairs, wq, wk, wv, n_head, n_kv, hd, mode, row_bytes);
+        const QkvTask task =
+            qkv_task(t % pairs, wq, wk, wv, n_head, n_kv, hd, mode, row_bytes, row_bytes_v);
         const int which = task.which;
         const uint32_t i = task.i, d0 = task.d0, d1 = task.d1;
         const auto xn = row_x(r);
-        const bool blocks = even && mm_blocks_ok<FMT>(xn, task.a, k);
         float a, b;
-        mm_dot_pair<FMT>(xn.from(h * kk), task.a + w_off, task.b + w_off, kk, row_bytes, lane,
-                         blocks, row_x.stage(), a, b);
+        if (FMT_V != FMT && which == 2) {  // warp-uniform
+            const uint64_t w_off = h * (row_bytes_v / 2);
+            const bool blocks = even && mm_blocks_ok<FMT_V>(xn, task.a, k);
+            mm_dot_pair<FMT_V>(xn.from(h * kk), task.a + w_off, task.b + w_off, kk, row_bytes_v,
+                               lane, blocks, row_x.stage(), a, b);
+        } else {
+            const uint64_t w_off = h * (row_bytes / 2);
+            const bool blocks = even && mm_blocks_ok<FMT>(xn, task.a, k);
+            mm_dot_pair<FMT>(xn.from(h * kk), task.a + w_off, task.b + w_off, kk, row_bytes,
+                             lane, blocks, row_x.stage(), a, b);
+        }
         if (split) {
             float2* slot = swap + 2 * (threadIdx.x >> 6) + (round & 1);
             if (h == 1 && lane == 0) *slot = make_float2(a, b);
@@ -395,7 +409,7 @@ __device__ __forceinline__ uint32_t fb_table_offset(uint32_t k) {
 
 // The shared form's one row: the rope table where the launch gives its 4 * hd bytes after the
 // rest, the split where `fb_qkv_split` allows it.
-template <int FMT, typename RowX>
+template <int FMT, int FMT_V, typename RowX>
 __device__ void norm_qkv_rope_one(RowX row, const uint8_t* wq, const uint8_t* wk,
                                   const uint8_t* wv, const int32_t* positions, const int32_t* step,
                                   float* q, FbKv kv, uint32_t k, uint32_t n_head,
@@ -404,10 +418,10 @@ __device__ void norm_qkv_rope_one(RowX row, const uint8_t* wq, const uint8_t* wk
     extern __shared__ __align__(16) float fb_smem[];
     // The sum-of-squares scratch, free once the row is written.
     float2* swap = (float2*)(fb_smem + k + 4 * MM_STAGE_WARPS * MM_STAGE_MAX_WORDS);
-    norm_qkv_rope_rows<FMT>(row, wq, wk, wv, positions, step, q, kv, k, n_head, n_kv, hd,
-                            base, mode, 1, n_kc, rope,
-                            fb_qkv_split<FMT>(((uint64_t)n_head + 2 * n_kv) * (hd / 2), k, wq,
-                                              wk, wv)
+    norm_qkv_rope_rows<FMT, FMT_V>(row, wq, wk, wv, positions, step, q, kv, k, n_head, n_kv, hd,
+                                   base, mode, 1, n_kc, rope,
+                                   fb_qkv_split<FMT, FMT_V>(((uint64_t)n_head + 2 * n_kv) * (hd / 2),
+                                                            k, wq, wk, wv)
                                 ? swap
                                 : nullptr,
                             tag);
@@ -415,8 +429,9 @@ __device__ void norm_qkv_rope_one(RowX row, const uint8_t* wq, const uint8_t* wk
 
 // SHARED: the `_shared` kernels (the row in shared memory where the launch gives it; the plain
 // kernels never take that path, so their code is what it was before it existed). `freq`: this
-// thread's pair's rotation frequency (`fb_rope_freq` of threadIdx.x).
-template <int FMT, bool SHARED>
+// thread's pair's rotation frequency (`fb_rope_freq` of threadIdx.x). FMT_V: the v weights' format,
+// whose int8 products (if any) read the row FMT's quantization writes.
+template <int FMT, int FMT_V, bool SHARED>
 __device__ void norm_qkv_rope(const float* x, const float* nw, const uint8_t* wq,
                               const uint8_t* wk, const uint8_t* wv, const int32_t* positions,
                               const int32_t* step, float* q, FbKv kv, float eps,
@@ -424,7 +439,11 @@ __device__ void norm_qkv_rope(const float* x, const float* nw, const uint8_t* wq
                               uint32_t mode, uint64_t n_x, uint64_t n_nw, uint64_t n_pos,
                               uint64_t n_step, uint64_t n_q, uint64_t n_kc, uint64_t n_vc,
                               double freq, uint32_t tag) {
-    OP_REQUIRE(k != 0 && k % op_block_elems(FMT) == 0 && hd != 0 && hd % 2 == 0 && n_nw == k &&
+    static_assert(FMT_V == FMT || (mm_q8_format<FMT>() == mm_q8_format<FMT_V>() &&
+                                   mm_q8_swizzled<FMT>() == mm_q8_swizzled<FMT_V>()),
+                  "the v products must read the int8 row as the q and k products do");
+    OP_REQUIRE(k != 0 && k % op_block_elems(FMT) == 0 && k % op_block_elems(FMT_V) == 0 &&
+               hd != 0 && hd % 2 == 0 && n_nw == k &&
                n_step != 0 && mode <= 1 && n_x == n_pos * k && n_q == n_pos * n_head * hd &&
                n_kc == n_vc && n_kv != 0 && n_kc % ((uint64_t)n_kv * hd) == 0);
     if (SHARED && fb_shared_ok(n_pos, x, nw, k)) {
@@ -437,14 +456,14 @@ __device__ void norm_qkv_rope(const float* x, const float* nw, const uint8_t* wq
             fb_rope_table(rope, positions[0], hd, base, freq);
         }
         if (fb_q8_ok<FMT>(k)) {
-            norm_qkv_rope_one<FMT>(fb_norm_quantize_row<FMT>(x, nw, k, eps), wq, wk, wv,
-                                   positions, step, q, kv, k, n_head, n_kv, hd, base, mode, n_kc,
-                                   rope, tag);
+            norm_qkv_rope_one<FMT, FMT_V>(fb_norm_quantize_row<FMT>(x, nw, k, eps), wq, wk, wv,
+                                          positions, step, q, kv, k, n_head, n_kv, hd, base, mode,
+                                          n_kc, rope, tag);
             return;
         }
         const FbShared row{fb_shared_row(x, nw, k, eps), k};
-        norm_qkv_rope_one<FMT>(row, wq, wk, wv, positions, step, q, kv, k, n_head, n_kv, hd,
-                               base, mode, n_kc, rope, tag);
+        norm_qkv_rope_one<FMT, FMT_V>(row, wq, wk, wv, positions, step, q, kv, k, n_head, n_kv,
+                                      hd, base, mode, n_kc, rope, tag);
     } else {
         // One row given 4 * hd bytes: the rope table too, so that no warp computes an angle's f64
         // `pow` and `sincos` after its sums (SmolLM2's rows are normalized per warp).
@@ -456,8 +475,8 @@ __device__ void norm_qkv_rope(const float* x, const float* nw, const uint8_t* wq
             __syncthreads();
         }
         const FbPerWarp row{x, nw, k, eps, (int)(threadIdx.x & 31)};
-        norm_qkv_rope_rows<FMT>(row, wq, wk, wv, positions, step, q, kv, k, n_head, n_kv, hd,
-                                base, mode, n_pos, n_kc, rope, nullptr, tag);
+        norm_qkv_rope_rows<FMT, FMT_V>(row, wq, wk, wv, positions, step, q, kv, k, n_head, n_kv,
+                                       hd, base, mode, n_pos, n_kc, rope, nullptr, tag);
     }
 }
 
@@ -502,22 +521,24 @@ __device__ void norm_gate_up(const float* x, const float* nw, const uint8_t* wg,
 
 // Before the grid wait (prelude.cuh): a one-row pass asks L2 for its warp's first output pair's
 // two weight rows, which no earlier kernel writes (`mm_prefetch_row`, matmul_dots.cuh).
-template <int FMT, bool SHARED>
+template <int FMT, int FMT_V, bool SHARED>
 __device__ __forceinline__ void fb_prefetch_qkv(const float* x, const float* nw,
                                                 const uint8_t* wq, const uint8_t* wk,
                                                 const uint8_t* wv, uint32_t k, uint32_t n_head,
                                                 uint32_t n_kv, uint32_t hd, uint32_t mode,
                                                 uint64_t n_pos) {
-    if (n_pos != 1 || k == 0 || k % op_block_elems(FMT) != 0 || hd == 0 || hd % 2 != 0 ||
-        mode > 1)
+    if (n_pos != 1 || k == 0 || k % op_block_elems(FMT) != 0 || k % op_block_elems(FMT_V) != 0 ||
+        hd == 0 || hd % 2 != 0 || mode > 1)
         return;
     // Where the pass splits its pairs, each warp's half of its first pair's rows.
     const uint64_t pairs = ((uint64_t)n_head + 2 * n_kv) * (hd / 2);
     const bool split = SHARED && fb_shared_ok(n_pos, x, nw, k) &&
-                       fb_qkv_split<FMT>(pairs, k, wq, wk, wv);
-    const uint64_t t = split ? mm_warp_id() / 2 : mm_warp_id(), row_bytes = op_row_bytes(FMT, k);
+                       fb_qkv_split<FMT, FMT_V>(pairs, k, wq, wk, wv);
+    const uint64_t t = split ? mm_warp_id() / 2 : mm_warp_id();
     if (t >= pairs) return;
-    const QkvTask task = qkv_task(t, wq, wk, wv, n_head, n_kv, hd, mode, row_bytes);
+    const QkvTask task = qkv_task(t, wq, wk, wv, n_head, n_kv, hd, mode, op_row_bytes(FMT, k),
+                                  op_row_bytes(FMT_V, k));
+    const uint64_t row_bytes = op_row_bytes(task.which == 2 ? FMT_V : FMT, k);
     const uint64_t off = split ? (mm_warp_id() & 1) * (row_bytes / 2) : 0;
     const uint64_t bytes = split ? row_bytes / 2 : row_bytes;
     mm_prefetch_row(task.a + off, bytes);
@@ -539,7 +560,8 @@ __device__ __forceinline__ void fb_prefetch_gate_up(const uint8_t* wg, const uin
 // per-warp forms keep the bounds of two 256-thread blocks (SmolLM2's step measured 1.6% slower
 // with the shared forms' 512-thread bounds, the same register cap).
 #define FB_BOUNDS(SH) __launch_bounds__((SH) ? 512 : 256, (SH) ? 1 : 2)
-#define NORM_QKV_ROPE_KERNEL(NAME, FMT, SH)                                                          \
+#define NORM_QKV_ROPE_KERNEL(NAME, FMT, SH) NORM_QKV_ROPE_MIXED_KERNEL(NAME, FMT, FMT, SH)
+#define NORM_QKV_ROPE_MIXED_KERNEL(NAME, FMT, FMT_V, SH)                                                 \
     extern "C" __global__ FB_BOUNDS(SH) void NAME(                                                 \
         const float* x, const float* nw, const uint8_t* wq, const uint8_t* wk, const uint8_t* wv,    \
         const int32_t* positions, const int32_t* step, float* q, void* kc, void* vc, float eps,      \
@@ -547,13 +569,13 @@ __device__ __forceinline__ void fb_prefetch_gate_up(const uint8_t* wg, const uin
         uint32_t cache_f16, uint64_t n_x, uint64_t n_nw, uint64_t n_wq, uint64_t n_wk,               \
         uint64_t n_wv, uint64_t n_pos, uint64_t n_step, uint64_t n_q, uint64_t n_kc,                 \
         uint64_t n_vc) {                                                                             \
-        fb_prefetch_qkv<FMT, SH>(x, nw, wq, wk, wv, k, n_head, n_kv, hd, mode, n_pos);                \
+        fb_prefetch_qkv<FMT, FMT_V, SH>(x, nw, wq, wk, wv, k, n_head, n_kv, hd, mode, n_pos);         \
         const double rope_freq = fb_rope_freq(threadIdx.x, hd, base);                                \
         OP_GRID_ENTRY();                                                                             \
         const FbKv kv{kc, vc, cache_f16 != 0};                                                       \
-        norm_qkv_rope<FMT, SH>(x, nw, wq, wk, wv, positions, step, q, kv, eps, k, n_head, n_kv, hd, \
-                               base, mode, n_x, n_nw, n_pos, n_step, n_q, n_kc, n_vc, rope_freq,    \
-                               op_tag(#NAME));                                                      \
+        norm_qkv_rope<FMT, FMT_V, SH>(x, nw, wq, wk, wv, positions, step, q, kv, eps, k, n_head,    \
+                                      n_kv, hd, base, mode, n_x, n_nw, n_pos, n_step, n_q, n_kc,    \
+                                      n_vc, rope_freq, op_tag(#NAME));                              \
     }
 #define NORM_GATE_UP_KERNEL(NAME, FMT, SH)                                                           \
     extern "C" __global__ FB_BOUNDS(SH) void NAME(                                                 \
@@ -593,6 +615,9 @@ NORM_QKV_ROPE_KERNEL(norm_qkv_rope_shared_q5_0, OP_FMT_Q5_0, true)
 NORM_QKV_ROPE_KERNEL(norm_qkv_rope_shared_q8_0, OP_FMT_Q8_0, true)
 NORM_QKV_ROPE_KERNEL(norm_qkv_rope_shared_q4_k, OP_FMT_Q4_K, true)
 NORM_QKV_ROPE_KERNEL(norm_qkv_rope_shared_q6_k, OP_FMT_Q6_K, true)
+// Q4_K q and k with Q6_K v (llama.cpp's Q4_K_M gives half the blocks' v more bits).
+NORM_QKV_ROPE_MIXED_KERNEL(norm_qkv_rope_q4_k_v_q6_k, OP_FMT_Q4_K, OP_FMT_Q6_K, false)
+NORM_QKV_ROPE_MIXED_KERNEL(norm_qkv_rope_shared_q4_k_v_q6_k, OP_FMT_Q4_K, OP_FMT_Q6_K, true)
 NORM_GATE_UP_KERNEL(norm_gate_up_shared_f32, OP_FMT_F32, true)
 NORM_GATE_UP_KERNEL(norm_gate_up_shared_f16, OP_FMT_F16, true)
 NORM_GATE_UP_KERNEL(norm_gate_up_shared_bf16, OP_FMT_BF16, true)
