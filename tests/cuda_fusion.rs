@@ -546,9 +546,11 @@ fn run_head_norm_rope(
 }
 
 /// The `rms_norm+rope` fusion on the GPU gives bitwise the `q` of the pair (`rms_norm`, then the
-/// in-place rope kernel) that direct mode runs on the same GPU (the fused kernel runs the norm's
-/// row code with the norm's block size and the rope's angle and rotation code), for Gemma 3 and
-/// Qwen 3 head sizes, both pair layouts and a partial rotary dimension; and the CPU's `q` (fused
+/// in-place rope kernel) that direct mode runs on the same GPU (the fused kernel reduces each head
+/// in a warp in the order of the norm's block and runs the rope's angle and rotation code), for
+/// Gemma 3 and Qwen 3 head sizes (Qwen 3's 16 query heads of a decode step: two blocks of eight
+/// warps), nine heads (a row's second block partly idle), heads of 512 values (two values a
+/// thread of the norm's block), both pair layouts and a partial rotary dimension; and the CPU's `q` (fused
 /// too) within 1e-5 + 1e-5 |v| (the f64 `pow`, `sincos` and `sqrt` of the two backends may differ
 /// in their last f64 bit; |v| < 8).
 #[test]
@@ -561,6 +563,9 @@ fn fused_rms_norm_rope_gives_the_pair_bits() {
         (3, 1, 64, 32),
         (3, 8, 128, 128),
         (2, 4, 32, 16),
+        (1, 16, 128, 128),
+        (2, 9, 64, 64),
+        (1, 2, 512, 384),
     ] {
         for rope_mode in [RopeMode::Normal, RopeMode::NeoX] {
             let what = format!("{shape:?} {rope_mode:?}");

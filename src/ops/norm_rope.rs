@@ -5,7 +5,9 @@
 //!
 //! The fused kernel normalizes every head of a row as `rms_norm` does (f64 sum of squares, f32
 //! products in the same order) and rotates it as `rope` does (the same angle table), so it gives
-//! the bits of the pair. f32 only, no frequency factors.
+//! the bits of the pair. f32 only, no frequency factors. On CUDA a warp takes a head (a block took
+//! a row's heads one after another: a decode step's queries were 16 block reductions in a row for
+//! Qwen 3), reducing it in the order of the norm kernel's block.
 
 use crate::backend::{Buffer, DType};
 use crate::error::{Error, Result};
@@ -101,8 +103,25 @@ fn rms_norm_rope_spec<'a>(
             RopeMode::NeoX => 1,
         }),
     ];
-    // The norm's block size, so that a GPU reduces each head as the plain norm does.
-    let grid = Grid::new(rows.min(u32::MAX as usize) as u32, ROW_THREADS);
+    // A warp a head, blocks of the norm's size (each warp reduces its head as a block of that
+    // size does in the plain norm, whatever the launch): a row's heads in ceil(heads / 8) blocks.
+    let warps = (ROW_THREADS / 32) as usize;
+    let blocks = rows.saturating_mul((row_len / head_dim).div_ceil(warps));
+    let grid = Grid::new(blocks.min(u32::MAX as usize) as u32, ROW_THREADS);
+    // The weight and each warp's head staged in shared memory for heads of up to 1,024 values
+    // (`RNR_STAGE_MAX` in rope.cu; 36 KiB with the angle table); else read from global memory.
+    // Heads of NeoX pairs turning whole, of up to 256 values and a whole number of pairs a lane
+    // (Gemma 3's 256, Qwen 3's 128) stay in registers (`rnr_regs_ok`) and take no stage.
+    let stage = 4 * head_dim * (1 + warps);
+    let in_registers = mode == RopeMode::NeoX
+        && rotary_dim == head_dim
+        && head_dim <= 256
+        && (head_dim / 2).is_multiple_of(32);
+    let grid = if !in_registers && head_dim <= 1024 {
+        grid.with_shared(stage as u32)
+    } else {
+        grid
+    };
     DispatchSpec::new(KernelId::of(&kn::RMS_NORM_ROPE[0]), &args, grid)
 }
 

@@ -126,7 +126,10 @@ fn fused_block_ops_at_real_widths() {
                     .map(|&v| v as f32)
                     .collect();
                 let plain = float_tensor(&v, DType::F32, &[1, dim]);
-                (float_tensor(&int8_rounded(&v), DType::F32, &[1, dim]), plain)
+                (
+                    float_tensor(&int8_rounded(&v), DType::F32, &[1, dim]),
+                    plain,
+                )
             });
             let qkv_in = vec![
                 x.clone(),

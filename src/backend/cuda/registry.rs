@@ -108,8 +108,7 @@ pub const SOURCES: &[KernelSource] = &[
             include_str!("kernels/matmul_rows.cu"),
         ),
     ),
-    // One row of RMS normalization (`norm_row.cuh`) in front of the norms and of the rope family,
-    // whose `rms_norm_rope` normalizes each head with the norms' own code.
+    // One row of RMS normalization (`norm_row.cuh`) in front of the norms.
     family(
         "norm",
         concat!(
@@ -119,15 +118,7 @@ pub const SOURCES: &[KernelSource] = &[
             include_str!("kernels/norm.cu"),
         ),
     ),
-    family(
-        "rope",
-        concat!(
-            "#line 1 \"norm_row.cuh\"\n",
-            include_str!("kernels/norm_row.cuh"),
-            "#line 1 \"rope.cu\"\n",
-            include_str!("kernels/rope.cu"),
-        ),
-    ),
+    family("rope", include_str!("kernels/rope.cu")),
     family("softmax", include_str!("kernels/softmax.cu")),
     family("test", include_str!("kernels/test.cu")),
 ];

@@ -4,18 +4,17 @@
 // angle, sine and cosine in f64 once per row, the rotation in f32. Mode 0 pairs (2i, 2i + 1),
 // mode 1 pairs (i, i + rotary_dim / 2). Values past rotary_dim are copied unchanged.
 // One block per row (grid-stride over rows). Also the per-head norm fused with RoPE (at the end;
-// its norm row code is norm_row.cuh, in front of this file).
+// a warp a head, reducing as norm_row.cuh's `rms_norm_row` reduces in a block).
 
 #define ROPE_MAX_PAIRS 512
 
 // Fills the (cos, sin) table of the `pairs` angles of position `pos` (f64, rounded to f32) and
 // synchronizes the block before (the table's last readers) and after (its readers). Every thread
 // of the block must call it.
-__device__ __forceinline__ void rope_angles(int32_t pos_i, const float* ff, float base,
-                                            uint32_t rotary_dim, float* cs_cos, float* cs_sin) {
+__device__ __forceinline__ void rope_angles_fill(int32_t pos_i, const float* ff, float base,
+                                                 uint32_t rotary_dim, float* cs_cos, float* cs_sin) {
     const uint32_t pairs = rotary_dim / 2;
     const double pos = (double)pos_i;
-    __syncthreads();
     for (uint32_t i = threadIdx.x; i < pairs; i += blockDim.x) {
         double inv_freq = pow((double)base, -2.0 * (double)i / (double)rotary_dim);
         double f = ff == nullptr ? 1.0 : (double)ff[i];
@@ -24,6 +23,11 @@ __device__ __forceinline__ void rope_angles(int32_t pos_i, const float* ff, floa
         cs_cos[i] = (float)c;
         cs_sin[i] = (float)s;
     }
+}
+__device__ __forceinline__ void rope_angles(int32_t pos_i, const float* ff, float base,
+                                            uint32_t rotary_dim, float* cs_cos, float* cs_sin) {
+    __syncthreads();
+    rope_angles_fill(pos_i, ff, base, rotary_dim, cs_cos, cs_sin);
     __syncthreads();
 }
 
@@ -119,35 +123,223 @@ ROPE_FF_INPLACE_KERNEL(rope_ff_bf16_inplace, __nv_bfloat16)
 
 // The per-head RMS norm fused with the in-place RoPE after it (src/ops/norm_rope.rs): x, weight
 // ([head_dim]), positions, out (not aliasing x), eps, head_dim, rotary_dim, base, mode; f32, no
-// frequency factors. One block per row (grid-stride), launched with the norm's block size: each
-// head of the row is normalized into `out` by rms_norm_row (norm_row.cuh), then rope_angles
-// synchronizes the block and the heads rotate in place, as rope_f32_inplace rotates them. The
-// same code with the same block size gives the bits of `rms_norm` then `rope`.
+// frequency factors. A warp per head: block b takes row b / g and its heads `warps` (b % g) ..,
+// one a warp, g = ceil(heads / warps) blocks a row (grid-stride over them). The block fills its
+// row's angle table (rope_angles), then each warp reduces its head as a block of
+// RNR_NORM_THREADS threads of the `rms_norm` kernel does (the norm's block size,
+// src/ops/norm.rs `ROW_THREADS`): it keeps the partial sum of each of that block's warps
+// (`rnr_head_sum`), adds each with its shuffle tree and those totals as op_block_sum_f64 adds
+// them, so `inv` is that kernel's; each value is (x * inv) * w in f32 and the pairs rotate as
+// rope_f32_inplace rotates them: the bits of `rms_norm` then `rope`. Given (1 + warps) head_dim
+// floats of dynamic shared memory, the block stages the weight and each warp its head there
+// first (every load of a head in flight at once), else they read global memory. One block a row
+// took the heads one after another before (16 block reductions a row for Qwen 3's queries).
+#define RNR_NORM_THREADS 256u
+#define RNR_NORM_WARPS (RNR_NORM_THREADS / 32u)
+// The longest head the stage takes (the host gives the stage to heads that fit 48 KiB anyway),
+// with blocks of RNR_NORM_THREADS threads: each thread loads at most four of the weight's values.
+#define RNR_STAGE_MAX 1024u
+
+// The block's sum from the partial sums of its RNR_NORM_WARPS warps' threads (part[q]: lane l
+// holds thread 32 q + l's), added as op_block_sum_f64 adds them: each warp's shuffle tree, then
+// lane q holding warp q's total (0 past the warps) and a shuffle tree of those.
+__device__ __forceinline__ double rnr_block_sum(double (&part)[RNR_NORM_WARPS], uint32_t lane) {
+#pragma unroll
+    for (uint32_t q = 0; q < RNR_NORM_WARPS; ++q) {
+        for (int o = 16; o > 0; o >>= 1) part[q] += __shfl_xor_sync(ONEPASS_FULL_MASK, part[q], o);
+    }
+    double t = 0.0;
+#pragma unroll
+    for (uint32_t q = 0; q < RNR_NORM_WARPS; ++q) {
+        if (lane == q) t = part[q];
+    }
+    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(ONEPASS_FULL_MASK, t, o);
+    return t;
+}
+
+// The sum of squares of the `dim` values of `xr` as op_block_sum_f64 adds them in a block of
+// RNR_NORM_THREADS threads whose thread t sums values t, t + RNR_NORM_THREADS, ... (rms_norm_row).
+__device__ __forceinline__ double rnr_head_sum(const float* xr, uint32_t dim, uint32_t lane) {
+    double part[RNR_NORM_WARPS];
+#pragma unroll
+    for (uint32_t q = 0; q < RNR_NORM_WARPS; ++q) {
+        double ss = 0.0;
+        for (uint32_t i = 32 * q + lane; i < dim; i += RNR_NORM_THREADS) {
+            const double v = (double)xr[i];
+            ss += v * v;
+        }
+        part[q] = ss;
+    }
+    return rnr_block_sum(part, lane);
+}
+
+// Whether a head takes the register form: NeoX pairs turning the whole head of at most
+// RNR_NORM_THREADS values, a whole number of pairs a lane, so that lane l holds values l + 32 k
+// and each of its pairs' two values (k and k + pairs / 32).
+__device__ __forceinline__ bool rnr_regs_ok(uint32_t head_dim, uint32_t rotary_dim,
+                                            uint32_t mode) {
+    return mode == 1 && rotary_dim == head_dim && head_dim <= RNR_NORM_THREADS &&
+           (head_dim / 2) % 32 == 0;
+}
+
+// One row's heads in the register form (rnr_regs_ok): each warp loads its head and the weight
+// before the block computes the angles, then reduces, normalizes and rotates from registers.
+__device__ __forceinline__ void rnr_regs_row(const float* x, const float* w, float* out,
+                                             int32_t pos, float eps, uint32_t head_dim,
+                                             float base, uint32_t h, uint32_t heads,
+                                             uint64_t at, float* cs_cos, float* cs_sin) {
+    const uint32_t lane = threadIdx.x & 31, per_lane = head_dim / 32, pairs = head_dim / 2;
+    const bool mine = h < heads;  // warp-uniform
+    float v[RNR_NORM_WARPS], wv[RNR_NORM_WARPS];
+    if (mine) {
+#pragma unroll
+        for (uint32_t k = 0; k < RNR_NORM_WARPS; ++k) {
+            v[k] = k < per_lane ? x[at + lane + 32 * k] : 0.0f;
+            wv[k] = k < per_lane ? w[lane + 32 * k] : 0.0f;
+        }
+    }
+    __syncthreads();  // the table's last readers are done
+    rope_angles_fill(pos, nullptr, base, head_dim, cs_cos, cs_sin);
+    __syncthreads();
+    if (!mine) return;
+    // Thread 32 q + l of the norm's block holds value 32 q + l alone: 0.0 + v v.
+    double part[RNR_NORM_WARPS];
+#pragma unroll
+    for (uint32_t q = 0; q < RNR_NORM_WARPS; ++q) {
+        part[q] = q < per_lane ? (double)v[q] * (double)v[q] : 0.0;
+    }
+    const double ss = rnr_block_sum(part, lane);
+    const float inv = (float)(1.0 / sqrt(ss / (double)head_dim + (double)eps));
+    float y[RNR_NORM_WARPS];
+#pragma unroll
+    for (uint32_t k = 0; k < RNR_NORM_WARPS; ++k) y[k] = (v[k] * inv) * wv[k];
+    float* o = out + at;
+#pragma unroll
+    for (uint32_t p = 0; p < RNR_NORM_WARPS / 2; ++p) {
+        if (p >= per_lane / 2) break;
+        const uint32_t i = lane + 32 * p;
+        const float a = y[p], c = y[p + per_lane / 2], cs = cs_cos[i], sn = cs_sin[i];
+        o[i] = a * cs - c * sn;
+        o[i + pairs] = a * sn + c * cs;
+    }
+}
+
 extern "C" __global__ void rms_norm_rope_f32(const float* x, const float* w,
                                              const int32_t* positions, float* out, float eps,
                                              uint32_t head_dim, uint32_t rotary_dim, float base,
                                              uint32_t mode, uint64_t n_x, uint64_t n_w,
                                              uint64_t n_pos, uint64_t n_out) {
     OP_GRID_ENTRY();
-    __shared__ double scratch[32];
     __shared__ float cs_cos[ROPE_MAX_PAIRS];
     __shared__ float cs_sin[ROPE_MAX_PAIRS];
+    extern __shared__ __align__(16) float rnr_smem[];
     const uint32_t pairs = rotary_dim / 2;
     const uint64_t rows = n_pos;
     if (n_x != n_out || n_w != head_dim || rows == 0 || head_dim == 0 || n_out % rows != 0 ||
-        rotary_dim % 2 != 0 || rotary_dim > head_dim || pairs > ROPE_MAX_PAIRS || mode > 1)
+        rotary_dim % 2 != 0 || rotary_dim > head_dim || pairs > ROPE_MAX_PAIRS || mode > 1 ||
+        blockDim.x % 32 != 0)
         return;
     const uint64_t row_len = n_out / rows;
     if (row_len % head_dim != 0) return;
-    const uint32_t heads = (uint32_t)(row_len / head_dim);
-    OP_ROW_LOOP(r, rows) {
-        for (uint32_t h = 0; h < heads; ++h) {
-            const uint64_t at = r * row_len + (uint64_t)h * head_dim;
-            rms_norm_row<float, false>(x + at, w, nullptr, out + at, eps, head_dim, scratch);
+    const uint32_t heads = (uint32_t)(row_len / head_dim), warps = blockDim.x / 32;
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint64_t groups = (heads + warps - 1) / warps;
+    if (rnr_regs_ok(head_dim, rotary_dim, mode)) {
+        for (uint64_t b = blockIdx.y * (uint64_t)gridDim.x + blockIdx.x; b < rows * groups;
+             b += (uint64_t)gridDim.x * gridDim.y) {
+            const uint64_t r = b / groups;
+            const uint32_t h = (uint32_t)(b % groups) * warps + warp;
+            rnr_regs_row(x, w, out, positions[r], eps, head_dim, base, h, heads,
+                         r * row_len + (uint64_t)h * head_dim, cs_cos, cs_sin);
         }
-        rope_angles(positions[r], nullptr, base, rotary_dim, cs_cos, cs_sin);
-        float* o = out + r * row_len;
-        rope_rotate<float>(o, o, heads, head_dim, pairs, mode, cs_cos, cs_sin);
+        return;
+    }
+    uint32_t smem;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem));
+    const bool staged = smem >= 4ull * head_dim * (1 + warps) && head_dim <= RNR_STAGE_MAX &&
+                        blockDim.x == RNR_NORM_THREADS;
+    // The weight's loads, stored to the stage once the first row's angles are computed.
+    float wv[RNR_STAGE_MAX / RNR_NORM_THREADS];
+    if (staged) {
+#pragma unroll
+        for (uint32_t k = 0; k < RNR_STAGE_MAX / RNR_NORM_THREADS; ++k) {
+            const uint32_t i = threadIdx.x + k * blockDim.x;
+            wv[k] = i < head_dim ? w[i] : 0.0f;
+        }
+    }
+    bool weight_staged = !staged;
+    const float* ws = staged ? rnr_smem : w;
+    float* hs = rnr_smem + (uint64_t)head_dim * (1 + warp);
+    for (uint64_t b = blockIdx.y * (uint64_t)gridDim.x + blockIdx.x; b < rows * groups;
+         b += (uint64_t)gridDim.x * gridDim.y) {
+        const uint64_t r = b / groups;
+        const uint32_t h = (uint32_t)(b % groups) * warps + warp;
+        const bool mine = h < heads;  // warp-uniform
+        const uint64_t at = r * row_len + (uint64_t)(mine ? h : 0) * head_dim;
+        const float* xr = x + at;
+        float* o = out + at;
+        // A head of up to 256 values: its loads in registers, in flight while the block computes
+        // the angles, stored to the stage after them. A longer one is staged first, eight loads a
+        // lane before their stores (a store right behind its load waits for it).
+        const bool early = staged && mine && head_dim <= 256;
+        float v[8];
+        if (early) {
+#pragma unroll
+            for (uint32_t j = 0; j < 8; ++j) {
+                const uint32_t i = lane + 32 * j;
+                v[j] = i < head_dim ? xr[i] : 0.0f;
+            }
+        } else if (staged && mine) {
+            for (uint32_t i0 = lane; i0 < head_dim; i0 += 256) {
+#pragma unroll
+                for (uint32_t j = 0; j < 8; ++j) {
+                    const uint32_t i = i0 + 32 * j;
+                    v[j] = i < head_dim ? xr[i] : 0.0f;
+                }
+#pragma unroll
+                for (uint32_t j = 0; j < 8; ++j) {
+                    const uint32_t i = i0 + 32 * j;
+                    if (i < head_dim) hs[i] = v[j];
+                }
+            }
+        }
+        // The table's last readers are done; the weight's stores wait behind the angles.
+        const int32_t pos = positions[r];
+        __syncthreads();
+        rope_angles_fill(pos, nullptr, base, rotary_dim, cs_cos, cs_sin);
+        if (!weight_staged) {
+#pragma unroll
+            for (uint32_t k = 0; k < RNR_STAGE_MAX / RNR_NORM_THREADS; ++k) {
+                const uint32_t i = threadIdx.x + k * blockDim.x;
+                if (i < head_dim) rnr_smem[i] = wv[k];
+            }
+            weight_staged = true;
+        }
+        __syncthreads();
+        if (!mine) continue;
+        if (early) {
+#pragma unroll
+            for (uint32_t j = 0; j < 8; ++j) {
+                const uint32_t i = lane + 32 * j;
+                if (i < head_dim) hs[i] = v[j];
+            }
+        }
+        if (staged) {
+            __syncwarp();
+            xr = hs;
+        }
+        const double ss = rnr_head_sum(xr, head_dim, lane);
+        const float inv = (float)(1.0 / sqrt(ss / (double)head_dim + (double)eps));
+        for (uint32_t i = lane; i < pairs; i += 32) {
+            const uint32_t j0 = mode == 1 ? i : 2 * i, j1 = mode == 1 ? i + pairs : 2 * i + 1;
+            const float a = (xr[j0] * inv) * ws[j0], c = (xr[j1] * inv) * ws[j1];
+            const float cs = cs_cos[i], sn = cs_sin[i];
+            o[j0] = a * cs - c * sn;
+            o[j1] = a * sn + c * cs;
+        }
+        for (uint32_t j = rotary_dim + lane; j < head_dim; j += 32) o[j] = (xr[j] * inv) * ws[j];
+        // The head's stage is read before the next head overwrites it.
+        __syncwarp();
     }
 }
 
