@@ -2,7 +2,8 @@
 //! decoded greedily for 64 steps on the CUDA backend and on the CPU backend: the SmolLM2 shape in
 //! Q4_1 after an 8-token prompt, the Gemma 3 270M shape in the Q4_K_M mix of the real file
 //! (Q5_0, Q8_0, Q4_K, Q6_K) after a 600-token prompt, past its 512-token sliding window, and the
-//! Llama-3.2-1B shape in Q4_0, whose larger decode products read int8 activations on CUDA. The
+//! Llama-3.2-1B shape in Q4_0, whose larger decode products read int8 activations on CUDA, and in
+//! the Q4_K_M mix (a Q6_K v beside Q4_K), and the Qwen 3 0.6B shape in that mix. The
 //! tokens must agree step for step, and the last position's logits within a stated tolerance. A divergence reports the step and the CPU's top-2 logit gap there (a tiny gap means
 //! a near-tie that rounding may flip; a large one a real bug). Needs a GPU: ignored by default, it
 //! fails where there is none.
@@ -122,6 +123,36 @@ fn cuda_greedy_matches_cpu_for_64_steps_llama_1b_shape_int8() {
         DType::Q4_0.into(),
         8,
         "llama-1b-q4_0.gguf",
+        (ATOL, INT8_RTOL),
+    );
+}
+
+/// A llama.cpp Q4_K_M mix on the Llama-3.2-1B shape: half the blocks' v products (and downs)
+/// Q6_K beside Q4_K, which the fused attention input takes in one kernel
+/// (`norm_qkv_rope_shared_q4_k_v_q6_k`), every product on int8 activations: the tolerance of the
+/// int8 run above.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_greedy_matches_cpu_for_64_steps_llama_1b_shape_q4_k_m() {
+    check_within(
+        SynthShape::Llama32_1b,
+        MatrixFormats::Q4KM,
+        8,
+        "llama-1b-q4_k_m.gguf",
+        (ATOL, INT8_RTOL),
+    );
+}
+
+/// The Qwen 3 0.6B shape in the Q4_K_M mix: query and key norms of 128-value heads (the per-head
+/// norm fused with RoPE, a warp a head), int8 products.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_greedy_matches_cpu_for_64_steps_qwen3_shape() {
+    check_within(
+        SynthShape::Qwen3_0_6b,
+        MatrixFormats::Q4KM,
+        8,
+        "qwen3-q4_k_m.gguf",
         (ATOL, INT8_RTOL),
     );
 }
