@@ -1,6 +1,6 @@
-//! CPU kernels of the fused decoder-block ops (`ops::fused_block`) and of the matmul + residual
-//! add fusion (`ops::matmul_fused`), so a CPU decode block is a handful of dispatches, each with
-//! one fork/join of the pool.
+//! CPU kernels of the fused decoder-block ops (`ops::fused_block`), so a CPU decode block is a
+//! handful of dispatches, each with one fork/join of the pool (the matmul + residual add fusion's
+//! kernels, which share this file's product loops, are in `matmul_add.rs`).
 //!
 //! The products run the CPU matmul's own inner loops on the same data, so every value equals the
 //! separate ops' value bit for bit: the RMS norm as `rms_norm` computes it (sum of squares in f64,
@@ -14,14 +14,13 @@
 //! writes, the gated activation, the residual add) run inside that loop, on the calling thread
 //! (one row), or for the rope of many rows in a second loop over rows.
 //!
-//! Argument layouts (the builders in `ops::fused_block` and `ops::matmul_fused` make them):
+//! Argument layouts (the builders in `ops::fused_block` make them):
 //! - `norm_qkv_rope_<w>` (and `norm_qkv_rope_<w>_v_<v>`, wv of format `<v>`): x, norm, wq, wk,
 //!   wv, positions (i32), step (i32), q (written), k_cache, v_cache (read-write, f32, or f16 where
 //!   cache_f16 is 1), then eps: f32, dim, n_head, n_kv_head, head_dim: u32, base: f32, mode: u32
 //!   (0 normal, 1 NeoX), cache_f16: u32
 //! - `norm_gate_up_<w>`: x, norm, w_gate, w_up, hidden (written), then eps: f32, dim, ffn, act:
 //!   u32 (0 SiLU, 1 GELU tanh)
-//! - `matmul_add_<w>`: x, w, acc (read-write), then rows, k, n: u32
 
 use std::cell::RefCell;
 use std::marker::PhantomData;
@@ -49,9 +48,6 @@ pub(super) fn register(registry: &mut CpuRegistry) {
     registry.family(&mm::NORM_QKV_ROPE_SHARED, [norm_qkv_rope_kernel; 9]);
     registry.family(&mm::NORM_QKV_ROPE_MIXED, [norm_qkv_rope_kernel; 2]);
     registry.family(&mm::NORM_GATE_UP_SHARED, [norm_gate_up_kernel; 9]);
-    registry.family(&mm::MATMUL_ADD, [matmul_add_kernel; 9]);
-    registry.family(&mm::MATMUL_ADD_MMA, [matmul_add_kernel; 9]);
-    registry.family(&mm::MATMUL_ADD_MMA_H, [matmul_add_h_kernel; 9]);
 }
 
 /// Weights per task of a one-row product below which it runs on the calling thread alone (the
@@ -66,12 +62,12 @@ const MAX_ROPE_PAIRS: usize = 512;
 
 /// One weight matrix: `n` rows of `k` values stored as `row_bytes` bytes of `dtype` each.
 #[derive(Clone, Copy)]
-struct Matrix<'a> {
-    dtype: DType,
-    bytes: &'a [u8],
-    row_bytes: usize,
-    n: usize,
-    k: usize,
+pub(super) struct Matrix<'a> {
+    pub(super) dtype: DType,
+    pub(super) bytes: &'a [u8],
+    pub(super) row_bytes: usize,
+    pub(super) n: usize,
+    pub(super) k: usize,
 }
 
 impl<'a> Matrix<'a> {
@@ -100,12 +96,12 @@ struct TaskScratch {
 /// activation row. Taken out of its cell for the kernel's length (a kernel that this thread runs
 /// meanwhile, stolen while this one waits in a parallel loop, finds it empty and makes its own).
 #[derive(Default)]
-struct KernelScratch {
-    xn: Vec<f32>,
-    products: Vec<f32>,
-    quant: QuantRow,
+pub(super) struct KernelScratch {
+    pub(super) xn: Vec<f32>,
+    pub(super) products: Vec<f32>,
+    pub(super) quant: QuantRow,
     /// The row quantized for v weights of another format than q's and k's.
-    quant_v: QuantRow,
+    pub(super) quant_v: QuantRow,
 }
 
 thread_local! {
@@ -128,7 +124,7 @@ fn with_task_scratch<R>(tile: usize, row: usize, f: impl FnOnce(&mut [f32], &mut
     })
 }
 
-fn with_kernel_scratch<R>(f: impl FnOnce(&mut KernelScratch) -> R) -> R {
+pub(super) fn with_kernel_scratch<R>(f: impl FnOnce(&mut KernelScratch) -> R) -> R {
     let mut scratch = KERNEL_SCRATCH.with(|c| std::mem::take(&mut *c.borrow_mut()));
     let result = f(&mut scratch);
     KERNEL_SCRATCH.with(|c| *c.borrow_mut() = scratch);
@@ -136,7 +132,7 @@ fn with_kernel_scratch<R>(f: impl FnOnce(&mut KernelScratch) -> R) -> R {
 }
 
 /// `v[..len]`, grown if shorter (old values are left; every caller overwrites what it reads).
-fn sized(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
+pub(super) fn sized(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
     if v.len() < len {
         v.resize(len, 0.0);
     }
@@ -158,7 +154,7 @@ fn integer_layout(isa: Isa, dtype: DType, k: usize) -> Option<Layout> {
 
 /// Quantizes the activation row `x` into `quant` where the product takes the integer path;
 /// returns the row to hand to [`dot_rows`].
-fn quantize_for<'q>(
+pub(super) fn quantize_for<'q>(
     isa: Isa,
     w: &Matrix<'_>,
     x: &[f32],
@@ -171,7 +167,7 @@ fn quantize_for<'q>(
 
 /// `out[i] = W[lo + i] . x` for one activation row: the integer products where `quant` holds
 /// `x` quantized for `w`, else the fused dequantize-and-dot of each row. Makes no rayon call.
-fn dot_rows(
+pub(super) fn dot_rows(
     isa: Isa,
     w: &Matrix<'_>,
     x: &[f32],
@@ -198,7 +194,7 @@ fn dot_rows(
 
 /// Tasks of a one-row product over `weights` weights: a few large ones, at most two per pool
 /// thread, one where the product is small.
-fn one_row_tasks(weights: usize) -> usize {
+pub(super) fn one_row_tasks(weights: usize) -> usize {
     weights
         .div_ceil(TASK_WEIGHTS)
         .min(2 * rayon::current_num_threads())
@@ -207,7 +203,7 @@ fn one_row_tasks(weights: usize) -> usize {
 
 /// An output slice that the tasks of one parallel loop share, each writing only its own elements
 /// (the columns of its tile, or the cache rows of its row).
-struct SharedOut<'a, T = f32> {
+pub(super) struct SharedOut<'a, T = f32> {
     ptr: *mut T,
     len: usize,
     _slice: PhantomData<&'a mut [T]>,
@@ -218,7 +214,7 @@ unsafe impl<T: Send> Send for SharedOut<'_, T> {}
 unsafe impl<T: Send> Sync for SharedOut<'_, T> {}
 
 impl<'a, T> SharedOut<'a, T> {
-    fn new(out: &'a mut [T]) -> Self {
+    pub(super) fn new(out: &'a mut [T]) -> Self {
         SharedOut {
             ptr: out.as_mut_ptr(),
             len: out.len(),
@@ -232,7 +228,7 @@ impl<'a, T> SharedOut<'a, T> {
     /// No other reference to these elements is used while the returned slice lives.
     #[inline]
     #[allow(clippy::mut_from_ref)]
-    unsafe fn part(&self, at: usize, len: usize) -> &'a mut [T] {
+    pub(super) unsafe fn part(&self, at: usize, len: usize) -> &'a mut [T] {
         assert!(
             at.checked_add(len).is_some_and(|end| end <= self.len),
             "shared output part out of bounds"
@@ -249,7 +245,7 @@ impl<'a, T> SharedOut<'a, T> {
 /// same micro-kernel over all activation rows, then hands `emit(group, row, o0, values)` the
 /// products of columns `o0..o0 + width` of row `row`, one slice per matrix of the group. No two
 /// tasks emit the same `(group, o0)`.
-fn tile_products<const P: usize>(
+pub(super) fn tile_products<const P: usize>(
     isa: Isa,
     groups: &[[Matrix<'_>; P]],
     x: &[f32],
@@ -339,7 +335,7 @@ fn rms_norm_rows(x: &[f32], weight: &[f32], eps: f32, dim: usize, out: &mut [f32
 /// The weight argument at `index` as `rows` (a product of named scalars) rows of `k` values of
 /// `dtype`, checked up front (`check::expect_matrix`): every row `o < n` lies inside the bytes
 /// and encodes exactly `k` values, what the dot products and `dequantize_unchecked` rely on.
-fn matrix<'a>(
+pub(super) fn matrix<'a>(
     args: &KernelArgs<'a>,
     index: usize,
     what: &str,
@@ -715,88 +711,4 @@ fn gate_up_one_row(
         .zip(up[..ffn].par_chunks_mut(chunk))
         .enumerate()
         .for_each(|(c, ((h, g), u))| run(c * chunk, h, g, u));
-}
-
-/// `acc[r, o] += x[r] . W[o]`: the matmul's product, then the in-place add's `acc + product`.
-fn matmul_add_kernel(args: &KernelArgs<'_>) -> Result<()> {
-    matmul_add_on(args, args.input::<f32>(0)?)
-}
-
-/// `matmul_add_mma_h_<w>`: x in f16, widened to f32 (exactly), then `matmul_add_kernel`'s
-/// product and add.
-fn matmul_add_h_kernel(args: &KernelArgs<'_>) -> Result<()> {
-    let x: Vec<f32> = args
-        .input::<half::f16>(0)?
-        .iter()
-        .map(|v| v.to_f32())
-        .collect();
-    matmul_add_on(args, &x)
-}
-
-/// The product of `x` (argument 0's values) with argument 1's rows, added into argument 2.
-fn matmul_add_on(args: &KernelArgs<'_>, x: &[f32]) -> Result<()> {
-    let (rows, k, n) = (args.usize(3)?, args.usize(4)?, args.usize(5)?);
-    let dtype = args.buffer(1)?.0.dtype();
-    let w = matrix(args, 1, "w", dtype, &[("n", n)], ("k", k))?;
-    let acc = args.output::<f32>(2)?;
-    expect_len(args, "x", x.len(), &[("rows", rows), ("k", k)])?;
-    expect_len(args, "acc", acc.len(), &[("rows", rows), ("n", n)])?;
-    if k == 0 || n == 0 {
-        return Err(kernel_err(
-            args,
-            format!("k = {k} and n = {n} must be at least 1"),
-        ));
-    }
-    if rows == 0 {
-        return Ok(());
-    }
-    let isa = Isa::detect();
-    if rows == 1 {
-        with_kernel_scratch(|s| {
-            let products = sized(&mut s.products, n);
-            let quant = quantize_for(isa, &w, x, &mut s.quant);
-            add_one_row(isa, &w, x, quant, products, acc);
-        });
-        return Ok(());
-    }
-    let shared = SharedOut::new(acc);
-    tile_products(isa, &[[w]], x, rows, |_, r, o0, [v]| {
-        // SAFETY: `part` asserts the bounds (`acc` holds `rows * n`, checked up front);
-        // exclusive because only the task of tile `o0` reads and writes these columns of `acc`.
-        add_into(unsafe { shared.part(r * n + o0, v.len()) }, v);
-    });
-    Ok(())
-}
-
-/// `acc[i] = acc[i] + p[i]`, as the in-place add kernel computes it.
-#[inline]
-fn add_into(acc: &mut [f32], p: &[f32]) {
-    for (a, &v) in acc.iter_mut().zip(p) {
-        *a += v;
-    }
-}
-
-/// The one-row product and the residual add in one parallel loop over pieces of `acc`.
-fn add_one_row(
-    isa: Isa,
-    w: &Matrix<'_>,
-    x: &[f32],
-    quant: Option<&QuantRow>,
-    products: &mut [f32],
-    acc: &mut [f32],
-) {
-    let run = |first: usize, a: &mut [f32], p: &mut [f32]| {
-        dot_rows(isa, w, x, quant, first, p);
-        add_into(a, p);
-    };
-    let tasks = one_row_tasks(w.n * w.k);
-    if tasks == 1 {
-        run(0, acc, products);
-        return;
-    }
-    let chunk = w.n.div_ceil(tasks);
-    acc.par_chunks_mut(chunk)
-        .zip(products.par_chunks_mut(chunk))
-        .enumerate()
-        .for_each(|(c, (a, p))| run(c * chunk, a, p));
 }

@@ -15,6 +15,7 @@ mod hostile_tests;
 mod kv_cache;
 mod kv_slots;
 mod matmul;
+mod matmul_add;
 mod matmul_rows;
 mod matmul_simd;
 mod matvec_vnni;
@@ -37,6 +38,7 @@ pub fn register_all(registry: &mut CpuRegistry) {
     kv_cache::register(registry);
     kv_slots::register(registry);
     matmul::register(registry);
+    matmul_add::register(registry);
     matmul_rows::register(registry);
     norm::register(registry);
     rope::register(registry);
