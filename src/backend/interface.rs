@@ -312,7 +312,10 @@ mod tests {
             let u = c.fusion(f).expect("the cpu makes every fusion");
             assert_eq!((u.max_rows, u.exact), (None, true), "cpu {f:?}");
             let u = g.fusion(f).expect("cuda makes every fusion");
-            let block = matches!(f, Fusion::NormQkvRope | Fusion::NormGateUp);
+            let block = matches!(
+                f,
+                Fusion::NormQkvRope | Fusion::NormGateUp | Fusion::NormQkv
+            );
             let want = if block {
                 (Some(1), false)
             } else {

@@ -10,6 +10,10 @@ pub enum Fusion {
     NormQkvRope,
     /// `rms_norm`, the gate and up products that read it and SwiGLU or GeGLU: one `norm_gate_up`.
     NormGateUp,
+    /// `rms_norm` and the three q/k/v products that read it, nothing after them (where the
+    /// per-head norms of Qwen 3 and Gemma 3 stand between the products and the RoPE): one
+    /// `norm_qkv`.
+    NormQkv,
     /// A product and the in-place residual add of its output: one `matmul_add`.
     MatMulAdd,
     /// `rms_norm` and a multiply of its output: one `rms_norm_mul`.
@@ -20,6 +24,9 @@ pub enum Fusion {
     /// A per-head `rms_norm` (the query and key norms of Gemma 3 and Qwen 3) and the in-place
     /// RoPE of its output: one `rms_norm_rope`.
     RmsNormRope,
+    /// The query and key `rms_norm_rope`s of a block and the cache writes of k and v after them:
+    /// one `rms_norm_rope_kv`.
+    RmsNormRopeKv,
     /// Three tensor-core products of one x with weights of one format (a prompt's q, k and v
     /// products): one `matmul3_mma`.
     ProductTriple,
@@ -32,13 +39,15 @@ pub enum Fusion {
 
 impl Fusion {
     /// Every fusion, in the order the optimizer tries them where two share an anchor.
-    pub const ALL: [Fusion; 9] = [
+    pub const ALL: [Fusion; 11] = [
         Fusion::NormQkvRope,
         Fusion::NormGateUp,
+        Fusion::NormQkv,
         Fusion::MatMulAdd,
         Fusion::RmsNormMul,
         Fusion::RmsNormAdd,
         Fusion::RmsNormRope,
+        Fusion::RmsNormRopeKv,
         Fusion::ProductTriple,
         Fusion::ProductPairSwiglu,
         Fusion::RopeKv,

@@ -222,27 +222,97 @@ pub static NORM_QKV_ROPE: [KernelSig; 9] =
 pub static NORM_QKV_ROPE_SHARED: [KernelSig; 9] =
     per_format!(OpKind::MatMul; "norm_qkv_rope_shared"; |W| qkv_rope_params!(W));
 
-/// The (q and k, v) weight formats of [`NORM_QKV_ROPE_MIXED`], in its order: Q4_K q and k with
-/// Q6_K v, the blocks of a llama.cpp Q4_K_M file whose v takes more bits.
-pub const QKV_MIXED_FORMATS: [(DType, DType); 1] = [(DType::Q4K, DType::Q6K)];
+/// The (q and k, v) weight formats of [`NORM_QKV_ROPE_MIXED`] and [`NORM_QKV_MIXED`], in their
+/// order: the blocks of a llama.cpp Q4_K_M file whose v takes more bits, Q4_K q and k with Q6_K
+/// v, and where rows are not whole 256-value super-blocks (Gemma 3's 640) their fallbacks, Q5_0
+/// q and k with Q8_0 v.
+pub const QKV_MIXED_FORMATS: [(DType, DType); 2] =
+    [(DType::Q4K, DType::Q6K), (DType::Q5_0, DType::Q8_0)];
+
+/// The plain and `_shared` kernels of one (q and k, v) pair of [`QKV_MIXED_FORMATS`].
+macro_rules! mixed_pair {
+    ($plain:literal, $shared:literal, $params:ident, $qk:ident, $v:ident) => {{
+        const QK: DTypes = one(DType::$qk);
+        const V: DTypes = one(DType::$v);
+        [
+            KernelSig::new($plain, OpKind::MatMul, &$params!(QK, V)),
+            KernelSig::new($shared, OpKind::MatMul, &$params!(QK, V)),
+        ]
+    }};
+}
 
 /// [`NORM_QKV_ROPE`] (even entries) and [`NORM_QKV_ROPE_SHARED`] (odd entries) with v weights of
 /// another format than q's and k's, one pair of kernels per entry of [`QKV_MIXED_FORMATS`].
-pub static NORM_QKV_ROPE_MIXED: [KernelSig; 2] = {
-    const Q4K: DTypes = one(DType::Q4K);
-    const Q6K: DTypes = one(DType::Q6K);
-    [
-        KernelSig::new(
-            "norm_qkv_rope_q4_k_v_q6_k",
-            OpKind::MatMul,
-            &qkv_rope_params!(Q4K, Q6K),
-        ),
-        KernelSig::new(
-            "norm_qkv_rope_shared_q4_k_v_q6_k",
-            OpKind::MatMul,
-            &qkv_rope_params!(Q4K, Q6K),
-        ),
-    ]
+pub static NORM_QKV_ROPE_MIXED: [KernelSig; 4] = {
+    let [a, b] = mixed_pair!(
+        "norm_qkv_rope_q4_k_v_q6_k",
+        "norm_qkv_rope_shared_q4_k_v_q6_k",
+        qkv_rope_params,
+        Q4K,
+        Q6K
+    );
+    let [c, d] = mixed_pair!(
+        "norm_qkv_rope_q5_0_v_q8_0",
+        "norm_qkv_rope_shared_q5_0_v_q8_0",
+        qkv_rope_params,
+        Q5_0,
+        Q8_0
+    );
+    [a, b, c, d]
+};
+
+/// The parameters of the norm + three products kernels.
+macro_rules! qkv_params {
+    ($w:ident) => {
+        qkv_params!($w, $w)
+    };
+    ($w:ident, $v:expr) => {
+        [
+            Param::read("x", F32),
+            Param::read("norm", F32),
+            Param::read("wq", $w),
+            Param::read("wk", $w),
+            Param::read("wv", $v),
+            Param::write("q", F32),
+            Param::write("k", F32),
+            Param::write("v", F32),
+            Param::f32("eps"),
+            Param::u32("dim"),
+            Param::u32("n_q"),
+            Param::u32("n_kv"),
+        ]
+    };
+}
+
+/// The attention input of a block whose q and k take a per-head norm before RoPE (Qwen 3,
+/// Gemma 3), or whose RoPE the block kernel does not take: the norm and the q, k and v products
+/// of [`NORM_QKV_ROPE`] without the rotation, each written to its own output: x, norm, wq, wk,
+/// wv, q (`[rows, n_q]`), k and v (`[rows, n_kv]`), eps, dim, n_q, n_kv (both even).
+pub static NORM_QKV: [KernelSig; 9] = per_format!(OpKind::MatMul; "norm_qkv"; |W| qkv_params!(W));
+
+/// [`NORM_QKV`] for one row with the row normalized once per block in shared memory (as
+/// [`NORM_QKV_ROPE_SHARED`]).
+pub static NORM_QKV_SHARED: [KernelSig; 9] =
+    per_format!(OpKind::MatMul; "norm_qkv_shared"; |W| qkv_params!(W));
+
+/// [`NORM_QKV`] (even entries) and [`NORM_QKV_SHARED`] (odd entries) with v weights of another
+/// format, one pair per entry of [`QKV_MIXED_FORMATS`].
+pub static NORM_QKV_MIXED: [KernelSig; 4] = {
+    let [a, b] = mixed_pair!(
+        "norm_qkv_q4_k_v_q6_k",
+        "norm_qkv_shared_q4_k_v_q6_k",
+        qkv_params,
+        Q4K,
+        Q6K
+    );
+    let [c, d] = mixed_pair!(
+        "norm_qkv_q5_0_v_q8_0",
+        "norm_qkv_shared_q5_0_v_q8_0",
+        qkv_params,
+        Q5_0,
+        Q8_0
+    );
+    [a, b, c, d]
 };
 
 /// The MLP input of a block, `hidden = act(norm(x) w_gate) * (norm(x) w_up)` with `act` SiLU

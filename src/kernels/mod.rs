@@ -522,6 +522,9 @@ pub fn all() -> Vec<&'static KernelSig> {
         &matmul::NORM_QKV_ROPE,
         &matmul::NORM_QKV_ROPE_SHARED,
         &matmul::NORM_QKV_ROPE_MIXED,
+        &matmul::NORM_QKV,
+        &matmul::NORM_QKV_SHARED,
+        &matmul::NORM_QKV_MIXED,
         &matmul::NORM_GATE_UP,
         &matmul::NORM_GATE_UP_SHARED,
         std::slice::from_ref(&misc::ARGMAX),
@@ -540,6 +543,7 @@ pub fn all() -> Vec<&'static KernelSig> {
         &norm::RMS_NORM_NO_SCALE_MUL,
         &norm::RMS_NORM_ADD,
         &norm::RMS_NORM_ROPE,
+        &norm::RMS_NORM_ROPE_KV,
         std::slice::from_ref(&norm::RMS_NORM_TO_F16),
     ];
     families.into_iter().flatten().collect()

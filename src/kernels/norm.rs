@@ -99,3 +99,34 @@ pub static RMS_NORM_ROPE: [KernelSig; 1] = [KernelSig::new(
         Param::u32("mode"),
     ],
 )];
+
+/// The query and key norms of a decode step with their RoPE and the cache writes after them, in
+/// one kernel (the fusion of two [`RMS_NORM_ROPE`] and two `kv_write`s): every head of `q_in` is
+/// normalized with `q_weight` and rotated into `q`, every head of `k_in` normalized with
+/// `k_weight`, rotated and written into `k_cache`, and `v` copied into `v_cache`, the caches
+/// `[n_kv_head, max_ctx, head_dim]` at rows `step[0] + r` (f32, or f16 where `cache_f16` is 1,
+/// each value rounded to nearest once): q_in, q_weight, k_in, k_weight, v, positions, step, q,
+/// k_cache, v_cache, eps, head_dim, base, mode, n_kv_head, cache_f16. The whole head rotates; no
+/// frequency factors.
+pub static RMS_NORM_ROPE_KV: [KernelSig; 1] = [KernelSig::new(
+    "rms_norm_rope_kv_f32",
+    OpKind::RmsNormRope,
+    &[
+        Param::read("q_in", F32),
+        Param::read("q_weight", F32),
+        Param::read("k_in", F32),
+        Param::read("k_weight", F32),
+        Param::read("v", F32),
+        Param::read("positions", I32),
+        Param::read("step", I32),
+        Param::write("q", F32),
+        Param::read_write("k_cache", super::matmul::CACHE),
+        Param::read_write("v_cache", super::matmul::CACHE),
+        Param::f32("eps"),
+        Param::u32("head_dim"),
+        Param::f32("base"),
+        Param::u32("mode"),
+        Param::u32("n_kv_head"),
+        Param::u32("cache_f16"),
+    ],
+)];

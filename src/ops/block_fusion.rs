@@ -4,6 +4,10 @@
 //! - [`NORM_QKV_ROPE_FUSION`]: an f32 `rms_norm` whose output exactly three products read, one
 //!   rotated in place and nothing else (q), one rotated in place and then written into a KV cache
 //!   (k), one written into a KV cache (v), becomes one `norm_qkv_rope`.
+//! - [`NORM_QKV_FUSION`]: an f32 `rms_norm` whose output exactly three products read, the
+//!   second and third of one width (k and v, in the order the model records them), whatever
+//!   reads their outputs, becomes one `norm_qkv` (the per-head norms of Qwen 3 and Gemma 3 sit
+//!   between the products and the RoPE, so [`NORM_QKV_ROPE_FUSION`] does not match them).
 //! - [`NORM_GATE_UP_FUSION`]: an f32 `rms_norm` whose output exactly two products read, both
 //!   read only by one out-of-place f32 SwiGLU or GeGLU (as its `gate` and `up`), becomes one
 //!   `norm_gate_up` with the matching activation ([`GateActivation`]).
@@ -17,6 +21,7 @@
 //! backend's declaration ([`Capabilities::fusions`](crate::backend::Capabilities::fusions)).
 
 use super::fused_block::{gate_up_spec, qkv_rope_spec, GateActivation, QkvRope};
+use super::norm_qkv::{qkv_spec, Qkv};
 use super::rope::RopeMode;
 use crate::backend::Buffer;
 use crate::graph::passes::{At, Found, FusionRule, Matcher};
@@ -204,6 +209,25 @@ fn find_norm_qkv_rope<'g>(m: &Matcher<'g>, at: At) -> Option<Found<'g>> {
     Found::new(&nodes, spec, rows)
 }
 
+fn find_norm_qkv<'g>(m: &Matcher<'g>, at: At) -> Option<Found<'g>> {
+    let norm = plain_norm(m.dispatch(at))?;
+    let prods = products(m, at, norm.out, 3)?;
+    let [q, k, v] = [&prods[0], &prods[1], &prods[2]];
+    let p = Qkv {
+        x: norm.x,
+        norm: norm.weight,
+        eps: norm.eps,
+        wq: q.w,
+        wk: k.w,
+        wv: v.w,
+        q: q.out,
+        k: k.out,
+        v: v.out,
+    };
+    let spec = qkv_spec(&p).ok()?;
+    Found::new(&[at, q.at, k.at, v.at], spec, norm.x.dims()[0])
+}
+
 fn find_norm_gate_up<'g>(m: &Matcher<'g>, at: At) -> Option<Found<'g>> {
     let norm = plain_norm(m.dispatch(at))?;
     let prods = products(m, at, norm.out, 2)?;
@@ -241,6 +265,14 @@ pub const NORM_QKV_ROPE_FUSION: FusionRule = FusionRule::graph(
     OpKind::RmsNorm,
     "rms_norm -> {matmul q, matmul k, matmul v} -> {rope q, rope k} -> {kv_write k, kv_write v}",
     find_norm_qkv_rope,
+);
+
+/// `rms_norm -> {matmul q, matmul k, matmul v}` becomes one `norm_qkv`.
+pub const NORM_QKV_FUSION: FusionRule = FusionRule::graph(
+    "rms_norm+qkv",
+    OpKind::RmsNorm,
+    "rms_norm -> {matmul q, matmul k, matmul v} (k and v of one width)",
+    find_norm_qkv,
 );
 
 /// `rms_norm -> {matmul gate, matmul up} -> swiglu | geglu` becomes one `norm_gate_up` computing

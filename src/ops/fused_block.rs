@@ -80,7 +80,7 @@ pub struct QkvRope<'a> {
     pub mode: RopeMode,
 }
 
-fn to_u32(op: &'static str, arg: &'static str, v: usize) -> Result<u32> {
+pub(super) fn to_u32(op: &'static str, arg: &'static str, v: usize) -> Result<u32> {
     u32::try_from(v).map_err(|_| Error::shape(op, arg, format!("{v} exceeds 32 bits")))
 }
 
@@ -91,7 +91,11 @@ pub(crate) fn one_device(a: &Buffer, b: &Buffer) -> bool {
 }
 
 /// Refuses buffers that do not live on the device of `x`.
-fn require_one_device(check: &Check, x: &Buffer, bufs: &[(&'static str, &Buffer)]) -> Result<()> {
+pub(super) fn require_one_device(
+    check: &Check,
+    x: &Buffer,
+    bufs: &[(&'static str, &Buffer)],
+) -> Result<()> {
     for (name, b) in bufs {
         check.require(name, one_device(x, b), || {
             format!(
@@ -105,13 +109,24 @@ fn require_one_device(check: &Check, x: &Buffer, bufs: &[(&'static str, &Buffer)
 }
 
 /// Checks a `[n, dim]` weight of a supported dtype.
-fn check_weight(check: &Check, name: &'static str, w: &Buffer, n: usize, dim: usize) -> Result<()> {
+pub(super) fn check_weight(
+    check: &Check,
+    name: &'static str,
+    w: &Buffer,
+    n: usize,
+    dim: usize,
+) -> Result<()> {
     check.dtype(name, w, &WEIGHT_DTYPES)?;
     check.dims(name, w, &[n, dim])
 }
 
 /// Checks the residual `x` and the norm weight, returning `(rows, dim)`.
-fn check_x_norm(check: &Check, x: &Buffer, norm: &Buffer, eps: f32) -> Result<(usize, usize)> {
+pub(super) fn check_x_norm(
+    check: &Check,
+    x: &Buffer,
+    norm: &Buffer,
+    eps: f32,
+) -> Result<(usize, usize)> {
     check.dtype("x", x, &[DType::F32])?;
     check.require("x", x.shape().rank() == 2 && x.elems() > 0, || {
         format!("has shape {:?}, expected [rows, dim]", x.dims())
@@ -159,7 +174,7 @@ const WIDE_THREADS: u32 = 2 * SHARED_THREADS;
 /// [`WIDE_THREADS`]), with that memory and `extra` bytes after it where they fit too
 /// (`norm_qkv_rope`'s rope table; the kernel uses them only when given; a one-row per-warp pass
 /// takes them alone).
-fn fused_launch(
+pub(super) fn fused_launch(
     outputs: usize,
     rows: usize,
     dim: usize,
@@ -206,12 +221,32 @@ fn fused_launch(
 /// where there are more pairs than the grid's most warps and `dim` is a multiple of 512, each
 /// summing half of it (`fb_qkv_split` in `fused_block.cu`, which also asks for 16-byte aligned
 /// half rows; a pass it does not split just has spare warps).
-fn qkv_warps(pairs: usize, dim: usize) -> usize {
+pub(super) fn qkv_warps(pairs: usize, dim: usize) -> usize {
     if pairs > SHARED_MAX_WARPS && dim.is_multiple_of(512) {
         2 * pairs
     } else {
         pairs
     }
+}
+
+/// Checks that `wv` takes `wq`'s format (`None`) or the v format of an entry of
+/// [`QKV_MIXED_FORMATS`] beside it (`Some(entry)`).
+pub(super) fn v_format(check: &Check, wq: &Buffer, wv: &Buffer) -> Result<Option<usize>> {
+    let (wq_dtype, wv_dtype) = (wq.dtype(), wv.dtype());
+    let mixed = QKV_MIXED_FORMATS
+        .iter()
+        .position(|&pair| pair == (wq_dtype, wv_dtype));
+    check.require("wv", wv_dtype == wq_dtype || mixed.is_some(), || {
+        let pairs: Vec<String> = QKV_MIXED_FORMATS
+            .iter()
+            .map(|(qk, v)| format!("{v} beside {qk}"))
+            .collect();
+        format!(
+            "is {wv_dtype} beside wq's {wq_dtype}: v takes wq's format, or {}",
+            pairs.join(", ")
+        )
+    })?;
+    Ok(mixed)
 }
 
 /// The attention input of a block in one dispatch (see the module documentation).
@@ -250,20 +285,7 @@ pub(crate) fn qkv_rope_spec<'a>(p: &QkvRope<'a>) -> Result<DispatchSpec<'a>> {
     check_weight(&check, "wq", p.wq, n_head * hd, dim)?;
     check.dtype("wk", p.wk, &[p.wq.dtype()])?;
     check.dims("wk", p.wk, &[n_kv * hd, dim])?;
-    let (wq_dtype, wv_dtype) = (p.wq.dtype(), p.wv.dtype());
-    let mixed = QKV_MIXED_FORMATS
-        .iter()
-        .position(|&pair| pair == (wq_dtype, wv_dtype));
-    check.require("wv", wv_dtype == wq_dtype || mixed.is_some(), || {
-        let pairs: Vec<String> = QKV_MIXED_FORMATS
-            .iter()
-            .map(|(qk, v)| format!("{v} beside {qk}"))
-            .collect();
-        format!(
-            "is {wv_dtype} beside wq's {wq_dtype}: v takes wq's format, or {}",
-            pairs.join(", ")
-        )
-    })?;
+    let mixed = v_format(&check, p.wq, p.wv)?;
     check.dims("wv", p.wv, &[n_kv * hd, dim])?;
     check.require("base", p.base.is_finite() && p.base > 0.0, || {
         format!("{} is not finite and positive", p.base)

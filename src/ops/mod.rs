@@ -22,7 +22,9 @@ pub mod matmul_swiglu;
 pub mod matmul_triple;
 pub mod narrow;
 pub mod norm;
+pub mod norm_qkv;
 pub mod norm_rope;
+pub mod norm_rope_kv;
 pub mod rope;
 pub mod rope_kv;
 pub mod softmax;
@@ -38,10 +40,12 @@ pub fn fusion_rule(fusion: Fusion, caps: &Capabilities) -> FusionRule {
     match fusion {
         Fusion::NormQkvRope => block_fusion::NORM_QKV_ROPE_FUSION,
         Fusion::NormGateUp => block_fusion::NORM_GATE_UP_FUSION,
+        Fusion::NormQkv => block_fusion::NORM_QKV_FUSION,
         Fusion::MatMulAdd => matmul_fused::MATMUL_ADD_FUSION,
         Fusion::RmsNormMul => norm::RMS_NORM_MUL_FUSION,
         Fusion::RmsNormAdd => norm::RMS_NORM_ADD_FUSION,
         Fusion::RmsNormRope => norm_rope::RMS_NORM_ROPE_FUSION,
+        Fusion::RmsNormRopeKv => norm_rope_kv::RMS_NORM_ROPE_KV_FUSION,
         Fusion::ProductTriple => matmul_triple::PRODUCT_TRIPLE_FUSION,
         Fusion::ProductPairSwiglu if caps.f16_products == F16Products::AllBlocks => {
             matmul_swiglu::PRODUCT_PAIR_SWIGLU_ALL_BLOCKS

@@ -223,6 +223,21 @@ mod fused_block {
             self.push(norm_qkv_rope(p)?)
         }
 
+        /// The fused norm and q, k and v products of a block, without the RoPE; see
+        /// [`norm_qkv`](crate::ops::norm_qkv::norm_qkv).
+        pub fn norm_qkv(&mut self, p: &crate::ops::norm_qkv::Qkv<'_>) -> Result<()> {
+            self.push(crate::ops::norm_qkv::norm_qkv(p)?)
+        }
+
+        /// The query and key norms with their RoPE and the KV cache writes in one dispatch; see
+        /// [`rms_norm_rope_kv`](crate::ops::norm_rope_kv::rms_norm_rope_kv).
+        pub fn rms_norm_rope_kv(
+            &mut self,
+            p: &crate::ops::norm_rope_kv::NormRopeKv<'_>,
+        ) -> Result<()> {
+            self.push(crate::ops::norm_rope_kv::rms_norm_rope_kv(p)?)
+        }
+
         /// The fused MLP input of a block, SwiGLU or GeGLU; see [`norm_gate_up`].
         #[allow(clippy::too_many_arguments)] // mirrors `norm_gate_up`
         pub fn norm_gate_up(

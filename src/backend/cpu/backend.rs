@@ -24,10 +24,12 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     fusions: &[
         FusionUse::always(Fusion::NormQkvRope),
         FusionUse::always(Fusion::NormGateUp),
+        FusionUse::always(Fusion::NormQkv),
         FusionUse::always(Fusion::MatMulAdd),
         FusionUse::always(Fusion::RmsNormMul),
         FusionUse::always(Fusion::RmsNormAdd),
         FusionUse::always(Fusion::RmsNormRope),
+        FusionUse::always(Fusion::RmsNormRopeKv),
         FusionUse::always(Fusion::ProductTriple),
         FusionUse::always(Fusion::ProductPairSwiglu),
         FusionUse::always(Fusion::RopeKv),

@@ -46,7 +46,7 @@ pub(super) fn register(registry: &mut CpuRegistry) {
     registry.family(&mm::NORM_GATE_UP, [norm_gate_up_kernel; 9]);
     // The one-row shared-memory forms are CUDA launch forms of the same function.
     registry.family(&mm::NORM_QKV_ROPE_SHARED, [norm_qkv_rope_kernel; 9]);
-    registry.family(&mm::NORM_QKV_ROPE_MIXED, [norm_qkv_rope_kernel; 2]);
+    registry.family(&mm::NORM_QKV_ROPE_MIXED, [norm_qkv_rope_kernel; 4]);
     registry.family(&mm::NORM_GATE_UP_SHARED, [norm_gate_up_kernel; 9]);
 }
 
@@ -299,7 +299,13 @@ pub(super) fn tile_products<const P: usize>(
 
 /// The many-row products of a stack of matrices (one `k`): `out[r, c_m + o] = x[r] . W_m[o]`
 /// with `c_m` the rows of the matrices before `m`, `out` `[rows, sum n_m]`, in one parallel loop.
-fn stacked_products(isa: Isa, stack: &[Matrix<'_>; 3], x: &[f32], rows: usize, out: &mut [f32]) {
+pub(super) fn stacked_products(
+    isa: Isa,
+    stack: &[Matrix<'_>; 3],
+    x: &[f32],
+    rows: usize,
+    out: &mut [f32],
+) {
     let n_total: usize = stack.iter().map(|w| w.n).sum();
     let col0 = [0, stack[0].n, stack[0].n + stack[1].n];
     let shared = SharedOut::new(&mut out[..rows * n_total]);
@@ -314,7 +320,7 @@ fn stacked_products(isa: Isa, stack: &[Matrix<'_>; 3], x: &[f32], rows: usize, o
 }
 
 /// RMS-normalizes `rows` rows of `x` with `weight` into `out`, as the `rms_norm` kernel does.
-fn rms_norm_rows(x: &[f32], weight: &[f32], eps: f32, dim: usize, out: &mut [f32]) {
+pub(super) fn rms_norm_rows(x: &[f32], weight: &[f32], eps: f32, dim: usize, out: &mut [f32]) {
     let one = |xr: &[f32], o: &mut [f32]| {
         let mean = sum_squares(xr) / dim as f64;
         let inv = (1.0 / (mean + eps as f64).sqrt()) as f32;
@@ -362,7 +368,10 @@ pub(super) fn matrix<'a>(
 }
 
 /// The residual `x` (argument 0, `[rows, dim]`) and the norm weight (argument 1, `[dim]`).
-fn x_and_norm<'a>(args: &KernelArgs<'a>, dim: usize) -> Result<(&'a [f32], &'a [f32], usize)> {
+pub(super) fn x_and_norm<'a>(
+    args: &KernelArgs<'a>,
+    dim: usize,
+) -> Result<(&'a [f32], &'a [f32], usize)> {
     let x = args.input::<f32>(0)?;
     let norm = args.input::<f32>(1)?;
     if dim == 0 || x.is_empty() || x.len() % dim != 0 {
@@ -479,7 +488,7 @@ fn norm_qkv_rope_kernel(args: &KernelArgs<'_>) -> Result<()> {
 /// One activation row times a stack of matrices into `out` (`sum n_m` values, matrix `m`'s rows
 /// after those of the matrices before it): one parallel loop over pieces of the stacked rows.
 /// `quants[m]`: the row quantized for matrix `m`'s integer products, if it takes them.
-fn stacked_one_row(
+pub(super) fn stacked_one_row(
     isa: Isa,
     stack: &[Matrix<'_>],
     x: &[f32],

@@ -9,7 +9,8 @@
 //! caught panic (and never as a crash). Each kernel also keeps a case with valid scalars that
 //! must succeed. The buffers are small and hold seeded random values.
 //!
-//! The matrix and attention families are in `hostile_matrix_tests.rs`, the batched decode
+//! The matrix and attention families are in `hostile_matrix_tests.rs`, the norm + three
+//! products and the q/k norm + cache write kernels in `hostile_qk_norm_tests.rs`, the batched decode
 //! step's kernels in `hostile_batch_tests.rs`.
 
 use std::sync::OnceLock;
@@ -31,6 +32,8 @@ mod matrix;
 
 #[path = "hostile_batch_tests.rs"]
 mod batch;
+#[path = "hostile_qk_norm_tests.rs"]
+mod qk_norm;
 
 /// The CPU device the buffers live on.
 fn device() -> &'static Device {
@@ -256,6 +259,7 @@ fn families() -> Vec<&'static [KernelSig]> {
         &kn::RMS_NORM_NO_SCALE_MUL,
         &kn::RMS_NORM_ADD,
         &kn::RMS_NORM_ROPE,
+        &kn::RMS_NORM_ROPE_KV,
         std::slice::from_ref(&kn::RMS_NORM_TO_F16),
         &ka::ATTENTION,
         &ka::ATTENTION_MMA,
@@ -276,6 +280,9 @@ fn families() -> Vec<&'static [KernelSig]> {
         &mm::NORM_QKV_ROPE,
         &mm::NORM_QKV_ROPE_SHARED,
         &mm::NORM_QKV_ROPE_MIXED,
+        &mm::NORM_QKV,
+        &mm::NORM_QKV_SHARED,
+        &mm::NORM_QKV_MIXED,
         &mm::NORM_GATE_UP,
         &mm::NORM_GATE_UP_SHARED,
         &crate::kernels::batch::MATMUL_ROWS,

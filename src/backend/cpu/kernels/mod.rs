@@ -20,6 +20,8 @@ mod matmul_rows;
 mod matmul_simd;
 mod matvec_vnni;
 mod norm;
+mod norm_qkv;
+mod norm_rope_kv;
 mod rope;
 mod rope_kv;
 mod softmax;
@@ -41,6 +43,8 @@ pub fn register_all(registry: &mut CpuRegistry) {
     matmul_add::register(registry);
     matmul_rows::register(registry);
     norm::register(registry);
+    norm_qkv::register(registry);
+    norm_rope_kv::register(registry);
     rope::register(registry);
     rope_kv::register(registry);
     softmax::register(registry);

@@ -6,6 +6,9 @@
 //                      n_head, n_kv_head, head_dim, base, mode, cache_f16 (the caches f32, or f16
 //                      where it is 1); norm_qkv_rope_<w>_v_<v> the same with wv of format <v>
 //                      (a llama.cpp Q4_K_M file's blocks whose V is Q6_K)
+//   norm_qkv_<w>:      x, norm, wq, wk, wv, q, k, v, eps, dim, n_q, n_kv: the same norm and
+//                      products without the rotation, each product to its own f32 output (the
+//                      blocks whose q and k take a per-head norm first); norm_qkv_<w>_v_<v> too
 //   norm_gate_up_<w>:  x, norm, w_gate, w_up, hidden, eps, dim, ffn, act (0 SiLU, 1 GELU tanh)
 // The optimizer makes them on a GPU for decode steps only: each block (one-row passes with shared
 // memory) or warp normalizes the row, which a prefill pass would pay per output. A one-row pass
@@ -319,8 +322,10 @@ struct FbKv {
 // the even one through `swap` (two float2 a warp pair and round parity; one code path either
 // way, as two paths in one kernel spilled registers). `rope`: the one row's (cos, sin) table
 // (`fb_rope_table`), or null to compute each angle where it is used. The v products read weights
-// of FMT_V (FMT's own where the three are of one format).
-template <int FMT, int FMT_V, typename RowX>
+// of FMT_V (FMT's own where the three are of one format). Without ROPE (`norm_qkv`): no rotation
+// and no cache; q, k (kv.k) and v (kv.v) are f32 [rows, heads * hd] outputs, `positions`,
+// `step` and `rope` unread.
+template <int FMT, int FMT_V, bool ROPE, typename RowX>
 __device__ void norm_qkv_rope_rows(RowX row_x, const uint8_t* wq,
                               const uint8_t* wk, const uint8_t* wv, const int32_t* positions,
                               const int32_t* step, float* q, FbKv kv, uint32_t k,
@@ -328,8 +333,8 @@ __device__ void norm_qkv_rope_rows(RowX row_x, const uint8_t* wq,
                               uint32_t mode, uint64_t n_pos, uint64_t n_kc, const float2* rope,
                               float2* swap, uint32_t tag) {
     const uint64_t rows = n_pos, max_ctx = n_kc / ((uint64_t)n_kv * hd);
-    const int64_t pos0 = step[0];
-    if (pos0 < 0 || (uint64_t)pos0 + rows > max_ctx) {
+    const int64_t pos0 = ROPE ? step[0] : 0;
+    if (ROPE && (pos0 < 0 || (uint64_t)pos0 + rows > max_ctx)) {
         op_fail(tag, OP_ERR_POS0, pos0, max_ctx, rows);
         return;
     }
@@ -373,7 +378,7 @@ __device__ void norm_qkv_rope_rows(RowX row_x, const uint8_t* wq,
             b += o.y;
         }
         if (lane != 0) continue;
-        if (which < 2) {
+        if (ROPE && which < 2) {
             float cf, sf;
             if (rope != nullptr) {
                 cf = rope[i].x;
@@ -392,6 +397,10 @@ __device__ void norm_qkv_rope_rows(RowX row_x, const uint8_t* wq,
             float* qr = q + (r * n_head + task.h) * hd;
             qr[d0] = a;
             qr[d1] = b;
+        } else if (!ROPE) {
+            float* o = (float*)(which == 1 ? kv.k : kv.v) + (r * n_kv + task.h) * hd;
+            o[d0] = a;
+            o[d1] = b;
         } else {
             const uint64_t at = ((uint64_t)task.h * max_ctx + (uint64_t)pos0 + r) * hd;
             kv.store(which, at + d0, a);
@@ -409,7 +418,7 @@ __device__ __forceinline__ uint32_t fb_table_offset(uint32_t k) {
 
 // The shared form's one row: the rope table where the launch gives its 4 * hd bytes after the
 // rest, the split where `fb_qkv_split` allows it.
-template <int FMT, int FMT_V, typename RowX>
+template <int FMT, int FMT_V, bool ROPE, typename RowX>
 __device__ void norm_qkv_rope_one(RowX row, const uint8_t* wq, const uint8_t* wk,
                                   const uint8_t* wv, const int32_t* positions, const int32_t* step,
                                   float* q, FbKv kv, uint32_t k, uint32_t n_head,
@@ -418,8 +427,8 @@ __device__ void norm_qkv_rope_one(RowX row, const uint8_t* wq, const uint8_t* wk
     extern __shared__ __align__(16) float fb_smem[];
     // The sum-of-squares scratch, free once the row is written.
     float2* swap = (float2*)(fb_smem + k + 4 * MM_STAGE_WARPS * MM_STAGE_MAX_WORDS);
-    norm_qkv_rope_rows<FMT, FMT_V>(row, wq, wk, wv, positions, step, q, kv, k, n_head, n_kv, hd,
-                                   base, mode, 1, n_kc, rope,
+    norm_qkv_rope_rows<FMT, FMT_V, ROPE>(row, wq, wk, wv, positions, step, q, kv, k, n_head, n_kv,
+                                   hd, base, mode, 1, n_kc, rope,
                                    fb_qkv_split<FMT, FMT_V>(((uint64_t)n_head + 2 * n_kv) * (hd / 2),
                                                             k, wq, wk, wv)
                                 ? swap
@@ -456,14 +465,14 @@ __device__ void norm_qkv_rope(const float* x, const float* nw, const uint8_t* wq
             fb_rope_table(rope, positions[0], hd, base, freq);
         }
         if (fb_q8_ok<FMT>(k)) {
-            norm_qkv_rope_one<FMT, FMT_V>(fb_norm_quantize_row<FMT>(x, nw, k, eps), wq, wk, wv,
+            norm_qkv_rope_one<FMT, FMT_V, true>(fb_norm_quantize_row<FMT>(x, nw, k, eps), wq, wk, wv,
                                           positions, step, q, kv, k, n_head, n_kv, hd, base, mode,
                                           n_kc, rope, tag);
             return;
         }
         const FbShared row{fb_shared_row(x, nw, k, eps), k};
-        norm_qkv_rope_one<FMT, FMT_V>(row, wq, wk, wv, positions, step, q, kv, k, n_head, n_kv,
-                                      hd, base, mode, n_kc, rope, tag);
+        norm_qkv_rope_one<FMT, FMT_V, true>(row, wq, wk, wv, positions, step, q, kv, k, n_head,
+                                            n_kv, hd, base, mode, n_kc, rope, tag);
     } else {
         // One row given 4 * hd bytes: the rope table too, so that no warp computes an angle's f64
         // `pow` and `sincos` after its sums (SmolLM2's rows are normalized per warp).
@@ -475,8 +484,43 @@ __device__ void norm_qkv_rope(const float* x, const float* nw, const uint8_t* wq
             __syncthreads();
         }
         const FbPerWarp row{x, nw, k, eps, (int)(threadIdx.x & 31)};
-        norm_qkv_rope_rows<FMT, FMT_V>(row, wq, wk, wv, positions, step, q, kv, k, n_head, n_kv,
-                                       hd, base, mode, n_pos, n_kc, rope, nullptr, tag);
+        norm_qkv_rope_rows<FMT, FMT_V, true>(row, wq, wk, wv, positions, step, q, kv, k, n_head,
+                                             n_kv, hd, base, mode, n_pos, n_kc, rope, nullptr, tag);
+    }
+}
+
+// The norm and the three products without the rotation (`norm_qkv_<w>`): n_q / 2 "heads" of two
+// q outputs and n_kv / 2 of k and v, each pair a warp's (mode 0's adjacent rows), so the work is
+// norm_qkv_rope's with `norm_qkv_rope_rows`'s ROPE off.
+template <int FMT, int FMT_V, bool SHARED>
+__device__ void norm_qkv(const float* x, const float* nw, const uint8_t* wq, const uint8_t* wk,
+                         const uint8_t* wv, float* q, float* ko, float* vo, float eps, uint32_t k,
+                         uint32_t n_q, uint32_t n_kv, uint64_t n_x, uint64_t n_nw, uint64_t n_qo,
+                         uint64_t n_ko, uint64_t n_vo, uint32_t tag) {
+    static_assert(FMT_V == FMT || (mm_q8_format<FMT>() == mm_q8_format<FMT_V>() &&
+                                   mm_q8_swizzled<FMT>() == mm_q8_swizzled<FMT_V>()),
+                  "the v products must read the int8 row as the q and k products do");
+    const uint64_t rows = k == 0 ? 0 : n_x / k;
+    OP_REQUIRE(k != 0 && k % op_block_elems(FMT) == 0 && k % op_block_elems(FMT_V) == 0 &&
+               n_nw == k && n_x % k == 0 && n_q != 0 && n_q % 2 == 0 && n_kv != 0 &&
+               n_kv % 2 == 0 && n_qo == rows * n_q && n_ko == rows * n_kv && n_vo == n_ko);
+    const FbKv kv{ko, vo, false};
+    const uint32_t heads = n_q / 2, kv_heads = n_kv / 2;
+    if (SHARED && fb_shared_ok(rows, x, nw, k)) {
+        if (fb_q8_ok<FMT>(k)) {
+            norm_qkv_rope_one<FMT, FMT_V, false>(fb_norm_quantize_row<FMT>(x, nw, k, eps), wq, wk,
+                                                 wv, nullptr, nullptr, q, kv, k, heads, kv_heads,
+                                                 2, 1.0f, 0, n_ko, nullptr, tag);
+            return;
+        }
+        const FbShared row{fb_shared_row(x, nw, k, eps), k};
+        norm_qkv_rope_one<FMT, FMT_V, false>(row, wq, wk, wv, nullptr, nullptr, q, kv, k, heads,
+                                             kv_heads, 2, 1.0f, 0, n_ko, nullptr, tag);
+    } else {
+        const FbPerWarp row{x, nw, k, eps, (int)(threadIdx.x & 31)};
+        norm_qkv_rope_rows<FMT, FMT_V, false>(row, wq, wk, wv, nullptr, nullptr, q, kv, k, heads,
+                                              kv_heads, 2, 1.0f, 0, rows, n_ko, nullptr, nullptr,
+                                              tag);
     }
 }
 
@@ -577,6 +621,19 @@ __device__ __forceinline__ void fb_prefetch_gate_up(const uint8_t* wg, const uin
                                       n_kv, hd, base, mode, n_x, n_nw, n_pos, n_step, n_q, n_kc,    \
                                       n_vc, rope_freq, op_tag(#NAME));                              \
     }
+#define NORM_QKV_KERNEL(NAME, FMT, SH) NORM_QKV_MIXED_KERNEL(NAME, FMT, FMT, SH)
+#define NORM_QKV_MIXED_KERNEL(NAME, FMT, FMT_V, SH)                                                   \
+    extern "C" __global__ FB_BOUNDS(SH) void NAME(                                                 \
+        const float* x, const float* nw, const uint8_t* wq, const uint8_t* wk, const uint8_t* wv,    \
+        float* q, float* ko, float* vo, float eps, uint32_t k, uint32_t n_q, uint32_t n_kv,          \
+        uint64_t n_x, uint64_t n_nw, uint64_t n_wq, uint64_t n_wk, uint64_t n_wv, uint64_t n_qo,     \
+        uint64_t n_ko, uint64_t n_vo) {                                                              \
+        fb_prefetch_qkv<FMT, FMT_V, SH>(x, nw, wq, wk, wv, k, n_q / 2, n_kv / 2, 2, 0,               \
+                                        k == 0 ? 0 : n_x / k);                               \
+        OP_GRID_ENTRY();                                                                             \
+        norm_qkv<FMT, FMT_V, SH>(x, nw, wq, wk, wv, q, ko, vo, eps, k, n_q, n_kv, n_x, n_nw, n_qo,  \
+                                 n_ko, n_vo, op_tag(#NAME));                                         \
+    }
 #define NORM_GATE_UP_KERNEL(NAME, FMT, SH)                                                           \
     extern "C" __global__ FB_BOUNDS(SH) void NAME(                                                 \
         const float* x, const float* nw, const uint8_t* wg, const uint8_t* wu, float* hidden,         \
@@ -618,6 +675,9 @@ NORM_QKV_ROPE_KERNEL(norm_qkv_rope_shared_q6_k, OP_FMT_Q6_K, true)
 // Q4_K q and k with Q6_K v (llama.cpp's Q4_K_M gives half the blocks' v more bits).
 NORM_QKV_ROPE_MIXED_KERNEL(norm_qkv_rope_q4_k_v_q6_k, OP_FMT_Q4_K, OP_FMT_Q6_K, false)
 NORM_QKV_ROPE_MIXED_KERNEL(norm_qkv_rope_shared_q4_k_v_q6_k, OP_FMT_Q4_K, OP_FMT_Q6_K, true)
+// Their fallbacks where rows are not whole super-blocks (Gemma 3's 640): Q5_0 with Q8_0 v.
+NORM_QKV_ROPE_MIXED_KERNEL(norm_qkv_rope_q5_0_v_q8_0, OP_FMT_Q5_0, OP_FMT_Q8_0, false)
+NORM_QKV_ROPE_MIXED_KERNEL(norm_qkv_rope_shared_q5_0_v_q8_0, OP_FMT_Q5_0, OP_FMT_Q8_0, true)
 NORM_GATE_UP_KERNEL(norm_gate_up_shared_f32, OP_FMT_F32, true)
 NORM_GATE_UP_KERNEL(norm_gate_up_shared_f16, OP_FMT_F16, true)
 NORM_GATE_UP_KERNEL(norm_gate_up_shared_bf16, OP_FMT_BF16, true)
@@ -627,3 +687,25 @@ NORM_GATE_UP_KERNEL(norm_gate_up_shared_q5_0, OP_FMT_Q5_0, true)
 NORM_GATE_UP_KERNEL(norm_gate_up_shared_q8_0, OP_FMT_Q8_0, true)
 NORM_GATE_UP_KERNEL(norm_gate_up_shared_q4_k, OP_FMT_Q4_K, true)
 NORM_GATE_UP_KERNEL(norm_gate_up_shared_q6_k, OP_FMT_Q6_K, true)
+NORM_QKV_KERNEL(norm_qkv_f32, OP_FMT_F32, false)
+NORM_QKV_KERNEL(norm_qkv_f16, OP_FMT_F16, false)
+NORM_QKV_KERNEL(norm_qkv_bf16, OP_FMT_BF16, false)
+NORM_QKV_KERNEL(norm_qkv_q4_0, OP_FMT_Q4_0, false)
+NORM_QKV_KERNEL(norm_qkv_q4_1, OP_FMT_Q4_1, false)
+NORM_QKV_KERNEL(norm_qkv_q5_0, OP_FMT_Q5_0, false)
+NORM_QKV_KERNEL(norm_qkv_q8_0, OP_FMT_Q8_0, false)
+NORM_QKV_KERNEL(norm_qkv_q4_k, OP_FMT_Q4_K, false)
+NORM_QKV_KERNEL(norm_qkv_q6_k, OP_FMT_Q6_K, false)
+NORM_QKV_KERNEL(norm_qkv_shared_f32, OP_FMT_F32, true)
+NORM_QKV_KERNEL(norm_qkv_shared_f16, OP_FMT_F16, true)
+NORM_QKV_KERNEL(norm_qkv_shared_bf16, OP_FMT_BF16, true)
+NORM_QKV_KERNEL(norm_qkv_shared_q4_0, OP_FMT_Q4_0, true)
+NORM_QKV_KERNEL(norm_qkv_shared_q4_1, OP_FMT_Q4_1, true)
+NORM_QKV_KERNEL(norm_qkv_shared_q5_0, OP_FMT_Q5_0, true)
+NORM_QKV_KERNEL(norm_qkv_shared_q8_0, OP_FMT_Q8_0, true)
+NORM_QKV_KERNEL(norm_qkv_shared_q4_k, OP_FMT_Q4_K, true)
+NORM_QKV_KERNEL(norm_qkv_shared_q6_k, OP_FMT_Q6_K, true)
+NORM_QKV_MIXED_KERNEL(norm_qkv_q4_k_v_q6_k, OP_FMT_Q4_K, OP_FMT_Q6_K, false)
+NORM_QKV_MIXED_KERNEL(norm_qkv_shared_q4_k_v_q6_k, OP_FMT_Q4_K, OP_FMT_Q6_K, true)
+NORM_QKV_MIXED_KERNEL(norm_qkv_q5_0_v_q8_0, OP_FMT_Q5_0, OP_FMT_Q8_0, false)
+NORM_QKV_MIXED_KERNEL(norm_qkv_shared_q5_0_v_q8_0, OP_FMT_Q5_0, OP_FMT_Q8_0, true)

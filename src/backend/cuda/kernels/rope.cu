@@ -182,26 +182,28 @@ __device__ __forceinline__ bool rnr_regs_ok(uint32_t head_dim, uint32_t rotary_d
            (head_dim / 2) % 32 == 0;
 }
 
-// One row's heads in the register form (rnr_regs_ok): each warp loads its head and the weight
-// before the block computes the angles, then reduces, normalizes and rotates from registers.
-__device__ __forceinline__ void rnr_regs_row(const float* x, const float* w, float* out,
-                                             int32_t pos, float eps, uint32_t head_dim,
-                                             float base, uint32_t h, uint32_t heads,
-                                             uint64_t at, float* cs_cos, float* cs_sin) {
-    const uint32_t lane = threadIdx.x & 31, per_lane = head_dim / 32, pairs = head_dim / 2;
-    const bool mine = h < heads;  // warp-uniform
-    float v[RNR_NORM_WARPS], wv[RNR_NORM_WARPS];
-    if (mine) {
+// A warp's head of the register form: lane l's values l + 32 k (k < head_dim / 32) of `src` and
+// of the weight `w`.
+__device__ __forceinline__ void rnr_regs_load(const float* src, const float* w, uint32_t head_dim,
+                                              uint32_t lane, float (&v)[RNR_NORM_WARPS],
+                                              float (&wv)[RNR_NORM_WARPS]) {
+    const uint32_t per_lane = head_dim / 32;
 #pragma unroll
-        for (uint32_t k = 0; k < RNR_NORM_WARPS; ++k) {
-            v[k] = k < per_lane ? x[at + lane + 32 * k] : 0.0f;
-            wv[k] = k < per_lane ? w[lane + 32 * k] : 0.0f;
-        }
+    for (uint32_t k = 0; k < RNR_NORM_WARPS; ++k) {
+        v[k] = k < per_lane ? src[lane + 32 * k] : 0.0f;
+        wv[k] = k < per_lane ? w[lane + 32 * k] : 0.0f;
     }
-    __syncthreads();  // the table's last readers are done
-    rope_angles_fill(pos, nullptr, base, head_dim, cs_cos, cs_sin);
-    __syncthreads();
-    if (!mine) return;
+}
+
+// Normalizes and rotates a head loaded by rnr_regs_load (the block's angle table filled), handing
+// each rotated pair (i, i + pairs) to `put(i, first, second)`: the arithmetic of `rms_norm` then
+// `rope` (the reduction in the norm's block order, `(v * inv) * w`, the rotation in f32).
+template <typename Put>
+__device__ __forceinline__ void rnr_regs_head(const float (&v)[RNR_NORM_WARPS],
+                                              const float (&wv)[RNR_NORM_WARPS], float eps,
+                                              uint32_t head_dim, uint32_t lane,
+                                              const float* cs_cos, const float* cs_sin, Put put) {
+    const uint32_t per_lane = head_dim / 32;
     // Thread 32 q + l of the norm's block holds value 32 q + l alone: 0.0 + v v.
     double part[RNR_NORM_WARPS];
 #pragma unroll
@@ -213,15 +215,34 @@ __device__ __forceinline__ void rnr_regs_row(const float* x, const float* w, flo
     float y[RNR_NORM_WARPS];
 #pragma unroll
     for (uint32_t k = 0; k < RNR_NORM_WARPS; ++k) y[k] = (v[k] * inv) * wv[k];
-    float* o = out + at;
 #pragma unroll
     for (uint32_t p = 0; p < RNR_NORM_WARPS / 2; ++p) {
         if (p >= per_lane / 2) break;
         const uint32_t i = lane + 32 * p;
         const float a = y[p], c = y[p + per_lane / 2], cs = cs_cos[i], sn = cs_sin[i];
-        o[i] = a * cs - c * sn;
-        o[i + pairs] = a * sn + c * cs;
+        put(i, a * cs - c * sn, a * sn + c * cs);
     }
+}
+
+// One row's heads in the register form (rnr_regs_ok): each warp loads its head and the weight
+// before the block computes the angles, then reduces, normalizes and rotates from registers.
+__device__ __forceinline__ void rnr_regs_row(const float* x, const float* w, float* out,
+                                             int32_t pos, float eps, uint32_t head_dim,
+                                             float base, uint32_t h, uint32_t heads,
+                                             uint64_t at, float* cs_cos, float* cs_sin) {
+    const uint32_t lane = threadIdx.x & 31, pairs = head_dim / 2;
+    const bool mine = h < heads;  // warp-uniform
+    float v[RNR_NORM_WARPS], wv[RNR_NORM_WARPS];
+    if (mine) rnr_regs_load(x + at, w, head_dim, lane, v, wv);
+    __syncthreads();  // the table's last readers are done
+    rope_angles_fill(pos, nullptr, base, head_dim, cs_cos, cs_sin);
+    __syncthreads();
+    if (!mine) return;
+    float* o = out + at;
+    rnr_regs_head(v, wv, eps, head_dim, lane, cs_cos, cs_sin, [&](uint32_t i, float a, float b) {
+        o[i] = a;
+        o[i + pairs] = b;
+    });
 }
 
 extern "C" __global__ void rms_norm_rope_f32(const float* x, const float* w,
@@ -432,4 +453,83 @@ extern "C" __global__ void rope_ff_kv_f32(float* q, const float* k, const float*
     rope_kv<true>(q, k, v, positions, ff, step, k_cache, v_cache, head_dim, rotary_dim, base,
                   mode, n_kv_head, cache_f16, n_q, n_k, n_v, n_pos, n_ff, n_step, n_kc, n_vc,
                   op_tag("rope_ff_kv_f32"));
+}
+
+// The query and key norms with their RoPE and the k and v cache writes of a block in one kernel
+// (`rms_norm_rope_kv_f32`, src/ops/norm_rope_kv.rs): q_in, q_weight, k_in, k_weight, v, positions,
+// step, q, k_cache, v_cache, eps, head_dim, base, mode (1: NeoX), n_kv_head, cache_f16. A warp a
+// head of the register form (rnr_regs_ok): row r's q heads, then its k heads, then its v heads,
+// blocks of RNR_NORM_THREADS as rms_norm_rope_f32's. A q or k head is normalized and rotated by
+// rnr_regs_head (the bits of rms_norm then rope); q's go to `q`, k's to cache row step[0] + r
+// of their head's slab [n_kv_head, max_ctx, head_dim], v's copied there (f32, or f16 where
+// `cache_f16`, each value rounded to nearest once as kv_write_f32_f16 rounds it). A step that
+// leaves no room for the rows is a kernel error before anything is written.
+extern "C" __global__ void rms_norm_rope_kv_f32(
+    const float* q_in, const float* q_w, const float* k_in, const float* k_w, const float* v_in,
+    const int32_t* positions, const int32_t* step, float* q, void* kc, void* vc, float eps,
+    uint32_t head_dim, float base, uint32_t mode, uint32_t n_kv, uint32_t cache_f16,
+    uint64_t n_qin, uint64_t n_qw, uint64_t n_kin, uint64_t n_kw, uint64_t n_v, uint64_t n_pos,
+    uint64_t n_step, uint64_t n_q, uint64_t n_kc, uint64_t n_vc) {
+    OP_GRID_ENTRY();
+    __shared__ float cs_cos[ROPE_MAX_PAIRS];
+    __shared__ float cs_sin[ROPE_MAX_PAIRS];
+    const uint32_t tag = op_tag("rms_norm_rope_kv_f32");
+    const uint64_t rows = n_pos, row_kv = (uint64_t)n_kv * head_dim;
+    OP_REQUIRE(rows != 0 && n_step != 0 && rnr_regs_ok(head_dim, head_dim, mode) && n_kv != 0 &&
+               n_qw == head_dim && n_kw == head_dim && blockDim.x % 32 == 0);
+    OP_REQUIRE(n_qin == n_q && n_q % (rows * head_dim) == 0 && n_kin == rows * row_kv &&
+               n_v == n_kin && n_kc == n_vc && n_kc % row_kv == 0);
+    const uint64_t q_row = n_q / rows, max_ctx = n_kc / row_kv;
+    const int64_t pos0 = step[0];
+    if (pos0 < 0 || (uint64_t)pos0 + rows > max_ctx) {
+        op_fail(tag, OP_ERR_POS0, pos0, max_ctx, rows);
+        return;
+    }
+    const uint32_t q_heads = (uint32_t)(q_row / head_dim), heads = q_heads + 2 * n_kv;
+    const uint32_t warps = blockDim.x / 32, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t pairs = head_dim / 2;
+    const uint64_t groups = (heads + warps - 1) / warps;
+    auto store = [&](void* cache, uint64_t at, float x) {
+        if (cache_f16 != 0) {
+            ((__half*)cache)[at] = __float2half_rn(x);
+        } else {
+            ((float*)cache)[at] = x;
+        }
+    };
+    for (uint64_t b = blockIdx.y * (uint64_t)gridDim.x + blockIdx.x; b < rows * groups;
+         b += (uint64_t)gridDim.x * gridDim.y) {
+        const uint64_t r = b / groups;
+        const uint32_t h = (uint32_t)(b % groups) * warps + warp;
+        // Which tensor this warp's head is (warp-uniform): 0 q, 1 k, 2 v, 3 none.
+        const int which = h < q_heads ? 0 : h < q_heads + n_kv ? 1 : h < heads ? 2 : 3;
+        const uint32_t kh = which == 1 ? h - q_heads : which == 2 ? h - q_heads - n_kv : 0;
+        const float* src = which == 0   ? q_in + r * q_row + (uint64_t)h * head_dim
+                           : which == 1 ? k_in + (r * n_kv + kh) * head_dim
+                                        : v_in + (r * n_kv + kh) * head_dim;
+        float v[RNR_NORM_WARPS], wv[RNR_NORM_WARPS];
+        if (which < 3) rnr_regs_load(src, which == 1 ? k_w : q_w, head_dim, lane, v, wv);
+        __syncthreads();  // the table's last readers are done
+        rope_angles_fill(positions[r], nullptr, base, head_dim, cs_cos, cs_sin);
+        __syncthreads();
+        const uint64_t at = ((uint64_t)kh * max_ctx + (uint64_t)pos0 + r) * head_dim;
+        if (which == 0) {
+            float* o = q + r * q_row + (uint64_t)h * head_dim;
+            rnr_regs_head(v, wv, eps, head_dim, lane, cs_cos, cs_sin,
+                          [&](uint32_t i, float a, float c) {
+                              o[i] = a;
+                              o[i + pairs] = c;
+                          });
+        } else if (which == 1) {
+            rnr_regs_head(v, wv, eps, head_dim, lane, cs_cos, cs_sin,
+                          [&](uint32_t i, float a, float c) {
+                              store(kc, at + i, a);
+                              store(kc, at + i + pairs, c);
+                          });
+        } else if (which == 2) {
+#pragma unroll
+            for (uint32_t k = 0; k < RNR_NORM_WARPS; ++k) {
+                if (k < head_dim / 32) store(vc, at + lane + 32 * k, v[k]);
+            }
+        }
+    }
 }
