@@ -11,7 +11,7 @@ mod doctor;
 /// The report, gathered once for both tests (it compiles every kernel family where it can).
 fn report() -> &'static doctor::DoctorReport {
     static REPORT: OnceLock<doctor::DoctorReport> = OnceLock::new();
-    REPORT.get_or_init(|| doctor::diagnose(None, false))
+    REPORT.get_or_init(|| doctor::diagnose(None, doctor::Fill::Nothing))
 }
 
 #[test]

@@ -69,8 +69,19 @@ pub struct DoctorReport {
     pub problems: Vec<String>,
 }
 
+/// What `--fill-cache` compiles into the kernel cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fill {
+    /// Nothing: the kernels are compiled to check them, not kept.
+    Nothing,
+    /// Every kernel, as a run loads it.
+    Kernels,
+    /// Every kernel, and every kernel again with block stamps (what `bench --timeline` loads).
+    KernelsAndStamped,
+}
+
 /// Gathers the report.
-pub fn diagnose(arch: Option<&str>, fill_cache: bool) -> DoctorReport {
+pub fn diagnose(arch: Option<&str>, fill: Fill) -> DoctorReport {
     let (cpu, cpu_ready) = match onepass::Device::cpu(0) {
         Ok(d) => (format!("ready: {}", d.name()), true),
         Err(e) => (format!("does not start: {e}"), false),
@@ -99,15 +110,23 @@ pub fn diagnose(arch: Option<&str>, fill_cache: bool) -> DoctorReport {
     let mut kernels_failed = 0;
     let mut filled_cache = None;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if nvrtc_version.is_some() && fill_cache {
+    if nvrtc_version.is_some() && fill != Fill::Nothing {
         match default_cache_dir() {
             Some(dir) => {
                 let compiler = KernelCompiler::new(&arch, include.as_deref(), Some(dir.clone()));
-                match compiler.warm(SOURCES, threads, &|_, _, _| {}) {
-                    Ok(report) => {
+                let stamped = compiler.clone().with_block_stamps();
+                let warmed = compiler.warm(SOURCES, threads, &|_, _, _| {}).and_then(|plain| {
+                    if fill != Fill::KernelsAndStamped {
+                        return Ok(plain.compiled);
+                    }
+                    let report = stamped.warm(SOURCES, threads, &|_, _, _| {})?;
+                    Ok(plain.compiled + report.compiled)
+                });
+                match warmed {
+                    Ok(compiled) => {
                         filled_cache = Some(FilledCache {
                             dir: dir.display().to_string(),
-                            compiled: report.compiled,
+                            compiled,
                         })
                     }
                     Err(e) => {
@@ -208,8 +227,8 @@ fn or_none(v: &Option<String>) -> &str {
 
 /// Prints the report (one JSON object with `json`); an error when something this machine has is
 /// broken (a CUDA that is absent is not).
-pub fn run(json: bool, arch: Option<&str>, fill_cache: bool) -> anyhow::Result<()> {
-    let r = diagnose(arch, fill_cache);
+pub fn run(json: bool, arch: Option<&str>, fill: Fill) -> anyhow::Result<()> {
+    let r = diagnose(arch, fill);
     let mut out = std::io::stdout().lock();
     if json {
         writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?;

@@ -52,6 +52,10 @@ enum Command {
         /// same NVRTC version and header directory, starts without compiling.
         #[arg(long)]
         fill_cache: bool,
+        /// With `--fill-cache`: the block-stamped kernels too, which `bench --timeline` loads
+        /// (their own cubins, compiled with stamps).
+        #[arg(long, requires = "fill_cache")]
+        stamps: bool,
     },
 }
 
@@ -70,7 +74,15 @@ pub fn main() -> i32 {
             json,
             arch,
             fill_cache,
-        } => doctor::run(json, arch.as_deref(), fill_cache),
+            stamps,
+        } => {
+            let fill = match (fill_cache, stamps) {
+                (false, _) => doctor::Fill::Nothing,
+                (true, false) => doctor::Fill::Kernels,
+                (true, true) => doctor::Fill::KernelsAndStamped,
+            };
+            doctor::run(json, arch.as_deref(), fill)
+        }
     };
     exit_code(result)
 }

@@ -24,6 +24,28 @@ __device__ __forceinline__ void rope_angles_fill(int32_t pos_i, const float* ff,
         cs_sin[i] = (float)s;
     }
 }
+// This thread's pair's inverse frequency, base^(-2 threadIdx.x / rotary_dim) as rope_angles_fill
+// computes it: a function of the arguments alone, so a kernel may compute it before its grid wait.
+__device__ __forceinline__ double rope_own_freq(float base, uint32_t rotary_dim) {
+    return pow((double)base, -2.0 * (double)threadIdx.x / (double)rotary_dim);
+}
+// rope_angles_fill without frequency factors, taking this thread's pair's inverse frequency from
+// `own` (rope_own_freq): the same table, its `pow` off the chain after the wait.
+__device__ __forceinline__ void rope_angles_fill_own(int32_t pos_i, double own, float base,
+                                                     uint32_t rotary_dim, float* cs_cos,
+                                                     float* cs_sin) {
+    const uint32_t pairs = rotary_dim / 2;
+    const double pos = (double)pos_i;
+    for (uint32_t i = threadIdx.x; i < pairs; i += blockDim.x) {
+        const double inv_freq = i == threadIdx.x
+                                    ? own
+                                    : pow((double)base, -2.0 * (double)i / (double)rotary_dim);
+        double s, c;
+        sincos(pos * inv_freq / 1.0, &s, &c);
+        cs_cos[i] = (float)c;
+        cs_sin[i] = (float)s;
+    }
+}
 __device__ __forceinline__ void rope_angles(int32_t pos_i, const float* ff, float base,
                                             uint32_t rotary_dim, float* cs_cos, float* cs_sin) {
     __syncthreads();
@@ -462,14 +484,16 @@ extern "C" __global__ void rope_ff_kv_f32(float* q, const float* k, const float*
 // blocks of RNR_NORM_THREADS as rms_norm_rope_f32's. A q or k head is normalized and rotated by
 // rnr_regs_head (the bits of rms_norm then rope); q's go to `q`, k's to cache row step[0] + r
 // of their head's slab [n_kv_head, max_ctx, head_dim], v's copied there (f32, or f16 where
-// `cache_f16`, each value rounded to nearest once as kv_write_f32_f16 rounds it). A step that
-// leaves no room for the rows is a kernel error before anything is written.
+// `cache_f16`, each value rounded to nearest once as kv_write_f32_f16 rounds it). Each thread's
+// pair's `pow` runs before the grid wait (rope_own_freq). A step that leaves no room for the rows
+// is a kernel error before anything is written.
 extern "C" __global__ void rms_norm_rope_kv_f32(
     const float* q_in, const float* q_w, const float* k_in, const float* k_w, const float* v_in,
     const int32_t* positions, const int32_t* step, float* q, void* kc, void* vc, float eps,
     uint32_t head_dim, float base, uint32_t mode, uint32_t n_kv, uint32_t cache_f16,
     uint64_t n_qin, uint64_t n_qw, uint64_t n_kin, uint64_t n_kw, uint64_t n_v, uint64_t n_pos,
     uint64_t n_step, uint64_t n_q, uint64_t n_kc, uint64_t n_vc) {
+    const double own_freq = rope_own_freq(base, head_dim);
     OP_GRID_ENTRY();
     __shared__ float cs_cos[ROPE_MAX_PAIRS];
     __shared__ float cs_sin[ROPE_MAX_PAIRS];
@@ -506,10 +530,12 @@ extern "C" __global__ void rms_norm_rope_kv_f32(
         const float* src = which == 0   ? q_in + r * q_row + (uint64_t)h * head_dim
                            : which == 1 ? k_in + (r * n_kv + kh) * head_dim
                                         : v_in + (r * n_kv + kh) * head_dim;
+        // The position's load first: the angles wait for it, the head's values only later.
+        const int32_t pos = positions[r];
         float v[RNR_NORM_WARPS], wv[RNR_NORM_WARPS];
         if (which < 3) rnr_regs_load(src, which == 1 ? k_w : q_w, head_dim, lane, v, wv);
         __syncthreads();  // the table's last readers are done
-        rope_angles_fill(positions[r], nullptr, base, head_dim, cs_cos, cs_sin);
+        rope_angles_fill_own(pos, own_freq, base, head_dim, cs_cos, cs_sin);
         __syncthreads();
         const uint64_t at = ((uint64_t)kh * max_ctx + (uint64_t)pos0 + r) * head_dim;
         if (which == 0) {
