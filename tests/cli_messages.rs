@@ -285,7 +285,7 @@ fn graph_reports_the_fusions_each_backend_declares_without_its_hardware() {
         b"",
     );
     let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
-    assert_eq!(v["rules"].as_array().map(Vec::len), Some(9), "{v}");
+    assert_eq!(v["rules"].as_array().map(Vec::len), Some(11), "{v}");
     let names: Vec<&str> = v["rules"]
         .as_array()
         .unwrap()
@@ -294,6 +294,8 @@ fn graph_reports_the_fusions_each_backend_declares_without_its_hardware() {
         .collect();
     assert!(names.contains(&"rms_norm+add"), "{v}");
     assert!(names.contains(&"rms_norm+rope"), "{v}");
+    assert!(names.contains(&"rms_norm+qkv"), "{v}");
+    assert!(names.contains(&"rms_norm_rope+kv_write"), "{v}");
     assert_eq!(names.last(), Some(&"rope_kv"), "{v}");
     // The gate/up/SwiGLU rule matches what the narrowing makes: the one rule of the late stage.
     let late: Vec<&str> = v["rules"]
