@@ -80,8 +80,10 @@ pub(crate) const ONE_WAVE_BLOCKS_PER_SM: u32 = 2;
 const Q8_MAX_SHARED: usize = 48 * 1024;
 /// Weights from which a one-row product takes the int8 form: a smaller product is a few
 /// microseconds of latency, which the form's quantizing prologue lengthens (SmolLM2's 576 x 576
-/// and 576 x 1536 products measured 6.7 -> 7.5 us on an H100).
-const Q8_MIN_WEIGHTS: usize = 1 << 22;
+/// and 576 x 1536 products measured 6.7 -> 7.5 us on an H100; from 2^20 weights Gemma 3 270M's
+/// 640 x 2048 down products made its step 0.8-1.3% slower on an H200), while from 2^21 Qwen 3
+/// 0.6B's 1024 x 2048 and 1024 x 3072 products are faster so (docs/kernels.md item 40).
+const Q8_MIN_WEIGHTS: usize = 1 << 21;
 
 /// Bytes of shared memory the int8 form of a row of `k` activations takes (`MM_Q8_BYTES` in
 /// `backend/cuda/kernels/matmul_blocks.cuh`: k int8 values and a pair of f32 per 32), for the
