@@ -35,7 +35,7 @@ pub struct Capabilities {
     /// `rms_norm_mul` and `rms_norm_add` everywhere, bit-exact; the block fusions (`norm_qkv_rope`,
     /// `norm_gate_up`) for one row only, within rounding of the plain ops: f32, and for the
     /// 32-value block formats the int8 activations every product of their quantized row reads
-    /// (the plain one-row matmul takes them from 2^22 weights). They normalize the row in every
+    /// (the plain one-row matmul takes them from 2^21 weights). They normalize the row in every
     /// block or warp, which a decode step hides but a prefill pass pays for each of its outputs,
     /// where the plain ops normalize once and take the tiled matmul.
     pub fusions: &'static [FusionUse],

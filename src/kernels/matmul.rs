@@ -32,7 +32,7 @@ pub(crate) use product_params;
 
 /// `out[r, o] = x[r] . w[o]`: x, w, out, rows, k, n. On CUDA a one-row product of a 32-value
 /// block format or Q4_K launched with the int8 row's shared memory (`ops::matmul::matmul` gives it from
-/// 2^22 weights) rounds x to int8 in blocks of 32 values: the same results up to that rounding.
+/// 2^21 weights) rounds x to int8 in blocks of 32 values: the same results up to that rounding.
 pub static MATMUL: [KernelSig; 9] =
     per_format!(OpKind::MatMul; "matmul"; |W| product_params!(W, Param::write("out", F32)));
 

@@ -316,7 +316,7 @@ fn wrong_dtypes_and_shapes_name_op_and_argument() {
 
 /// Where a one-row product may read int8 activations on a GPU (its launch carries the int8 row's
 /// shared memory, `k + k / 4` bytes): the 32-value block formats, Q4_K and Q6_K (rows of an even
-/// count of super-blocks) from 2^22 weights, in blocks of fewer warps for narrow products; never a
+/// count of super-blocks) from 2^21 weights, in blocks of fewer warps for narrow products; never a
 /// small product, Q6_K rows of an odd count, a float format, two rows, or a product recorded
 /// through `matmul_f32_activations`. The CPU runs the f32 kernel whatever the launch.
 #[test]
@@ -345,8 +345,13 @@ fn the_int8_one_row_form_is_chosen_by_format_and_size() {
     assert_eq!(launch(DType::Q4K, 1, 4096, 4096, true), (5120, 512, 128));
     // Q6_K in rows of an even count of super-blocks (word-aligned rows).
     assert_eq!(launch(DType::Q6K, 1, 4096, 4096, true), (5120, 512, 128));
+    // Qwen 3 0.6B's o and down products (2^21 and 3 x 2^20 weights): a warp an output.
+    assert_eq!(launch(DType::Q4K, 1, 1024, 2048, true), (2560, 512, 64));
+    assert_eq!(launch(DType::Q6K, 1, 1024, 3072, true), (3840, 512, 64));
     for (dt, rows, n, k, int8) in [
         (DType::Q4_0, 1, 576, 1536, true),
+        // Gemma 3 270M's down product: 1.3 x 2^20 weights.
+        (DType::Q6K, 1, 640, 2048, true),
         (DType::Q6K, 1, 4096, 4352, true),
         (DType::F16, 1, 4096, 4096, true),
         (DType::Q4_0, 2, 4096, 4096, true),

@@ -222,10 +222,10 @@ pub(crate) fn int8_rounded(x: &[f32]) -> Vec<f32> {
 }
 
 /// Whether CUDA's one-row product of an `[n, k]` weight of dtype `w` reads int8 activations
-/// (`ops::matmul::vector_grid`: the 32-value block formats, Q4_K and Q6_K, at least 2^22 weights,
+/// (`ops::matmul::vector_grid`: the 32-value block formats, Q4_K and Q6_K, at least 2^21 weights,
 /// the row within the 48 KiB of shared memory the launch asks for).
 pub(crate) fn takes_int8(w: DType, rows: usize, n: usize, k: usize) -> bool {
-    rows == 1 && int8_format(w, k) && n * k >= 1 << 22 && k + k / 4 <= 48 * 1024
+    rows == 1 && int8_format(w, k) && n * k >= 1 << 21 && k + k / 4 <= 48 * 1024
 }
 
 /// Whether CUDA's fused block kernels (`norm_qkv_rope`, `norm_gate_up`) read a one-row pass of

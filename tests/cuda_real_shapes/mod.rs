@@ -6,7 +6,7 @@ use super::*;
 /// The one-row (decode) form at the real model shapes, where the 32-value block formats take the
 /// staged path (rows of whole 16-byte words; two outputs a warp), and at odd sizes: an odd number
 /// of outputs (the last warp's second row is its first), and rows whose last step is partial
-/// (k = 768 and 4352: 24 and 136 blocks, steps of 16). The int8 one-row form (2^22 weights and
+/// (k = 768 and 4352: 24 and 136 blocks, steps of 16). The int8 one-row form (2^21 weights and
 /// more) at 4096 x 4096, 1023 x 14336, 2048 x 2048 (Q4_0 there a lane per pair of blocks, k a
 /// multiple of 64) and 2049 x 2080 (65 blocks a row: Q4_0 a lane per quarter block, the last
 /// round of the four-lane blocks partial; four-warp blocks).
