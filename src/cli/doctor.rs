@@ -115,13 +115,15 @@ pub fn diagnose(arch: Option<&str>, fill: Fill) -> DoctorReport {
             Some(dir) => {
                 let compiler = KernelCompiler::new(&arch, include.as_deref(), Some(dir.clone()));
                 let stamped = compiler.clone().with_block_stamps();
-                let warmed = compiler.warm(SOURCES, threads, &|_, _, _| {}).and_then(|plain| {
-                    if fill != Fill::KernelsAndStamped {
-                        return Ok(plain.compiled);
-                    }
-                    let report = stamped.warm(SOURCES, threads, &|_, _, _| {})?;
-                    Ok(plain.compiled + report.compiled)
-                });
+                let warmed = compiler
+                    .warm(SOURCES, threads, &|_, _, _| {})
+                    .and_then(|plain| {
+                        if fill != Fill::KernelsAndStamped {
+                            return Ok(plain.compiled);
+                        }
+                        let report = stamped.warm(SOURCES, threads, &|_, _, _| {})?;
+                        Ok(plain.compiled + report.compiled)
+                    });
                 match warmed {
                     Ok(compiled) => {
                         filled_cache = Some(FilledCache {

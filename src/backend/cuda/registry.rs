@@ -574,7 +574,8 @@ mod tests {
                     assert!(
                         stmt.starts_with("mm_prefetch_first<")
                             || stmt.starts_with("fb_prefetch_")
-                            || stmt.starts_with("const double rope_freq = fb_rope_freq("),
+                            || stmt.starts_with("const double rope_freq = fb_rope_freq(")
+                            || stmt.starts_with("const double own_freq = rope_own_freq("),
                         "{}: `{stmt}` before OP_GRID_ENTRY in `{head}`",
                         src.family
                     );
