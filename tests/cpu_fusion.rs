@@ -209,6 +209,7 @@ fn qkv_rope<'a>(b: &'a Block, mode: RopeMode) -> QkvRope<'a> {
         wk: &b.w[1],
         wv: &b.w[2],
         positions: &b.positions,
+        freq_factors: None,
         step: &b.step,
         q: &b.q,
         k_cache: &b.k_cache,
@@ -465,6 +466,66 @@ fn a_q6_k_v_beside_q4_k_fuses_and_keeps_the_separate_ops_bits() {
                 assert!(
                     err.contains("norm_qkv_rope") && err.contains("wv") && err.contains("q6_k"),
                     "{what}: {err}"
+                );
+            }
+        }
+    }
+}
+
+/// Llama 3's files give the RoPE frequency factors (`rope_freqs`): the attention input recorded
+/// with `rope`s that take them fuses into `norm_qkv_rope_ff_<w>`, with the separate ops' bits,
+/// for one row and several.
+#[test]
+fn frequency_factors_fuse_into_the_ff_kernel_with_the_separate_ops_bits() {
+    let dev = Device::cpu(2).unwrap();
+    // Factors from 1 to 8, as Llama 3's scaling gives its low frequencies.
+    let factors: Vec<f32> = random_f32(HD / 2, 1.0, 77)
+        .iter()
+        .map(|v| 1.0 + 7.0 * v.abs())
+        .collect();
+    let ff = dev.upload::<f32>(&factors, &[HD / 2]).unwrap();
+    for dtype in [DType::Q4_0, DType::Q4K] {
+        for rows in [1usize, 3] {
+            let what = format!("{dtype} rows {rows}");
+            let v = values(rows);
+            let run = |exec: Mode, plan: &Plan| {
+                let b = block(&dev, dtype, &v, rows);
+                let scratch = |dims: &[usize]| dev.alloc(DType::F32, dims).unwrap();
+                let (xn, k, vv) = (
+                    scratch(&[rows, DIM]),
+                    scratch(&[rows, N_KV * HD]),
+                    scratch(&[rows, N_KV * HD]),
+                );
+                let rope = RopeParams {
+                    freq_factors: Some(&ff),
+                    ..RopeParams::new(RopeMode::NeoX, HD, BASE)
+                };
+                let mut s = Executor::new(dev.clone()).begin(exec);
+                s.rms_norm(&b.x, &b.attn_norm, &xn, EPS).unwrap();
+                s.matmul(&xn, &b.w[0], &b.q).unwrap();
+                s.matmul(&xn, &b.w[1], &k).unwrap();
+                s.matmul(&xn, &b.w[2], &vv).unwrap();
+                s.rope(&b.q, &b.positions, &b.q, &rope).unwrap();
+                s.rope(&k, &b.positions, &k, &rope).unwrap();
+                s.kv_write(&k, &b.k_cache, &b.step).unwrap();
+                s.kv_write(&vv, &b.v_cache, &b.step).unwrap();
+                if exec == Mode::Recorded {
+                    for t in [&xn, &k, &vv] {
+                        s.mark_scratch(t);
+                    }
+                }
+                let report = s.finish(plan).unwrap();
+                (outputs(&dev, &b), report)
+            };
+            let (want, _) = run(Mode::Direct, &Plan::SEQUENTIAL);
+            let (got, report) = run(Mode::Recorded, &Plan::OPTIMIZED);
+            let fused = report.fusions_by_rule.get("rms_norm+qkv+rope+kv_write");
+            assert_eq!(fused, Some(&1), "{what}: {report:?}");
+            assert_eq!(report.dispatches, 1, "{what}: {report:?}");
+            for ((g, w), name) in got.iter().zip(&want).zip(NAMES) {
+                assert!(
+                    g.iter().zip(w).all(|(a, e)| a.to_bits() == e.to_bits()),
+                    "{what}: {name}: the fused kernel and the separate ops differ"
                 );
             }
         }

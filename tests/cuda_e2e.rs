@@ -176,6 +176,7 @@ fn check_within(
         shape,
         quant,
         seed: 0,
+        rope_freqs: false,
     };
     write_synthetic(&spec, None, &path, &mut |_, _| {}).expect("synth");
     let file = Arc::new(GgufFile::open(&path).expect("open"));
@@ -241,6 +242,7 @@ fn cuda_prompt_logits_match_cpu_smollm2_shape() {
         shape: SynthShape::SmolLm2,
         quant: DType::Q4_1.into(),
         seed: 1,
+        rope_freqs: false,
     };
     write_synthetic(&spec, None, &path, &mut |_, _| {}).expect("synth");
     let file = Arc::new(GgufFile::open(&path).expect("open"));

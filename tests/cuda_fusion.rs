@@ -336,6 +336,7 @@ fn fused_block_ops_match_the_separate_ops_on_the_cpu() {
                     wk: &b.wk,
                     wv: &b.wv,
                     positions: &b.positions,
+                    freq_factors: None,
                     step: &b.step,
                     q: &b.q,
                     k_cache: &b.k_cache,
@@ -585,6 +586,98 @@ fn fused_rms_norm_rope_gives_the_pair_bits() {
                     (g - c).abs() <= 1e-5 + 1e-5 * c.abs(),
                     "{what}: element {i}: cuda {g}, cpu {c}"
                 );
+            }
+        }
+    }
+}
+
+/// Llama 3's RoPE frequency factors: the attention input recorded with `rope`s that take them
+/// and optimized on the GPU becomes one `norm_qkv_rope_ff_<w>` dispatch, whose q and cache rows
+/// match the CPU's separate ops within a share of the largest value of each: at 256 values a row
+/// 1e-4 (f32 activations: f32 rounding of sums in another order), at 2,048 2e-2 (the shared
+/// form's int8 row moves a product by at most the sum of |w| times half a block's step, a few
+/// tenths of a percent of the largest values here); a wrong angle or row moves a value by its own
+/// size. One row (the rope table) and three (each angle where it is used).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn frequency_factors_fuse_on_the_gpu_and_match_the_cpu() {
+    let gpu = cuda_device();
+    let cpu = Device::cpu(2).unwrap();
+    let (n_head, n_kv, hd, ctx, pos0) = (4usize, 2usize, 64usize, 16usize, 5usize);
+    let factors: Vec<f32> = random_f32(hd / 2, 1.0, 77)
+        .iter()
+        .map(|v| 1.0 + 7.0 * v.abs())
+        .collect();
+    for (dim, formats, tol) in [
+        (256, (DType::Q4_0, DType::Q4_0), 1e-4f32),
+        (2048, (DType::Q4_0, DType::Q4_0), 2e-2),
+        (2048, (DType::Q4K, DType::Q6K), 2e-2),
+    ] {
+        for rows in [1usize, 3] {
+            let what = format!("dim {dim} {formats:?} rows {rows}");
+            let run = |dev: &Device, exec: Mode, plan: &Plan| {
+                let f32s = |seed: u64, dims: &[usize]| {
+                    let n = dims.iter().product();
+                    dev.upload::<f32>(&random_f32(n, 1.0, seed), dims).unwrap()
+                };
+                let pos: Vec<i32> = (0..rows).map(|r| (pos0 + r) as i32).collect();
+                let positions = dev.upload::<i32>(&pos, &[rows]).unwrap();
+                let step = dev.upload::<i32>(&[pos0 as i32], &[1]).unwrap();
+                let ff = dev.upload::<f32>(&factors, &[hd / 2]).unwrap();
+                let (x, norm) = (f32s(81, &[rows, dim]), f32s(82, &[dim]));
+                let wq = weight(dev, formats.0, n_head * hd, dim, 83);
+                let wk = weight(dev, formats.0, n_kv * hd, dim, 84);
+                let wv = weight(dev, formats.1, n_kv * hd, dim, 85);
+                let q = f32s(86, &[rows, n_head * hd]);
+                let (kc, vc) = (f32s(87, &[n_kv, ctx, hd]), f32s(88, &[n_kv, ctx, hd]));
+                let scratch = |dims: &[usize]| dev.alloc(DType::F32, dims).unwrap();
+                let (xn, k, v) = (
+                    scratch(&[rows, dim]),
+                    scratch(&[rows, n_kv * hd]),
+                    scratch(&[rows, n_kv * hd]),
+                );
+                let rope = RopeParams {
+                    freq_factors: Some(&ff),
+                    ..RopeParams::new(RopeMode::NeoX, hd, 500_000.0)
+                };
+                let mut s = Executor::new(dev.clone()).begin(exec);
+                s.rms_norm(&x, &norm, &xn, EPS).unwrap();
+                s.matmul(&xn, &wq, &q).unwrap();
+                s.matmul(&xn, &wk, &k).unwrap();
+                s.matmul(&xn, &wv, &v).unwrap();
+                s.rope(&q, &positions, &q, &rope).unwrap();
+                s.rope(&k, &positions, &k, &rope).unwrap();
+                s.kv_write(&k, &kc, &step).unwrap();
+                s.kv_write(&v, &vc, &step).unwrap();
+                if exec == Mode::Recorded {
+                    for t in [&xn, &k, &v] {
+                        s.mark_scratch(t);
+                    }
+                }
+                let report = s.finish(plan).unwrap();
+                let outs: Vec<Vec<f32>> = [&q, &kc, &vc]
+                    .iter()
+                    .map(|t| dev.download::<f32>(t).unwrap())
+                    .collect();
+                (outs, report)
+            };
+            let (want, _) = run(&cpu, Mode::Direct, &Plan::SEQUENTIAL);
+            let (got, report) = run(&gpu, Mode::Recorded, &Plan::OPTIMIZED);
+            let fused = report.fusions_by_rule.get("rms_norm+qkv+rope+kv_write");
+            // The block fusion is a decode (one-row) fusion on CUDA.
+            assert_eq!(
+                fused.copied().unwrap_or(0),
+                usize::from(rows == 1),
+                "{what}"
+            );
+            for ((g, w), name) in got.iter().zip(&want).zip(["q", "k_cache", "v_cache"]) {
+                let scale = w.iter().fold(0f32, |m, e| m.max(e.abs()));
+                for (i, (a, e)) in g.iter().zip(w).enumerate() {
+                    assert!(
+                        (a - e).abs() <= tol * scale,
+                        "{what}: {name}[{i}]: cuda {a}, cpu {e}"
+                    );
+                }
             }
         }
     }

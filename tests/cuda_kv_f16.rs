@@ -77,6 +77,7 @@ fn qkv(dev: &Device, dtype: DType, shape: Shape, mode: RopeMode, cache: DType) -
         wk: &wk,
         wv: &wv,
         positions: &positions,
+        freq_factors: None,
         step: &step,
         q: &q,
         k_cache: &k_cache,
@@ -155,6 +156,7 @@ fn an_f16_cache_moves_the_logits_by_its_rounding_only() {
         shape: SynthShape::SmolLm2,
         quant: DType::Q4_1.into(),
         seed: 3,
+        rope_freqs: false,
     };
     write_synthetic(&spec, None, &path, &mut |_, _| {}).expect("synth");
     let file = Arc::new(GgufFile::open(&path).expect("open"));

@@ -170,6 +170,7 @@ fn q5_0_fused_block_ops_at_gemma_3_widths() {
                         wk: &i[3],
                         wv: &i[4],
                         positions: &i[5],
+                        freq_factors: None,
                         step: &i[6],
                         q: &o[0],
                         k_cache: &o[1],

@@ -178,6 +178,7 @@ impl TempModel {
             shape,
             quant,
             seed: 0,
+            rope_freqs: false,
         };
         let t = Instant::now();
         write_synthetic(&spec, None, &path, &mut |_, _| {})?;

@@ -91,6 +91,11 @@ pub struct SynthArgs {
     /// model's tokenizer is used when it is already in the cache, else a byte-level vocabulary.
     #[arg(long, value_name = "MODEL")]
     pub tokenizer_from: Option<String>,
+    /// Write Llama 3's RoPE frequency factors (`rope_freqs.weight`, its scaling of factor 8 over
+    /// an original context of 8,192), as llama.cpp's Llama 3.1 and 3.2 files carry them (the Llama
+    /// shapes only).
+    #[arg(long)]
+    pub rope_freqs: bool,
     /// Output file.
     #[arg(short = 'o', long)]
     pub output: PathBuf,
@@ -112,6 +117,7 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
         shape: args.like,
         quant,
         seed: args.seed,
+        rope_freqs: args.rope_freqs,
     };
     let bar = ProgressBar::new(0).with_style(
         ProgressStyle::with_template(

@@ -193,6 +193,36 @@ macro_rules! qkv_rope_params {
     };
 }
 
+/// The parameters of the attention-input kernels with the RoPE's frequency factors.
+macro_rules! qkv_rope_ff_params {
+    ($w:ident) => {
+        qkv_rope_ff_params!($w, $w)
+    };
+    ($w:ident, $v:expr) => {
+        [
+            Param::read("x", F32),
+            Param::read("norm", F32),
+            Param::read("wq", $w),
+            Param::read("wk", $w),
+            Param::read("wv", $v),
+            Param::read("positions", I32),
+            Param::read("freq_factors", F32),
+            Param::read("step", I32),
+            Param::write("q", F32),
+            Param::read_write("k_cache", CACHE),
+            Param::read_write("v_cache", CACHE),
+            Param::f32("eps"),
+            Param::u32("dim"),
+            Param::u32("n_head"),
+            Param::u32("n_kv_head"),
+            Param::u32("head_dim"),
+            Param::f32("base"),
+            Param::u32("mode"),
+            Param::u32("cache_f16"),
+        ]
+    };
+}
+
 /// The parameters of the MLP-input kernels.
 macro_rules! gate_up_params {
     ($w:ident) => {
@@ -221,6 +251,16 @@ pub static NORM_QKV_ROPE: [KernelSig; 9] =
 /// in blocks of 32 values where the launch gives that memory too).
 pub static NORM_QKV_ROPE_SHARED: [KernelSig; 9] =
     per_format!(OpKind::MatMul; "norm_qkv_rope_shared"; |W| qkv_rope_params!(W));
+
+/// [`NORM_QKV_ROPE`] with the RoPE's frequency factors (Llama 3's `rope_freqs`, f32, one a
+/// pair) after positions: x, norm, wq, wk, wv, positions, freq_factors, step, q, k_cache,
+/// v_cache, then the same scalars.
+pub static NORM_QKV_ROPE_FF: [KernelSig; 9] =
+    per_format!(OpKind::MatMul; "norm_qkv_rope_ff"; |W| qkv_rope_ff_params!(W));
+
+/// [`NORM_QKV_ROPE_FF`] in the shared-memory form of [`NORM_QKV_ROPE_SHARED`].
+pub static NORM_QKV_ROPE_FF_SHARED: [KernelSig; 9] =
+    per_format!(OpKind::MatMul; "norm_qkv_rope_ff_shared"; |W| qkv_rope_ff_params!(W));
 
 /// The (q and k, v) weight formats of [`NORM_QKV_ROPE_MIXED`] and [`NORM_QKV_MIXED`], in their
 /// order: the blocks of a llama.cpp Q4_K_M file whose v takes more bits, Q4_K q and k with Q6_K
@@ -255,6 +295,26 @@ pub static NORM_QKV_ROPE_MIXED: [KernelSig; 4] = {
         "norm_qkv_rope_q5_0_v_q8_0",
         "norm_qkv_rope_shared_q5_0_v_q8_0",
         qkv_rope_params,
+        Q5_0,
+        Q8_0
+    );
+    [a, b, c, d]
+};
+
+/// [`NORM_QKV_ROPE_FF`] (even entries) and [`NORM_QKV_ROPE_FF_SHARED`] (odd entries) with v
+/// weights of another format, one pair per entry of [`QKV_MIXED_FORMATS`].
+pub static NORM_QKV_ROPE_FF_MIXED: [KernelSig; 4] = {
+    let [a, b] = mixed_pair!(
+        "norm_qkv_rope_ff_q4_k_v_q6_k",
+        "norm_qkv_rope_ff_shared_q4_k_v_q6_k",
+        qkv_rope_ff_params,
+        Q4K,
+        Q6K
+    );
+    let [c, d] = mixed_pair!(
+        "norm_qkv_rope_ff_q5_0_v_q8_0",
+        "norm_qkv_rope_ff_shared_q5_0_v_q8_0",
+        qkv_rope_ff_params,
         Q5_0,
         Q8_0
     );

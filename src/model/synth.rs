@@ -227,6 +227,8 @@ pub struct SynthSpec {
     pub quant: MatrixFormats,
     /// Seed of the weights.
     pub seed: u64,
+    /// Whether to write Llama 3's RoPE frequency factors (`rope_freqs.weight`; Llama shapes only).
+    pub rope_freqs: bool,
 }
 
 /// Writes the synthetic model to `out` (atomically). `tokenizer_from` supplies the tokenizer
@@ -238,14 +240,37 @@ pub fn write_synthetic(
     out: &Path,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<()> {
-    write_synthetic_shape(
-        &spec.shape.params(),
-        spec.quant,
-        spec.seed,
-        tokenizer_from,
-        out,
-        progress,
-    )
+    let p = spec.shape.params();
+    if spec.rope_freqs && p.family != Family::Llama {
+        return Err(Error::InvalidArgument(format!(
+            "--rope-freqs: {} is not a Llama shape (only Llama 3 files carry rope_freqs)",
+            p.name
+        )));
+    }
+    let ff = spec.rope_freqs.then(|| llama3_rope_freqs(&p));
+    write_shape(&p, spec.quant, spec.seed, ff, tokenizer_from, out, progress)
+}
+
+/// Llama 3's RoPE frequency factors for shape `p` (what llama.cpp writes as `rope_freqs.weight`
+/// for Llama 3.1 and 3.2): 1 for wavelengths under 8,192 / 4, 8 over 8,192, the smooth blend
+/// between.
+fn llama3_rope_freqs(p: &ShapeParams) -> Vec<f32> {
+    let (factor, low, high, original) = (8.0f64, 1.0f64, 4.0f64, 8192.0f64);
+    let hd = p.head_dim as f64;
+    (0..p.head_dim / 2)
+        .map(|i| {
+            let freq = (p.rope_base as f64).powf(-2.0 * i as f64 / hd);
+            let wavelen = 2.0 * std::f64::consts::PI / freq;
+            if wavelen < original / high {
+                1.0
+            } else if wavelen > original / low {
+                factor as f32
+            } else {
+                let smooth = (original / wavelen - low) / (high - low);
+                (1.0 / ((1.0 - smooth) / factor + smooth)) as f32
+            }
+        })
+        .collect()
 }
 
 /// [`write_synthetic`] for any hyperparameters `p` (tests write small models of each family this
@@ -254,6 +279,19 @@ pub fn write_synthetic_shape(
     p: &ShapeParams,
     quant: MatrixFormats,
     seed: u64,
+    tokenizer_from: Option<&GgufFile>,
+    out: &Path,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<()> {
+    write_shape(p, quant, seed, None, tokenizer_from, out, progress)
+}
+
+/// [`write_synthetic_shape`] with RoPE frequency factors `ff` where given.
+fn write_shape(
+    p: &ShapeParams,
+    quant: MatrixFormats,
+    seed: u64,
+    ff: Option<Vec<f32>>,
     tokenizer_from: Option<&GgufFile>,
     out: &Path,
     progress: &mut dyn FnMut(u64, u64),
@@ -364,6 +402,10 @@ pub fn write_synthetic_shape(
         }
     }
     w.add_tensor_with("output_norm.weight", &[d], DType::F32, norm(d))?;
+    if let Some(ff) = ff {
+        let bytes: Vec<u8> = ff.iter().flat_map(|v| v.to_le_bytes()).collect();
+        w.add_tensor("rope_freqs.weight", &[ff.len()], DType::F32, bytes)?;
+    }
     if !p.tied {
         let t = quant.of("output", n_layer, n_layer, d);
         w.add_tensor_with(

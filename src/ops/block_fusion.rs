@@ -3,7 +3,8 @@
 //!
 //! - [`NORM_QKV_ROPE_FUSION`]: an f32 `rms_norm` whose output exactly three products read, one
 //!   rotated in place and nothing else (q), one rotated in place and then written into a KV cache
-//!   (k), one written into a KV cache (v), becomes one `norm_qkv_rope`.
+//!   (k), one written into a KV cache (v), becomes one `norm_qkv_rope` (the `_ff` kernels where
+//!   both rotations take the same frequency factors, as Llama 3's files give them).
 //! - [`NORM_QKV_FUSION`]: an f32 `rms_norm` whose output exactly three products read, the
 //!   second and third of one width (k and v, in the order the model records them), whatever
 //!   reads their outputs, becomes one `norm_qkv` (the per-head norms of Qwen 3 and Gemma 3 sit
@@ -15,7 +16,7 @@
 //! The matchers follow the data flow from the norm (who reads each output before it is
 //! overwritten), check the kernels by their declarations (the f32 norm with a weight, products of
 //! one weight format, or for the attention input v of a second format the fused kernels take, RoPE
-//! in place without frequency factors turning whole heads, f32 or f16 caches of one type)
+//! in place turning whole heads (with or without frequency factors), f32 or f16 caches of one type)
 //! and the sizes, and leave the proof that the intermediates (the norm's output, the k and v
 //! products) are dead to the fuse pass. Which backends use them, for which passes, is each
 //! backend's declaration ([`Capabilities::fusions`](crate::backend::Capabilities::fusions)).
@@ -89,10 +90,19 @@ fn products<'g>(m: &Matcher<'g>, at: At, xn: &Buffer, count: usize) -> Option<Ve
     (found.len() == count).then_some(found)
 }
 
-/// An in-place f32 RoPE of exactly `t`, without frequency factors, turning whole heads:
-/// `(positions, head_dim, base, mode)`.
-fn whole_head_rope<'g>(d: DispatchRef<'g>, t: &Buffer) -> Option<(&'g Buffer, u32, f32, u32)> {
-    if d.kernel() != KernelId::of(&km::ROPE_INPLACE[0]) || !same_view(d.buffer("x")?, t) {
+/// An in-place f32 RoPE of exactly `t`, turning whole heads: `(positions, head_dim, base, mode)`
+/// and its frequency factors, if any.
+type HeadRope<'g> = ((&'g Buffer, u32, f32, u32), Option<&'g Buffer>);
+
+fn whole_head_rope<'g>(d: DispatchRef<'g>, t: &Buffer) -> Option<HeadRope<'g>> {
+    let ff = if d.kernel() == KernelId::of(&km::ROPE_INPLACE[0]) {
+        None
+    } else if d.kernel() == KernelId::of(&km::ROPE_FF_INPLACE[0]) {
+        Some(d.buffer("freq_factors")?)
+    } else {
+        return None;
+    };
+    if !same_view(d.buffer("x")?, t) {
         return None;
     }
     let (Scalar::U32(hd), Scalar::U32(rd), Scalar::F32(base), Scalar::U32(mode)) = (
@@ -103,7 +113,7 @@ fn whole_head_rope<'g>(d: DispatchRef<'g>, t: &Buffer) -> Option<(&'g Buffer, u3
     ) else {
         return None;
     };
-    (hd == rd).then_some((d.buffer("positions")?, hd, base, mode))
+    (hd == rd).then_some(((d.buffer("positions")?, hd, base, mode), ff))
 }
 
 /// A write of exactly `new` into an f32 or f16 cache: `(step, cache, n_kv_head)`.
@@ -163,9 +173,15 @@ fn find_norm_qkv_rope<'g>(m: &Matcher<'g>, at: At) -> Option<Found<'g>> {
         }
     }
     let ((q, q_rope), (k, k_rope, k_write), (v, v_write)) = (q?, k?, v?);
-    let (positions, hd, base, mode) = whole_head_rope(m.dispatch(q_rope), q.out)?;
-    let k_rot = whole_head_rope(m.dispatch(k_rope), k.out)?;
-    if !same_view(k_rot.0, positions) || (k_rot.1, k_rot.2, k_rot.3) != (hd, base, mode) {
+    let ((positions, hd, base, mode), ff) = whole_head_rope(m.dispatch(q_rope), q.out)?;
+    let (k_rot, k_ff) = whole_head_rope(m.dispatch(k_rope), k.out)?;
+    let same_ff = match (ff, k_ff) {
+        (None, None) => true,
+        (Some(a), Some(b)) => same_view(a, b),
+        _ => false,
+    };
+    if !same_view(k_rot.0, positions) || (k_rot.1, k_rot.2, k_rot.3) != (hd, base, mode) || !same_ff
+    {
         return None;
     }
     let (step, k_cache, n_kv) = cache_write(m.dispatch(k_write), k.out)?;
@@ -183,6 +199,7 @@ fn find_norm_qkv_rope<'g>(m: &Matcher<'g>, at: At) -> Option<Found<'g>> {
         wk: k.w,
         wv: v.w,
         positions,
+        freq_factors: ff,
         step,
         q: q.out,
         k_cache,

@@ -60,6 +60,9 @@ pub struct QkvRope<'a> {
     pub wv: &'a Buffer,
     /// i32 `[rows]`: each row's position (its rotation angle).
     pub positions: &'a Buffer,
+    /// The RoPE's frequency factors, f32 `[head_dim / 2]` (Llama 3's `rope_freqs`: pair `i`
+    /// turns by `pos * base^(-2i / head_dim) / freq_factors[i]`), or `None`.
+    pub freq_factors: Option<&'a Buffer>,
     /// i32 step buffer: `step[0]` is the cache row of the first row.
     pub step: &'a Buffer,
     /// Output queries, f32 `[rows, n_head * head_dim]`, rotated.
@@ -292,6 +295,11 @@ pub(crate) fn qkv_rope_spec<'a>(p: &QkvRope<'a>) -> Result<DispatchSpec<'a>> {
     })?;
     check.dtype("positions", p.positions, &[DType::I32])?;
     check.elems("positions", p.positions, rows)?;
+    if let Some(ff) = p.freq_factors {
+        require_one_device(&check, p.x, &[("freq_factors", ff)])?;
+        check.dtype("freq_factors", ff, &[DType::F32])?;
+        check.elems("freq_factors", ff, hd / 2)?;
+    }
     check.dtype("step", p.step, &[DType::I32])?;
     check.require("step", p.step.elems() >= 1, || "is empty".into())?;
     check.dtype("q", p.q, &[DType::F32])?;
@@ -310,13 +318,18 @@ pub(crate) fn qkv_rope_spec<'a>(p: &QkvRope<'a>) -> Result<DispatchSpec<'a>> {
     check.dtype("v_cache", p.v_cache, &[p.k_cache.dtype()])?;
     check.dims("v_cache", p.v_cache, p.k_cache.dims())?;
     let pairs = (n_head + 2 * n_kv) * hd / 2;
-    let args = [
+    let mut args = vec![
         ArgRef::read(p.x),
         ArgRef::read(p.norm),
         ArgRef::read(p.wq),
         ArgRef::read(p.wk),
         ArgRef::read(p.wv),
         ArgRef::read(p.positions),
+    ];
+    if let Some(ff) = p.freq_factors {
+        args.push(ArgRef::read(ff));
+    }
+    args.extend([
         ArgRef::read(p.step),
         ArgRef::write(p.q),
         ArgRef::read_write(p.k_cache),
@@ -332,17 +345,30 @@ pub(crate) fn qkv_rope_spec<'a>(p: &QkvRope<'a>) -> Result<DispatchSpec<'a>> {
             RopeMode::NeoX => 1,
         }),
         ArgRef::u32(u32::from(p.k_cache.dtype() == DType::F16)),
-    ];
+    ]);
     // The rope table: a (cos, sin) pair of f32 per rotation pair.
     let (shared, grid) = if rows == 1 {
         fused_launch(qkv_warps(pairs, dim), rows, dim, p.wq.dtype(), 4 * hd)
     } else {
         fused_launch(pairs, rows, dim, p.wq.dtype(), 0)
     };
+    let (plain, shared_family, mixed_family) = if p.freq_factors.is_some() {
+        (
+            &mm::NORM_QKV_ROPE_FF,
+            &mm::NORM_QKV_ROPE_FF_SHARED,
+            &mm::NORM_QKV_ROPE_FF_MIXED,
+        )
+    } else {
+        (
+            &mm::NORM_QKV_ROPE,
+            &mm::NORM_QKV_ROPE_SHARED,
+            &mm::NORM_QKV_ROPE_MIXED,
+        )
+    };
     let kernel = match mixed {
-        Some(i) => KernelId::of(&mm::NORM_QKV_ROPE_MIXED[2 * i + usize::from(shared)]),
-        None if shared => for_weight(OP_QKV, &mm::NORM_QKV_ROPE_SHARED, p.wq)?,
-        None => for_weight(OP_QKV, &mm::NORM_QKV_ROPE, p.wq)?,
+        Some(i) => KernelId::of(&mixed_family[2 * i + usize::from(shared)]),
+        None if shared => for_weight(OP_QKV, shared_family, p.wq)?,
+        None => for_weight(OP_QKV, plain, p.wq)?,
     };
     DispatchSpec::new(kernel, &args, grid)
 }
@@ -503,6 +529,7 @@ mod tests {
             wk: &wk,
             wv: &wk,
             positions: &positions,
+            freq_factors: None,
             step: &step,
             q: &q,
             k_cache: &cache,

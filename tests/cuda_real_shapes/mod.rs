@@ -154,6 +154,7 @@ fn fused_block_ops_at_real_widths() {
                     wk: &i[3],
                     wv: &i[4],
                     positions: &i[5],
+                    freq_factors: None,
                     step: &i[6],
                     q: &o[0],
                     k_cache: &o[1],

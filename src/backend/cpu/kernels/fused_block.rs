@@ -42,11 +42,23 @@ use crate::quant::QK_K;
 
 /// Registers this family's kernels against their declarations.
 pub(super) fn register(registry: &mut CpuRegistry) {
-    registry.family(&mm::NORM_QKV_ROPE, [norm_qkv_rope_kernel; 9]);
+    registry.family(&mm::NORM_QKV_ROPE, [norm_qkv_rope_kernel::<false>; 9]);
+    registry.family(&mm::NORM_QKV_ROPE_FF, [norm_qkv_rope_kernel::<true>; 9]);
+    registry.family(
+        &mm::NORM_QKV_ROPE_FF_SHARED,
+        [norm_qkv_rope_kernel::<true>; 9],
+    );
+    registry.family(
+        &mm::NORM_QKV_ROPE_FF_MIXED,
+        [norm_qkv_rope_kernel::<true>; 4],
+    );
     registry.family(&mm::NORM_GATE_UP, [norm_gate_up_kernel; 9]);
     // The one-row shared-memory forms are CUDA launch forms of the same function.
-    registry.family(&mm::NORM_QKV_ROPE_SHARED, [norm_qkv_rope_kernel; 9]);
-    registry.family(&mm::NORM_QKV_ROPE_MIXED, [norm_qkv_rope_kernel; 4]);
+    registry.family(
+        &mm::NORM_QKV_ROPE_SHARED,
+        [norm_qkv_rope_kernel::<false>; 9],
+    );
+    registry.family(&mm::NORM_QKV_ROPE_MIXED, [norm_qkv_rope_kernel::<false>; 4]);
     registry.family(&mm::NORM_GATE_UP_SHARED, [norm_gate_up_kernel; 9]);
 }
 
@@ -385,10 +397,17 @@ pub(super) fn x_and_norm<'a>(
 }
 
 /// The attention input of a block: see the module documentation and `ops::fused_block`.
-fn norm_qkv_rope_kernel(args: &KernelArgs<'_>) -> Result<()> {
-    let (eps, dim) = (args.f32(10)?, args.usize(11)?);
-    let (n_head, n_kv, hd) = (args.usize(12)?, args.usize(13)?, args.usize(14)?);
-    let (base, mode) = (args.f32(15)?, args.u32(16)?);
+/// `FF`: the `_ff` kernels, the RoPE's frequency factors after positions (argument 6; the
+/// arguments after it one later).
+fn norm_qkv_rope_kernel<const FF: bool>(args: &KernelArgs<'_>) -> Result<()> {
+    let o = usize::from(FF);
+    let (eps, dim) = (args.f32(10 + o)?, args.usize(11 + o)?);
+    let (n_head, n_kv, hd) = (
+        args.usize(12 + o)?,
+        args.usize(13 + o)?,
+        args.usize(14 + o)?,
+    );
+    let (base, mode) = (args.f32(15 + o)?, args.u32(16 + o)?);
     let (x, norm, rows) = x_and_norm(args, dim)?;
     if hd == 0 || hd % 2 != 0 || hd / 2 > MAX_ROPE_PAIRS || n_head == 0 || n_kv == 0 || mode > 1 {
         return Err(kernel_err(
@@ -412,9 +431,16 @@ fn norm_qkv_rope_kernel(args: &KernelArgs<'_>) -> Result<()> {
         matrix(args, 4, "wv", dtype_v, &kv_heads, ("dim", dim))?,
     ];
     let positions = args.input::<i32>(5)?;
-    let q = args.output::<f32>(7)?;
-    let cache_f16 = args.u32(17)? == 1;
-    let cache_len = args.buffer(8)?.0.elems();
+    let ff = if FF {
+        let f = args.input::<f32>(6)?;
+        check_len(args, "freq_factors", f.len(), hd / 2)?;
+        Some(f)
+    } else {
+        None
+    };
+    let q = args.output::<f32>(7 + o)?;
+    let cache_f16 = args.u32(17 + o)? == 1;
+    let cache_len = args.buffer(8 + o)?.0.elems();
     check_len(args, "positions", positions.len(), rows)?;
     expect_len(
         args,
@@ -422,7 +448,7 @@ fn norm_qkv_rope_kernel(args: &KernelArgs<'_>) -> Result<()> {
         q.len(),
         &[("rows", rows), ("n_head", n_head), ("head_dim", hd)],
     )?;
-    check_len(args, "v_cache", args.buffer(9)?.0.elems(), cache_len)?;
+    check_len(args, "v_cache", args.buffer(9 + o)?.0.elems(), cache_len)?;
     // `kv_row` is wk's row count, checked above without overflow.
     let kv_row = stack[1].n;
     if cache_len == 0 || cache_len % kv_row != 0 {
@@ -437,8 +463,9 @@ fn norm_qkv_rope_kernel(args: &KernelArgs<'_>) -> Result<()> {
     }
     // The caches are `[n_kv_head, max_ctx, head_dim]`; rows `pos0..pos0 + rows` fit in them.
     let max_ctx = cache_len / kv_row;
-    let pos0 = read_pos0(args, 6, rows, max_ctx)?;
+    let pos0 = read_pos0(args, 6 + o, rows, max_ctx)?;
     let rope = Rope {
+        ff,
         hd,
         base,
         neox: mode == 1,
@@ -462,7 +489,7 @@ fn norm_qkv_rope_kernel(args: &KernelArgs<'_>) -> Result<()> {
         }
         let heads = (n_head, n_kv);
         if cache_f16 {
-            let (k, v) = (args.output::<f16>(8)?, args.output::<f16>(9)?);
+            let (k, v) = (args.output::<f16>(8 + o)?, args.output::<f16>(9 + o)?);
             let caches = Caches {
                 k,
                 v,
@@ -471,7 +498,7 @@ fn norm_qkv_rope_kernel(args: &KernelArgs<'_>) -> Result<()> {
             };
             rope_and_store(&rope, positions, all, heads, q, caches);
         } else {
-            let (k, v) = (args.output::<f32>(8)?, args.output::<f32>(9)?);
+            let (k, v) = (args.output::<f32>(8 + o)?, args.output::<f32>(9 + o)?);
             let caches = Caches {
                 k,
                 v,
@@ -521,19 +548,25 @@ pub(super) fn stacked_one_row(
 }
 
 /// RoPE of whole heads, as the rope kernel computes it.
-struct Rope {
+struct Rope<'a> {
+    /// The frequency factors, one a pair (Llama 3's `rope_freqs`), if any.
+    ff: Option<&'a [f32]>,
     hd: usize,
     base: f32,
     neox: bool,
 }
 
-impl Rope {
+impl Rope<'_> {
     /// Cosine and sine of every pair's angle at `pos` (f64, rounded to f32).
     fn table(&self, pos: i32, out: &mut [(f32, f32); MAX_ROPE_PAIRS]) {
         let pairs = self.hd / 2;
         for (i, cs) in out[..pairs].iter_mut().enumerate() {
             let inv_freq = (self.base as f64).powf(-2.0 * i as f64 / self.hd as f64);
-            let (s, c) = (pos as f64 * inv_freq).sin_cos();
+            let angle = pos as f64 * inv_freq;
+            let (s, c) = match self.ff {
+                Some(f) => (angle / f[i] as f64).sin_cos(),
+                None => angle.sin_cos(),
+            };
             *cs = (c as f32, s as f32);
         }
     }
@@ -568,7 +601,7 @@ struct Caches<'a, C> {
 /// the calling thread, more in parallel over rows (each row's angles computed once, as the rope
 /// kernel does); an f16 cache takes each value rounded once.
 fn rope_and_store<C: Float>(
-    rope: &Rope,
+    rope: &Rope<'_>,
     positions: &[i32],
     all: &[f32],
     (n_head, n_kv): (usize, usize),

@@ -365,8 +365,14 @@ impl Qkv<'_> {
         let positions: Vec<i32> = (0..rows as i32)
             .map(|r| self.step.first().unwrap_or(&0) + r)
             .collect();
-        Call::new(sig)
-            .buf("x", &[rows * dim])
+        // The `_ff` kernels' frequency factors: four, the pairs of the valid heads of 8.
+        let call = Call::new(sig);
+        let call = if sig.index_of("freq_factors").is_some() {
+            call.buf("freq_factors", &[4])
+        } else {
+            call
+        };
+        call.buf("x", &[rows * dim])
             .buf("norm", &[dim])
             .buf("wq", &[16, dim])
             .buf("wk", &[8, dim])
@@ -390,7 +396,14 @@ impl Qkv<'_> {
 #[test]
 fn fused_qkv_kernels_refuse_hostile_heads_positions_and_modes() {
     let qkv = mm::NORM_QKV_ROPE.iter().chain(&mm::NORM_QKV_ROPE_SHARED);
-    for sig in qkv.chain(&mm::NORM_QKV_ROPE_MIXED) {
+    let ff = mm::NORM_QKV_ROPE_FF
+        .iter()
+        .chain(&mm::NORM_QKV_ROPE_FF_SHARED);
+    for sig in qkv
+        .chain(&mm::NORM_QKV_ROPE_MIXED)
+        .chain(ff)
+        .chain(&mm::NORM_QKV_ROPE_FF_MIXED)
+    {
         let ok = Qkv {
             rows: 1,
             dim: 256,
@@ -454,6 +467,11 @@ fn fused_qkv_kernels_refuse_hostile_heads_positions_and_modes() {
         ok.call(sig).buf("norm", &[255]).refused("norm");
         // Any position is an angle.
         ok.call(sig).ints("positions", &[i32::MIN]).accepted();
+        if sig.index_of("freq_factors").is_some() {
+            ok.call(sig)
+                .buf("freq_factors", &[3])
+                .refused("freq_factors");
+        }
     }
 }
 

@@ -6,6 +6,8 @@
 //                      n_head, n_kv_head, head_dim, base, mode, cache_f16 (the caches f32, or f16
 //                      where it is 1); norm_qkv_rope_<w>_v_<v> the same with wv of format <v>
 //                      (a llama.cpp Q4_K_M file's blocks whose V is Q6_K)
+//   norm_qkv_rope_ff_<w>: the same with the RoPE's frequency factors (f32, one a pair) after
+//                      positions (Llama 3's `rope_freqs`)
 //   norm_qkv_<w>:      x, norm, wq, wk, wv, q, k, v, eps, dim, n_q, n_kv: the same norm and
 //                      products without the rotation, each product to its own f32 output (the
 //                      blocks whose q and k take a per-head norm first); norm_qkv_<w>_v_<v> too
@@ -265,6 +267,14 @@ __device__ __forceinline__ double fb_rope_freq(uint32_t i, uint32_t hd, float ba
     return pow((double)base, -2.0 * (double)i / (double)hd);
 }
 
+// Pair i's angle at position `pos`, `pos * inv_freq / ff[i]` as the rope kernel computes it (the
+// division left out where there are no frequency factors: dividing by 1 changes nothing).
+__device__ __forceinline__ double fb_rope_angle(int32_t pos, double inv_freq, const float* ff,
+                                                uint32_t i) {
+    const double a = (double)pos * inv_freq;
+    return ff == nullptr ? a : a / (double)ff[i];
+}
+
 // Whether a one-row pass of `pairs` output pairs splits each pair's sums between two warps of a
 // block (a warp each half of k; the shared forms, blocks of whole warp pairs, at most 15 of them
 // for the named barriers 1..15): more pairs than warps, k a multiple of 512 and each row's second
@@ -289,20 +299,23 @@ __device__ __forceinline__ void fb_pair_sync() {
 // Fills `tab` with (cos, sin) of position `pos` times each pair's frequency, rounded to f32 as
 // the rope kernel rounds them; `freq` is this thread's pair's (threadIdx.x), computed early.
 __device__ __forceinline__ void fb_rope_table(float2* tab, int32_t pos, uint32_t hd, float base,
-                                              double freq) {
+                                              double freq, const float* ff) {
     for (uint32_t i = threadIdx.x; i < hd / 2; i += blockDim.x) {
         double s, c;
-        sincos((double)pos * (i == threadIdx.x ? freq : fb_rope_freq(i, hd, base)), &s, &c);
+        sincos(fb_rope_angle(pos, i == threadIdx.x ? freq : fb_rope_freq(i, hd, base), ff, i), &s,
+               &c);
         tab[i] = make_float2((float)c, (float)s);
     }
 }
 
 // The K and V caches of `norm_qkv_rope`: f32, or f16 where `half` (the `cache_f16` argument; the
-// value rounded to nearest once, as `kv_write` into an f16 cache does).
+// value rounded to nearest once, as `kv_write` into an f16 cache does); and the RoPE's frequency
+// factors, one a pair (null: none; the `_ff` kernels).
 struct FbKv {
     void* k;
     void* v;
     bool half;
+    const float* ff;
     __device__ __forceinline__ void store(int which, uint64_t at, float x) const {
         void* c = which == 1 ? k : v;
         if (half) {
@@ -385,7 +398,7 @@ __device__ void norm_qkv_rope_rows(RowX row_x, const uint8_t* wq,
                 sf = rope[i].y;
             } else {
                 double s, c;
-                sincos((double)positions[r] * fb_rope_freq(i, hd, base), &s, &c);
+                sincos(fb_rope_angle(positions[r], fb_rope_freq(i, hd, base), kv.ff, i), &s, &c);
                 cf = (float)c;
                 sf = (float)s;
             }
@@ -462,7 +475,7 @@ __device__ void norm_qkv_rope(const float* x, const float* nw, const uint8_t* wq
         if (mm_dynamic_smem() >= at + 4u * hd) {
             // Written before the row's barriers, read after them.
             rope = (float2*)((uint8_t*)fb_smem + at);
-            fb_rope_table(rope, positions[0], hd, base, freq);
+            fb_rope_table(rope, positions[0], hd, base, freq, kv.ff);
         }
         if (fb_q8_ok<FMT>(k)) {
             norm_qkv_rope_one<FMT, FMT_V, true>(fb_norm_quantize_row<FMT>(x, nw, k, eps), wq, wk, wv,
@@ -480,7 +493,7 @@ __device__ void norm_qkv_rope(const float* x, const float* nw, const uint8_t* wq
         if (n_pos == 1 && mm_dynamic_smem() >= 4u * hd) {
             extern __shared__ __align__(16) float fb_smem[];
             rope = (float2*)fb_smem;
-            fb_rope_table(rope, positions[0], hd, base, freq);
+            fb_rope_table(rope, positions[0], hd, base, freq, kv.ff);
             __syncthreads();
         }
         const FbPerWarp row{x, nw, k, eps, (int)(threadIdx.x & 31)};
@@ -504,7 +517,7 @@ __device__ void norm_qkv(const float* x, const float* nw, const uint8_t* wq, con
     OP_REQUIRE(k != 0 && k % op_block_elems(FMT) == 0 && k % op_block_elems(FMT_V) == 0 &&
                n_nw == k && n_x % k == 0 && n_q != 0 && n_q % 2 == 0 && n_kv != 0 &&
                n_kv % 2 == 0 && n_qo == rows * n_q && n_ko == rows * n_kv && n_vo == n_ko);
-    const FbKv kv{ko, vo, false};
+    const FbKv kv{ko, vo, false, nullptr};
     const uint32_t heads = n_q / 2, kv_heads = n_kv / 2;
     if (SHARED && fb_shared_ok(rows, x, nw, k)) {
         if (fb_q8_ok<FMT>(k)) {
@@ -616,10 +629,30 @@ __device__ __forceinline__ void fb_prefetch_gate_up(const uint8_t* wg, const uin
         fb_prefetch_qkv<FMT, FMT_V, SH>(x, nw, wq, wk, wv, k, n_head, n_kv, hd, mode, n_pos);         \
         const double rope_freq = fb_rope_freq(threadIdx.x, hd, base);                                \
         OP_GRID_ENTRY();                                                                             \
-        const FbKv kv{kc, vc, cache_f16 != 0};                                                       \
+        const FbKv kv{kc, vc, cache_f16 != 0, nullptr};                                              \
         norm_qkv_rope<FMT, FMT_V, SH>(x, nw, wq, wk, wv, positions, step, q, kv, eps, k, n_head,    \
                                       n_kv, hd, base, mode, n_x, n_nw, n_pos, n_step, n_q, n_kc,    \
                                       n_vc, rope_freq, op_tag(#NAME));                              \
+    }
+// The same with the RoPE's frequency factors (Llama 3's `rope_freqs`, one a pair) after positions.
+#define NORM_QKV_ROPE_FF_KERNEL(NAME, FMT, SH) NORM_QKV_ROPE_FF_MIXED_KERNEL(NAME, FMT, FMT, SH)
+#define NORM_QKV_ROPE_FF_MIXED_KERNEL(NAME, FMT, FMT_V, SH)                                           \
+    extern "C" __global__ FB_BOUNDS(SH) void NAME(                                                 \
+        const float* x, const float* nw, const uint8_t* wq, const uint8_t* wk, const uint8_t* wv,    \
+        const int32_t* positions, const float* ff, const int32_t* step, float* q, void* kc,          \
+        void* vc, float eps, uint32_t k, uint32_t n_head, uint32_t n_kv, uint32_t hd, float base,    \
+        uint32_t mode, uint32_t cache_f16, uint64_t n_x, uint64_t n_nw, uint64_t n_wq,               \
+        uint64_t n_wk, uint64_t n_wv, uint64_t n_pos, uint64_t n_ff, uint64_t n_step, uint64_t n_q,  \
+        uint64_t n_kc, uint64_t n_vc) {                                                              \
+        fb_prefetch_qkv<FMT, FMT_V, SH>(x, nw, wq, wk, wv, k, n_head, n_kv, hd, mode, n_pos);         \
+        const double rope_freq = fb_rope_freq(threadIdx.x, hd, base);                                \
+        OP_GRID_ENTRY();                                                                             \
+        const uint32_t tag = op_tag(#NAME);                                                          \
+        OP_REQUIRE(n_ff == hd / 2);                                                                  \
+        const FbKv kv{kc, vc, cache_f16 != 0, ff};                                                   \
+        norm_qkv_rope<FMT, FMT_V, SH>(x, nw, wq, wk, wv, positions, step, q, kv, eps, k, n_head,    \
+                                      n_kv, hd, base, mode, n_x, n_nw, n_pos, n_step, n_q, n_kc,    \
+                                      n_vc, rope_freq, tag);                                        \
     }
 #define NORM_QKV_KERNEL(NAME, FMT, SH) NORM_QKV_MIXED_KERNEL(NAME, FMT, FMT, SH)
 #define NORM_QKV_MIXED_KERNEL(NAME, FMT, FMT_V, SH)                                                   \
@@ -709,3 +742,26 @@ NORM_QKV_MIXED_KERNEL(norm_qkv_q4_k_v_q6_k, OP_FMT_Q4_K, OP_FMT_Q6_K, false)
 NORM_QKV_MIXED_KERNEL(norm_qkv_shared_q4_k_v_q6_k, OP_FMT_Q4_K, OP_FMT_Q6_K, true)
 NORM_QKV_MIXED_KERNEL(norm_qkv_q5_0_v_q8_0, OP_FMT_Q5_0, OP_FMT_Q8_0, false)
 NORM_QKV_MIXED_KERNEL(norm_qkv_shared_q5_0_v_q8_0, OP_FMT_Q5_0, OP_FMT_Q8_0, true)
+// With Llama 3's frequency factors.
+NORM_QKV_ROPE_FF_KERNEL(norm_qkv_rope_ff_f32, OP_FMT_F32, false)
+NORM_QKV_ROPE_FF_KERNEL(norm_qkv_rope_ff_f16, OP_FMT_F16, false)
+NORM_QKV_ROPE_FF_KERNEL(norm_qkv_rope_ff_bf16, OP_FMT_BF16, false)
+NORM_QKV_ROPE_FF_KERNEL(norm_qkv_rope_ff_q4_0, OP_FMT_Q4_0, false)
+NORM_QKV_ROPE_FF_KERNEL(norm_qkv_rope_ff_q4_1, OP_FMT_Q4_1, false)
+NORM_QKV_ROPE_FF_KERNEL(norm_qkv_rope_ff_q5_0, OP_FMT_Q5_0, false)
+NORM_QKV_ROPE_FF_KERNEL(norm_qkv_rope_ff_q8_0, OP_FMT_Q8_0, false)
+NORM_QKV_ROPE_FF_KERNEL(norm_qkv_rope_ff_q4_k, OP_FMT_Q4_K, false)
+NORM_QKV_ROPE_FF_KERNEL(norm_qkv_rope_ff_q6_k, OP_FMT_Q6_K, false)
+NORM_QKV_ROPE_FF_KERNEL(norm_qkv_rope_ff_shared_f32, OP_FMT_F32, true)
+NORM_QKV_ROPE_FF_KERNEL(norm_qkv_rope_ff_shared_f16, OP_FMT_F16, true)
+NORM_QKV_ROPE_FF_KERNEL(norm_qkv_rope_ff_shared_bf16, OP_FMT_BF16, true)
+NORM_QKV_ROPE_FF_KERNEL(norm_qkv_rope_ff_shared_q4_0, OP_FMT_Q4_0, true)
+NORM_QKV_ROPE_FF_KERNEL(norm_qkv_rope_ff_shared_q4_1, OP_FMT_Q4_1, true)
+NORM_QKV_ROPE_FF_KERNEL(norm_qkv_rope_ff_shared_q5_0, OP_FMT_Q5_0, true)
+NORM_QKV_ROPE_FF_KERNEL(norm_qkv_rope_ff_shared_q8_0, OP_FMT_Q8_0, true)
+NORM_QKV_ROPE_FF_KERNEL(norm_qkv_rope_ff_shared_q4_k, OP_FMT_Q4_K, true)
+NORM_QKV_ROPE_FF_KERNEL(norm_qkv_rope_ff_shared_q6_k, OP_FMT_Q6_K, true)
+NORM_QKV_ROPE_FF_MIXED_KERNEL(norm_qkv_rope_ff_q4_k_v_q6_k, OP_FMT_Q4_K, OP_FMT_Q6_K, false)
+NORM_QKV_ROPE_FF_MIXED_KERNEL(norm_qkv_rope_ff_shared_q4_k_v_q6_k, OP_FMT_Q4_K, OP_FMT_Q6_K, true)
+NORM_QKV_ROPE_FF_MIXED_KERNEL(norm_qkv_rope_ff_q5_0_v_q8_0, OP_FMT_Q5_0, OP_FMT_Q8_0, false)
+NORM_QKV_ROPE_FF_MIXED_KERNEL(norm_qkv_rope_ff_shared_q5_0_v_q8_0, OP_FMT_Q5_0, OP_FMT_Q8_0, true)
