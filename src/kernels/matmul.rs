@@ -164,12 +164,13 @@ pub static MATMUL_AFFINE: [KernelSig; 2] = [
     affine!("matmul_affine_f16", one(DType::F16)),
 ];
 
-/// The parameters of the attention-input kernels.
+/// The parameters of the attention-input kernels; the `_ff` kernels' frequency factors
+/// (`qkv_rope_params!(W, V, ff)`) come after positions.
 macro_rules! qkv_rope_params {
     ($w:ident) => {
         qkv_rope_params!($w, $w)
     };
-    ($w:ident, $v:expr) => {
+    ($w:ident, $v:expr $(, $after_positions:ident)?) => {
         [
             Param::read("x", F32),
             Param::read("norm", F32),
@@ -177,6 +178,7 @@ macro_rules! qkv_rope_params {
             Param::read("wk", $w),
             Param::read("wv", $v),
             Param::read("positions", I32),
+            $(qkv_rope_params!(@$after_positions),)?
             Param::read("step", I32),
             Param::write("q", F32),
             Param::read_write("k_cache", CACHE),
@@ -190,36 +192,19 @@ macro_rules! qkv_rope_params {
             Param::u32("mode"),
             Param::u32("cache_f16"),
         ]
+    };
+    (@ff) => {
+        Param::read("freq_factors", F32)
     };
 }
 
-/// The parameters of the attention-input kernels with the RoPE's frequency factors.
+/// [`qkv_rope_params`] with the RoPE's frequency factors.
 macro_rules! qkv_rope_ff_params {
     ($w:ident) => {
-        qkv_rope_ff_params!($w, $w)
+        qkv_rope_params!($w, $w, ff)
     };
     ($w:ident, $v:expr) => {
-        [
-            Param::read("x", F32),
-            Param::read("norm", F32),
-            Param::read("wq", $w),
-            Param::read("wk", $w),
-            Param::read("wv", $v),
-            Param::read("positions", I32),
-            Param::read("freq_factors", F32),
-            Param::read("step", I32),
-            Param::write("q", F32),
-            Param::read_write("k_cache", CACHE),
-            Param::read_write("v_cache", CACHE),
-            Param::f32("eps"),
-            Param::u32("dim"),
-            Param::u32("n_head"),
-            Param::u32("n_kv_head"),
-            Param::u32("head_dim"),
-            Param::f32("base"),
-            Param::u32("mode"),
-            Param::u32("cache_f16"),
-        ]
+        qkv_rope_params!($w, $v, ff)
     };
 }
 

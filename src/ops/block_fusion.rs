@@ -62,7 +62,7 @@ struct Product<'g> {
 }
 
 /// Whether `a` and `b` are the same view: same bytes, same shape.
-fn same_view(a: &Buffer, b: &Buffer) -> bool {
+pub(super) fn same_view(a: &Buffer, b: &Buffer) -> bool {
     Range::of(a) == Range::of(b) && a.dims() == b.dims()
 }
 

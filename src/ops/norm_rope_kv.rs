@@ -23,6 +23,7 @@ use crate::graph::{
     ArgRef, Dispatch, DispatchRef, DispatchSpec, Grid, KernelId, OpKind, Range, Scalar,
 };
 use crate::kernels::{misc as km, norm as kn};
+use crate::ops::block_fusion::same_view;
 use crate::ops::elementwise::{check_disjoint, u32_size};
 use crate::ops::fused_block::one_device;
 use crate::ops::norm::ROW_THREADS;
@@ -263,10 +264,6 @@ fn cache_write<'g>(d: DispatchRef<'g>) -> Option<(&'g Buffer, &'g Buffer, &'g Bu
         d.buffer("cache")?,
         n_kv,
     ))
-}
-
-fn same_view(a: &Buffer, b: &Buffer) -> bool {
-    Range::of(a) == Range::of(b) && a.dims() == b.dims()
 }
 
 fn find_norm_rope_kv<'g>(m: &Matcher<'g>, at: At) -> Option<Found<'g>> {

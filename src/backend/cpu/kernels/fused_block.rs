@@ -470,23 +470,8 @@ fn norm_qkv_rope_kernel<const FF: bool>(args: &KernelArgs<'_>) -> Result<()> {
         base,
         neox: mode == 1,
     };
-    let n_total = (n_head + 2 * n_kv) * hd;
     with_kernel_scratch(|s| {
-        let isa = Isa::detect();
-        let xn = sized(&mut s.xn, rows * dim);
-        rms_norm_rows(x, norm, eps, dim, xn);
-        let all = sized(&mut s.products, rows * n_total);
-        if rows == 1 {
-            let quant = quantize_for(isa, &stack[0], xn, &mut s.quant);
-            let quant_v = if dtype_v == dtype {
-                quant
-            } else {
-                quantize_for(isa, &stack[2], xn, &mut s.quant_v)
-            };
-            stacked_one_row(isa, &stack, xn, &[quant, quant, quant_v], all);
-        } else {
-            stacked_products(isa, &stack, xn, rows, all);
-        }
+        let all = qkv_products(s, (x, norm, eps), dim, rows, &stack);
         let heads = (n_head, n_kv);
         if cache_f16 {
             let (k, v) = (args.output::<f16>(8 + o)?, args.output::<f16>(9 + o)?);
@@ -510,6 +495,36 @@ fn norm_qkv_rope_kernel<const FF: bool>(args: &KernelArgs<'_>) -> Result<()> {
         Ok::<(), crate::error::Error>(())
     })?;
     Ok(())
+}
+
+/// The attention input's products in `s.products` (`[rows, n_q + 2 n_kv]`, q's columns, then
+/// k's, then v's): `x` (`rows` rows of `dim`) RMS-normalized with `norm` and `eps` as `rms_norm`
+/// does, times the q, k and v matrices of `stack` with the separate matmul's loops (one row: the
+/// row quantized once for the integer products, again for a v of another integer layout).
+pub(super) fn qkv_products<'s>(
+    s: &'s mut KernelScratch,
+    (x, norm, eps): (&[f32], &[f32], f32),
+    dim: usize,
+    rows: usize,
+    stack: &[Matrix<'_>; 3],
+) -> &'s [f32] {
+    let isa = Isa::detect();
+    let n_total: usize = stack.iter().map(|w| w.n).sum();
+    let xn = sized(&mut s.xn, rows * dim);
+    rms_norm_rows(x, norm, eps, dim, xn);
+    let all = sized(&mut s.products, rows * n_total);
+    if rows == 1 {
+        let quant = quantize_for(isa, &stack[0], xn, &mut s.quant);
+        let quant_v = if stack[2].dtype == stack[0].dtype {
+            quant
+        } else {
+            quantize_for(isa, &stack[2], xn, &mut s.quant_v)
+        };
+        stacked_one_row(isa, stack, xn, &[quant, quant, quant_v], all);
+    } else {
+        stacked_products(isa, stack, xn, rows, all);
+    }
+    all
 }
 
 /// One activation row times a stack of matrices into `out` (`sum n_m` values, matrix `m`'s rows

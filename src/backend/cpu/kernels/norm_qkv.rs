@@ -8,11 +8,7 @@
 //! each output equals the separate ops' bit for bit.
 
 use super::check::{check_len, kernel_err};
-use super::fused_block::{
-    matrix, quantize_for, rms_norm_rows, sized, stacked_one_row, stacked_products,
-    with_kernel_scratch, x_and_norm,
-};
-use super::matmul_simd::Isa;
+use super::fused_block::{matrix, qkv_products, with_kernel_scratch, x_and_norm};
 use crate::backend::cpu::{CpuRegistry, KernelArgs};
 use crate::error::Result;
 use crate::kernels::matmul as mm;
@@ -47,21 +43,7 @@ fn norm_qkv_kernel(args: &KernelArgs<'_>) -> Result<()> {
     }
     let n_total = n_q + 2 * n_kv;
     with_kernel_scratch(|s| {
-        let isa = Isa::detect();
-        let xn = sized(&mut s.xn, rows * dim);
-        rms_norm_rows(x, norm, eps, dim, xn);
-        let all = sized(&mut s.products, rows * n_total);
-        if rows == 1 {
-            let quant = quantize_for(isa, &stack[0], xn, &mut s.quant);
-            let quant_v = if dtype_v == dtype {
-                quant
-            } else {
-                quantize_for(isa, &stack[2], xn, &mut s.quant_v)
-            };
-            stacked_one_row(isa, &stack, xn, &[quant, quant, quant_v], all);
-        } else {
-            stacked_products(isa, &stack, xn, rows, all);
-        }
+        let all = qkv_products(s, (x, norm, eps), dim, rows, &stack);
         // Each row's q, k and v columns to their outputs.
         let mut col = 0;
         for (index, n) in [(5, n_q), (6, n_kv), (7, n_kv)] {
