@@ -98,54 +98,66 @@ fn rms_norm_rope_kv(args: &KernelArgs<'_>) -> Result<()> {
         let cos_sin = angle_table(positions[r], base, hd, None, &mut table);
         norm_rotate(&q_in[r * q_row..(r + 1) * q_row], q_w, eps, cos_sin, o);
     });
-    // k normalized and rotated, a row at a time, then k and v into their caches' rows.
-    let mut k = vec![0f32; rows * row_kv];
-    for (r, o) in k.chunks_exact_mut(row_kv).enumerate() {
-        let mut table = [(0f32, 0f32); MAX_ROPE_PAIRS];
-        let cos_sin = angle_table(positions[r], base, hd, None, &mut table);
-        norm_rotate(&k_in[r * row_kv..(r + 1) * row_kv], k_w, eps, cos_sin, o);
-    }
+    // k normalized and rotated a head at a time (no buffer of the pass's rows), straight into its
+    // cache's row; v copied into its cache's.
     let rows_at = CacheRows {
         hd,
-        row_kv,
+        n_kv,
         max_ctx,
         start,
-        rows,
     };
-    for (index, src) in [(8, &k[..]), (9, v)] {
-        if cache_f16 {
-            rows_at.write(args.output::<f16>(index)?, src);
-        } else {
-            rows_at.write(args.output::<f32>(index)?, src);
-        }
+    let k_norm = KNorm {
+        weight: k_w,
+        eps,
+        base,
+        positions,
+    };
+    if cache_f16 {
+        rows_at.write(args.output::<f16>(8)?, k_in, Some(&k_norm));
+        rows_at.write(args.output::<f16>(9)?, v, None);
+    } else {
+        rows_at.write(args.output::<f32>(8)?, k_in, Some(&k_norm));
+        rows_at.write(args.output::<f32>(9)?, v, None);
     }
     Ok(())
+}
+
+/// How k's heads are normalized and rotated on their way into the cache.
+struct KNorm<'a> {
+    weight: &'a [f32],
+    eps: f32,
+    base: f32,
+    positions: &'a [i32],
 }
 
 /// Where a pass's rows go in a `[n_kv_head, max_ctx, head_dim]` cache.
 struct CacheRows {
     hd: usize,
-    row_kv: usize,
+    n_kv: usize,
     max_ctx: usize,
     start: usize,
-    rows: usize,
 }
 
 impl CacheRows {
-    /// Writes `src`'s rows into rows `start..start + rows` of every head's slab, each value
-    /// converted once from f32.
-    fn write<C: Float>(&self, cache: &mut [C], src: &[f32]) {
-        let hd = self.hd;
-        let heads = self.row_kv / hd;
-        for (h, slab) in cache
-            .chunks_exact_mut(self.max_ctx * hd)
-            .take(heads)
-            .enumerate()
-        {
-            let dst = &mut slab[self.start * hd..(self.start + self.rows) * hd];
-            for (r, d) in dst.chunks_exact_mut(hd).enumerate() {
-                let at = r * self.row_kv + h * hd;
-                for (o, &x) in d.iter_mut().zip(&src[at..at + hd]) {
+    /// Writes `src`'s rows (`[rows, n_kv * hd]`) into rows `start..` of every head's slab, each
+    /// head normalized and rotated first where `norm` says (the row's angles computed once), each
+    /// value converted once from f32.
+    fn write<C: Float>(&self, cache: &mut [C], src: &[f32], norm: Option<&KNorm<'_>>) {
+        let (hd, row) = (self.hd, self.n_kv * self.hd);
+        let mut table = [(0f32, 0f32); MAX_ROPE_PAIRS];
+        let mut head = [0f32; 2 * MAX_ROPE_PAIRS];
+        for (r, src_row) in src.chunks_exact(row).enumerate() {
+            let cos_sin = norm.map(|n| angle_table(n.positions[r], n.base, hd, None, &mut table));
+            for (h, xh) in src_row.chunks_exact(hd).enumerate() {
+                let vals = match (norm, cos_sin) {
+                    (Some(n), Some(cs)) => {
+                        norm_rotate(xh, n.weight, n.eps, cs, &mut head[..hd]);
+                        &head[..hd]
+                    }
+                    _ => xh,
+                };
+                let at = (h * self.max_ctx + self.start + r) * hd;
+                for (o, &x) in cache[at..at + hd].iter_mut().zip(vals) {
                     *o = C::from_f32(x);
                 }
             }
