@@ -385,6 +385,14 @@ fn bench_takes_the_synthetic_format_and_reports_bandwidth_per_op_kind() {
     let out = cli(dir(), &tied.split_whitespace().collect::<Vec<_>>(), b"");
     assert_ne!(out.code, 0);
     assert!(out.stderr.contains("is its embedding"), "{}", out.stderr);
+    // Llama 3's RoPE frequency factors: with a synthetic model, and only of a Llama shape.
+    let out = cli(dir(), &["bench", "--rope-freqs"], b"");
+    assert_ne!(out.code, 0);
+    assert!(out.stderr.contains("--like"), "{}", out.stderr);
+    let gemma = "bench --like gemma3-270m --rope-freqs --backend cpu -p 2 -n 1 --repeat 1";
+    let out = cli(dir(), &gemma.split_whitespace().collect::<Vec<_>>(), b"");
+    assert_ne!(out.code, 0);
+    assert!(out.stderr.contains("not a Llama shape"), "{}", out.stderr);
     let mixed = [
         "synth",
         "--like",

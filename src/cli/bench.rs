@@ -37,6 +37,10 @@ pub struct BenchArgs {
     /// `synth --head`; with `--like` of a shape whose head is not its embedding: llama-3.1-8b).
     #[arg(long, value_name = "FORMAT", value_parser = head_format, requires = "like")]
     pub head: Option<DType>,
+    /// Give the synthetic model Llama 3's RoPE frequency factors (as `synth --rope-freqs`; with
+    /// `--like` of a Llama shape): the path llama.cpp's Llama 3.1 and 3.2 files take.
+    #[arg(long, requires = "like")]
+    pub rope_freqs: bool,
     /// Modes to measure, comma-separated (default: the `--mode` flag's).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub modes: Vec<RunMode>,
@@ -170,7 +174,7 @@ struct TempModel {
 }
 
 impl TempModel {
-    fn write(shape: SynthShape, quant: MatrixFormats) -> anyhow::Result<Self> {
+    fn write(shape: SynthShape, quant: MatrixFormats, rope_freqs: bool) -> anyhow::Result<Self> {
         let dir = std::env::temp_dir().join(format!("onepass-bench-{}", std::process::id()));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let path = dir.join("synthetic.gguf");
@@ -178,10 +182,13 @@ impl TempModel {
             shape,
             quant,
             seed: 0,
-            rope_freqs: false,
+            rope_freqs,
         };
         let t = Instant::now();
-        write_synthetic(&spec, None, &path, &mut |_, _| {})?;
+        if let Err(e) = write_synthetic(&spec, None, &path, &mut |_, _| {}) {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e.into());
+        }
         eprintln!(
             "wrote a synthetic {shape:?} {quant} model in {:.1} s",
             t.elapsed().as_secs_f64()
@@ -229,12 +236,20 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let quant = args.quant.formats_with(args.head)?;
     let temp = args
         .like
-        .map(|shape| TempModel::write(shape, quant))
+        .map(|shape| TempModel::write(shape, quant, args.rope_freqs))
         .transpose()?;
     let (file, model_name) = match &temp {
         Some(t) => (
             Arc::new(GgufFile::open(&t.path)?),
-            format!("{} {quant}", t.shape_name),
+            format!(
+                "{} {quant}{}",
+                t.shape_name,
+                if args.rope_freqs {
+                    " with rope_freqs"
+                } else {
+                    ""
+                }
+            ),
         ),
         None => (
             open_model(&args.model.model, &config)?,
