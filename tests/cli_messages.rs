@@ -414,6 +414,16 @@ fn bench_takes_the_synthetic_format_and_reports_bandwidth_per_op_kind() {
         out.stderr
     );
     assert!(!file.exists());
+    // A layer count outside 1..=512 names the flag and writes nothing.
+    for layers in ["0", "513"] {
+        let args = ["synth", "--like", "smollm2", "--layers", layers, "-o"];
+        let mut args = args.to_vec();
+        args.push(file.to_str().unwrap());
+        let out = cli(dir(), &args, b"");
+        assert_ne!(out.code, 0);
+        assert!(out.stderr.contains("--layers"), "{}", out.stderr);
+        assert!(!file.exists());
+    }
 }
 
 #[test]

@@ -177,6 +177,7 @@ fn check_within(
         quant,
         seed: 0,
         rope_freqs: false,
+        layers: None,
     };
     write_synthetic(&spec, None, &path, &mut |_, _| {}).expect("synth");
     let file = Arc::new(GgufFile::open(&path).expect("open"));
@@ -243,6 +244,7 @@ fn cuda_prompt_logits_match_cpu_smollm2_shape() {
         quant: DType::Q4_1.into(),
         seed: 1,
         rope_freqs: false,
+        layers: None,
     };
     write_synthetic(&spec, None, &path, &mut |_, _| {}).expect("synth");
     let file = Arc::new(GgufFile::open(&path).expect("open"));

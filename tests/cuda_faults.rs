@@ -143,6 +143,7 @@ fn model_whose_kv_cache_cannot_fit_is_an_error() {
         quant: DType::Q8_0.into(),
         seed: 7,
         rope_freqs: false,
+        layers: None,
     };
     write_synthetic(&spec, None, &path, &mut |_, _| {}).expect("synthetic model");
     let file = Arc::new(GgufFile::open(&path).expect("open the synthetic model"));

@@ -157,6 +157,7 @@ fn an_f16_cache_moves_the_logits_by_its_rounding_only() {
         quant: DType::Q4_1.into(),
         seed: 3,
         rope_freqs: false,
+        layers: None,
     };
     write_synthetic(&spec, None, &path, &mut |_, _| {}).expect("synth");
     let file = Arc::new(GgufFile::open(&path).expect("open"));

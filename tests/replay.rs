@@ -224,6 +224,7 @@ fn cuda_graph_replay_matches_direct_mode_bitwise_over_64_steps() {
         quant: DType::Q4_1.into(),
         seed: 3,
         rope_freqs: false,
+        layers: None,
     };
     onepass::model::synth::write_synthetic(&spec, None, &path, &mut |_, _| {}).expect("synth");
     let file = Arc::new(GgufFile::open(&path).expect("open"));

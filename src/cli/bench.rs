@@ -183,6 +183,7 @@ impl TempModel {
             quant,
             seed: 0,
             rope_freqs,
+            layers: None,
         };
         let t = Instant::now();
         if let Err(e) = write_synthetic(&spec, None, &path, &mut |_, _| {}) {

@@ -229,7 +229,15 @@ pub struct SynthSpec {
     pub seed: u64,
     /// Whether to write Llama 3's RoPE frequency factors (`rope_freqs.weight`; Llama shapes only).
     pub rope_freqs: bool,
+    /// Transformer blocks to write in place of the shape's own count (`None`: the shape's): every
+    /// matrix keeps the shape's size, so a file of a few layers runs the same kernels at the same
+    /// sizes in a fraction of the time (tools that slow every kernel down, such as
+    /// compute-sanitizer). At least 1 and at most [`MAX_SYNTH_LAYERS`].
+    pub layers: Option<usize>,
 }
+
+/// The most transformer blocks [`SynthSpec::layers`] takes.
+pub const MAX_SYNTH_LAYERS: usize = 512;
 
 /// Writes the synthetic model to `out` (atomically). `tokenizer_from` supplies the tokenizer
 /// metadata (the default model's, padded to the shape's vocabulary); without it a byte-level
@@ -240,7 +248,15 @@ pub fn write_synthetic(
     out: &Path,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<()> {
-    let p = spec.shape.params();
+    let mut p = spec.shape.params();
+    if let Some(n) = spec.layers {
+        if !(1..=MAX_SYNTH_LAYERS).contains(&n) {
+            return Err(Error::InvalidArgument(format!(
+                "layers: {n} transformer blocks; a synthetic model takes 1 to {MAX_SYNTH_LAYERS}"
+            )));
+        }
+        p.n_layer = n;
+    }
     if spec.rope_freqs && p.family != Family::Llama {
         return Err(Error::InvalidArgument(format!(
             "--rope-freqs: {} is not a Llama shape (only Llama 3 files carry rope_freqs)",
@@ -737,5 +753,36 @@ mod tests {
         let narrow = ShapeParams { dim: 640, ..p8 };
         let k = check_head(&narrow, DType::Q6K).unwrap_err();
         assert!(k.to_string().contains("rows of 640 values"), "{k}");
+    }
+
+    /// A layer count of its own writes that many blocks of the shape's sizes (block_count, the
+    /// tensors of the last block and none past it); 0 and counts past the cap are refused before
+    /// a file is made.
+    #[test]
+    fn a_layer_count_of_its_own_keeps_every_matrix_size() {
+        let dir = std::env::temp_dir().join(format!("onepass-synth-layers-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("two.gguf");
+        let spec = |layers| SynthSpec {
+            shape: SynthShape::SmolLm2,
+            quant: DType::Q4_0.into(),
+            seed: 3,
+            rope_freqs: false,
+            layers,
+        };
+        write_synthetic(&spec(Some(2)), None, &out, &mut |_, _| {}).unwrap();
+        let f = GgufFile::open(&out).unwrap();
+        assert_eq!(f.get_u32("llama.block_count").unwrap(), 2);
+        let full = SynthShape::SmolLm2.params();
+        let down = f.tensor("blk.1.ffn_down.weight").unwrap();
+        assert_eq!(down.dims_row_major(), vec![full.dim, full.ffn_dim]);
+        assert!(!f.has_tensor("blk.2.attn_q.weight"));
+        for bad in [0, MAX_SYNTH_LAYERS + 1] {
+            let never = dir.join(format!("never-{bad}.gguf"));
+            let e = write_synthetic(&spec(Some(bad)), None, &never, &mut |_, _| {}).unwrap_err();
+            assert!(e.to_string().contains("1 to 512"), "{e}");
+            assert!(!never.exists());
+        }
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

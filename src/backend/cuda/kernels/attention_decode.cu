@@ -16,6 +16,8 @@
 
 #define AD_WARPS 8
 #define AD_HEADS 4
+// Keys a split: 32 and 48, 128 and 256 measured no faster on an H200 (docs/kernels.md item 44;
+// 128 shortened SmolLM2's step at 512 tokens 2.4% and lengthened the 8B's 3.5%).
 #define AD_MIN_KEYS 64
 // The most splits a step takes: the final merge reads a record of every split for each dimension
 // (and keeps a factor a split and head in shared memory). On an H100 (docs/kernels.md item 18):
