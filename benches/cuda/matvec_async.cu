@@ -1,0 +1,373 @@
+// A standalone harness for the one-row Q4_0 product on int8 activations with the weights staged
+// through shared memory by `cp.async`, against the in-tree register form:
+//   nvcc -O3 -arch=sm_90 -o matvec_async benches/cuda/matvec_async.cu && ./matvec_async
+// Both forms run the in-tree launch shape: a block of sixteen warps an SM, each block quantizing
+// the activation row into shared memory first, each warp taking R rows at a time (grid-stride),
+// a lane a pair of 32-value blocks (`mm_q8_rows_pairs_q4_0` in
+// src/backend/cuda/kernels/matmul_blocks.cuh: nine 4-byte words for 64 values).
+//   reg<R>: the in-tree form: a lane's words loaded into registers, the pair loop unrolled twice;
+//       a warp's next rows are asked for only after its current rows are summed.
+//   cpa<R, S>: a warp's work cut into chunks of 32 pairs of each of its R rows (1,152 bytes a
+//       row); S chunks in flight a warp through its own ring of S shared-memory slots, filled by
+//       16-byte `cp.async` copies that need no registers; the first S - 1 asked for before the
+//       block quantizes the row. A lane reads its nine words from the slot (a stride of nine
+//       words: no bank conflicts). The same sums in the same order as reg<R>: the same bits.
+//   read floor: the weight bytes read once with 16-byte loads, nothing computed.
+// Part 1 times back-to-back launches of one shape (GB/s); part 2 the products of a whole 8B
+// decode step (32 layers of qkv, o, gate+up, down, each layer's weights distinct) as one graph.
+// Each form is checked against a float64 reference within the int8 rounding bound, and against
+// reg<R> bit for bit.
+// Measured on an H200 (stop 57; docs/kernels.md item 44), GB/s, reg / cpa S2 / S3 / S4 / S6 /
+// read floor: 8B gate+up 2,899 / 2,844 / 2,581 / 2,572 / 2,383 / 3,498; 8B down 1,807 / 1,695 /
+// 1,581 / 1,631 / 1,536 / 3,021; 8B qkv 1,404 / 1,360 / 1,243 / 1,226 / 1,187 / 2,158; a step's
+// products as one graph 1,718 / 1,820 / 1,995 / 1,989 / 2,125 us. The staged form is slower at
+// every depth, and the deeper the slower.
+#include <cuda_fp16.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#define CK(x)                                                                               \
+    do {                                                                                    \
+        cudaError_t e = (x);                                                                \
+        if (e != cudaSuccess) {                                                             \
+            printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); \
+            exit(1);                                                                        \
+        }                                                                                   \
+    } while (0)
+
+#define WARPS 16
+#define CHUNK_WORDS 288  // 32 pairs of 36 bytes
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// x[0..k) to int8 in 32-value blocks: per block the words of quarters 0..3 as (values 4t..4t+3,
+// values 16+4t..16+4t+3), and ds (d, d * sum q). Eight threads a block.
+__device__ void quantize_row(const float* x, uint32_t k, int* q, float2* ds) {
+    const uint32_t nb = k / 32, p = threadIdx.x & 7;
+    for (uint32_t base = (threadIdx.x >> 5) * 4; base < nb; base += blockDim.x / 8) {
+        const uint32_t b = base + ((threadIdx.x & 31) >> 3);
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (b < nb) v = *(const float4*)(x + (uint64_t)b * 32 + 4 * p);
+        float m = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+        for (int o = 1; o < 8; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        const float id = m > 0.f ? 127.f / m : 0.f;
+        const int a0 = __float2int_rn(v.x * id), a1 = __float2int_rn(v.y * id);
+        const int a2 = __float2int_rn(v.z * id), a3 = __float2int_rn(v.w * id);
+        int s = a0 + a1 + a2 + a3;
+        for (int o = 1; o < 8; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (b < nb) {
+            q[b * 8 + (p < 4 ? 2 * p : 2 * (p - 4) + 1)] =
+                (a0 & 255) | ((a1 & 255) << 8) | ((a2 & 255) << 16) | ((uint32_t)a3 << 24);
+            if (p == 0) ds[b] = make_float2(m / 127.f, m / 127.f * (float)s);
+        }
+    }
+}
+
+// Pair p (blocks 2p, 2p + 1) of a row, its nine words at wp (global or shared memory).
+__device__ __forceinline__ float pair_dot(const uint32_t* wp, const int* q, const float2* ds, uint32_t p) {
+    uint32_t w[9];
+#pragma unroll
+    for (int i = 0; i < 9; ++i) w[i] = wp[i];
+    const uint32_t M = 0x0f0f0f0fu;
+    const int4* xq = (const int4*)(q + p * 16);
+    const int4 a0 = xq[0], a1 = xq[1], b0 = xq[2], b1 = xq[3];
+    const float4 dd = *(const float4*)(ds + 2 * p);
+    const uint32_t u0 = __funnelshift_r(w[0], w[1], 16), u1 = __funnelshift_r(w[1], w[2], 16);
+    const uint32_t u2 = __funnelshift_r(w[2], w[3], 16), u3 = __funnelshift_r(w[3], w[4], 16);
+    int s0 = __dp4a((int)(u0 & M), a0.x, __dp4a((int)((u0 >> 4) & M), a0.y, 0));
+    s0 = __dp4a((int)(u1 & M), a0.z, __dp4a((int)((u1 >> 4) & M), a0.w, s0));
+    s0 = __dp4a((int)(u2 & M), a1.x, __dp4a((int)((u2 >> 4) & M), a1.y, s0));
+    s0 = __dp4a((int)(u3 & M), a1.z, __dp4a((int)((u3 >> 4) & M), a1.w, s0));
+    int s1 = __dp4a((int)(w[5] & M), b0.x, __dp4a((int)((w[5] >> 4) & M), b0.y, 0));
+    s1 = __dp4a((int)(w[6] & M), b0.z, __dp4a((int)((w[6] >> 4) & M), b0.w, s1));
+    s1 = __dp4a((int)(w[7] & M), b1.x, __dp4a((int)((w[7] >> 4) & M), b1.y, s1));
+    s1 = __dp4a((int)(w[8] & M), b1.z, __dp4a((int)((w[8] >> 4) & M), b1.w, s1));
+    const float d0 = __half2float(__ushort_as_half((unsigned short)(w[0] & 0xffffu)));
+    const float d1 = __half2float(__ushort_as_half((unsigned short)(w[4] >> 16)));
+    return d0 * (dd.x * (float)s0 - 8.f * dd.y) + d1 * (dd.z * (float)s1 - 8.f * dd.w);
+}
+
+template <int R>
+__global__ void __launch_bounds__(WARPS * 32, 1) reg(const float* x, const uint8_t* w, float* out, uint32_t k, uint32_t n) {
+    extern __shared__ float4 smem[];
+    int* q = (int*)smem;
+    float2* ds = (float2*)(q + k / 4);
+    quantize_row(x, k, q, ds);
+    __syncthreads();
+    const int lane = threadIdx.x & 31;
+    const uint32_t pairs = k / 64, row_words = pairs * 9;
+    const uint64_t groups = n / R, nw = (uint64_t)gridDim.x * WARPS;
+    for (uint64_t g = (uint64_t)blockIdx.x * WARPS + threadIdx.x / 32; g < groups; g += nw) {
+        const uint32_t* wr = (const uint32_t*)w + g * R * row_words;
+        float acc[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] = 0.f;
+#pragma unroll 2
+        for (uint32_t p = lane; p < pairs; p += 32)
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[r] += pair_dot(wr + r * row_words + p * 9, q, ds, p);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float v = warp_sum(acc[r]);
+            if (lane == 0) out[g * R + r] = v;
+        }
+    }
+}
+
+__device__ __forceinline__ void cp16(uint32_t* dst, const uint8_t* src) {
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+
+template <int R, int S>
+__global__ void __launch_bounds__(WARPS * 32, 1) cpa(const float* x, const uint8_t* w, float* out, uint32_t k, uint32_t n) {
+    extern __shared__ float4 smem[];
+    int* q = (int*)smem;
+    float2* ds = (float2*)(q + k / 4);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    uint32_t* ring = (uint32_t*)(ds + k / 32) + warp * S * R * CHUNK_WORDS;
+    const uint32_t per_row = k / 2048;  // chunks a row
+    const uint64_t row_bytes = (uint64_t)k / 32 * 18;
+    const uint64_t groups = n / R, nw = (uint64_t)gridDim.x * WARPS;
+    const uint64_t gw = (uint64_t)blockIdx.x * WARPS + warp;
+    const uint64_t items = gw < groups ? (groups - gw + nw - 1) / nw * per_row : 0;
+    auto ask = [&](uint64_t it) {
+        if (it < items) {
+            const uint64_t g = gw + it / per_row * nw, c = it % per_row;
+            uint32_t* slot = ring + (it % S) * R * CHUNK_WORDS;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const uint8_t* src = w + (g * R + r) * row_bytes + c * 1152;
+                for (int j = lane; j < 72; j += 32) cp16(slot + r * CHUNK_WORDS + 4 * j, src + 16 * j);
+            }
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+#pragma unroll
+    for (int s = 0; s < S - 1; ++s) ask(s);
+    quantize_row(x, k, q, ds);
+    __syncthreads();
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.f;
+    for (uint64_t it = 0; it < items; ++it) {
+        ask(it + S - 1);
+        asm volatile("cp.async.wait_group %0;" ::"n"(S - 1) : "memory");
+        __syncwarp();
+        const uint32_t c = (uint32_t)(it % per_row), p = c * 32 + lane;
+        const uint32_t* slot = ring + (it % S) * R * CHUNK_WORDS + lane * 9;
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] += pair_dot(slot + r * CHUNK_WORDS, q, ds, p);
+        __syncwarp();
+        if (c == per_row - 1) {
+            const uint64_t g = gw + it / per_row * nw;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const float v = warp_sum(acc[r]);
+                if (lane == 0) out[g * R + r] = v;
+                acc[r] = 0.f;
+            }
+        }
+    }
+}
+
+__global__ void read_all(const uint4* w, uint64_t words, float* out) {
+    uint32_t acc = 0;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < words; i += (uint64_t)gridDim.x * blockDim.x) {
+        const uint4 v = __ldg(w + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x12345678u) out[threadIdx.x] = 1.0f;
+}
+
+const int NV = 8;
+const char* NAMES[NV] = {"reg", "cpa S2", "cpa S3", "cpa S4", "cpa S6", "read floor", "reg R1", "cpa1 S4"};
+static int sms = 132;
+
+template <int R, int S>
+static void cpa_launch(const float* x, const uint8_t* w, float* o, uint32_t k, uint32_t n, cudaStream_t st) {
+    const uint32_t smem = k + k / 4 + WARPS * S * R * CHUNK_WORDS * 4;
+    static uint32_t granted = 0;  // set before any capture: part 1 launches every form first
+    if (smem > granted) {
+        CK(cudaFuncSetAttribute(cpa<R, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        granted = smem;
+    }
+    cpa<R, S><<<sms, WARPS * 32, smem, st>>>(x, w, o, k, n);
+}
+
+// Rows a warp takes at a time for a shape (the in-tree kernels: two for the fused qkv and gate+up,
+// one for the plain products).
+static void launch(int v, int R, const float* x, const uint8_t* w, float* o, uint32_t k, uint32_t n, cudaStream_t st = 0) {
+    const uint32_t base = k + k / 4;
+    if (v == 5) {
+        read_all<<<sms * 8, 256, 0, st>>>((const uint4*)w, (uint64_t)k / 32 * 18 * n / 16, o);
+        return;
+    }
+    if (R == 2) {
+        switch (v) {
+        case 0: reg<2><<<sms, WARPS * 32, base, st>>>(x, w, o, k, n); break;
+        case 1: cpa_launch<2, 2>(x, w, o, k, n, st); break;
+        case 2: cpa_launch<2, 3>(x, w, o, k, n, st); break;
+        case 3: cpa_launch<2, 4>(x, w, o, k, n, st); break;
+        case 4: cpa_launch<2, 6>(x, w, o, k, n, st); break;
+        case 6: reg<1><<<sms, WARPS * 32, base, st>>>(x, w, o, k, n); break;
+        case 7: cpa_launch<1, 4>(x, w, o, k, n, st); break;
+        }
+    } else {
+        switch (v) {
+        case 0: case 6: reg<1><<<sms, WARPS * 32, base, st>>>(x, w, o, k, n); break;
+        case 1: cpa_launch<1, 2>(x, w, o, k, n, st); break;
+        case 2: cpa_launch<1, 3>(x, w, o, k, n, st); break;
+        case 3: case 7: cpa_launch<1, 4>(x, w, o, k, n, st); break;
+        case 4: cpa_launch<1, 6>(x, w, o, k, n, st); break;
+        }
+    }
+}
+
+struct Shape { uint32_t n, k; int R; const char* name; };
+
+int main() {
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    sms = prop.multiProcessorCount;
+    printf("device %s, %d SMs, L2 %d MB\n", prop.name, sms, prop.l2CacheSize >> 20);
+    const Shape shapes[] = {{6144, 4096, 2, "8B qkv"}, {4096, 4096, 1, "8B o"}, {28672, 4096, 2, "8B gate+up"},
+                            {4096, 14336, 1, "8B down"}, {3072, 2048, 2, "1B qkv"}, {2048, 2048, 1, "1B o"},
+                            {16384, 2048, 2, "1B gate+up"}, {2048, 8192, 1, "1B down"}};
+    std::mt19937_64 rng(7);
+    std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+    std::uniform_int_distribution<int> nib(0, 255);
+    printf("part 1: GB/s of back-to-back launches (err: worst |error| / int8 rounding bound)\n%-11s %6s %6s", "shape", "n", "k");
+    for (int v = 0; v < NV; ++v) printf(" %10s", NAMES[v]);
+    printf(" %7s\n", "err");
+    for (const Shape& sh : shapes) {
+        const uint64_t row_bytes = (uint64_t)sh.k / 32 * 18, bytes = row_bytes * sh.n;
+        const int copies = (int)std::max<uint64_t>(1, (400ull << 20) / bytes + 1);
+        std::vector<uint8_t> hw(bytes);
+        for (uint64_t b = 0; b < bytes / 18; ++b) {
+            __half d = __float2half(0.01f + 0.02f * (uni(rng) + 1.0f));
+            memcpy(&hw[b * 18], &d, 2);
+            for (int j = 0; j < 16; ++j) hw[b * 18 + 2 + j] = (uint8_t)nib(rng);
+        }
+        std::vector<float> hx(sh.k);
+        for (auto& v : hx) v = uni(rng) * (1.0f + 3.0f * (uni(rng) > 0.9f));
+        uint8_t* dw; float *dx, *dout;
+        CK(cudaMalloc(&dw, bytes * copies));
+        for (int c = 0; c < copies; ++c) CK(cudaMemcpy(dw + bytes * c, hw.data(), bytes, cudaMemcpyHostToDevice));
+        CK(cudaMalloc(&dx, sh.k * 4));
+        CK(cudaMemcpy(dx, hx.data(), sh.k * 4, cudaMemcpyHostToDevice));
+        CK(cudaMalloc(&dout, (uint64_t)sh.n * 4));
+        std::vector<double> ref(64), bound(64);
+        for (int i = 0; i < 64; ++i) {
+            const uint64_t o = (uint64_t)i * sh.n / 64;
+            double s = 0, bnd = 0;
+            for (uint32_t b = 0; b < sh.k / 32; ++b) {
+                const uint8_t* p = &hw[o * row_bytes + b * 18];
+                __half dh; memcpy(&dh, p, 2);
+                const double d = __half2float(dh);
+                double mx = 0;
+                for (int j = 0; j < 32; ++j) mx = std::max(mx, (double)fabsf(hx[b * 32 + j]));
+                for (int j = 0; j < 16; ++j) {
+                    s += d * ((p[2 + j] & 15) - 8) * hx[b * 32 + j] + d * ((p[2 + j] >> 4) - 8) * hx[b * 32 + 16 + j];
+                    bnd += (fabs(d * ((p[2 + j] & 15) - 8)) + fabs(d * ((p[2 + j] >> 4) - 8))) * mx / 127 / 2;
+                }
+            }
+            ref[i] = s;
+            bound[i] = bnd;
+        }
+        cudaEvent_t e0, e1;
+        CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+        double gbs[NV], worst = 0;
+        std::vector<float> got(sh.n), first(sh.n);
+        for (int v = 0; v < NV; ++v) {
+            CK(cudaMemset(dout, 0xff, (uint64_t)sh.n * 4));
+            launch(v, sh.R, dx, dw, dout, sh.k, sh.n);
+            CK(cudaGetLastError());
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(got.data(), dout, sh.n * 4, cudaMemcpyDeviceToHost));
+            if (v != 5) {
+                for (int i = 0; i < 64; ++i) {
+                    const double e = fabs(got[(uint64_t)i * sh.n / 64] - ref[i]);
+                    if (!(e <= bound[i] * 1.001 + 1e-4)) printf("  %s %s row %d: error %.3e over bound %.3e\n", sh.name, NAMES[v], i, e, bound[i]);
+                    worst = std::max(worst, e / bound[i]);
+                }
+                if (v == 0) first = got;
+                else if (memcmp(first.data(), got.data(), sh.n * 4) != 0) printf("  %s %s: not the bits of reg\n", sh.name, NAMES[v]);
+            }
+            for (int i = 0; i < 3; ++i) launch(v, sh.R, dx, dw + bytes * (i % copies), dout, sh.k, sh.n);
+            const int reps = 200;
+            CK(cudaEventRecord(e0));
+            for (int i = 0; i < reps; ++i) launch(v, sh.R, dx, dw + bytes * (i % copies), dout, sh.k, sh.n);
+            CK(cudaEventRecord(e1));
+            CK(cudaEventSynchronize(e1));
+            float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
+            gbs[v] = (double)bytes * reps / (ms * 1e-3) / 1e9;
+        }
+        printf("%-11s %6u %6u", sh.name, sh.n, sh.k);
+        for (int v = 0; v < NV; ++v) printf(" %10.0f", gbs[v]);
+        printf(" %7.3f\n", worst);
+        CK(cudaFree(dw)); CK(cudaFree(dx)); CK(cudaFree(dout));
+    }
+
+    // Part 2: the products of a whole 8B decode step as one graph (random bytes: timing only).
+    const Shape layer[] = {{6144, 4096, 2, "qkv"}, {4096, 4096, 1, "o"}, {28672, 4096, 2, "gate+up"}, {4096, 14336, 1, "down"}};
+    const int L = 32;
+    uint64_t per_layer = 0;
+    for (const Shape& s : layer) per_layer += (uint64_t)s.k / 32 * 18 * s.n;
+    uint8_t* big;
+    CK(cudaMalloc(&big, per_layer * L));
+    {
+        std::vector<uint8_t> h(per_layer);
+        for (uint64_t b = 0; b < per_layer / 18; ++b) {
+            __half d = __float2half(0.01f);
+            memcpy(&h[b * 18], &d, 2);
+            for (int j = 0; j < 16; ++j) h[b * 18 + 2 + j] = (uint8_t)nib(rng);
+        }
+        for (int l = 0; l < L; ++l) CK(cudaMemcpy(big + per_layer * l, h.data(), per_layer, cudaMemcpyHostToDevice));
+    }
+    float *gx, *gy;
+    CK(cudaMalloc(&gx, 14336 * 4));
+    CK(cudaMalloc(&gy, 28672 * 4));
+    CK(cudaMemset(gx, 0, 14336 * 4));
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    printf("part 2: a step's products (%.2f GB) as one graph, 32 layers\n%-11s %10s %8s %10s\n", per_layer * L / 1e9, "form", "step us", "GB/s", "us/layer");
+    for (int rep = 0; rep < 2; ++rep)
+        for (int v = 0; v < NV; ++v) {
+            if (v == 5 || v == 6 || v == 7) continue;
+            cudaGraph_t gr;
+            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+            uint64_t off = 0;
+            for (int l = 0; l < L; ++l)
+                for (const Shape& s : layer) {
+                    launch(v, s.R, gx, big + off, gy, s.k, s.n, st);
+                    off += (uint64_t)s.k / 32 * 18 * s.n;
+                }
+            CK(cudaStreamEndCapture(st, &gr));
+            cudaGraphExec_t ge;
+            CK(cudaGraphInstantiate(&ge, gr, 0));
+            for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, st));
+            cudaEvent_t e0, e1;
+            CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+            const int reps = 20;
+            CK(cudaEventRecord(e0, st));
+            for (int i = 0; i < reps; ++i) CK(cudaGraphLaunch(ge, st));
+            CK(cudaEventRecord(e1, st));
+            CK(cudaEventSynchronize(e1));
+            float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
+            const double us = ms * 1e3 / reps;
+            printf("%-11s %10.1f %8.0f %10.2f\n", NAMES[v], us, per_layer * L / (us * 1e-6) / 1e9, us / L);
+            CK(cudaGraphExecDestroy(ge));
+            CK(cudaGraphDestroy(gr));
+        }
+    return 0;
+}
