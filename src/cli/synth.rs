@@ -143,6 +143,7 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
         .map(|m| m.len())
         .unwrap_or(0);
     let layers = match args.layers {
+        Some(1) => ", 1 layer".to_string(),
         Some(n) => format!(", {n} layers"),
         None => String::new(),
     };
