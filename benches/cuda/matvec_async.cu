@@ -5,23 +5,27 @@
 // the activation row into shared memory first, each warp taking R rows at a time (grid-stride),
 // a lane a pair of 32-value blocks (`mm_q8_rows_pairs_q4_0` in
 // src/backend/cuda/kernels/matmul_blocks.cuh: nine 4-byte words for 64 values).
-//   reg<R>: the in-tree form: a lane's words loaded into registers, the pair loop unrolled twice;
-//       a warp's next rows are asked for only after its current rows are summed.
+//   reg<R, U>: the in-tree form: a lane's words loaded into registers, the pair loop unrolled U
+//       times (the kernels: twice), so a lane asks for U pairs of each row at a time; a warp's
+//       next rows are asked for only after its current rows are summed. "reg U4" and "reg U8".
 //   cpa<R, S>: a warp's work cut into chunks of 32 pairs of each of its R rows (1,152 bytes a
 //       row); S chunks in flight a warp through its own ring of S shared-memory slots, filled by
 //       16-byte `cp.async` copies that need no registers; the first S - 1 asked for before the
 //       block quantizes the row. A lane reads its nine words from the slot (a stride of nine
 //       words: no bank conflicts). The same sums in the same order as reg<R>: the same bits.
+//   reg P: reg<R, 2> with each lane's next two pairs of its rows loaded before the current two
+//       are summed (the loads a step ahead, in registers).
 //   read floor: the weight bytes read once with 16-byte loads, nothing computed.
 // Part 1 times back-to-back launches of one shape (GB/s); part 2 the products of a whole 8B
 // decode step (32 layers of qkv, o, gate+up, down, each layer's weights distinct) as one graph.
 // Each form is checked against a float64 reference within the int8 rounding bound, and against
 // reg<R> bit for bit.
-// Measured on an H200 (stop 57; docs/kernels.md item 44), GB/s, reg / cpa S2 / S3 / S4 / S6 /
-// read floor: 8B gate+up 2,899 / 2,844 / 2,581 / 2,572 / 2,383 / 3,498; 8B down 1,807 / 1,695 /
-// 1,581 / 1,631 / 1,536 / 3,021; 8B qkv 1,404 / 1,360 / 1,243 / 1,226 / 1,187 / 2,158; a step's
-// products as one graph 1,718 / 1,820 / 1,995 / 1,989 / 2,125 us. The staged form is slower at
-// every depth, and the deeper the slower.
+// Measured on an H200 (stop 57; docs/kernels.md item 44), GB/s, reg / cpa S2 / S3 / S4 / reg P /
+// reg U4 / reg U8 / read floor: 8B gate+up 2,901 / 2,859 / 2,587 / 2,575 / 2,560 / 1,938 / 1,940
+// / 3,512; 8B down 2,076 / 2,017 / 1,876 / 1,813 / 1,761 / 1,819 / 1,557 / 3,024; 8B qkv 1,411 /
+// 1,366 / 1,248 / 1,229 / 1,224 / 1,114 / 1,112 / 2,168; a step's products as one graph 1,653 /
+// 1,669 / 1,851 / 1,878 / 1,939 / 2,218 / 2,312 us. (An earlier run with a cpa S6 form: 2,383 on
+// gate+up, 2,125 us a step.) Every form with more of a warp's bytes in flight is slower.
 #include <cuda_fp16.h>
 #include <algorithm>
 #include <cmath>
@@ -72,11 +76,8 @@ __device__ void quantize_row(const float* x, uint32_t k, int* q, float2* ds) {
     }
 }
 
-// Pair p (blocks 2p, 2p + 1) of a row, its nine words at wp (global or shared memory).
-__device__ __forceinline__ float pair_dot(const uint32_t* wp, const int* q, const float2* ds, uint32_t p) {
-    uint32_t w[9];
-#pragma unroll
-    for (int i = 0; i < 9; ++i) w[i] = wp[i];
+// Pair p (blocks 2p, 2p + 1) of a row from its nine words.
+__device__ __forceinline__ float pair_dot_w(const uint32_t (&w)[9], const int* q, const float2* ds, uint32_t p) {
     const uint32_t M = 0x0f0f0f0fu;
     const int4* xq = (const int4*)(q + p * 16);
     const int4 a0 = xq[0], a1 = xq[1], b0 = xq[2], b1 = xq[3];
@@ -95,8 +96,65 @@ __device__ __forceinline__ float pair_dot(const uint32_t* wp, const int* q, cons
     const float d1 = __half2float(__ushort_as_half((unsigned short)(w[4] >> 16)));
     return d0 * (dd.x * (float)s0 - 8.f * dd.y) + d1 * (dd.z * (float)s1 - 8.f * dd.w);
 }
+// The same with the words at wp (global or shared memory).
+__device__ __forceinline__ float pair_dot(const uint32_t* wp, const int* q, const float2* ds, uint32_t p) {
+    uint32_t w[9];
+#pragma unroll
+    for (int i = 0; i < 9; ++i) w[i] = wp[i];
+    return pair_dot_w(w, q, ds, p);
+}
 
+// reg<R, 2> with the next two pairs of each row loaded before the current two are summed.
 template <int R>
+__global__ void __launch_bounds__(WARPS * 32, 1) regp(const float* x, const uint8_t* w, float* out, uint32_t k, uint32_t n) {
+    extern __shared__ float4 smem[];
+    int* q = (int*)smem;
+    float2* ds = (float2*)(q + k / 4);
+    quantize_row(x, k, q, ds);
+    __syncthreads();
+    const int lane = threadIdx.x & 31;
+    const uint32_t pairs = k / 64, row_words = pairs * 9;
+    const uint64_t groups = n / R, nw = (uint64_t)gridDim.x * WARPS;
+    for (uint64_t g = (uint64_t)blockIdx.x * WARPS + threadIdx.x / 32; g < groups; g += nw) {
+        const uint32_t* wr = (const uint32_t*)w + g * R * row_words;
+        uint32_t cur[R][2][9], nxt[R][2][9];
+        auto load = [&](uint32_t (&dst)[R][2][9], uint32_t p0) {
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const uint32_t p = p0 + 32 * h;
+#pragma unroll
+                    for (int i = 0; i < 9; ++i) dst[r][h][i] = p < pairs ? wr[r * row_words + p * 9 + i] : 0u;
+                }
+        };
+        float acc[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] = 0.f;
+        load(cur, lane);
+        for (uint32_t p0 = lane; p0 < pairs; p0 += 64) {
+            if (p0 + 64 < pairs) load(nxt, p0 + 64);
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                if (p0 + 32 * h < pairs)
+#pragma unroll
+                    for (int r = 0; r < R; ++r) acc[r] += pair_dot_w(cur[r][h], q, ds, p0 + 32 * h);
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+#pragma unroll
+                    for (int i = 0; i < 9; ++i) cur[r][h][i] = nxt[r][h][i];
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float v = warp_sum(acc[r]);
+            if (lane == 0) out[g * R + r] = v;
+        }
+    }
+}
+
+template <int R, int U>
 __global__ void __launch_bounds__(WARPS * 32, 1) reg(const float* x, const uint8_t* w, float* out, uint32_t k, uint32_t n) {
     extern __shared__ float4 smem[];
     int* q = (int*)smem;
@@ -111,7 +169,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) reg(const float* x, const uint8
         float acc[R];
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[r] = 0.f;
-#pragma unroll 2
+#pragma unroll U
         for (uint32_t p = lane; p < pairs; p += 32)
 #pragma unroll
             for (int r = 0; r < R; ++r) acc[r] += pair_dot(wr + r * row_words + p * 9, q, ds, p);
@@ -190,7 +248,7 @@ __global__ void read_all(const uint4* w, uint64_t words, float* out) {
 }
 
 const int NV = 8;
-const char* NAMES[NV] = {"reg", "cpa S2", "cpa S3", "cpa S4", "cpa S6", "read floor", "reg R1", "cpa1 S4"};
+const char* NAMES[NV] = {"reg", "cpa S2", "cpa S3", "cpa S4", "reg P", "read floor", "reg U4", "reg U8"};
 static int sms = 132;
 
 template <int R, int S>
@@ -204,8 +262,8 @@ static void cpa_launch(const float* x, const uint8_t* w, float* o, uint32_t k, u
     cpa<R, S><<<sms, WARPS * 32, smem, st>>>(x, w, o, k, n);
 }
 
-// Rows a warp takes at a time for a shape (the in-tree kernels: two for the fused qkv and gate+up,
-// one for the plain products).
+// R: rows a warp takes at a time (the in-tree kernels: two for the fused qkv and gate+up, and for
+// the plain products with more outputs than the grid has warps, else one).
 static void launch(int v, int R, const float* x, const uint8_t* w, float* o, uint32_t k, uint32_t n, cudaStream_t st = 0) {
     const uint32_t base = k + k / 4;
     if (v == 5) {
@@ -214,21 +272,23 @@ static void launch(int v, int R, const float* x, const uint8_t* w, float* o, uin
     }
     if (R == 2) {
         switch (v) {
-        case 0: reg<2><<<sms, WARPS * 32, base, st>>>(x, w, o, k, n); break;
+        case 0: reg<2, 2><<<sms, WARPS * 32, base, st>>>(x, w, o, k, n); break;
         case 1: cpa_launch<2, 2>(x, w, o, k, n, st); break;
         case 2: cpa_launch<2, 3>(x, w, o, k, n, st); break;
         case 3: cpa_launch<2, 4>(x, w, o, k, n, st); break;
-        case 4: cpa_launch<2, 6>(x, w, o, k, n, st); break;
-        case 6: reg<1><<<sms, WARPS * 32, base, st>>>(x, w, o, k, n); break;
-        case 7: cpa_launch<1, 4>(x, w, o, k, n, st); break;
+        case 4: regp<2><<<sms, WARPS * 32, base, st>>>(x, w, o, k, n); break;
+        case 6: reg<2, 4><<<sms, WARPS * 32, base, st>>>(x, w, o, k, n); break;
+        case 7: reg<2, 8><<<sms, WARPS * 32, base, st>>>(x, w, o, k, n); break;
         }
     } else {
         switch (v) {
-        case 0: case 6: reg<1><<<sms, WARPS * 32, base, st>>>(x, w, o, k, n); break;
+        case 0: reg<1, 2><<<sms, WARPS * 32, base, st>>>(x, w, o, k, n); break;
+        case 6: reg<1, 4><<<sms, WARPS * 32, base, st>>>(x, w, o, k, n); break;
+        case 7: reg<1, 8><<<sms, WARPS * 32, base, st>>>(x, w, o, k, n); break;
         case 1: cpa_launch<1, 2>(x, w, o, k, n, st); break;
         case 2: cpa_launch<1, 3>(x, w, o, k, n, st); break;
-        case 3: case 7: cpa_launch<1, 4>(x, w, o, k, n, st); break;
-        case 4: cpa_launch<1, 6>(x, w, o, k, n, st); break;
+        case 3: cpa_launch<1, 4>(x, w, o, k, n, st); break;
+        case 4: regp<1><<<sms, WARPS * 32, base, st>>>(x, w, o, k, n); break;
         }
     }
 }
@@ -240,8 +300,8 @@ int main() {
     CK(cudaGetDeviceProperties(&prop, 0));
     sms = prop.multiProcessorCount;
     printf("device %s, %d SMs, L2 %d MB\n", prop.name, sms, prop.l2CacheSize >> 20);
-    const Shape shapes[] = {{6144, 4096, 2, "8B qkv"}, {4096, 4096, 1, "8B o"}, {28672, 4096, 2, "8B gate+up"},
-                            {4096, 14336, 1, "8B down"}, {3072, 2048, 2, "1B qkv"}, {2048, 2048, 1, "1B o"},
+    const Shape shapes[] = {{6144, 4096, 2, "8B qkv"}, {4096, 4096, 2, "8B o"}, {28672, 4096, 2, "8B gate+up"},
+                            {4096, 14336, 2, "8B down"}, {3072, 2048, 2, "1B qkv"}, {2048, 2048, 1, "1B o"},
                             {16384, 2048, 2, "1B gate+up"}, {2048, 8192, 1, "1B down"}};
     std::mt19937_64 rng(7);
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
@@ -319,7 +379,7 @@ int main() {
     }
 
     // Part 2: the products of a whole 8B decode step as one graph (random bytes: timing only).
-    const Shape layer[] = {{6144, 4096, 2, "qkv"}, {4096, 4096, 1, "o"}, {28672, 4096, 2, "gate+up"}, {4096, 14336, 1, "down"}};
+    const Shape layer[] = {{6144, 4096, 2, "qkv"}, {4096, 4096, 2, "o"}, {28672, 4096, 2, "gate+up"}, {4096, 14336, 2, "down"}};
     const int L = 32;
     uint64_t per_layer = 0;
     for (const Shape& s : layer) per_layer += (uint64_t)s.k / 32 * 18 * s.n;
@@ -343,7 +403,7 @@ int main() {
     printf("part 2: a step's products (%.2f GB) as one graph, 32 layers\n%-11s %10s %8s %10s\n", per_layer * L / 1e9, "form", "step us", "GB/s", "us/layer");
     for (int rep = 0; rep < 2; ++rep)
         for (int v = 0; v < NV; ++v) {
-            if (v == 5 || v == 6 || v == 7) continue;
+            if (v == 5) continue;
             cudaGraph_t gr;
             CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
             uint64_t off = 0;
