@@ -17,7 +17,8 @@
 //       are summed (the loads a step ahead, in registers).
 //   read floor: the weight bytes read once with 16-byte loads, nothing computed.
 // Part 1 times back-to-back launches of one shape (GB/s); part 2 the products of a whole 8B
-// decode step (32 layers of qkv, o, gate+up, down, each layer's weights distinct) as one graph.
+// decode step (32 layers of qkv, o, gate+up, down, each layer's weights distinct) as one graph;
+// part 3 the same products in one persistent kernel with grid barriers (reg<2, 2>'s form).
 // Each form is checked against a float64 reference within the int8 rounding bound, and against
 // reg<R> bit for bit.
 // Measured on an H200 (stop 57; docs/kernels.md item 44), GB/s, reg / cpa S2 / S3 / S4 / reg P /
@@ -25,7 +26,9 @@
 // / 3,512; 8B down 2,076 / 2,017 / 1,876 / 1,813 / 1,761 / 1,819 / 1,557 / 3,024; 8B qkv 1,411 /
 // 1,366 / 1,248 / 1,229 / 1,224 / 1,114 / 1,112 / 2,168; a step's products as one graph 1,653 /
 // 1,669 / 1,851 / 1,878 / 1,939 / 2,218 / 2,312 us. (An earlier run with a cpa S6 form: 2,383 on
-// gate+up, 2,125 us a step.) Every form with more of a warp's bytes in flight is slower.
+// gate+up, 2,125 us a step.) Every form with more of a warp's bytes in flight is slower. Part 3:
+// 1,786 us a step (chain), 1,723 (chain PF), against part 2's 1,653: kernel boundaries in a graph
+// cost less than these grid barriers.
 #include <cuda_fp16.h>
 #include <algorithm>
 #include <cmath>
@@ -295,6 +298,72 @@ static void launch(int v, int R, const float* x, const uint8_t* w, float* o, uin
 
 struct Shape { uint32_t n, k; int R; const char* name; };
 
+// Part 3: the same chain of products in one persistent kernel, a block an SM, the products
+// separated by a grid barrier (an arrival counter and a generation word in global memory) rather
+// than by kernel boundaries. Each product quantizes its input row into shared memory first, as the
+// kernels do. With PF, each warp asks L2 for the first 2 KiB of its first rows of the next product
+// before it arrives at the barrier (weights depend on nothing the barrier orders).
+struct Product { const uint8_t* w; uint32_t k, n; };
+
+__device__ __forceinline__ void grid_barrier(unsigned* count, unsigned* gen, unsigned blocks) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        volatile unsigned* vg = gen;
+        const unsigned g = *vg;
+        __threadfence();
+        if (atomicAdd(count, 1u) == blocks - 1) {
+            atomicExch(count, 0u);
+            __threadfence();
+            atomicAdd(gen, 1u);
+        } else {
+            while (*vg == g) {
+            }
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+template <bool PF>
+__global__ void __launch_bounds__(WARPS * 32, 1) chain(const Product* prods, uint32_t count, const float* x, float* out,
+                                                       unsigned* bar) {
+    extern __shared__ float4 smem[];
+    int* q = (int*)smem;
+    const int lane = threadIdx.x & 31;
+    const uint64_t nw = (uint64_t)gridDim.x * WARPS, gw = (uint64_t)blockIdx.x * WARPS + threadIdx.x / 32;
+    for (uint32_t i = 0; i < count; ++i) {
+        const Product pr = prods[i];
+        float2* ds = (float2*)(q + pr.k / 4);
+        quantize_row(x, pr.k, q, ds);
+        __syncthreads();
+        const uint32_t pairs = pr.k / 64, row_words = pairs * 9;
+        const uint64_t groups = pr.n / 2;
+        for (uint64_t g = gw; g < groups; g += nw) {
+            const uint32_t* wr = (const uint32_t*)pr.w + g * 2 * row_words;
+            float a = 0.f, b = 0.f;
+#pragma unroll 2
+            for (uint32_t p = lane; p < pairs; p += 32) {
+                a += pair_dot(wr + p * 9, q, ds, p);
+                b += pair_dot(wr + row_words + p * 9, q, ds, p);
+            }
+            a = warp_sum(a);
+            b = warp_sum(b);
+            if (lane == 0) {
+                out[g * 2] = a;
+                out[g * 2 + 1] = b;
+            }
+        }
+        if (PF && i + 1 < count) {
+            const Product nx = prods[i + 1];
+            const uint64_t rb = (uint64_t)nx.k / 32 * 18;
+            if (gw < nx.n / 2)
+                for (uint64_t off = 128 * (uint64_t)lane; off < 2 * rb && off < 4096; off += 32 * 128)
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(nx.w + gw * 2 * rb + off));
+        }
+        grid_barrier(bar, bar + 1, gridDim.x);
+    }
+}
+
 int main() {
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
@@ -429,5 +498,42 @@ int main() {
             CK(cudaGraphExecDestroy(ge));
             CK(cudaGraphDestroy(gr));
         }
+    // Part 3: one persistent kernel over the same 128 products.
+    {
+        std::vector<Product> hp;
+        uint64_t off = 0;
+        for (int l = 0; l < L; ++l)
+            for (const Shape& s : layer) {
+                hp.push_back({big + off, s.k, s.n});
+                off += (uint64_t)s.k / 32 * 18 * s.n;
+            }
+        Product* dp;
+        unsigned* bar;
+        CK(cudaMalloc(&dp, hp.size() * sizeof(Product)));
+        CK(cudaMemcpy(dp, hp.data(), hp.size() * sizeof(Product), cudaMemcpyHostToDevice));
+        CK(cudaMalloc(&bar, 8));
+        CK(cudaMemset(bar, 0, 8));
+        const uint32_t smem = 14336 + 14336 / 4;
+        printf("part 3: the same products in one persistent kernel, grid barriers between them\n");
+        for (int rep = 0; rep < 2; ++rep)
+            for (int pf = 0; pf < 2; ++pf) {
+                auto go = [&]() {
+                    if (pf) chain<true><<<sms, WARPS * 32, smem, st>>>(dp, (uint32_t)hp.size(), gx, gy, bar);
+                    else chain<false><<<sms, WARPS * 32, smem, st>>>(dp, (uint32_t)hp.size(), gx, gy, bar);
+                };
+                for (int i = 0; i < 3; ++i) go();
+                CK(cudaGetLastError());
+                cudaEvent_t e0, e1;
+                CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+                const int reps = 20;
+                CK(cudaEventRecord(e0, st));
+                for (int i = 0; i < reps; ++i) go();
+                CK(cudaEventRecord(e1, st));
+                CK(cudaEventSynchronize(e1));
+                float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
+                const double us = ms * 1e3 / reps;
+                printf("%-11s %10.1f %8.0f %10.2f\n", pf ? "chain PF" : "chain", us, per_layer * L / (us * 1e-6) / 1e9, us / L);
+            }
+    }
     return 0;
 }
