@@ -29,19 +29,11 @@
 #include <random>
 #include <string>
 #include <vector>
+#include "harness.cuh"
 #ifdef INTREE
 // onepass's own kernels (benches/cuda/intree.sh writes the file), timed beside the forms above.
 #include INTREE
 #endif
-
-#define CK(x)                                                                                     \
-    do {                                                                                          \
-        cudaError_t e = (x);                                                                      \
-        if (e != cudaSuccess) {                                                                   \
-            printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__);       \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
 
 #define BM 128
 #define BN 128
@@ -433,11 +425,6 @@ __global__ __launch_bounds__(W_THREADS, 2) void p16w(const __half* x, const uint
 }
 
 // ---- host ----
-static float h2f(uint16_t h) {
-    __half v;
-    memcpy(&v, &h, 2);
-    return __half2float(v);
-}
 
 int main(int argc, char** argv) {
     // Weights rotated among copies larger than L2 (as a pass meets them: read from HBM once),

@@ -1,8 +1,10 @@
 // A standalone harness for the prompt product of Q4_0 weights on Hopper's warpgroup tensor-core
 // instructions (issue 20): `wgmma.mma_async` with both operands in shared memory.
-//   nvcc -O3 -arch=sm_90a -o gemm_wgmma benches/cuda/gemm_wgmma.cu && ./gemm_wgmma [warm]
+//   nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o gemm_wgmma benches/cuda/gemm_wgmma.cu
+//   ./gemm_wgmma [warm]
 // (weights rotated among copies larger than three times L2 unless `warm`; sm_90a, not sm_90: the
-// wgmma instructions exist only on the arch-specific target.)
+// wgmma instructions exist only on the arch-specific target; CUDA 13's nvcc needs the explicit
+// -gencode, as `-arch=sm_90a` gave its PTX the sm_90 target.)
 //
 // The product: y[m][n] = sum_k x[m][k] w[n][k]; x f16 [M, K] row-major, w Q4_0 rows of K/32 blocks
 // of 18 bytes (f16 scale d, then 16 bytes: element j the low nibble of byte j, element j + 16 its
@@ -308,14 +310,7 @@ template __global__ void wg_gemm<256, 1, 4, 1>(const __half*, const uint8_t*, fl
 template __global__ void wg_gemm<64, 1, 4, 3>(const __half*, const uint8_t*, float*, uint32_t, uint32_t, uint32_t);
 #else
 // ---- host ----
-#define CK(x)                                                                                     \
-    do {                                                                                          \
-        cudaError_t e = (x);                                                                      \
-        if (e != cudaSuccess) {                                                                   \
-            printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__);       \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
+#include "harness.cuh"
 
 typedef void (*LaunchFn)(const __half*, const uint8_t*, float*, uint32_t, uint32_t, uint32_t);
 struct Form {
@@ -336,13 +331,6 @@ static Form make_form(const char* name) {
     CK(cudaFuncSetAttribute(wg_gemm<BN, WG, S, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, G::SMEM));
     return Form{name, G::BM, BN, launch_wg<BN, WG, S, MINB>};
 }
-
-static float h2f(uint16_t h) {
-    __half_raw r;
-    r.x = h;
-    return __half2float(__half(r));
-}
-static uint16_t f2h(float f) { return __half_raw(__float2half(f)).x; }
 
 // A problem's host data and the float64 reference of its sampled rows.
 struct Problem {

@@ -16,8 +16,12 @@ trap 'rm -f "$src"' EXIT
 {
     echo '#include <cuda_bf16.h>'
     echo 'namespace intree {'
-    cat "$k/prelude.cuh" "$k/matmul_blocks.cuh" "$k/matmul_mma.cuh" "$k/matmul_mma_pipe.cuh" \
-        "$k/matmul_mma_h.cuh" "$k/matmul.cu"
+    # The matmul family as src/backend/cuda/registry.rs concatenates it.
+    cat "$k/prelude.cuh" "$k/activation.cuh" "$k/matmul_blocks.cuh" "$k/matmul_dots.cuh" \
+        "$k/matmul_mma.cuh" "$k/matmul_mma_pipe.cuh" "$k/matmul_mma_h.cuh" "$k/matmul_wgmma.cuh" \
+        "$k/matmul_head.cuh" "$k/matmul.cu" "$k/matmul_rows.cu"
     echo '}'
-} > "$src"
+} | sed -E '/^#pragma unroll/ s/OP_FMT_Q4_K/6/g' > "$src"
+# (nvcc, unlike NVRTC, does not expand a macro inside `#pragma unroll (...)`: the one such
+# argument gets the format's number, prelude.cuh's OP_FMT_Q4_K.)
 nvcc -O3 -arch=sm_90 --fmad=false -DINTREE="\"$src\"" "$@" -o "$out" "$here/gemm_q4_0.cu"

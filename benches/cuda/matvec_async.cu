@@ -29,96 +29,38 @@
 // gate+up, 2,125 us a step.) Every form with more of a warp's bytes in flight is slower. Part 3:
 // 1,786 us a step (chain), 1,723 (chain PF), against part 2's 1,653: kernel boundaries in a graph
 // cost less than these grid barriers.
-#include <cuda_fp16.h>
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <random>
-#include <vector>
-
-#define CK(x)                                                                               \
-    do {                                                                                    \
-        cudaError_t e = (x);                                                                \
-        if (e != cudaSuccess) {                                                             \
-            printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); \
-            exit(1);                                                                        \
-        }                                                                                   \
-    } while (0)
+#include "harness.cuh"
 
 #define WARPS 16
 #define CHUNK_WORDS 288  // 32 pairs of 36 bytes
 
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-// x[0..k) to int8 in 32-value blocks: per block the words of quarters 0..3 as (values 4t..4t+3,
-// values 16+4t..16+4t+3), and ds (d, d * sum q). Eight threads a block.
-__device__ void quantize_row(const float* x, uint32_t k, int* q, float2* ds) {
-    const uint32_t nb = k / 32, p = threadIdx.x & 7;
-    for (uint32_t base = (threadIdx.x >> 5) * 4; base < nb; base += blockDim.x / 8) {
-        const uint32_t b = base + ((threadIdx.x & 31) >> 3);
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (b < nb) v = *(const float4*)(x + (uint64_t)b * 32 + 4 * p);
-        float m = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-        for (int o = 1; o < 8; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        const float id = m > 0.f ? 127.f / m : 0.f;
-        const int a0 = __float2int_rn(v.x * id), a1 = __float2int_rn(v.y * id);
-        const int a2 = __float2int_rn(v.z * id), a3 = __float2int_rn(v.w * id);
-        int s = a0 + a1 + a2 + a3;
-        for (int o = 1; o < 8; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (b < nb) {
-            q[b * 8 + (p < 4 ? 2 * p : 2 * (p - 4) + 1)] =
-                (a0 & 255) | ((a1 & 255) << 8) | ((a2 & 255) << 16) | ((uint32_t)a3 << 24);
-            if (p == 0) ds[b] = make_float2(m / 127.f, m / 127.f * (float)s);
-        }
-    }
-}
-
-// Pair p (blocks 2p, 2p + 1) of a row from its nine words.
-__device__ __forceinline__ float pair_dot_w(const uint32_t (&w)[9], const int* q, const float2* ds, uint32_t p) {
-    const uint32_t M = 0x0f0f0f0fu;
-    const int4* xq = (const int4*)(q + p * 16);
-    const int4 a0 = xq[0], a1 = xq[1], b0 = xq[2], b1 = xq[3];
-    const float4 dd = *(const float4*)(ds + 2 * p);
-    const uint32_t u0 = __funnelshift_r(w[0], w[1], 16), u1 = __funnelshift_r(w[1], w[2], 16);
-    const uint32_t u2 = __funnelshift_r(w[2], w[3], 16), u3 = __funnelshift_r(w[3], w[4], 16);
-    int s0 = __dp4a((int)(u0 & M), a0.x, __dp4a((int)((u0 >> 4) & M), a0.y, 0));
-    s0 = __dp4a((int)(u1 & M), a0.z, __dp4a((int)((u1 >> 4) & M), a0.w, s0));
-    s0 = __dp4a((int)(u2 & M), a1.x, __dp4a((int)((u2 >> 4) & M), a1.y, s0));
-    s0 = __dp4a((int)(u3 & M), a1.z, __dp4a((int)((u3 >> 4) & M), a1.w, s0));
-    int s1 = __dp4a((int)(w[5] & M), b0.x, __dp4a((int)((w[5] >> 4) & M), b0.y, 0));
-    s1 = __dp4a((int)(w[6] & M), b0.z, __dp4a((int)((w[6] >> 4) & M), b0.w, s1));
-    s1 = __dp4a((int)(w[7] & M), b1.x, __dp4a((int)((w[7] >> 4) & M), b1.y, s1));
-    s1 = __dp4a((int)(w[8] & M), b1.z, __dp4a((int)((w[8] >> 4) & M), b1.w, s1));
-    const float d0 = __half2float(__ushort_as_half((unsigned short)(w[0] & 0xffffu)));
-    const float d1 = __half2float(__ushort_as_half((unsigned short)(w[4] >> 16)));
-    return d0 * (dd.x * (float)s0 - 8.f * dd.y) + d1 * (dd.z * (float)s1 - 8.f * dd.w);
-}
-// The same with the words at wp (global or shared memory).
-__device__ __forceinline__ float pair_dot(const uint32_t* wp, const int* q, const float2* ds, uint32_t p) {
-    uint32_t w[9];
-#pragma unroll
-    for (int i = 0; i < 9; ++i) w[i] = wp[i];
-    return pair_dot_w(w, q, ds, p);
+// What a warp of the register forms works with: the block's activation row quantized into its
+// shared memory (harness.cuh's `quantize_row`; every thread past the barrier), a row's pairs and
+// words, and the warp's walk over the groups of R rows (grid-stride).
+struct RowWalk {
+    const int* q;
+    const float2* ds;
+    uint32_t pairs, row_words;
+    uint64_t first, stride, groups;
+};
+template <int R>
+__device__ __forceinline__ RowWalk row_walk(const float* x, uint32_t k, uint32_t n) {
+    extern __shared__ float4 smem[];
+    int* q = (int*)smem;
+    float2* ds = (float2*)(q + k / 4);
+    quantize_row(x, k, q, ds, threadIdx.x, blockDim.x);
+    __syncthreads();
+    return {q, ds, k / 64, k / 64 * 9, (uint64_t)blockIdx.x * WARPS + threadIdx.x / 32,
+            (uint64_t)gridDim.x * WARPS, n / R};
 }
 
 // reg<R, 2> with the next two pairs of each row loaded before the current two are summed.
 template <int R>
 __global__ void __launch_bounds__(WARPS * 32, 1) regp(const float* x, const uint8_t* w, float* out, uint32_t k, uint32_t n) {
-    extern __shared__ float4 smem[];
-    int* q = (int*)smem;
-    float2* ds = (float2*)(q + k / 4);
-    quantize_row(x, k, q, ds);
-    __syncthreads();
+    const RowWalk xr = row_walk<R>(x, k, n);
     const int lane = threadIdx.x & 31;
-    const uint32_t pairs = k / 64, row_words = pairs * 9;
-    const uint64_t groups = n / R, nw = (uint64_t)gridDim.x * WARPS;
-    for (uint64_t g = (uint64_t)blockIdx.x * WARPS + threadIdx.x / 32; g < groups; g += nw) {
+    const uint32_t pairs = xr.pairs, row_words = xr.row_words;
+    for (uint64_t g = xr.first; g < xr.groups; g += xr.stride) {
         const uint32_t* wr = (const uint32_t*)w + g * R * row_words;
         uint32_t cur[R][2][9], nxt[R][2][9];
         auto load = [&](uint32_t (&dst)[R][2][9], uint32_t p0) {
@@ -141,7 +83,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) regp(const float* x, const uint
             for (int h = 0; h < 2; ++h)
                 if (p0 + 32 * h < pairs)
 #pragma unroll
-                    for (int r = 0; r < R; ++r) acc[r] += pair_dot_w(cur[r][h], q, ds, p0 + 32 * h);
+                    for (int r = 0; r < R; ++r) acc[r] += pair_dot_w(cur[r][h], xr.q, xr.ds, p0 + 32 * h);
 #pragma unroll
             for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -159,15 +101,10 @@ __global__ void __launch_bounds__(WARPS * 32, 1) regp(const float* x, const uint
 
 template <int R, int U>
 __global__ void __launch_bounds__(WARPS * 32, 1) reg(const float* x, const uint8_t* w, float* out, uint32_t k, uint32_t n) {
-    extern __shared__ float4 smem[];
-    int* q = (int*)smem;
-    float2* ds = (float2*)(q + k / 4);
-    quantize_row(x, k, q, ds);
-    __syncthreads();
+    const RowWalk xr = row_walk<R>(x, k, n);
     const int lane = threadIdx.x & 31;
-    const uint32_t pairs = k / 64, row_words = pairs * 9;
-    const uint64_t groups = n / R, nw = (uint64_t)gridDim.x * WARPS;
-    for (uint64_t g = (uint64_t)blockIdx.x * WARPS + threadIdx.x / 32; g < groups; g += nw) {
+    const uint32_t pairs = xr.pairs, row_words = xr.row_words;
+    for (uint64_t g = xr.first; g < xr.groups; g += xr.stride) {
         const uint32_t* wr = (const uint32_t*)w + g * R * row_words;
         float acc[R];
 #pragma unroll
@@ -175,7 +112,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) reg(const float* x, const uint8
 #pragma unroll U
         for (uint32_t p = lane; p < pairs; p += 32)
 #pragma unroll
-            for (int r = 0; r < R; ++r) acc[r] += pair_dot(wr + r * row_words + p * 9, q, ds, p);
+            for (int r = 0; r < R; ++r) acc[r] += pair_dot(wr + r * row_words + p * 9, xr.q, xr.ds, p);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const float v = warp_sum(acc[r]);
@@ -215,7 +152,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) cpa(const float* x, const uint8
     };
 #pragma unroll
     for (int s = 0; s < S - 1; ++s) ask(s);
-    quantize_row(x, k, q, ds);
+    quantize_row(x, k, q, ds, threadIdx.x, blockDim.x);
     __syncthreads();
     float acc[R];
 #pragma unroll
@@ -334,7 +271,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) chain(const Product* prods, uin
     for (uint32_t i = 0; i < count; ++i) {
         const Product pr = prods[i];
         float2* ds = (float2*)(q + pr.k / 4);
-        quantize_row(x, pr.k, q, ds);
+        quantize_row(x, pr.k, q, ds, threadIdx.x, blockDim.x);
         __syncthreads();
         const uint32_t pairs = pr.k / 64, row_words = pairs * 9;
         const uint64_t groups = pr.n / 2;
@@ -374,47 +311,20 @@ int main() {
                             {16384, 2048, 2, "1B gate+up"}, {2048, 8192, 1, "1B down"}};
     std::mt19937_64 rng(7);
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
-    std::uniform_int_distribution<int> nib(0, 255);
-    printf("part 1: GB/s of back-to-back launches (err: worst |error| / int8 rounding bound)\n%-11s %6s %6s", "shape", "n", "k");
-    for (int v = 0; v < NV; ++v) printf(" %10s", NAMES[v]);
-    printf(" %7s\n", "err");
+    table_head("part 1: GB/s of back-to-back launches (err: worst |error| / int8 rounding bound)", NAMES, NV, 10, "err");
     for (const Shape& sh : shapes) {
         const uint64_t row_bytes = (uint64_t)sh.k / 32 * 18, bytes = row_bytes * sh.n;
-        const int copies = (int)std::max<uint64_t>(1, (400ull << 20) / bytes + 1);
-        std::vector<uint8_t> hw(bytes);
-        for (uint64_t b = 0; b < bytes / 18; ++b) {
-            __half d = __float2half(0.01f + 0.02f * (uni(rng) + 1.0f));
-            memcpy(&hw[b * 18], &d, 2);
-            for (int j = 0; j < 16; ++j) hw[b * 18 + 2 + j] = (uint8_t)nib(rng);
-        }
+        const int copies = copies_past_l2(bytes);
+        const std::vector<uint8_t> hw = random_q4_0(rng, bytes);
         std::vector<float> hx(sh.k);
         for (auto& v : hx) v = uni(rng) * (1.0f + 3.0f * (uni(rng) > 0.9f));
-        uint8_t* dw; float *dx, *dout;
-        CK(cudaMalloc(&dw, bytes * copies));
-        for (int c = 0; c < copies; ++c) CK(cudaMemcpy(dw + bytes * c, hw.data(), bytes, cudaMemcpyHostToDevice));
-        CK(cudaMalloc(&dx, sh.k * 4));
-        CK(cudaMemcpy(dx, hx.data(), sh.k * 4, cudaMemcpyHostToDevice));
+        uint8_t* dw = upload(hw, copies);
+        float* dx = upload(hx);
+        float* dout;
         CK(cudaMalloc(&dout, (uint64_t)sh.n * 4));
-        std::vector<double> ref(64), bound(64);
-        for (int i = 0; i < 64; ++i) {
-            const uint64_t o = (uint64_t)i * sh.n / 64;
-            double s = 0, bnd = 0;
-            for (uint32_t b = 0; b < sh.k / 32; ++b) {
-                const uint8_t* p = &hw[o * row_bytes + b * 18];
-                __half dh; memcpy(&dh, p, 2);
-                const double d = __half2float(dh);
-                double mx = 0;
-                for (int j = 0; j < 32; ++j) mx = std::max(mx, (double)fabsf(hx[b * 32 + j]));
-                for (int j = 0; j < 16; ++j) {
-                    s += d * ((p[2 + j] & 15) - 8) * hx[b * 32 + j] + d * ((p[2 + j] >> 4) - 8) * hx[b * 32 + 16 + j];
-                    bnd += (fabs(d * ((p[2 + j] & 15) - 8)) + fabs(d * ((p[2 + j] >> 4) - 8))) * mx / 127 / 2;
-                }
-            }
-            ref[i] = s;
-            bound[i] = bnd;
-        }
-        cudaEvent_t e0, e1;
-        CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+        const Q4Refs refs = q4_0_refs(hw, hx, sh.k, sh.n);
+        const std::vector<double>& ref = refs.ref;
+        const std::vector<double>& bound = refs.bound;
         double gbs[NV], worst = 0;
         std::vector<float> got(sh.n), first(sh.n);
         for (int v = 0; v < NV; ++v) {
@@ -432,14 +342,7 @@ int main() {
                 if (v == 0) first = got;
                 else if (memcmp(first.data(), got.data(), sh.n * 4) != 0) printf("  %s %s: not the bits of reg\n", sh.name, NAMES[v]);
             }
-            for (int i = 0; i < 3; ++i) launch(v, sh.R, dx, dw + bytes * (i % copies), dout, sh.k, sh.n);
-            const int reps = 200;
-            CK(cudaEventRecord(e0));
-            for (int i = 0; i < reps; ++i) launch(v, sh.R, dx, dw + bytes * (i % copies), dout, sh.k, sh.n);
-            CK(cudaEventRecord(e1));
-            CK(cudaEventSynchronize(e1));
-            float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
-            gbs[v] = (double)bytes * reps / (ms * 1e-3) / 1e9;
+            gbs[v] = launches_gbs(bytes, [&](int i) { launch(v, sh.R, dx, dw + bytes * (i % copies), dout, sh.k, sh.n); }, 200);
         }
         printf("%-11s %6u %6u", sh.name, sh.n, sh.k);
         for (int v = 0; v < NV; ++v) printf(" %10.0f", gbs[v]);
@@ -455,12 +358,7 @@ int main() {
     uint8_t* big;
     CK(cudaMalloc(&big, per_layer * L));
     {
-        std::vector<uint8_t> h(per_layer);
-        for (uint64_t b = 0; b < per_layer / 18; ++b) {
-            __half d = __float2half(0.01f);
-            memcpy(&h[b * 18], &d, 2);
-            for (int j = 0; j < 16; ++j) h[b * 18 + 2 + j] = (uint8_t)nib(rng);
-        }
+        const std::vector<uint8_t> h = random_q4_0(rng, per_layer);
         for (int l = 0; l < L; ++l) CK(cudaMemcpy(big + per_layer * l, h.data(), per_layer, cudaMemcpyHostToDevice));
     }
     float *gx, *gy;
@@ -482,21 +380,8 @@ int main() {
                     off += (uint64_t)s.k / 32 * 18 * s.n;
                 }
             CK(cudaStreamEndCapture(st, &gr));
-            cudaGraphExec_t ge;
-            CK(cudaGraphInstantiate(&ge, gr, 0));
-            for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, st));
-            cudaEvent_t e0, e1;
-            CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-            const int reps = 20;
-            CK(cudaEventRecord(e0, st));
-            for (int i = 0; i < reps; ++i) CK(cudaGraphLaunch(ge, st));
-            CK(cudaEventRecord(e1, st));
-            CK(cudaEventSynchronize(e1));
-            float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
-            const double us = ms * 1e3 / reps;
+            const double us = graph_us(gr, st, 20);
             printf("%-11s %10.1f %8.0f %10.2f\n", NAMES[v], us, per_layer * L / (us * 1e-6) / 1e9, us / L);
-            CK(cudaGraphExecDestroy(ge));
-            CK(cudaGraphDestroy(gr));
         }
     // Part 3: one persistent kernel over the same 128 products.
     {
@@ -521,17 +406,13 @@ int main() {
                     if (pf) chain<true><<<sms, WARPS * 32, smem, st>>>(dp, (uint32_t)hp.size(), gx, gy, bar);
                     else chain<false><<<sms, WARPS * 32, smem, st>>>(dp, (uint32_t)hp.size(), gx, gy, bar);
                 };
-                for (int i = 0; i < 3; ++i) go();
+                go();
                 CK(cudaGetLastError());
-                cudaEvent_t e0, e1;
-                CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-                const int reps = 20;
-                CK(cudaEventRecord(e0, st));
-                for (int i = 0; i < reps; ++i) go();
-                CK(cudaEventRecord(e1, st));
-                CK(cudaEventSynchronize(e1));
-                float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
-                const double us = ms * 1e3 / reps;
+                cudaGraph_t gr;
+                CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+                go();
+                CK(cudaStreamEndCapture(st, &gr));
+                const double us = graph_us(gr, st, 20);
                 printf("%-11s %10.1f %8.0f %10.2f\n", pf ? "chain PF" : "chain", us, per_layer * L / (us * 1e-6) / 1e9, us / L);
             }
     }

@@ -39,20 +39,8 @@
 #include <cmath>
 #include <random>
 #include <vector>
+#include "harness.cuh"
 
-#define CK(x)                                                                                     \
-    do {                                                                                          \
-        cudaError_t e = (x);                                                                      \
-        if (e != cudaSuccess) {                                                                   \
-            printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__);       \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
-
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 __device__ __forceinline__ uint32_t u32_at(const uint8_t* p) {
     const uint16_t* h = (const uint16_t*)p;
     return (uint32_t)h[0] | ((uint32_t)h[1] << 16);
@@ -91,35 +79,6 @@ __global__ void v0(const float* x, const uint8_t* w, float* out, uint32_t k, uin
         for (uint32_t b = lane >> 2; b < blocks; b += 8) acc += quarter(wr + (uint64_t)b * 18, x + (uint64_t)b * 32, t);
         acc = warp_sum(acc);
         if (lane == 0) out[o] = acc;
-    }
-}
-
-// Quantize x[0..k) into q (int8, per 32-value block the words of quarters 0..3 as (values 4t..4t+3,
-// values 16+4t..16+4t+3), so a lane reads its quarter with one 8-byte load) and ds (d, d * sum q).
-// Eight threads a block, four values each; T threads.
-__device__ __forceinline__ void quantize_row(const float* x, uint32_t k, int* q, float2* ds,
-                                             uint32_t tid, uint32_t T) {
-    const uint32_t nb = k / 32, p = tid & 7;
-    for (uint32_t base = (tid >> 5) * 4; base < nb; base += T / 8) {
-        const uint32_t b = base + ((tid & 31) >> 3);
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (b < nb) v = *(const float4*)(x + (uint64_t)b * 32 + 4 * p);
-        float m = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
-        const float id = m > 0.f ? 127.f / m : 0.f;
-        const int a0 = __float2int_rn(v.x * id), a1 = __float2int_rn(v.y * id);
-        const int a2 = __float2int_rn(v.z * id), a3 = __float2int_rn(v.w * id);
-        int s = a0 + a1 + a2 + a3;
-        s += __shfl_xor_sync(0xffffffffu, s, 1);
-        s += __shfl_xor_sync(0xffffffffu, s, 2);
-        s += __shfl_xor_sync(0xffffffffu, s, 4);
-        if (b < nb) {
-            q[b * 8 + (p < 4 ? 2 * p : 2 * (p - 4) + 1)] =
-                (a0 & 255) | ((a1 & 255) << 8) | ((a2 & 255) << 16) | ((uint32_t)a3 << 24);
-            if (p == 0) ds[b] = make_float2(m / 127.f, m / 127.f * (float)s);
-        }
     }
 }
 
@@ -163,7 +122,6 @@ __global__ void __launch_bounds__(256) dq(const float* x, const uint8_t* w, floa
         dq_rows<R>(q, ds, w, out, k, o0, n, lane);
 }
 
-
 // quantize_row with every load of a thread issued first (up to 16 float4 a thread: k <= 16384 at
 // 256 threads), so the prologue waits for one round trip instead of one per 1024 values.
 #define QMAX 16
@@ -180,23 +138,7 @@ __device__ __forceinline__ void quantize_row_batched(const float* x, uint32_t k,
 #pragma unroll
     for (int i = 0; i < QMAX; ++i) {
         if ((tid >> 5) * 4 + i * (T / 8) >= nb) break;
-        const uint32_t b = first + i * (T / 8);
-        float m = fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w)));
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
-        const float id = m > 0.f ? 127.f / m : 0.f;
-        const int a0 = __float2int_rn(v[i].x * id), a1 = __float2int_rn(v[i].y * id);
-        const int a2 = __float2int_rn(v[i].z * id), a3 = __float2int_rn(v[i].w * id);
-        int s = a0 + a1 + a2 + a3;
-        s += __shfl_xor_sync(0xffffffffu, s, 1);
-        s += __shfl_xor_sync(0xffffffffu, s, 2);
-        s += __shfl_xor_sync(0xffffffffu, s, 4);
-        if (b < nb) {
-            q[b * 8 + (p < 4 ? 2 * p : 2 * (p - 4) + 1)] =
-                (a0 & 255) | ((a1 & 255) << 8) | ((a2 & 255) << 16) | ((uint32_t)a3 << 24);
-            if (p == 0) ds[b] = make_float2(m / 127.f, m / 127.f * (float)s);
-        }
+        quantize_group(v[i], first + i * (T / 8), nb, p, q, ds);
     }
 }
 
@@ -232,7 +174,6 @@ __global__ void __launch_bounds__(256) dqg(const int* q, const float2* ds, const
     const uint64_t o0 = ((uint64_t)blockIdx.x * 8 + threadIdx.x / 32) * R;
     if (o0 + R <= n) dq_rows<R>(q, ds, w, out, k, o0, n, lane);
 }
-
 
 // Repacked Q4_0 (struct of arrays): the tensor's n * nb f16 scales first, then its n * nb 16-byte
 // quant blocks, so a lane reads a whole block's quants with one 16-byte load. Lane b takes block b
@@ -287,32 +228,6 @@ __global__ void __launch_bounds__(256) rpx(const float* x, const uint8_t* w, flo
     const uint64_t step = (uint64_t)gridDim.x * 8 * R;
     for (uint64_t o0 = ((uint64_t)blockIdx.x * 8 + threadIdx.x / 32) * R; o0 + R <= n; o0 += step)
         rp_rows<R>(q, ds, w, out, k, o0, n, lane);
-}
-
-// Pair per lane (no repacking): lane p takes blocks 2p and 2p + 1 of a row, whose 36 bytes start
-// 4-byte aligned (rows of k a multiple of 64 from a 4-byte aligned base): nine 4-byte loads, the
-// first block's quant words rebuilt with funnel shifts, 16 `dp4a` against the int8 row.
-__device__ __forceinline__ float pair_dot(const uint32_t* wp, const int* q, const float2* ds, uint32_t p) {
-    uint32_t w[9];
-#pragma unroll
-    for (int i = 0; i < 9; ++i) w[i] = wp[i];
-    const uint32_t M = 0x0f0f0f0fu;
-    const int4* xq = (const int4*)(q + p * 16);
-    const int4 a0 = xq[0], a1 = xq[1], b0 = xq[2], b1 = xq[3];
-    const float4 dd = *(const float4*)(ds + 2 * p);
-    uint32_t u0 = __funnelshift_r(w[0], w[1], 16), u1 = __funnelshift_r(w[1], w[2], 16);
-    uint32_t u2 = __funnelshift_r(w[2], w[3], 16), u3 = __funnelshift_r(w[3], w[4], 16);
-    int s0 = __dp4a((int)(u0 & M), a0.x, __dp4a((int)((u0 >> 4) & M), a0.y, 0));
-    s0 = __dp4a((int)(u1 & M), a0.z, __dp4a((int)((u1 >> 4) & M), a0.w, s0));
-    s0 = __dp4a((int)(u2 & M), a1.x, __dp4a((int)((u2 >> 4) & M), a1.y, s0));
-    s0 = __dp4a((int)(u3 & M), a1.z, __dp4a((int)((u3 >> 4) & M), a1.w, s0));
-    int s1 = __dp4a((int)(w[5] & M), b0.x, __dp4a((int)((w[5] >> 4) & M), b0.y, 0));
-    s1 = __dp4a((int)(w[6] & M), b0.z, __dp4a((int)((w[6] >> 4) & M), b0.w, s1));
-    s1 = __dp4a((int)(w[7] & M), b1.x, __dp4a((int)((w[7] >> 4) & M), b1.y, s1));
-    s1 = __dp4a((int)(w[8] & M), b1.z, __dp4a((int)((w[8] >> 4) & M), b1.w, s1));
-    const float d0 = __half2float(__ushort_as_half((unsigned short)(w[0] & 0xffffu)));
-    const float d1 = __half2float(__ushort_as_half((unsigned short)(w[4] >> 16)));
-    return d0 * (dd.x * (float)s0 - 8.f * dd.y) + d1 * (dd.z * (float)s1 - 8.f * dd.w);
 }
 
 template <int U>
@@ -370,8 +285,6 @@ __global__ void fill(uint8_t* w, uint64_t bytes, uint64_t seed) {
 }
 
 struct Shape { uint32_t n, k; const char* name; };
-static uint16_t f2h(float f) { __half h = __float2half(f); return *(uint16_t*)&h; }
-static float h2f(uint16_t u) { __half h = *(__half*)&u; return __half2float(h); }
 
 struct Bufs { int* q; float2* ds; };
 const int NV = 20;
@@ -433,22 +346,14 @@ int main() {
                             {16384, 2048, "1B gate+up"}, {2048, 8192, "1B down"}, {576, 1536, "smol down"}};
     std::mt19937_64 rng(7);
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
-    std::uniform_int_distribution<int> nib(0, 255);
     Bufs g;
     CK(cudaMalloc(&g.q, 14336));
     CK(cudaMalloc(&g.ds, 14336 / 32 * 8));
-    printf("part 1: GB/s of back-to-back launches (err: worst |error| / rounding bound, int8 forms)\n%-11s %6s %6s", "shape", "n", "k");
-    for (int v = 0; v < NV; ++v) printf(" %9s", NAMES[v]);
-    printf(" %8s\n", "err");
+    table_head("part 1: GB/s of back-to-back launches (err: worst |error| / rounding bound, int8 forms)", NAMES, NV, 9, "err");
     for (const Shape& sh : shapes) {
         const uint64_t row_bytes = (uint64_t)sh.k / 32 * 18, bytes = row_bytes * sh.n;
-        const int copies = (int)std::max<uint64_t>(1, (400ull << 20) / bytes + 1);
-        std::vector<uint8_t> hw(bytes);
-        for (uint64_t b = 0; b < bytes / 18; ++b) {
-            uint16_t d = f2h(0.01f + 0.02f * (uni(rng) + 1.0f));
-            memcpy(&hw[b * 18], &d, 2);
-            for (int j = 0; j < 16; ++j) hw[b * 18 + 2 + j] = (uint8_t)nib(rng);
-        }
+        const int copies = copies_past_l2(bytes);
+        const std::vector<uint8_t> hw = random_q4_0(rng, bytes);
         std::vector<float> hx(sh.k);
         for (auto& v : hx) v = uni(rng) * (1.0f + 3.0f * (uni(rng) > 0.9f));
         std::vector<uint8_t> hr(bytes);
@@ -457,35 +362,14 @@ int main() {
             memcpy(&hr[b * 2], &hw[b * 18], 2);
             memcpy(&hr[nbt * 2 + b * 16], &hw[b * 18 + 2], 16);
         }
-        uint8_t *dw, *dwr; float *dx, *dout;
-        CK(cudaMalloc(&dw, bytes * copies));
-        CK(cudaMalloc(&dwr, bytes * copies));
-        for (int c = 0; c < copies; ++c) CK(cudaMemcpy(dw + bytes * c, hw.data(), bytes, cudaMemcpyHostToDevice));
-        for (int c = 0; c < copies; ++c) CK(cudaMemcpy(dwr + bytes * c, hr.data(), bytes, cudaMemcpyHostToDevice));
-        CK(cudaMalloc(&dx, sh.k * 4));
-        CK(cudaMemcpy(dx, hx.data(), sh.k * 4, cudaMemcpyHostToDevice));
+        uint8_t* dw = upload(hw, copies);
+        uint8_t* dwr = upload(hr, copies);
+        float* dx = upload(hx);
+        float* dout;
         CK(cudaMalloc(&dout, (uint64_t)sh.n * 4));
-        std::vector<double> ref(64), bound(64);
-        for (int i = 0; i < 64; ++i) {
-            const uint64_t o = (uint64_t)i * sh.n / 64;
-            double s = 0, bnd = 0;
-            for (uint32_t b = 0; b < sh.k / 32; ++b) {
-                const uint8_t* p = &hw[o * row_bytes + b * 18];
-                uint16_t du; memcpy(&du, p, 2);
-                const double d = h2f(du);
-                double mx = 0;
-                for (int j = 0; j < 32; ++j) mx = std::max(mx, (double)fabsf(hx[b * 32 + j]));
-                for (int j = 0; j < 16; ++j) {
-                    s += d * ((p[2 + j] & 15) - 8) * hx[b * 32 + j];
-                    s += d * ((p[2 + j] >> 4) - 8) * hx[b * 32 + 16 + j];
-                    bnd += fabs(d * ((p[2 + j] & 15) - 8)) * mx / 127 / 2 + fabs(d * ((p[2 + j] >> 4) - 8)) * mx / 127 / 2;
-                }
-            }
-            ref[i] = s;
-            bound[i] = bnd;
-        }
-        cudaEvent_t e0, e1;
-        CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+        const Q4Refs refs = q4_0_refs(hw, hx, sh.k, sh.n);
+        const std::vector<double>& ref = refs.ref;
+        const std::vector<double>& bound = refs.bound;
         double gbs[NV]; double worst = 0;
         std::vector<float> got(sh.n);
         for (int v = 0; v < NV; ++v) {
@@ -504,14 +388,7 @@ int main() {
                     } else if (!(e <= 1e-4 * (1 + fabs(ref[i])))) printf("  %s %s row %d: error %.3e\n", sh.name, NAMES[v], i, e);
                 }
             }
-            for (int i = 0; i < 3; ++i) launch(v, dx, dw_v + bytes * (i % copies), dout, sh.k, sh.n, g);
-            const int reps = 200;
-            CK(cudaEventRecord(e0));
-            for (int i = 0; i < reps; ++i) launch(v, dx, dw_v + bytes * (i % copies), dout, sh.k, sh.n, g);
-            CK(cudaEventRecord(e1));
-            CK(cudaEventSynchronize(e1));
-            float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
-            gbs[v] = (double)bytes * reps / (ms * 1e-3) / 1e9;
+            gbs[v] = launches_gbs(bytes, [&](int i) { launch(v, dx, dw_v + bytes * (i % copies), dout, sh.k, sh.n, g); }, 200);
         }
         printf("%-11s %6u %6u", sh.name, sh.n, sh.k);
         for (int v = 0; v < NV; ++v) printf(" %9.0f", gbs[v]);
@@ -547,21 +424,8 @@ int main() {
                 launch(v, gx, w, gy, s.k, s.n, g, st);
             }
         CK(cudaStreamEndCapture(st, &gr));
-        cudaGraphExec_t ge;
-        CK(cudaGraphInstantiate(&ge, gr, 0));
-        for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, st));
-        cudaEvent_t e0, e1;
-        CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-        const int reps = 20;
-        CK(cudaEventRecord(e0, st));
-        for (int i = 0; i < reps; ++i) CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
-        const double us = ms * 1e3 / reps;
+        const double us = graph_us(gr, st, 20);
         printf("%-11s %10.1f %8.0f %10.2f\n", NAMES[v], us, per_layer * L / (us * 1e-6) / 1e9, us / L);
-        CK(cudaGraphExecDestroy(ge));
-        CK(cudaGraphDestroy(gr));
     }
     return 0;
 }

@@ -24,20 +24,8 @@
 #include <cmath>
 #include <random>
 #include <vector>
+#include "harness.cuh"
 
-#define CK(x)                                                                                     \
-    do {                                                                                          \
-        cudaError_t e = (x);                                                                      \
-        if (e != cudaSuccess) {                                                                   \
-            printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__);       \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
-
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 __device__ __forceinline__ uint32_t u32_at(const uint8_t* p) {
     const uint16_t* h = (const uint16_t*)p;
     return (uint32_t)h[0] | ((uint32_t)h[1] << 16);
@@ -155,9 +143,6 @@ __global__ void read_all(const uint4* w, uint64_t words, float* out, uint32_t n)
 
 struct Shape { uint32_t n, k; const char* name; };
 
-static uint16_t f2h(float f) { __half h = __float2half(f); return *(uint16_t*)&h; }
-static float h2f(uint16_t u) { __half h = *(__half*)&u; return __half2float(h); }
-
 int main() {
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
@@ -167,7 +152,6 @@ int main() {
                             {576, 1536, "smol down"}};
     std::mt19937_64 rng(7);
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
-    std::uniform_int_distribution<int> nib(0, 255);
     const int NV = 10;
     const char* names[NV] = {"v0", "v0 g132x8", "v0 g132x16", "v2<2,2>", "v2<2,2>g4", "v2<2,2>g8",
                              "v2<1,2>g8", "v2<1,4>g8", "v2<4,2>g4", "read floor"};
@@ -176,20 +160,13 @@ int main() {
     printf(" %9s\n", "max rel");
     for (const Shape& sh : shapes) {
         const uint64_t row_bytes = (uint64_t)sh.k / 32 * 18, bytes = row_bytes * sh.n;
-        const int copies = (int)std::max<uint64_t>(1, (400ull << 20) / bytes + 1);
-        std::vector<uint8_t> hw(bytes);
-        for (uint64_t b = 0; b < bytes / 18; ++b) {
-            uint16_t d = f2h(0.01f + 0.02f * (uni(rng) + 1.0f));
-            memcpy(&hw[b * 18], &d, 2);
-            for (int j = 0; j < 16; ++j) hw[b * 18 + 2 + j] = (uint8_t)nib(rng);
-        }
+        const int copies = copies_past_l2(bytes);
+        const std::vector<uint8_t> hw = random_q4_0(rng, bytes);
         std::vector<float> hx(sh.k);
         for (auto& v : hx) v = uni(rng);
-        uint8_t* dw; float *dx, *dout;
-        CK(cudaMalloc(&dw, bytes * copies));
-        for (int c = 0; c < copies; ++c) CK(cudaMemcpy(dw + bytes * c, hw.data(), bytes, cudaMemcpyHostToDevice));
-        CK(cudaMalloc(&dx, sh.k * 4));
-        CK(cudaMemcpy(dx, hx.data(), sh.k * 4, cudaMemcpyHostToDevice));
+        uint8_t* dw = upload(hw, copies);
+        float* dx = upload(hx);
+        float* dout;
         CK(cudaMalloc(&dout, (uint64_t)sh.n * 4 * 8));
         // float64 reference of 64 rows
         std::vector<double> ref(64);
@@ -207,8 +184,6 @@ int main() {
             }
             ref[i] = s;
         }
-        cudaEvent_t e0, e1;
-        CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
         double gbs[NV]; float worst = 0;
         std::vector<float> first(sh.n), got(sh.n);
         for (int v = 0; v < NV; ++v) {
@@ -244,14 +219,7 @@ int main() {
                 const float d = fabsf(got[i] - first[i]) / (fabsf(first[i]) + 1e-3f);
                 if (!(d <= worst)) worst = d;
             }
-            for (int i = 0; i < 3; ++i) launch(i, dout);
-            const int reps = 200;
-            CK(cudaEventRecord(e0));
-            for (int i = 0; i < reps; ++i) launch(i, dout);
-            CK(cudaEventRecord(e1));
-            CK(cudaEventSynchronize(e1));
-            float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
-            gbs[v] = (double)bytes * reps / (ms * 1e-3) / 1e9;
+            gbs[v] = launches_gbs(bytes, [&](int i) { launch(i, dout); }, 200);
         }
         printf("%-11s %6u %6u", sh.name, sh.n, sh.k);
         for (int v = 0; v < NV; ++v) printf(" %11.0f", gbs[v]);

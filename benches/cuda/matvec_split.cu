@@ -23,20 +23,8 @@
 #include <cmath>
 #include <random>
 #include <vector>
+#include "harness.cuh"
 
-#define CK(x)                                                                                     \
-    do {                                                                                          \
-        cudaError_t e = (x);                                                                      \
-        if (e != cudaSuccess) {                                                                   \
-            printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__);       \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
-
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 __device__ __forceinline__ uint32_t u32_at(const uint8_t* p) {
     const uint16_t* h = (const uint16_t*)p;
     return (uint32_t)h[0] | ((uint32_t)h[1] << 16);
@@ -211,8 +199,6 @@ __global__ void fill(uint8_t* w, uint64_t bytes, uint64_t seed) {
 
 struct Shape { uint32_t n, k; const char* name; };
 #define NV_MAX 8
-static uint16_t f2h(float f) { __half h = __float2half(f); return *(uint16_t*)&h; }
-static float h2f(uint16_t u) { __half h = *(__half*)&u; return __half2float(h); }
 
 // Launch form v on weights wc.
 // Threads of a split block whose threads own u units each (0: k too long for one block).
@@ -251,26 +237,16 @@ int main() {
                             {16384, 2048, "1B gate+up"}, {2048, 8192, "1B down"}, {576, 1536, "smol down"}};
     std::mt19937_64 rng(7);
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
-    std::uniform_int_distribution<int> nib(0, 255);
-    printf("part 1: GB/s of back-to-back launches\n%-11s %6s %6s", "shape", "n", "k");
-    for (int v = 0; v < NV; ++v) printf(" %11s", NAMES[v]);
-    printf(" %9s\n", "max rel");
+    table_head("part 1: GB/s of back-to-back launches", NAMES, NV, 11, "max rel");
     for (const Shape& sh : shapes) {
         const uint64_t row_bytes = (uint64_t)sh.k / 32 * 18, bytes = row_bytes * sh.n;
-        const int copies = (int)std::max<uint64_t>(1, (400ull << 20) / bytes + 1);
-        std::vector<uint8_t> hw(bytes);
-        for (uint64_t b = 0; b < bytes / 18; ++b) {
-            uint16_t d = f2h(0.01f + 0.02f * (uni(rng) + 1.0f));
-            memcpy(&hw[b * 18], &d, 2);
-            for (int j = 0; j < 16; ++j) hw[b * 18 + 2 + j] = (uint8_t)nib(rng);
-        }
+        const int copies = copies_past_l2(bytes);
+        const std::vector<uint8_t> hw = random_q4_0(rng, bytes);
         std::vector<float> hx(sh.k);
         for (auto& v : hx) v = uni(rng);
-        uint8_t* dw; float *dx, *dout;
-        CK(cudaMalloc(&dw, bytes * copies));
-        for (int c = 0; c < copies; ++c) CK(cudaMemcpy(dw + bytes * c, hw.data(), bytes, cudaMemcpyHostToDevice));
-        CK(cudaMalloc(&dx, sh.k * 4));
-        CK(cudaMemcpy(dx, hx.data(), sh.k * 4, cudaMemcpyHostToDevice));
+        uint8_t* dw = upload(hw, copies);
+        float* dx = upload(hx);
+        float* dout;
         CK(cudaMalloc(&dout, (uint64_t)sh.n * 4));
         std::vector<double> ref(64);
         for (int i = 0; i < 64; ++i) {
@@ -287,8 +263,6 @@ int main() {
             }
             ref[i] = s;
         }
-        cudaEvent_t e0, e1;
-        CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
         double gbs[NV]; float worst = 0;
         std::vector<float> first(sh.n), got(sh.n);
         for (int v = 0; v < NV; ++v) {
@@ -310,14 +284,7 @@ int main() {
                 const float d = fabsf(got[i] - first[i]) / (fabsf(first[i]) + 1e-3f);
                 if (!(d <= worst)) worst = d;
             }
-            for (int i = 0; i < 3; ++i) launch(v, dx, dw + bytes * (i % copies), dout, sh.k, sh.n);
-            const int reps = 200;
-            CK(cudaEventRecord(e0));
-            for (int i = 0; i < reps; ++i) launch(v, dx, dw + bytes * (i % copies), dout, sh.k, sh.n);
-            CK(cudaEventRecord(e1));
-            CK(cudaEventSynchronize(e1));
-            float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
-            gbs[v] = (double)bytes * reps / (ms * 1e-3) / 1e9;
+            gbs[v] = launches_gbs(bytes, [&](int i) { launch(v, dx, dw + bytes * (i % copies), dout, sh.k, sh.n); }, 200);
         }
         printf("%-11s %6u %6u", sh.name, sh.n, sh.k);
         for (int v = 0; v < NV; ++v) printf(" %11.0f", gbs[v]);
@@ -354,21 +321,8 @@ int main() {
                 launch(applies(v, s.k) ? v : 0, gx, w, gy, s.k, s.n, st);
             }
         CK(cudaStreamEndCapture(st, &g));
-        cudaGraphExec_t ge;
-        CK(cudaGraphInstantiate(&ge, g, 0));
-        for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, st));
-        cudaEvent_t e0, e1;
-        CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-        const int reps = 20;
-        CK(cudaEventRecord(e0, st));
-        for (int i = 0; i < reps; ++i) CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
-        const double us = ms * 1e3 / reps;
+        const double us = graph_us(g, st, 20);
         printf("%-11s %10.1f %8.0f %10.2f\n", NAMES[v], us, per_layer * L / (us * 1e-6) / 1e9, us / L);
-        CK(cudaGraphExecDestroy(ge));
-        CK(cudaGraphDestroy(g));
     }
     return 0;
 }
