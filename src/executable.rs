@@ -21,11 +21,34 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use crate::backend::{AllocId, Allocation, Buffer, Device, Replay};
+use crate::backend::{AllocId, Allocation, Buffer, Device, Element, LaunchMark, Replay};
 use crate::error::{Error, Result};
 use crate::graph::conflict::conflict;
 use crate::graph::{Arg, ComputeGraph, Dispatch};
 use crate::session::Executor;
+
+/// One launch of an [`Executable`] ([`Executable::launch_marked`]): reads a small buffer as that
+/// launch left it, without waiting for the launches made after it.
+pub struct Launched(Box<dyn LaunchMark>);
+
+impl Launched {
+    /// The values of `buf` once the launch has run: it waits for this launch and the work before
+    /// it, not for later launches, which must not write `buf` (a step's token in a ring slot the
+    /// next step does not use). Fails with the first kernel error or fault reported by then.
+    pub fn read<T: Element>(&self, buf: &Buffer) -> Result<Vec<T>> {
+        if buf.dtype() != T::DTYPE {
+            return Err(Error::View(format!(
+                "reading {} values from a {} buffer",
+                T::DTYPE,
+                buf.dtype()
+            )));
+        }
+        let bytes = self.0.read(buf)?;
+        let mut out = vec![T::zeroed(); buf.elems()];
+        bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(&bytes);
+        Ok(out)
+    }
+}
 
 /// The allocations a caller promises to keep, unchanged in place, for as long as an executable
 /// built over them lives (weights, KV cache, scratch, step buffers), each with a name for reports.
@@ -286,6 +309,13 @@ impl Executable {
     /// Waits for the last launch.
     pub fn wait(&self) -> Result<()> {
         self.replay.wait()
+    }
+
+    /// Starts a replay as [`Executable::launch`] does and returns what reads its results while
+    /// later launches run (CUDA: an event after the launch, and reads on a stream of their own;
+    /// on the CPU the replay has run when this returns).
+    pub fn launch_marked(&self) -> Result<Launched> {
+        Ok(Launched(self.replay.launch_marked()?))
     }
 
     /// A profiling run: the same work, with each kernel timed (CUDA: the dispatches launched one

@@ -341,17 +341,19 @@ pub fn prefill_and_sanitize_decode(
         )));
     }
     let mut pos = 0;
+    let mut slot = None;
     for chunk in prompt.chunks(llama.max_batch()) {
         llama.set_inputs(chunk, pos)?;
         let last = pos + chunk.len() == prompt.len();
         let mut session = executor.begin(Mode::Direct);
         llama.record(&mut session, chunk.len(), Logits::Last, last)?;
         session.finish(&Plan::SEQUENTIAL)?;
+        slot = Some(llama.argmax_token(chunk.len(), pos)?);
         pos += chunk.len();
     }
-    let next = executor
-        .device()
-        .download::<i32>(llama.next_token_buffer())?;
+    let slot =
+        slot.ok_or_else(|| Error::InvalidArgument("sanitize: the prompt is empty".into()))?;
+    let next = executor.device().download::<i32>(&slot)?;
     let token = next.first().copied().unwrap_or(0).max(0) as u32;
     sanitize_decode_step(llama, executor, plan, token, prompt.len())
 }

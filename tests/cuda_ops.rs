@@ -3,6 +3,8 @@
 //! element the CUDA kernel forgets to write fails the comparison. Every test that runs an op needs a
 //! GPU: ignored by default, it fails where there is none.
 
+// The one-row argmax that keeps its token on the device (`argmax_advance`), in a file of its own.
+mod cuda_argmax;
 // The attention op's sliding window (Gemma 3's shapes and small odd ones), in a file of its own.
 mod cuda_attention_window;
 mod cuda_harness;

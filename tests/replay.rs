@@ -1,4 +1,5 @@
-//! The instantiated decode step (graph mode) against recorded and direct mode: the same tokens and
+//! The instantiated decode step (graph mode) against recorded and direct mode, and graph mode's
+//! pipelined greedy decode against its one-step-at-a-time decode: the same tokens and
 //! bitwise the same logits over 64 greedy steps (against direct mode within f32 rounding where the
 //! backend's fused kernels are not bit-exact), with the KV length crossing a split-attention chunk, on the
 //! CPU (a small Llama written here) and on CUDA (a synthetic SmolLM2-shaped Q4_1 model; ignored by
@@ -38,6 +39,11 @@ fn values(seed: u64, n: usize, scale: f32) -> Vec<f32> {
 /// A two-layer Llama (hidden 64, 4 query / 2 KV heads of 16, FFN 128, vocabulary 256) with Q4_1
 /// matrices and a Q8_0 embedding, as the default model stores them.
 fn write_small_llama(path: &Path) {
+    write_llama(path, false)
+}
+
+/// The small Llama; with `nan_norm` its output norm's weight is NaN, so every logit is NaN.
+fn write_llama(path: &Path, nan_norm: bool) {
     let (layers, dim, heads, kv_heads, ffn, vocab) =
         (2usize, 64usize, 4usize, 2usize, 128usize, 256usize);
     let hd = dim / heads;
@@ -83,7 +89,15 @@ fn write_small_llama(path: &Path) {
         matrix(&mut w, &n("ffn_up"), ffn, dim, DType::Q4_1);
         matrix(&mut w, &n("ffn_down"), dim, ffn, DType::Q4_1);
     }
-    w.add_tensor("output_norm.weight", &[dim], DType::F32, norm(300))
+    let out_norm = if nan_norm {
+        vec![f32::NAN; dim]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect()
+    } else {
+        norm(300)
+    };
+    w.add_tensor("output_norm.weight", &[dim], DType::F32, out_norm)
         .unwrap();
     w.write_to(path, &mut |_, _| {}).unwrap();
 }
@@ -133,6 +147,42 @@ fn run(file: &Arc<GgufFile>, device: Device, mode: RunMode, prompt: &[u32]) -> R
     out
 }
 
+/// Graph mode's pipelined greedy decode (`Engine::decode_greedy`: each step launched before the
+/// token of the one before it is read back): the tokens, the last step's logits and the one
+/// instantiation, with the run stopped after `stop` tokens and resumed where it stopped.
+fn run_pipelined(file: &Arc<GgufFile>, device: Device, prompt: &[u32], stop: usize) -> Run {
+    let ctx = prompt.len() + STEPS + 1;
+    let llama = Transformer::load(file.clone(), &device, ctx, 64).expect("load");
+    let mut engine = Engine::new(llama, Executor::new(device), RunMode::Graph);
+    engine.prefill(prompt, Logits::Last).expect("prefill");
+    let first = engine.logits(1).expect("logits");
+    let token = first
+        .iter()
+        .enumerate()
+        .fold(0, |b, (i, v)| if *v > first[b] { i } else { b }) as u32;
+    let mut tokens = Vec::new();
+    let done = engine
+        .decode_greedy(token, prompt.len(), STEPS, |t| {
+            tokens.push(t);
+            Ok(tokens.len() < stop)
+        })
+        .expect("pipelined decode");
+    assert_eq!(done, stop, "the run did not stop where its callback said");
+    let rest = engine
+        .decode_greedy(tokens[stop - 1], prompt.len() + stop, STEPS - stop, |t| {
+            tokens.push(t);
+            Ok(true)
+        })
+        .expect("pipelined decode, resumed");
+    assert_eq!(rest, STEPS - stop);
+    let last = engine.logits(1).expect("logits");
+    Run {
+        tokens,
+        logits: vec![last.iter().map(|v| v.to_bits()).collect()],
+        instantiations: engine.decode_instantiations(),
+    }
+}
+
 /// Steps whose logits differ bitwise between two runs, with the largest difference seen.
 fn differing_steps(a: &Run, b: &Run) -> (usize, f32) {
     let mut steps = 0;
@@ -163,6 +213,20 @@ fn check_modes(file: &Arc<GgufFile>, device: &Device, prompt: &[u32], inexact_to
     assert_eq!(
         graph.instantiations, 1,
         "graph mode instantiated the step more than once"
+    );
+    let piped = run_pipelined(file, device.clone(), prompt, 10);
+    assert_eq!(
+        piped.tokens, graph.tokens,
+        "pipelined greedy decode vs graph mode: tokens differ"
+    );
+    assert_eq!(
+        piped.logits.last(),
+        graph.logits.last(),
+        "pipelined greedy decode vs graph mode: the last step's logits differ bitwise"
+    );
+    assert_eq!(
+        piped.instantiations, 1,
+        "the pipelined run instantiated again"
     );
     let recorded = run(file, device.clone(), RunMode::Recorded, prompt);
     let per_op = run(file, device.clone(), RunMode::PerOpSync, prompt);
@@ -210,6 +274,34 @@ fn cpu_graph_replay_matches_direct_mode_bitwise_over_64_steps() {
         .map(|v| ((v + 1.0) * 127.0) as u32 % 256)
         .collect();
     check_modes(&file, &Device::cpu(2).expect("cpu"), &prompt, 0.0);
+    let _ = std::fs::remove_file(&path);
+}
+
+/// A pipelined greedy step whose logits are all NaN (the device argmax's -1): the steps launched
+/// after it are drained, the step is redone alone, and the host's greedy choice fails with the
+/// sampler's error, as `Engine::decode` does, rather than a token.
+#[test]
+fn cpu_pipelined_greedy_decode_of_nan_logits_is_the_samplers_error() {
+    let path = temp_path("nan-norm.gguf");
+    write_llama(&path, true);
+    let file = Arc::new(GgufFile::open(&path).expect("open"));
+    let device = Device::cpu(2).expect("cpu");
+    let llama = Transformer::load(file, &device, 64, 16).expect("load");
+    let mut engine = Engine::new(llama, Executor::new(device), RunMode::Graph);
+    engine.prefill(&[1, 2, 3], Logits::Last).expect("prefill");
+    let mut tokens = Vec::new();
+    let err = engine
+        .decode_greedy(3, 3, 8, |t| {
+            tokens.push(t);
+            Ok(true)
+        })
+        .expect_err("NaN logits gave tokens");
+    assert!(tokens.is_empty(), "tokens from NaN logits: {tokens:?}");
+    assert!(
+        err.to_string()
+            .contains(onepass::model::sampler::NO_FINITE_LOGIT),
+        "{err}"
+    );
     let _ = std::fs::remove_file(&path);
 }
 

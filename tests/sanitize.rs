@@ -364,7 +364,7 @@ fn given_the_smollm2_decode_graph_when_sanitized_on_the_cpu_should_pass() {
         report.dispatches - 12 * layers,
         "{report:?}"
     );
-    // Logits, next token, and K and V of every layer.
-    assert_eq!(report.outputs, 2 + 2 * llama.config().n_layer);
+    // Logits, the token ring, the step inputs its argmax advanced, and K and V of every layer.
+    assert_eq!(report.outputs, 3 + 2 * llama.config().n_layer);
     assert!(report.poisoned_bytes_optimized > 0);
 }

@@ -5,7 +5,9 @@
 //! - [`Encoder`] / [`Submission`]: encode / barrier / submit, then wait. Whether an encoder waits
 //!   after every dispatch is one of its [`EncoderOptions`], chosen by the session that opens it,
 //!   never a setting of the shared device.
-//! - [`Replay`]: an instantiated graph: launch / wait / profile.
+//! - [`Replay`]: an instantiated graph: launch / wait / profile, and launches marked for a
+//!   [`LaunchMark`], which reads a small buffer once its launch has run while later launches
+//!   still run.
 //!
 //! Code above `backend/` reads a device only through this interface (the [`Device`] enum picks
 //! the backend in one place, [`Device::backend`]): ops, model and engine never match on devices.
@@ -286,8 +288,21 @@ pub(crate) trait Replay: Send + Sync {
     /// Waits for the last launch.
     fn wait(&self) -> Result<()>;
 
+    /// Starts a replay as [`Replay::launch`] does and returns a mark of it: the mark reads a
+    /// buffer once this launch (and all work before it) has run, without waiting for launches
+    /// made after it. A backend whose launches run to the end before they return reads at once.
+    fn launch_marked(&self) -> Result<Box<dyn LaunchMark>>;
+
     /// A profiling run: the same work, each kernel timed; one entry per dispatch, in order.
     fn profile(&self) -> Result<Vec<KernelTime>>;
+}
+
+/// A point in a device's work after one launch ([`Replay::launch_marked`]).
+pub(crate) trait LaunchMark: Send {
+    /// The bytes of `buf` as the marked launch left them: waits for that launch, not for work
+    /// queued after it, which must not write `buf`. Fails with the first kernel error or fault
+    /// the device reports by then.
+    fn read(&self, buf: &Buffer) -> Result<Vec<u8>>;
 }
 
 /// Times the work queued between its start and [`StepTimer::stop`].

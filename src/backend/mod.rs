@@ -9,7 +9,7 @@ mod memory;
 
 pub use crate::dtype::{DType, Element};
 pub use crate::memory::{bytes_of, AllocId, Allocation, Buffer, DeviceMemory, Location, Shape};
-pub(crate) use interface::{Backend, Encoder, Replay, Submission};
+pub(crate) use interface::{Backend, Encoder, LaunchMark, Replay, Submission};
 pub use interface::{
     Capabilities, EncoderOptions, F16Products, KernelTime, ReplayOrdering, StepClock, WarmReport,
 };

@@ -439,14 +439,12 @@ fn measure(engine: &mut Engine, prompt: &[u32], args: &BenchArgs) -> anyhow::Res
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
     let mut pass = onepass::model::engine::PassStats::default();
+    // Greedy steps as `generate` runs them (graph mode: each step launched before the token of
+    // the one before it is read back; with step timing, one step at a time).
     let decode_round = |engine: &mut Engine| -> anyhow::Result<f64> {
-        let mut token = prompt[prompt.len() - 1];
+        let token = prompt[prompt.len() - 1];
         let t = Instant::now();
-        for i in 0..args.decode {
-            token = engine
-                .decode(token, prompt.len() + i, true)?
-                .unwrap_or(token);
-        }
+        engine.decode_greedy(token, prompt.len(), args.decode, |_| Ok(true))?;
         Ok(t.elapsed().as_secs_f64())
     };
     for rep in 0..=args.repeat {

@@ -19,6 +19,21 @@ pub static ARGMAX: KernelSig = KernelSig::new(
     ],
 );
 
+/// The greedy token of one row kept on the device: x (one f32 row), ring (i32 `[R]`), inputs
+/// (i32 `[1 + 2B]`: step, tokens, positions), n (the row length). The row's argmax (as
+/// [`ARGMAX`]) is written to `ring[s % R]`, `s = inputs[0]`, and the inputs are advanced to the
+/// next greedy step: `inputs[0] = s + 1`, `inputs[1]` the token (0 for -1), `inputs[1 + B] = s + 1`.
+pub static ARGMAX_ADVANCE: KernelSig = KernelSig::new(
+    "argmax_advance_f32",
+    OpKind::Argmax,
+    &[
+        Param::read("x", F32),
+        Param::read_write("ring", I32),
+        Param::read_write("inputs", I32),
+        Param::u32("n"),
+    ],
+);
+
 /// The declaration of one copy kernel from `$from` to `$to`.
 macro_rules! copy {
     ($name:literal, $from:ident, $to:ident) => {

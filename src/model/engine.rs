@@ -215,13 +215,8 @@ impl Engine {
     /// the logits buffer.
     pub fn decode(&mut self, token: u32, pos: usize, argmax: bool) -> Result<Option<u32>> {
         self.model.set_inputs(&[token], pos)?;
-        if self.mode == RunMode::Graph && !matches!(&self.decode_exec, Some((_, a)) if *a == argmax)
-        {
-            // Built once (and again only if the caller switches between greedy and sampled steps):
-            // the step reads its position and KV length from the step buffer, so the same graph
-            // serves every position up to the cache size.
-            self.decode_exec = Some((self.instantiate_decode(argmax)?, argmax));
-            self.instantiations += 1;
+        if self.mode == RunMode::Graph {
+            self.ensure_decode_exec(argmax)?;
         }
         let timer = if self.step_timing {
             Some(self.executor.device().backend().step_timer()?)
@@ -231,15 +226,7 @@ impl Engine {
         match (&self.decode_exec, self.mode) {
             (Some((exec, _)), RunMode::Graph) => {
                 exec.launch()?;
-                let st = exec.stats();
-                let ordering = match self.executor.device().capabilities().replay_ordering {
-                    ReplayOrdering::Edges => st.edges,
-                    ReplayOrdering::Barriers => st.barriers,
-                };
-                self.last_pass = PassStats {
-                    kernels: st.kernels,
-                    edges_or_barriers: ordering,
-                };
+                self.last_pass = self.graph_pass_stats();
             }
             _ => self.run_pass(1, Logits::Last, argmax)?,
         }
@@ -249,30 +236,146 @@ impl Engine {
         if argmax {
             // The only read-back of a greedy step: the token's 4 bytes (it waits for the launch).
             let device = self.executor.device();
-            let id = device.download::<i32>(self.model.next_token_buffer())?[0];
-            if id < 0 {
+            let id = device.download::<i32>(&self.model.step_token(pos)?)?[0];
+            match self.device_token(id)? {
+                Some(t) => Ok(Some(t)),
                 // The largest logit is not finite (the device argmax gives -1): the host's greedy
                 // choice over the finite logits decides, or fails as sampling does when there is
                 // none.
-                let mut greedy = Sampler::new(SamplerConfig::default())?;
-                return Ok(Some(greedy.sample(&self.logits(1)?, &[])?));
+                None => {
+                    let mut greedy = Sampler::new(SamplerConfig::default())?;
+                    Ok(Some(greedy.sample(&self.logits(1)?, &[])?))
+                }
             }
-            let vocab = self.model.config().vocab;
-            let index = usize::try_from(id)
-                .ok()
-                .filter(|&i| i < vocab)
-                .ok_or_else(|| {
-                    Error::Backend(format!(
-                        "the device argmax gave token {id}, outside the vocabulary of {vocab}"
-                    ))
-                })?;
-            Ok(Some(index as u32))
         } else {
             if let Some((exec, _)) = &self.decode_exec {
                 exec.wait()?;
             }
             Ok(None)
         }
+    }
+
+    /// Greedy decode from `token` at `pos`: up to `steps` steps, each new token handed to
+    /// `on_token` as soon as it is known, which returns whether to go on; returns how many steps
+    /// gave a token. In graph mode the step's argmax also advances the step's inputs on the
+    /// device (the next token, position and length), so each step is launched before the token of
+    /// the step before it is read back and the device does not wait for the host between steps;
+    /// when `on_token` stops early, the one step already launched after it has run too (it wrote
+    /// what [`Engine::decode`] of that token would). Other modes, and step timing, run one
+    /// [`Engine::decode`] a step. Fails as [`Engine::decode`] does, at the first step that would
+    /// pass the end of the context.
+    pub fn decode_greedy(
+        &mut self,
+        mut token: u32,
+        pos: usize,
+        steps: usize,
+        mut on_token: impl FnMut(u32) -> Result<bool>,
+    ) -> Result<usize> {
+        let mut done = 0;
+        if self.mode != RunMode::Graph || self.step_timing {
+            while done < steps {
+                token = self
+                    .decode(token, pos + done, true)?
+                    .ok_or_else(|| Error::Backend("a greedy step gave no token".into()))?;
+                done += 1;
+                if !on_token(token)? {
+                    break;
+                }
+            }
+            return Ok(done);
+        }
+        while done < steps {
+            // One pipeline from `token` at `p0`: the host writes the inputs once, then each launch
+            // reads what the launch before it left.
+            let p0 = pos + done;
+            self.model.set_inputs(&[token], p0)?;
+            self.ensure_decode_exec(true)?;
+            let Some((exec, _)) = &self.decode_exec else {
+                return Err(Error::Backend(
+                    "the decode step was not instantiated".into(),
+                ));
+            };
+            let room = (steps - done).min(self.model.max_ctx() - p0);
+            let mut marks = std::collections::VecDeque::with_capacity(2);
+            marks.push_back(exec.launch_marked()?);
+            let (mut launched, mut read) = (1, 0);
+            while let Some(mark) = marks.pop_front() {
+                if launched < room {
+                    marks.push_back(exec.launch_marked()?);
+                    launched += 1;
+                }
+                let id = mark.read::<i32>(&self.model.step_token(p0 + read)?)?[0];
+                read += 1;
+                let Some(next) = self.device_token(id)? else {
+                    // A step whose largest logit is not finite: the steps launched after it ran on
+                    // token 0. Drain them, redo that step alone (the host decides its token), and
+                    // start a new pipeline after it.
+                    drop(marks);
+                    exec.wait()?;
+                    token = self
+                        .decode(token, p0 + read - 1, true)?
+                        .ok_or_else(|| Error::Backend("a greedy step gave no token".into()))?;
+                    done += 1;
+                    if !on_token(token)? {
+                        return Ok(done);
+                    }
+                    break;
+                };
+                token = next;
+                done += 1;
+                if !on_token(token)? {
+                    exec.wait()?;
+                    return Ok(done);
+                }
+            }
+            self.last_pass = self.graph_pass_stats();
+        }
+        Ok(done)
+    }
+
+    /// The shape of the instantiated decode step (kernels, and edges or barriers).
+    fn graph_pass_stats(&self) -> PassStats {
+        let Some((exec, _)) = &self.decode_exec else {
+            return self.last_pass;
+        };
+        let st = exec.stats();
+        let ordering = match self.executor.device().capabilities().replay_ordering {
+            ReplayOrdering::Edges => st.edges,
+            ReplayOrdering::Barriers => st.barriers,
+        };
+        PassStats {
+            kernels: st.kernels,
+            edges_or_barriers: ordering,
+        }
+    }
+
+    /// The token a device argmax gave: `None` for its -1 (the largest logit is not finite), an
+    /// error outside the vocabulary.
+    fn device_token(&self, id: i32) -> Result<Option<u32>> {
+        if id < 0 {
+            return Ok(None);
+        }
+        let vocab = self.model.config().vocab;
+        usize::try_from(id)
+            .ok()
+            .filter(|&i| i < vocab)
+            .map(|i| Some(i as u32))
+            .ok_or_else(|| {
+                Error::Backend(format!(
+                    "the device argmax gave token {id}, outside the vocabulary of {vocab}"
+                ))
+            })
+    }
+
+    /// Instantiates the decode step once (and again only if the caller switches between greedy
+    /// and sampled steps): the step reads its position and KV length from the step buffer, so
+    /// the same graph serves every position up to the cache size.
+    fn ensure_decode_exec(&mut self, argmax: bool) -> Result<()> {
+        if !matches!(&self.decode_exec, Some((_, a)) if *a == argmax) {
+            self.decode_exec = Some((self.instantiate_decode(argmax)?, argmax));
+            self.instantiations += 1;
+        }
+        Ok(())
     }
 
     fn run_pass(&mut self, rows: usize, logits: Logits, argmax: bool) -> Result<()> {
@@ -338,29 +441,45 @@ impl Engine {
             prompt_ids: prompt.to_vec(),
             ..GenerateStats::default()
         };
-        let mut next = if max_tokens > 0 {
+        let next = if max_tokens > 0 {
             Some(sampler.sample(&self.logits(1)?, &history)?)
         } else {
             None
         };
         stats.prompt_time = t0.elapsed();
         let t1 = Instant::now();
-        while let Some(token) = next {
-            history.push(token);
-            stats.generated_ids.push(token);
-            on_token(token)?;
-            if stop_ids.contains(&token) {
-                stats.stopped_at_eos = true;
-                break;
+        // Takes a new token; whether to go on.
+        let mut emit =
+            |token: u32, history: &mut Vec<u32>, stats: &mut GenerateStats| -> Result<bool> {
+                history.push(token);
+                stats.generated_ids.push(token);
+                on_token(token)?;
+                if stop_ids.contains(&token) {
+                    stats.stopped_at_eos = true;
+                    return Ok(false);
+                }
+                Ok(stats.generated_ids.len() < max_tokens)
+            };
+        if let Some(first) = next {
+            if emit(first, &mut history, &mut stats)? {
+                let pos = history.len() - 1;
+                if greedy {
+                    let steps = max_tokens - stats.generated_ids.len();
+                    self.decode_greedy(first, pos, steps, |t| emit(t, &mut history, &mut stats))?;
+                } else {
+                    let mut token = first;
+                    loop {
+                        let pos = history.len() - 1;
+                        token = match self.decode(token, pos, false)? {
+                            Some(id) => id,
+                            None => sampler.sample(&self.logits(1)?, &history)?,
+                        };
+                        if !emit(token, &mut history, &mut stats)? {
+                            break;
+                        }
+                    }
+                }
             }
-            if stats.generated_ids.len() == max_tokens {
-                break;
-            }
-            let pos = history.len() - 1;
-            next = Some(match self.decode(token, pos, greedy)? {
-                Some(id) => id,
-                None => sampler.sample(&self.logits(1)?, &history)?,
-            });
         }
         stats.decode_time = t1.elapsed();
         stats.prompt_tok_s = prompt.len() as f64 / stats.prompt_time.as_secs_f64().max(1e-9);

@@ -42,6 +42,10 @@ struct Scratch {
     partials: Option<Buffer>,
 }
 
+/// Slots of the ring greedy decode steps write their tokens into ([`Transformer::step_token`]):
+/// more than the steps a caller keeps in flight (two).
+pub const TOKEN_RING: usize = 4;
+
 /// The per-step values, in device memory.
 /// The per-pass values, as views of one i32 allocation laid out `[step, tokens.., positions..]`
 /// (one host-to-device copy per pass writes them all).
@@ -282,7 +286,7 @@ impl Transformer {
             batch,
             norm_out: device.alloc(DType::F32, &[max_batch, config.dim])?,
             logits: device.alloc(DType::F32, &[max_batch, config.vocab])?,
-            next_token: device.alloc(DType::I32, &[1])?,
+            next_token: device.alloc(DType::I32, &[TOKEN_RING])?,
             config,
             device: device.clone(),
             weights,
@@ -348,7 +352,9 @@ impl Transformer {
     /// Records one forward pass over `rows` tokens (inputs set by [`Transformer::set_inputs`]) into a
     /// session. Decode passes (`rows == 1`) use the split decode attention and their own scratch, so
     /// a recorded decode step can be replayed for every later step. With `argmax`, the pass ends by
-    /// writing the most likely next token (of the last row) into [`Transformer::next_token_buffer`].
+    /// writing the most likely next token (of the last row) into [`Transformer::argmax_token`]'s
+    /// slot; a one-row pass also advances the step inputs to the next greedy step (that token at
+    /// the next position), so that its graph can be launched again without the host writing them.
     pub fn record(&self, s: &mut Session, rows: usize, logits: Logits, argmax: bool) -> Result<()> {
         self.record_in_slot(s, rows, logits, argmax, 0)
     }
@@ -400,8 +406,12 @@ impl Transformer {
         let normed = self.norm_out.rows(0, count)?;
         let out = self.logits.rows(0, count)?;
         self.record_head(s, &x.rows(first, count)?, &normed, &out, false)?;
-        if argmax {
-            s.argmax(&out.rows(count - 1, 1)?, &self.next_token)?;
+        if argmax && rows == 1 {
+            // The token into the step's ring slot, and the inputs advanced to the next greedy
+            // step, so that the step can run again without the host writing them.
+            s.argmax_advance(&out, &self.next_token, &self.inputs.all)?;
+        } else if argmax {
+            s.argmax(&out.rows(count - 1, 1)?, &self.next_token.rows(0, 1)?)?;
         }
         pass.sc.mark_scratch(s);
         Ok(())
@@ -540,9 +550,18 @@ impl Transformer {
         Ok((norm(&before), norm(&after)))
     }
 
-    /// The i32 buffer an `argmax` pass writes the next token into.
-    pub fn next_token_buffer(&self) -> &Buffer {
-        &self.next_token
+    /// The i32 slot a greedy decode step at position `pos` writes its token into: a ring of
+    /// [`TOKEN_RING`] slots, so that a step's token stays readable while the next step runs.
+    pub fn step_token(&self, pos: usize) -> Result<Buffer> {
+        self.argmax_token(1, pos)
+    }
+
+    /// The i32 slot a pass of `rows` rows from position `pos0` with `argmax` writes its last
+    /// row's token into: a one-row pass its position's slot of the ring ([`Self::step_token`]),
+    /// a longer pass slot 0.
+    pub fn argmax_token(&self, rows: usize, pos0: usize) -> Result<Buffer> {
+        let slot = if rows == 1 { pos0 % TOKEN_RING } else { 0 };
+        self.next_token.rows(slot, 1)
     }
 
     /// Every buffer the model owns for its whole life, named: weights, KV cache, step inputs,
@@ -646,7 +665,7 @@ impl Transformer {
     }
 
     /// What a pass of `rows` tokens leaves for its caller, named: its logits, the next token (with
-    /// `argmax`) and every layer's K and V cache.
+    /// `argmax`; a one-row pass also its advanced step inputs) and every layer's K and V cache.
     pub fn output_buffers(
         &self,
         rows: usize,
@@ -657,6 +676,9 @@ impl Transformer {
         let mut out = vec![("logits".to_string(), self.logits.rows(0, count)?)];
         if argmax {
             out.push(("next_token".to_string(), self.next_token.clone()));
+        }
+        if argmax && rows == 1 {
+            out.push(("step_inputs".to_string(), self.inputs.all.clone()));
         }
         for (i, (k, v)) in self.kv.iter().enumerate() {
             out.push((format!("blk.{i}.k_cache"), k.clone()));

@@ -12,6 +12,12 @@ mod argmax {
         pub fn argmax(&mut self, x: &Buffer, out: &Buffer) -> Result<()> {
             self.push(argmax(x, out)?)
         }
+
+        /// Index of the largest value of one row, kept in `ring` at the step's position, with
+        /// `inputs` advanced to the next greedy step (see [`argmax_advance`]).
+        pub fn argmax_advance(&mut self, x: &Buffer, ring: &Buffer, inputs: &Buffer) -> Result<()> {
+            self.push(argmax_advance(x, ring, inputs)?)
+        }
     }
 }
 

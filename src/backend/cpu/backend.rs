@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use super::{CpuDevice, CpuKernelFn};
 use crate::backend::interface::{
-    Backend, Capabilities, Encoder, EncoderOptions, F16Products, KernelTime, Replay,
+    Backend, Capabilities, Encoder, EncoderOptions, F16Products, KernelTime, LaunchMark, Replay,
     ReplayOrdering, StepClock, StepTimer,
 };
 use crate::backend::{Allocation, BackendKind, Buffer, DType, Location};
@@ -162,6 +162,12 @@ impl Replay for CpuReplay {
         Ok(())
     }
 
+    /// The schedule run to the end; the mark reads at once.
+    fn launch_marked(&self) -> Result<Box<dyn LaunchMark>> {
+        self.launch()?;
+        Ok(Box::new(CpuMark(self.device.clone())))
+    }
+
     /// The schedule with each kernel's wall time and the pool thread that ran it.
     fn profile(&self) -> Result<Vec<KernelTime>> {
         let slots: Vec<Mutex<Option<KernelTime>>> = (0..self.dispatches.len())
@@ -181,6 +187,15 @@ impl Replay for CpuReplay {
 }
 
 type ProfileSlots<'a> = (&'a [Mutex<Option<KernelTime>>], Instant);
+
+/// A CPU launch has run when it returns: its mark reads the buffer as it is.
+struct CpuMark(Arc<CpuDevice>);
+
+impl LaunchMark for CpuMark {
+    fn read(&self, buf: &Buffer) -> Result<Vec<u8>> {
+        self.0.read_bytes(buf)
+    }
+}
 
 impl CpuReplay {
     fn run(&self, profile: Option<ProfileSlots<'_>>) -> Result<()> {

@@ -1,12 +1,13 @@
 //! The CUDA device behind the backend interface: its declarations, its encoder, the CUDA graph an
-//! instantiated graph becomes, and event timers.
+//! instantiated graph becomes (and its marked launches), and event timers.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+use super::mark::{CudaMark, SideStream};
 use super::{CudaDevice, CudaGraph, GpuEvent};
 use crate::backend::cpu::CpuKernelFn;
 use crate::backend::interface::{
-    Backend, Capabilities, Encoder, EncoderOptions, F16Products, KernelTime, Replay,
+    Backend, Capabilities, Encoder, EncoderOptions, F16Products, KernelTime, LaunchMark, Replay,
     ReplayOrdering, StepClock, StepTimer,
 };
 use crate::backend::{Allocation, BackendKind, Buffer, DType, Location, WarmReport};
@@ -122,6 +123,7 @@ impl Backend for Arc<CudaDevice> {
             device: self.clone(),
             dispatches,
             graph,
+            side: Mutex::new(None),
         }))
     }
 
@@ -166,6 +168,8 @@ struct CudaReplay {
     device: Arc<CudaDevice>,
     dispatches: Vec<Dispatch>,
     graph: CudaGraph,
+    /// The stream marked launches are read on, made at the first mark.
+    side: Mutex<Option<Arc<SideStream>>>,
 }
 
 impl Replay for CudaReplay {
@@ -180,6 +184,23 @@ impl Replay for CudaReplay {
 
     fn wait(&self) -> Result<()> {
         self.device.synchronize()
+    }
+
+    /// The graph launch, then an event on the device's stream; reads wait for the event on a
+    /// stream of their own.
+    fn launch_marked(&self) -> Result<Box<dyn LaunchMark>> {
+        let side = {
+            let mut slot = self
+                .side
+                .lock()
+                .map_err(|_| Error::Backend("the replay's side stream lock is poisoned".into()))?;
+            match &*slot {
+                Some(side) => side.clone(),
+                None => slot.insert(SideStream::new(&self.device)?).clone(),
+            }
+        };
+        self.graph.launch()?;
+        Ok(Box::new(CudaMark::record(&side)?))
     }
 
     /// The dispatches launched one by one between events, in order (track 0, one stream).

@@ -23,6 +23,7 @@ mod encoder;
 pub mod fault;
 mod graph;
 mod launch;
+mod mark;
 mod memory;
 pub mod nvrtc;
 mod registry;

@@ -225,6 +225,7 @@ impl Call {
 fn families() -> Vec<&'static [KernelSig]> {
     vec![
         std::slice::from_ref(&km::ARGMAX),
+        std::slice::from_ref(&km::ARGMAX_ADVANCE),
         &km::COPY,
         &km::EMBEDDING,
         &km::KV_WRITE,
@@ -324,6 +325,32 @@ fn argmax_refuses_row_lengths_that_do_not_fit() {
     call(5, 12, 3).refused("n = 5");
     call(MAX, 12, 3).refused("n = 4294967295");
     call(6, 12, 3).refused("n = 6");
+}
+
+#[test]
+fn argmax_advance_refuses_rows_rings_inputs_and_steps_that_do_not_fit() {
+    let call = |n: u32, x: usize, ring: usize, inputs: &[i32]| {
+        Call::new(&km::ARGMAX_ADVANCE)
+            .buf("x", &[x])
+            .buf("ring", &[ring])
+            .ints("inputs", inputs)
+            .u32("n", n)
+    };
+    call(12, 12, 4, &[9, 3, 9]).accepted();
+    call(1, 1, 1, &[0, 5, 6, 7, 8]).accepted();
+    call(12, 12, 4, &[i32::MAX - 1, 3, 9]).accepted();
+    call(0, 12, 4, &[9, 3, 9]).refused("n = 0");
+    call(0, 0, 4, &[9, 3, 9]).refused("n = 0");
+    call(MAX, 12, 4, &[9, 3, 9]).refused("n = 4294967295");
+    call(13, 12, 4, &[9, 3, 9]).refused("n = 13");
+    call(4, 12, 4, &[9, 3, 9]).refused("n = 4");
+    call(12, 12, 0, &[9, 3, 9]).refused("ring");
+    call(12, 12, 4, &[9, 3, 9, 9]).refused("inputs has 4 values");
+    call(12, 12, 4, &[9]).refused("inputs has 1 values");
+    call(12, 12, 4, &[]).refused("inputs has 0 values");
+    call(12, 12, 4, &[-1, 3, 9]).refused("inputs[0] = -1");
+    call(12, 12, 4, &[i32::MIN, 3, 9]).refused("inputs[0] = -2147483648");
+    call(12, 12, 4, &[i32::MAX, 3, 9]).refused("inputs[0] = 2147483647");
 }
 
 #[test]
