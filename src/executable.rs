@@ -36,17 +36,7 @@ impl Launched {
     /// it, not for later launches, which must not write `buf` (a step's token in a ring slot the
     /// next step does not use). Fails with the first kernel error or fault reported by then.
     pub fn read<T: Element>(&self, buf: &Buffer) -> Result<Vec<T>> {
-        if buf.dtype() != T::DTYPE {
-            return Err(Error::View(format!(
-                "reading {} values from a {} buffer",
-                T::DTYPE,
-                buf.dtype()
-            )));
-        }
-        let bytes = self.0.read(buf)?;
-        let mut out = vec![T::zeroed(); buf.elems()];
-        bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(&bytes);
-        Ok(out)
+        crate::backend::read_values(buf, |b| self.0.read(b))
     }
 }
 

@@ -193,17 +193,7 @@ impl Device {
 
     /// Copies a buffer's contents to the host.
     pub fn download<T: Element>(&self, buf: &Buffer) -> Result<Vec<T>> {
-        if buf.dtype() != T::DTYPE {
-            return Err(Error::View(format!(
-                "reading {} values from a {} buffer",
-                T::DTYPE,
-                buf.dtype()
-            )));
-        }
-        let bytes = self.download_bytes(buf)?;
-        let mut out = vec![T::zeroed(); buf.elems()];
-        bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(&bytes);
-        Ok(out)
+        read_values(buf, |b| self.download_bytes(b))
     }
 
     /// Copies a buffer's raw bytes to the host.
@@ -215,6 +205,24 @@ impl Device {
     pub fn owns(&self, buf: &Buffer) -> bool {
         buf.allocation().home() == self.backend().home()
     }
+}
+
+/// A typed read: `T` must be the buffer's element type; `read` gives the buffer's bytes.
+pub(crate) fn read_values<T: Element>(
+    buf: &Buffer,
+    read: impl FnOnce(&Buffer) -> Result<Vec<u8>>,
+) -> Result<Vec<T>> {
+    if buf.dtype() != T::DTYPE {
+        return Err(Error::View(format!(
+            "reading {} values from a {} buffer",
+            T::DTYPE,
+            buf.dtype()
+        )));
+    }
+    let bytes = read(buf)?;
+    let mut out = vec![T::zeroed(); buf.elems()];
+    bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(&bytes);
+    Ok(out)
 }
 
 /// What the backend of `kind` declares about itself, known without a device of that kind.

@@ -32,6 +32,18 @@ __device__ __forceinline__ void am_take(float v, int i, float& bv, int& bi) {
     bi = take ? i : bi;
 }
 
+// The best candidate of a warp's lanes (am_better's order), left in every lane.
+__device__ __forceinline__ void am_warp_best(float& bv, int& bi) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(ONEPASS_FULL_MASK, bv, o);
+        const int oi = __shfl_xor_sync(ONEPASS_FULL_MASK, bi, o);
+        if (am_better(ov, oi, bv, bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+}
+
 // The index of the largest value of the row [n] at `row`, searched by the whole block (blockDim.x
 // a multiple of 32 up to 1024; every thread must call it), valid in thread 0 only: -1 when the
 // largest value is not finite or the row holds only NaN. Its shared slots are written only after
@@ -69,14 +81,7 @@ __device__ __forceinline__ int am_row(const float* row, uint32_t n) {
         done = n4 * 4;
     }
     for (uint32_t i = done + threadIdx.x; i < n; i += blockDim.x) am_take(row[i], (int)i, bv, bi);
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(ONEPASS_FULL_MASK, bv, o);
-        const int oi = __shfl_xor_sync(ONEPASS_FULL_MASK, bi, o);
-        if (am_better(ov, oi, bv, bi)) {
-            bv = ov;
-            bi = oi;
-        }
-    }
+    am_warp_best(bv, bi);
     __syncthreads();
     if (lane == 0) {
         warp_v[warp] = bv;
@@ -86,14 +91,7 @@ __device__ __forceinline__ int am_row(const float* row, uint32_t n) {
     if (warp == 0) {
         bv = lane < warps ? warp_v[lane] : 0.0f;
         bi = lane < warps ? warp_i[lane] : -1;
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(ONEPASS_FULL_MASK, bv, o);
-            const int oi = __shfl_xor_sync(ONEPASS_FULL_MASK, bi, o);
-            if (am_better(ov, oi, bv, bi)) {
-                bv = ov;
-                bi = oi;
-            }
-        }
+        am_warp_best(bv, bi);
     }
     return (bi < 0 || !isfinite(bv)) ? -1 : bi;
 }
