@@ -16,18 +16,20 @@ use crate::error::{Error, Result};
 /// buffer read (larger buffers are refused: a mark reads a step's few words, not its outputs).
 const STAGE_BYTES: usize = 4096;
 
-/// A non-blocking stream and the pinned memory its copies land in.
+/// A non-blocking stream, the pinned memory its copies land in, and the events of dropped marks,
+/// kept for the next marks (a greedy decode marks every step).
 pub(crate) struct SideStream {
     device: Arc<CudaDevice>,
     stream: sys::CUstream,
     stage: Mutex<*mut u8>,
+    spare: Mutex<Vec<sys::CUevent>>,
 }
 
 // SAFETY: the stream and the pinned allocation are owned by this value alone, and every driver
 // call binds the device's context first.
 unsafe impl Send for SideStream {}
-// SAFETY: the only state shared between threads is the stage, used under its mutex; the stream
-// handle is only passed to the driver, which allows that from any thread.
+// SAFETY: the state shared between threads is the stage and the spare events, each used under its
+// mutex; the stream handle is only passed to the driver, which allows that from any thread.
 unsafe impl Sync for SideStream {}
 
 fn check(device: &CudaDevice, what: &str, r: sys::CUresult) -> Result<()> {
@@ -53,6 +55,7 @@ impl SideStream {
             device: device.clone(),
             stream,
             stage: Mutex::new(stage.cast()),
+            spare: Mutex::new(Vec::new()),
         };
         pinned?;
         Ok(Arc::new(this))
@@ -73,6 +76,11 @@ impl Drop for SideStream {
                     let _ = sys::cuMemFreeHost(stage.cast());
                 }
             }
+            if let Ok(spare) = self.spare.lock() {
+                for &event in spare.iter() {
+                    let _ = sys::cuEventDestroy_v2(event);
+                }
+            }
         }
     }
 }
@@ -83,7 +91,8 @@ pub(crate) struct CudaMark {
     event: sys::CUevent,
 }
 
-// SAFETY: the event is owned by this value alone and only used with the context bound.
+// SAFETY: the event is this value's alone until it goes back to the side stream's spares, and it
+// is only used with the context bound.
 unsafe impl Send for CudaMark {}
 
 impl CudaMark {
@@ -91,12 +100,19 @@ impl CudaMark {
     pub fn record(side: &Arc<SideStream>) -> Result<Self> {
         let device = &side.device;
         device.bind()?;
-        let mut event: sys::CUevent = std::ptr::null_mut();
-        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-        // SAFETY: `event` is valid for writes; the context is bound.
-        check(device, "cuEventCreate", unsafe {
-            sys::cuEventCreate(&mut event, flags)
-        })?;
+        let reused = side.spare.lock().ok().and_then(|mut spare| spare.pop());
+        let event = match reused {
+            Some(event) => event,
+            None => {
+                let mut event: sys::CUevent = std::ptr::null_mut();
+                let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+                // SAFETY: `event` is valid for writes; the context is bound.
+                check(device, "cuEventCreate", unsafe {
+                    sys::cuEventCreate(&mut event, flags)
+                })?;
+                event
+            }
+        };
         let mark = CudaMark {
             side: side.clone(),
             event,
@@ -184,10 +200,15 @@ impl LaunchMark for CudaMark {
 }
 
 impl Drop for CudaMark {
+    /// The event goes back to the side stream for the next mark (recording it again replaces
+    /// this record; a wait on it already queued still waits for this one).
     fn drop(&mut self) {
+        if let Ok(mut spare) = self.side.spare.lock() {
+            spare.push(self.event);
+            return;
+        }
         if self.side.device.bind().is_ok() {
-            // SAFETY: the event was created by this value and is destroyed once; a wait on it
-            // already queued completes first.
+            // SAFETY: the event is this mark's alone (it could not go back) and is destroyed once.
             let _ = unsafe { sys::cuEventDestroy_v2(self.event) };
         }
     }
