@@ -192,8 +192,8 @@ pub(crate) trait Backend: Send + Sync {
     /// Copies `bytes` into `buf` (lengths already checked equal), after the work before it.
     fn write_bytes(&self, buf: &Buffer, bytes: &[u8]) -> Result<()>;
 
-    /// Copies `buf` to the host, after the work before it.
-    fn read_bytes(&self, buf: &Buffer) -> Result<Vec<u8>>;
+    /// Copies `buf` into `out` (lengths already checked equal), after the work before it.
+    fn read_into(&self, buf: &Buffer, out: &mut [u8]) -> Result<()>;
 
     /// A fresh encoder for one pass (or part of one).
     fn encoder(&self, options: EncoderOptions) -> Box<dyn Encoder>;

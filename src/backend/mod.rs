@@ -198,7 +198,25 @@ impl Device {
 
     /// Copies a buffer's raw bytes to the host.
     pub fn download_bytes(&self, buf: &Buffer) -> Result<Vec<u8>> {
-        self.backend().read_bytes(buf)
+        let mut out = vec![0u8; buf.len_bytes()];
+        self.backend().read_into(buf, &mut out)?;
+        Ok(out)
+    }
+
+    /// Copies a buffer's contents into `out`, resized to the buffer's length: a loop that reads
+    /// the same buffer each step (a decode step's logits) reuses one allocation rather than
+    /// making two a step. `T` must be the buffer's element type.
+    pub fn download_into<T: Element>(&self, buf: &Buffer, out: &mut Vec<T>) -> Result<()> {
+        if buf.dtype() != T::DTYPE {
+            return Err(Error::View(format!(
+                "reading {} values from a {} buffer",
+                T::DTYPE,
+                buf.dtype()
+            )));
+        }
+        out.resize(buf.elems(), T::zeroed());
+        self.backend()
+            .read_into(buf, bytemuck::cast_slice_mut::<T, u8>(out))
     }
 
     /// Whether a buffer lives on this device.

@@ -410,9 +410,17 @@ impl Engine {
 
     /// The logits of the last pass: `rows` rows of `vocab` values.
     pub fn logits(&self, rows: usize) -> Result<Vec<f32>> {
+        let mut out = Vec::new();
+        self.logits_into(rows, &mut out)?;
+        Ok(out)
+    }
+
+    /// As `logits`, into `out` (resized): a sampled decode loop reads every step's logits into
+    /// one allocation.
+    pub fn logits_into(&self, rows: usize, out: &mut Vec<f32>) -> Result<()> {
         self.executor
             .device()
-            .download(&self.model.logits_buffer(rows)?)
+            .download_into(&self.model.logits_buffer(rows)?, out)
     }
 
     /// Generates up to `max_tokens` tokens after `prompt`, calling `on_token` with each new token
@@ -468,11 +476,15 @@ impl Engine {
                     self.decode_greedy(first, pos, steps, |t| emit(t, &mut history, &mut stats))?;
                 } else {
                     let mut token = first;
+                    let mut logits = Vec::new();
                     loop {
                         let pos = history.len() - 1;
                         token = match self.decode(token, pos, false)? {
                             Some(id) => id,
-                            None => sampler.sample(&self.logits(1)?, &history)?,
+                            None => {
+                                self.logits_into(1, &mut logits)?;
+                                sampler.sample(&logits, &history)?
+                            }
                         };
                         if !emit(token, &mut history, &mut stats)? {
                             break;

@@ -91,8 +91,8 @@ impl Backend for Arc<CpuDevice> {
         CpuDevice::write_bytes(self, buf, bytes)
     }
 
-    fn read_bytes(&self, buf: &Buffer) -> Result<Vec<u8>> {
-        CpuDevice::read_bytes(self, buf)
+    fn read_into(&self, buf: &Buffer, out: &mut [u8]) -> Result<()> {
+        CpuDevice::read_into(self, buf, out)
     }
 
     fn encoder(&self, options: EncoderOptions) -> Box<dyn Encoder> {
@@ -193,7 +193,9 @@ struct CpuMark(Arc<CpuDevice>);
 
 impl LaunchMark for CpuMark {
     fn read(&self, buf: &Buffer) -> Result<Vec<u8>> {
-        self.0.read_bytes(buf)
+        let mut out = vec![0u8; buf.len_bytes()];
+        self.0.read_into(buf, &mut out)?;
+        Ok(out)
     }
 }
 

@@ -222,7 +222,7 @@ impl CpuDevice {
         Ok(())
     }
 
-    pub(crate) fn read_bytes(&self, buf: &Buffer) -> Result<Vec<u8>> {
+    pub(crate) fn read_into(&self, buf: &Buffer, out: &mut [u8]) -> Result<()> {
         let ptr = buf
             .allocation()
             .memory()
@@ -230,7 +230,16 @@ impl CpuDevice {
             .ok_or_else(|| Error::View(format!("{buf:?} is not host-visible")))?;
         let _held = self.memory.hold()?;
         // SAFETY: as in `write_bytes`.
-        Ok(unsafe { std::slice::from_raw_parts(ptr.add(buf.offset()), buf.len_bytes()) }.to_vec())
+        let bytes = unsafe { std::slice::from_raw_parts(ptr.add(buf.offset()), buf.len_bytes()) };
+        if out.len() != bytes.len() {
+            return Err(Error::View(format!(
+                "reading a view of {} bytes into {} bytes",
+                bytes.len(),
+                out.len()
+            )));
+        }
+        out.copy_from_slice(bytes);
+        Ok(())
     }
 }
 

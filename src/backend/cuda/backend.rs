@@ -102,8 +102,8 @@ impl Backend for Arc<CudaDevice> {
         CudaDevice::write_bytes(self, buf, bytes)
     }
 
-    fn read_bytes(&self, buf: &Buffer) -> Result<Vec<u8>> {
-        CudaDevice::read_bytes(self, buf)
+    fn read_into(&self, buf: &Buffer, out: &mut [u8]) -> Result<()> {
+        CudaDevice::read_into(self, buf, out)
     }
 
     fn encoder(&self, options: EncoderOptions) -> Box<dyn Encoder> {

@@ -433,20 +433,25 @@ impl CudaDevice {
         self.synchronize()
     }
 
-    /// Copies a view to the host, after every launch before it.
-    pub(crate) fn read_bytes(&self, buf: &Buffer) -> Result<Vec<u8>> {
+    /// Copies a view into `out` (as long as the view), after every launch before it.
+    pub(crate) fn read_into(&self, buf: &Buffer, out: &mut [u8]) -> Result<()> {
         let src = self.address(buf)?;
-        let mut out = vec![0u8; buf.len_bytes()];
+        if out.len() != buf.len_bytes() {
+            return Err(Error::View(format!(
+                "reading a view of {} bytes into {} bytes",
+                buf.len_bytes(),
+                out.len()
+            )));
+        }
         if out.is_empty() {
-            return Ok(out);
+            return Ok(());
         }
         self.bind()?;
         // SAFETY: the source view lies inside its live allocation and has `out.len()` bytes; the
-        // copy is waited for before `out` is returned.
-        let queued = unsafe { result::memcpy_dtoh_async(&mut out, src, self.cu_stream()) };
+        // copy is waited for before `out` is handed back.
+        let queued = unsafe { result::memcpy_dtoh_async(out, src, self.cu_stream()) };
         self.driver("cuMemcpyDtoHAsync", queued)?;
-        self.synchronize()?;
-        Ok(out)
+        self.synchronize()
     }
 }
 
