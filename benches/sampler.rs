@@ -1,9 +1,9 @@
 //! The host's cost of one sampled token: `Sampler::sample` over a vocabulary of logits, for
 //! SmolLM2's 49,152 and Llama 3's 128,256 entries, at the settings `generate` and `serve` take
 //! (temperature alone; top-k with top-p; the server's temperature with top-p; a repetition
-//! penalty over 64 tokens of history). A decode step of the 8B shape takes about 2.1 ms of GPU
-//! time on an H200 and SmolLM2's 0.6 ms, so a sample that costs milliseconds is most of a
-//! sampled step.
+//! penalty over 64 tokens of history), and logits spread over hundreds at temperature 0.8. A
+//! decode step of the 8B shape takes about 2.1 ms of GPU time on an H200 and SmolLM2's 0.6 ms,
+//! so a sample that costs milliseconds is most of a sampled step.
 //!
 //! Run: `cargo bench --bench sampler`.
 
@@ -68,6 +68,24 @@ fn bench_sampler(c: &mut Criterion) {
     let history: Vec<u32> = (0..200u32).map(|i| (i * 7919) % 40_000).collect();
     for vocab in [49_152usize, 128_256] {
         let rows: Vec<Vec<f32>> = (0..8).map(|i| logits(vocab, 17 + i)).collect();
+        // Logits spread over hundreds (a synthetic model's random weights): most weights
+        // underflow, which a draw must not pay for.
+        let wide: Vec<Vec<f32>> = rows
+            .iter()
+            .map(|r| r.iter().map(|v| 12.0 * v).collect())
+            .collect();
+        let mut sampler = Sampler::new(configs[0].1.clone()).expect("valid settings");
+        let mut i = 0usize;
+        c.bench_function(&format!("sample/{vocab}/t0.8_wide"), |b| {
+            b.iter(|| {
+                i += 1;
+                black_box(
+                    sampler
+                        .sample(&wide[i % wide.len()], &history)
+                        .expect("a token"),
+                )
+            })
+        });
         for (label, config) in &configs {
             let mut sampler = Sampler::new(config.clone()).expect("valid settings");
             let mut i = 0usize;
