@@ -51,7 +51,7 @@ pub(super) fn quantum(w: f32) -> u32 {
 /// their maximum, took 0.8 ms a draw so).
 #[inline(always)]
 pub(super) fn exp_weight(x: f32) -> f32 {
-    let low = !(x >= -87.0);
+    let low = x.is_nan() || x < -87.0;
     let x = if low { -87.0 } else { x };
     // x = k ln 2 + r, |r| <= ln 2 / 2: k rounded to the nearest integer by adding 1.5 * 2^23, so
     // that it also sits in the sum's low bits; k >= -126, so 2^k is a normal number.
