@@ -78,15 +78,14 @@ impl SamplerConfig {
 
 /// A sampler: settings plus the generator's state and reusable scratch.
 ///
-/// A sampled token costs a few passes over the logits, not a sort of them: the candidates are
-/// ranked (higher value first, then lower id) only as far as the draw walks. Each pass is O(n);
-/// what gets sorted is the set of candidates whose weights, bucketed by power of two, hold the
-/// mass the draw (or the top-p nucleus) needs (`benches/sampler.rs`: at 128,256 logits about
-/// 4-9 ms a token for a full sort, well under 1 ms this way).
+/// A sampled token costs a few linear passes over the logits, not a sort of them
+/// (`sampler/passes.rs`): weights as integer quanta, their sums per power-of-two bucket, and a
+/// weighted selection inside the one bucket that holds the draw's point (`benches/sampler.rs`:
+/// at 128,256 logits 4-9 ms a token for a full sort, about 0.4 ms this way).
 pub struct Sampler {
     config: SamplerConfig,
     state: u64,
-    /// Each logit after the penalty and temperature (NaN where it is not a candidate).
+    /// Each logit after the penalty and temperature (a candidate where finite).
     values: Vec<f32>,
     /// Each value's weight quantum (`passes::quantum`), 0 where it is not a candidate.
     quanta: Vec<u32>,
@@ -131,10 +130,11 @@ impl Sampler {
     /// What it computes (the test module's reference does the same with a full sort): each
     /// logit, penalized, divided by the temperature, is a candidate if finite; the `top_k`
     /// highest ranked candidates are kept (rank: higher value first, then lower id); each weighs
-    /// `exp(value - max)`, and those below `min_p` are dropped; the total is their weights'
-    /// sum in id order; with `top_p < 1` the nucleus is the rank-order prefix whose
-    /// probabilities reach `top_p`, and the total its sum in rank order; the token is the first
-    /// in rank order whose cumulative weight passes a uniform draw times the total.
+    /// `w = exp(value - max)`, and those below `min_p` are dropped; each weight counts as the
+    /// integer `floor(w * 2^30)`, and every sum is exact; with `top_p < 1` the nucleus is the
+    /// shortest rank-order prefix whose sum reaches `ceil(top_p * total)`; the token is the
+    /// first in rank order whose cumulative sum passes `floor(k / 2^53 * nucleus)`, k being 53
+    /// random bits.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Result<u32> {
         if logits.is_empty() {
             return Err(Error::InvalidArgument("sampling from empty logits".into()));
