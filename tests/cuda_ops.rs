@@ -5,6 +5,8 @@
 
 // The one-row argmax that keeps its token on the device (`argmax_advance`), in a file of its own.
 mod cuda_argmax;
+// The sampled draw that keeps its token on the device (`draw_advance`), in a file of its own.
+mod cuda_draw;
 // The attention op's sliding window (Gemma 3's shapes and small odd ones), in a file of its own.
 mod cuda_attention_window;
 mod cuda_harness;

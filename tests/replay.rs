@@ -14,6 +14,7 @@ use std::sync::Arc;
 use onepass::model::engine::{Engine, RunMode};
 use onepass::model::gguf::GgufFile;
 use onepass::model::gguf_write::GgufWriter;
+use onepass::model::sampler::SamplerConfig;
 use onepass::model::transformer::{Logits, Transformer};
 use onepass::{DType, Device, Executor};
 
@@ -305,6 +306,85 @@ fn cpu_pipelined_greedy_decode_of_nan_logits_is_the_samplers_error() {
     let _ = std::fs::remove_file(&path);
 }
 
+/// Sampled generation: graph mode draws each token on the device at the end of the step
+/// (`Engine::decode_sampled`, pipelined), `host` mode reads the logits and draws on the host
+/// (direct mode on the CPU; graph mode with step timing on CUDA, the same graph's logits). The
+/// generated ids, and the device draw's history count after the run (0 where the host drew).
+fn sampled(
+    file: &Arc<GgufFile>,
+    device: Device,
+    mode: RunMode,
+    timing: bool,
+    prompt: &[u32],
+    cfg: &SamplerConfig,
+) -> (Vec<u32>, u32) {
+    let llama =
+        Transformer::load(file.clone(), &device, prompt.len() + STEPS + 1, 64).expect("load");
+    let mut engine = Engine::new(llama, Executor::new(device), mode);
+    engine.set_step_timing(timing);
+    let stats = engine
+        .generate(prompt, STEPS, cfg, &[], |_| Ok(()))
+        .expect("generate");
+    let history = engine.model().draw_state().expect("draw state").history;
+    (stats.generated_ids, history)
+}
+
+/// Settings for the sampled runs: temperature alone, with top-k and top-p, with min-p and a
+/// repetition penalty, and a penalized greedy run.
+fn sampled_configs() -> Vec<SamplerConfig> {
+    let c = |temperature, top_k, top_p, min_p, repetition_penalty, seed| SamplerConfig {
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        repetition_penalty,
+        penalty_window: 32,
+        seed,
+    };
+    vec![
+        c(0.9, 0, 1.0, 0.0, 1.0, 1),
+        c(1.2, 40, 0.9, 0.0, 1.0, 2),
+        c(0.8, 0, 1.0, 0.05, 1.3, 3),
+        c(0.0, 0, 1.0, 0.0, 1.5, 4),
+    ]
+}
+
+/// The device's draws give the host's tokens for every setting (temperatures times `heat`), and
+/// graph mode did draw on the device (its history count moved past the prompt and every
+/// generated token).
+fn check_sampled(
+    file: &Arc<GgufFile>,
+    device: &Device,
+    prompt: &[u32],
+    host: (RunMode, bool),
+    heat: f32,
+) {
+    for mut cfg in sampled_configs() {
+        cfg.temperature *= heat;
+        let (want, host_history) = sampled(file, device.clone(), host.0, host.1, prompt, &cfg);
+        let (got, history) = sampled(file, device.clone(), RunMode::Graph, false, prompt, &cfg);
+        assert_eq!(got, want, "device draw vs host draw: {cfg:?}");
+        assert_eq!(host_history, 0, "the host's run drew on the device");
+        assert_eq!(history as usize, prompt.len() + STEPS, "{cfg:?}");
+        let distinct: std::collections::BTreeSet<_> = got.iter().collect();
+        assert!(
+            cfg.temperature == 0.0 || distinct.len() > 4,
+            "{cfg:?}: a sampled run of few tokens {got:?}"
+        );
+    }
+}
+
+#[test]
+fn cpu_sampled_decode_draws_on_the_device_the_tokens_the_host_draws() {
+    let path = temp_path("small-sampled.gguf");
+    write_small_llama(&path);
+    let file = Arc::new(GgufFile::open(&path).expect("open"));
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 37 % 256) as u32).collect();
+    let cpu = Device::cpu(2).expect("cpu");
+    check_sampled(&file, &cpu, &prompt, (RunMode::Direct, false), 1.0);
+    let _ = std::fs::remove_file(&path);
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_graph_replay_matches_direct_mode_bitwise_over_64_steps() {
@@ -327,6 +407,30 @@ fn cuda_graph_replay_matches_direct_mode_bitwise_over_64_steps() {
     // The fused block kernels agree with the separate ops within f32 rounding; through 30 layers
     // and 64 steps that stays under 2e-3 of the logits' scale (cuda_e2e's bound against the CPU).
     check_modes(&file, &device, &prompt, 2e-3);
+    let _ = std::fs::remove_file(&path);
+}
+
+/// CUDA's draw against the host's on the synthetic SmolLM2 (the host reading the same graph's
+/// logits, step timing on).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_sampled_decode_draws_on_the_device_the_tokens_the_host_draws() {
+    cuda_open::require_gpu();
+    let device = Device::cuda(0).expect("cuda device");
+    let path = temp_path("smollm2-sampled.gguf");
+    let spec = onepass::model::synth::SynthSpec {
+        shape: onepass::model::synth::SynthShape::SmolLm2,
+        quant: DType::Q4_1.into(),
+        seed: 5,
+        rope_freqs: false,
+        layers: Some(4),
+    };
+    onepass::model::synth::write_synthetic(&spec, None, &path, &mut |_, _| {}).expect("synth");
+    let file = Arc::new(GgufFile::open(&path).expect("open"));
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 7_919 % 49_152) as u32).collect();
+    // The synthetic model's top logit stands far above the rest: temperatures 60 times the
+    // usual make its runs draw more than a few tokens.
+    check_sampled(&file, &device, &prompt, (RunMode::Graph, true), 60.0);
     let _ = std::fs::remove_file(&path);
 }
 

@@ -34,6 +34,24 @@ pub static ARGMAX_ADVANCE: KernelSig = KernelSig::new(
     ],
 );
 
+/// A sampled token of one row drawn on the device, kept as [`ARGMAX_ADVANCE`] keeps the greedy
+/// one: x (one f32 row), ring, inputs (as [`ARGMAX_ADVANCE`]), state (u32: the generator and the
+/// settings, `ops::draw::DrawState`), window (i32: the repetition penalty's recent tokens),
+/// scratch (u32 `[9n]`: the kernel's candidates), n (the row length).
+pub static DRAW_ADVANCE: KernelSig = KernelSig::new(
+    "draw_advance_f32",
+    OpKind::Argmax,
+    &[
+        Param::read("x", F32),
+        Param::read_write("ring", I32),
+        Param::read_write("inputs", I32),
+        Param::read_write("state", one(DType::U32)),
+        Param::read_write("window", I32),
+        Param::write("scratch", one(DType::U32)),
+        Param::u32("n"),
+    ],
+);
+
 /// The declaration of one copy kernel from `$from` to `$to`.
 macro_rules! copy {
     ($name:literal, $from:ident, $to:ident) => {

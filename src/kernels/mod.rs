@@ -532,6 +532,7 @@ pub fn all() -> Vec<&'static KernelSig> {
         &matmul::NORM_GATE_UP_SHARED,
         std::slice::from_ref(&misc::ARGMAX),
         std::slice::from_ref(&misc::ARGMAX_ADVANCE),
+        std::slice::from_ref(&misc::DRAW_ADVANCE),
         &misc::COPY,
         &misc::EMBEDDING,
         &misc::KV_WRITE,

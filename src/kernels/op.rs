@@ -69,7 +69,7 @@ pub enum OpKind {
     Softmax,
     /// Attention (prefill or decode).
     Attention,
-    /// Reductions that pick an index (argmax).
+    /// Reductions that pick an index (argmax, the sampled draw).
     Argmax,
     /// A user kernel; `reorderable` is the user's declaration.
     Custom {

@@ -6,8 +6,9 @@ use std::time::{Duration, Instant};
 use crate::backend::{EncoderOptions, ReplayOrdering};
 use crate::error::{Error, Result};
 use crate::executable::{Executable, KernelTiming, StableSet};
-use crate::model::sampler::{Sampler, SamplerConfig};
-use crate::model::transformer::{Logits, Transformer};
+use crate::model::sampler::{Sampler, SamplerConfig, NO_FINITE_LOGIT};
+use crate::model::transformer::{Logits, StepEnd, Transformer};
+use crate::ops::draw::{DrawState, DRAW_MAX_ROW};
 use crate::session::{Executor, Mode, Plan};
 
 /// How passes are executed; defined with the rest of the configuration.
@@ -19,8 +20,8 @@ pub struct Engine {
     executor: Executor,
     mode: RunMode,
     plan: Plan,
-    /// The instantiated decode step and whether it ends with argmax.
-    decode_exec: Option<(Executable, bool)>,
+    /// The instantiated decode step and how it ends.
+    decode_exec: Option<(Executable, StepEnd)>,
     last_pass: PassStats,
     step_timing: bool,
     step_times: Vec<f64>,
@@ -114,8 +115,13 @@ impl Engine {
     /// Records the decode step (`argmax`: ending with the on-device argmax), optimizes it as this
     /// engine's mode does and instantiates it.
     pub fn instantiate_decode(&self, argmax: bool) -> Result<Executable> {
+        self.instantiate_step(step_end(argmax))
+    }
+
+    /// Records the decode step ending as `end` says, optimizes and instantiates it.
+    fn instantiate_step(&self, end: StepEnd) -> Result<Executable> {
         let mut s = self.executor.begin(Mode::Recorded);
-        self.model.record(&mut s, 1, Logits::Last, argmax)?;
+        self.model.record_pass(&mut s, 1, Logits::Last, end, 0)?;
         let mut graph = s.into_graph()?;
         let plan = match self.mode {
             RunMode::Graph | RunMode::Recorded => self.plan,
@@ -137,7 +143,9 @@ impl Engine {
     ) -> Result<Vec<KernelTiming>> {
         self.model.set_inputs(&[token], pos)?;
         match &self.decode_exec {
-            Some((exec, a)) if *a == argmax && self.mode == RunMode::Graph => exec.profile(),
+            Some((exec, e)) if *e == step_end(argmax) && self.mode == RunMode::Graph => {
+                exec.profile()
+            }
             _ => self.instantiate_decode(argmax)?.profile(),
         }
     }
@@ -216,7 +224,7 @@ impl Engine {
     pub fn decode(&mut self, token: u32, pos: usize, argmax: bool) -> Result<Option<u32>> {
         self.model.set_inputs(&[token], pos)?;
         if self.mode == RunMode::Graph {
-            self.ensure_decode_exec(argmax)?;
+            self.ensure_decode_exec(step_end(argmax))?;
         }
         let timer = if self.step_timing {
             Some(self.executor.device().backend().step_timer()?)
@@ -284,12 +292,79 @@ impl Engine {
             }
             return Ok(done);
         }
+        self.decode_pipelined(StepEnd::Argmax, token, pos, steps, &mut on_token)
+    }
+
+    /// Sampled decode after `history` (the tokens so far; its last is fed to the first step):
+    /// up to `steps` steps, each token drawn by `sampler` as [`Sampler::sample`] draws it, handed
+    /// to `on_token`, which returns whether to go on; returns how many steps gave a token. In
+    /// graph mode the draw runs on the device at the end of the step (`ops::draw`, the same
+    /// tokens), so the steps are pipelined as [`Engine::decode_greedy`]'s are, and `sampler`'s
+    /// generator is advanced past the draws the device made; settings a device draw cannot take
+    /// (a penalty window over `DRAW_WINDOW` tokens, a vocabulary over `DRAW_MAX_ROW`), other
+    /// modes and step timing read the logits and draw on the host each step.
+    pub fn decode_sampled(
+        &mut self,
+        sampler: &mut Sampler,
+        history: &[u32],
+        steps: usize,
+        mut on_token: impl FnMut(u32) -> Result<bool>,
+    ) -> Result<usize> {
+        let Some(&first) = history.last() else {
+            return Err(Error::InvalidArgument(
+                "sampled decode needs at least one token of history".into(),
+            ));
+        };
+        let pos = history.len() - 1;
+        let cfg = sampler.config().clone();
+        let fits = self.model.config().vocab <= DRAW_MAX_ROW;
+        let device = DrawState::new(&cfg, sampler.state(), history.len()).ok();
+        if let (Some(state), RunMode::Graph, false, true) =
+            (device, self.mode, self.step_timing, fits)
+        {
+            self.model.set_draw(&state, history)?;
+            let done = self.decode_pipelined(StepEnd::Draw, first, pos, steps, &mut on_token)?;
+            if cfg.temperature != 0.0 {
+                sampler.skip_draws(done);
+            }
+            return Ok(done);
+        }
+        let mut history = history.to_vec();
+        let mut logits = Vec::new();
+        let mut done = 0;
+        while done < steps {
+            let token = *history.last().unwrap_or(&first);
+            self.decode(token, history.len() - 1, false)?;
+            self.logits_into(1, &mut logits)?;
+            let next = sampler.sample(&logits, &history)?;
+            history.push(next);
+            done += 1;
+            if !on_token(next)? {
+                break;
+            }
+        }
+        Ok(done)
+    }
+
+    /// Graph-mode decode whose step ends with a token on the device (`end`: argmax or draw),
+    /// which also advances the step's inputs: each step is launched before the token of the step
+    /// before it is read back. A greedy step whose largest logit is not finite is redone on the
+    /// host; a draw from logits of which none is finite is an error, as on the host.
+    fn decode_pipelined(
+        &mut self,
+        end: StepEnd,
+        mut token: u32,
+        pos: usize,
+        steps: usize,
+        on_token: &mut dyn FnMut(u32) -> Result<bool>,
+    ) -> Result<usize> {
+        let mut done = 0;
         while done < steps {
             // One pipeline from `token` at `p0`: the host writes the inputs once, then each launch
             // reads what the launch before it left.
             let p0 = pos + done;
             self.model.set_inputs(&[token], p0)?;
-            self.ensure_decode_exec(true)?;
+            self.ensure_decode_exec(end)?;
             let Some((exec, _)) = &self.decode_exec else {
                 return Err(Error::Backend(
                     "the decode step was not instantiated".into(),
@@ -308,10 +383,13 @@ impl Engine {
                 read += 1;
                 let Some(next) = self.device_token(id)? else {
                     // A step whose largest logit is not finite: the steps launched after it ran on
-                    // token 0. Drain them, redo that step alone (the host decides its token), and
-                    // start a new pipeline after it.
+                    // token 0. Drain them; a draw fails as the host's does, and a greedy step is
+                    // redone alone (the host decides its token), with a new pipeline after it.
                     drop(marks);
                     exec.wait()?;
+                    if end == StepEnd::Draw {
+                        return Err(Error::InvalidArgument(NO_FINITE_LOGIT.into()));
+                    }
                     token = self
                         .decode(token, p0 + read - 1, true)?
                         .ok_or_else(|| Error::Backend("a greedy step gave no token".into()))?;
@@ -370,9 +448,9 @@ impl Engine {
     /// Instantiates the decode step once (and again only if the caller switches between greedy
     /// and sampled steps): the step reads its position and KV length from the step buffer, so
     /// the same graph serves every position up to the cache size.
-    fn ensure_decode_exec(&mut self, argmax: bool) -> Result<()> {
-        if !matches!(&self.decode_exec, Some((_, a)) if *a == argmax) {
-            self.decode_exec = Some((self.instantiate_decode(argmax)?, argmax));
+    fn ensure_decode_exec(&mut self, end: StepEnd) -> Result<()> {
+        if !matches!(&self.decode_exec, Some((_, e)) if *e == end) {
+            self.decode_exec = Some((self.instantiate_step(end)?, end));
             self.instantiations += 1;
         }
         Ok(())
@@ -475,21 +553,11 @@ impl Engine {
                     let steps = max_tokens - stats.generated_ids.len();
                     self.decode_greedy(first, pos, steps, |t| emit(t, &mut history, &mut stats))?;
                 } else {
-                    let mut token = first;
-                    let mut logits = Vec::new();
-                    loop {
-                        let pos = history.len() - 1;
-                        token = match self.decode(token, pos, false)? {
-                            Some(id) => id,
-                            None => {
-                                self.logits_into(1, &mut logits)?;
-                                sampler.sample(&logits, &history)?
-                            }
-                        };
-                        if !emit(token, &mut history, &mut stats)? {
-                            break;
-                        }
-                    }
+                    let steps = max_tokens - stats.generated_ids.len();
+                    let start = history.clone();
+                    self.decode_sampled(&mut sampler, &start, steps, |t| {
+                        emit(t, &mut history, &mut stats)
+                    })?;
                 }
             }
         }
@@ -498,5 +566,14 @@ impl Engine {
         let decoded = stats.generated_ids.len().saturating_sub(1);
         stats.decode_tok_s = decoded as f64 / stats.decode_time.as_secs_f64().max(1e-9);
         Ok(stats)
+    }
+}
+
+/// How a decode step ends: with the device's argmax, or with its logits.
+fn step_end(argmax: bool) -> StepEnd {
+    if argmax {
+        StepEnd::Argmax
+    } else {
+        StepEnd::Logits
     }
 }

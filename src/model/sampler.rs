@@ -110,9 +110,30 @@ impl Sampler {
         })
     }
 
+    /// A sampler with validated settings whose generator continues from `state` (a
+    /// [`Sampler::state`]), as the device's draw does (`ops::draw`).
+    pub(crate) fn with_state(config: SamplerConfig, state: u64) -> Result<Self> {
+        let mut s = Self::new(config)?;
+        s.state = state;
+        Ok(s)
+    }
+
     /// The settings.
     pub fn config(&self) -> &SamplerConfig {
         &self.config
+    }
+
+    /// The generator's state: what the next draw starts from.
+    pub(crate) fn state(&self) -> u64 {
+        self.state
+    }
+
+    /// Advances the generator past `draws` draws, as if that many tokens had been sampled here
+    /// (the device drew them from the same state).
+    pub(crate) fn skip_draws(&mut self, draws: usize) {
+        for _ in 0..draws {
+            Self::next_bits(&mut self.state);
+        }
     }
 
     /// 53 random bits from the generator's state (splitmix64): the draw `k / 2^53` in [0, 1).
@@ -139,14 +160,21 @@ impl Sampler {
         if logits.is_empty() {
             return Err(Error::InvalidArgument("sampling from empty logits".into()));
         }
+        self.draw(logits, history)?
+            .ok_or_else(|| Error::InvalidArgument(NO_FINITE_LOGIT.into()))
+    }
+
+    /// [`Sampler::sample`], with `None` where no penalized logit is finite (the generator then
+    /// does not advance).
+    pub(crate) fn draw(&mut self, logits: &[f32], history: &[u32]) -> Result<Option<u32>> {
         self.penalized(logits, history);
         let cfg = &self.config;
         let values = &self.values;
         let Some((best, max)) = top(values) else {
-            return Err(Error::InvalidArgument(NO_FINITE_LOGIT.into()));
+            return Ok(None);
         };
         if cfg.temperature == 0.0 {
-            return Ok(best);
+            return Ok(Some(best));
         }
         let (top_k, top_p) = (cfg.top_k, cfg.top_p);
         let draw = Self::next_bits(&mut self.state);
@@ -182,7 +210,9 @@ impl Sampler {
             } else {
                 total
             };
-            return Ok(locate(cands, point(draw, nucleus)).ok_or_else(lost)?.0 .0);
+            return Ok(Some(
+                locate(cands, point(draw, nucleus)).ok_or_else(lost)?.0 .0,
+            ));
         }
         let mass = bucket_masses(quanta);
         // A point of the cumulative quanta: its bucket from the bucket sums, then the candidate
@@ -206,7 +236,7 @@ impl Sampler {
         } else {
             total
         };
-        Ok(locate_all(point(draw, nucleus))?.0 .0)
+        Ok(Some(locate_all(point(draw, nucleus))?.0 .0))
     }
 
     /// Fills `values` with each logit after the repetition penalty (over the last

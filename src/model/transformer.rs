@@ -19,8 +19,11 @@ use crate::ops::attention::AttentionParams;
 use crate::ops::rope::RopeParams;
 use crate::session::Session;
 
+mod draw;
+mod named;
 mod options;
 mod slots;
+use draw::DrawBuffers;
 pub use options::{KvCache, LoadOptions};
 use slots::BatchBuffers;
 
@@ -168,6 +171,17 @@ pub enum Logits {
     All,
 }
 
+/// How a recorded pass ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StepEnd {
+    /// With the logits.
+    Logits,
+    /// With the most likely token on the device.
+    Argmax,
+    /// With a token drawn on the device (one row).
+    Draw,
+}
+
 /// A loaded model with its KV cache and scratch, ready to record passes.
 pub struct Transformer {
     config: ModelConfig,
@@ -187,6 +201,8 @@ pub struct Transformer {
     norm_out: Buffer,
     logits: Buffer,
     next_token: Buffer,
+    /// A sampled decode step's draw ([`Transformer::record_sampled_step`]).
+    draw: DrawBuffers,
     /// Chunk length of the split decode attention (the backend's choice).
     decode_chunk: usize,
     _file: Arc<GgufFile>,
@@ -287,6 +303,7 @@ impl Transformer {
             norm_out: device.alloc(DType::F32, &[max_batch, config.dim])?,
             logits: device.alloc(DType::F32, &[max_batch, config.vocab])?,
             next_token: device.alloc(DType::I32, &[TOKEN_RING])?,
+            draw: DrawBuffers::new(device, config.vocab)?,
             config,
             device: device.clone(),
             weights,
@@ -369,6 +386,23 @@ impl Transformer {
         argmax: bool,
         slot: usize,
     ) -> Result<()> {
+        let end = if argmax {
+            StepEnd::Argmax
+        } else {
+            StepEnd::Logits
+        };
+        self.record_pass(s, rows, logits, end, slot)
+    }
+
+    /// A pass of `rows` rows in `slot` that ends as `end` says.
+    pub(crate) fn record_pass(
+        &self,
+        s: &mut Session,
+        rows: usize,
+        logits: Logits,
+        end: StepEnd,
+        slot: usize,
+    ) -> Result<()> {
         let decode = rows == 1;
         let sc = if decode { &self.decode } else { &self.prefill };
         if rows == 0 || rows > sc.rows {
@@ -406,12 +440,20 @@ impl Transformer {
         let normed = self.norm_out.rows(0, count)?;
         let out = self.logits.rows(0, count)?;
         self.record_head(s, &x.rows(first, count)?, &normed, &out, false)?;
-        if argmax && rows == 1 {
-            // The token into the step's ring slot, and the inputs advanced to the next greedy
-            // step, so that the step can run again without the host writing them.
-            s.argmax_advance(&out, &self.next_token, &self.inputs.all)?;
-        } else if argmax {
-            s.argmax(&out.rows(count - 1, 1)?, &self.next_token.rows(0, 1)?)?;
+        match end {
+            // The token into the step's ring slot, and the inputs advanced to the next step, so
+            // that the step can run again without the host writing them.
+            StepEnd::Argmax if rows == 1 => {
+                s.argmax_advance(&out, &self.next_token, &self.inputs.all)?
+            }
+            StepEnd::Argmax => s.argmax(&out.rows(count - 1, 1)?, &self.next_token.rows(0, 1)?)?,
+            StepEnd::Draw if rows == 1 => self.record_draw(s, &out)?,
+            StepEnd::Draw => {
+                return Err(Error::InvalidArgument(format!(
+                    "a pass that draws its token on the device has one row, not {rows}"
+                )))
+            }
+            StepEnd::Logits => {}
         }
         pass.sc.mark_scratch(s);
         Ok(())
@@ -562,129 +604,6 @@ impl Transformer {
     pub fn argmax_token(&self, rows: usize, pos0: usize) -> Result<Buffer> {
         let slot = if rows == 1 { pos0 % TOKEN_RING } else { 0 };
         self.next_token.rows(slot, 1)
-    }
-
-    /// Every buffer the model owns for its whole life, named: weights, KV cache, step inputs,
-    /// scratch, logits. A recorded pass touches only these, so they are what an instantiated graph
-    /// may rely on (`crate::executable::StableSet`).
-    pub fn stable_buffers(&self) -> Vec<(String, Buffer)> {
-        let w = &self.weights;
-        let mut v = vec![
-            ("token_embd".to_string(), w.embed.clone()),
-            ("output_norm".into(), w.out_norm.clone()),
-        ];
-        v.push(("lm_head".into(), w.lm_head.clone()));
-        if let Some(f) = &w.rope_freqs {
-            v.push(("rope_freqs".into(), f.clone()));
-        }
-        for (i, l) in w.layers.iter().enumerate() {
-            for (n, b) in l.named() {
-                v.push((format!("blk.{i}.{n}"), b.clone()));
-            }
-        }
-        for (i, (k, c)) in self.kv.iter().enumerate() {
-            v.push((format!("blk.{i}.k_cache"), k.clone()));
-            v.push((format!("blk.{i}.v_cache"), c.clone()));
-        }
-        let inputs = &self.inputs;
-        v.push(("tokens".into(), inputs.tokens.clone()));
-        v.push(("positions".into(), inputs.positions.clone()));
-        v.push(("step".into(), inputs.step.clone()));
-        for (which, sc) in [("prefill", &self.prefill), ("decode", &self.decode)] {
-            let bufs = [
-                &sc.x, &sc.xn, &sc.q, &sc.k, &sc.v, &sc.attn, &sc.proj, &sc.gate, &sc.up,
-                &sc.hidden,
-            ];
-            let names = [
-                "x", "xn", "q", "k", "v", "attn", "proj", "gate", "up", "hidden",
-            ];
-            for (n, b) in names.iter().zip(bufs) {
-                v.push((format!("{which}.{n}"), b.clone()));
-            }
-            if let Some((q_raw, k_raw)) = &sc.qk_raw {
-                v.push((format!("{which}.q_raw"), q_raw.clone()));
-                v.push((format!("{which}.k_raw"), k_raw.clone()));
-            }
-            if let Some(p) = &sc.partials {
-                v.push((format!("{which}.partials"), p.clone()));
-            }
-        }
-        v.push(("norm_out".into(), self.norm_out.clone()));
-        v.push(("logits".into(), self.logits.clone()));
-        v.push(("next_token".into(), self.next_token.clone()));
-        if let Some(b) = &self.batch {
-            v.extend(b.named());
-        }
-        v
-    }
-
-    /// The device buffers holding the per-step values (token ids, positions, first position).
-    pub fn step_buffers(&self) -> [&Buffer; 3] {
-        [
-            &self.inputs.tokens,
-            &self.inputs.positions,
-            &self.inputs.step,
-        ]
-    }
-
-    // Accessors for the schedule sanitizer (`crate::sanitize`).
-
-    /// The buffers a pass of `rows` tokens uses as scratch (activations, attention partials, the
-    /// final norm): their contents mean nothing between passes.
-    pub fn scratch_buffers(&self, rows: usize) -> Vec<Buffer> {
-        let sc = if rows == 1 {
-            &self.decode
-        } else {
-            &self.prefill
-        };
-        let mut v = vec![
-            sc.x.clone(),
-            sc.xn.clone(),
-            sc.q.clone(),
-            sc.k.clone(),
-            sc.v.clone(),
-            sc.attn.clone(),
-            sc.proj.clone(),
-            sc.gate.clone(),
-            sc.up.clone(),
-            sc.hidden.clone(),
-        ];
-        if let Some((q_raw, k_raw)) = &sc.qk_raw {
-            v.push(q_raw.clone());
-            v.push(k_raw.clone());
-        }
-        // The attention records only: the counters after them stay zero between passes.
-        let params = self.config.full_attention();
-        v.extend(
-            sc.partials
-                .as_ref()
-                .and_then(|p| crate::ops::attention::attention_decode_records(p, params).ok()),
-        );
-        v.push(self.norm_out.clone());
-        v
-    }
-
-    /// What a pass of `rows` tokens leaves for its caller, named: its logits, the next token (with
-    /// `argmax`; a one-row pass also its advanced step inputs) and every layer's K and V cache.
-    pub fn output_buffers(
-        &self,
-        rows: usize,
-        logits: Logits,
-        argmax: bool,
-    ) -> Result<Vec<(String, Buffer)>> {
-        let count = if logits == Logits::All { rows } else { 1 };
-        let mut out = vec![("logits".to_string(), self.logits.rows(0, count)?)];
-        if argmax {
-            out.push(("next_token".to_string(), self.next_token.clone()));
-        }
-        if argmax && rows == 1 {
-            out.push(("step_inputs".to_string(), self.inputs.all.clone()));
-        }
-        for (i, (k, v)) in self.kv.iter().enumerate() {
-            out.push((format!("blk.{i}.k_cache"), k.clone()));
-            out.push((format!("blk.{i}.v_cache"), v.clone()));
-        }
-        Ok(out)
     }
 }
 

@@ -10,6 +10,7 @@ pub mod block_fusion;
 mod check;
 pub mod copy;
 pub mod custom;
+pub mod draw;
 pub mod elementwise;
 pub mod embedding;
 pub mod fused_block;

@@ -21,6 +21,28 @@ mod argmax {
     }
 }
 
+mod draw {
+    use crate::backend::Buffer;
+    use crate::error::Result;
+    use crate::ops::draw::*;
+    use crate::session::Session;
+    impl Session {
+        /// A sampled token of one row, drawn on the device and kept in `ring` at the step's
+        /// position, with `inputs` advanced to the next step (see [`draw_advance`]).
+        pub fn draw_advance(
+            &mut self,
+            x: &Buffer,
+            ring: &Buffer,
+            inputs: &Buffer,
+            state: &Buffer,
+            window: &Buffer,
+            scratch: &Buffer,
+        ) -> Result<()> {
+            self.push(draw_advance(x, ring, inputs, state, window, scratch)?)
+        }
+    }
+}
+
 mod attention {
     use crate::backend::Buffer;
     use crate::error::Result;

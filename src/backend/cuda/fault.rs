@@ -32,6 +32,7 @@ const POS0: u32 = 4;
 const CHUNKS: u32 = 5;
 const SCRATCH: u32 = 6;
 const SLOT_ROW: u32 = 7;
+const DRAW: u32 = 8;
 
 /// A kernel's tag in the error record: FNV-1a (32-bit) of its name, as `op_tag` in the prelude.
 pub fn kernel_tag(name: &str) -> u32 {
@@ -76,6 +77,10 @@ pub fn record_error(words: &[u32; RECORD_WORDS]) -> Option<Error> {
         SLOT_ROW => format!(
             "row {index}: slot or position {value} is outside 0..{bound} (a batched step's slot \
              outside the cache, or a position outside its slot)"
+        ),
+        DRAW => format!(
+            "the draw's point fell past every candidate ({index} candidates, nucleus {value} of \
+             {bound} quanta)"
         ),
         code => format!("unknown error code {code} (value {value}, bound {bound}, index {index})"),
     };

@@ -48,6 +48,7 @@ pub const SOURCES: &[KernelSource] = &[
         ),
     ),
     family("copy", include_str!("kernels/copy.cu")),
+    family("draw", include_str!("kernels/draw.cu")),
     // The activations (`activation.cuh`) in front of the two families that compute them; the
     // `#line` marks keep compiler messages and size-check lines pointing at each file.
     family(
@@ -158,6 +159,13 @@ pub fn kernel_names_in(source: &'static str) -> Vec<&'static str> {
         let trimmed = line.trim_start();
         if let Some(at) = trimmed.find(MARK) {
             let tail = &trimmed[at + MARK.len()..];
+            // A kernel's launch bounds between `void` and its name.
+            let tail = match tail.strip_prefix("__launch_bounds__(") {
+                Some(bounds) => bounds
+                    .find(')')
+                    .map_or("", |e| bounds[e + 1..].trim_start()),
+                None => tail,
+            };
             let name = &tail[..ident_end(tail)];
             if !name.is_empty() && name.chars().any(|c| c.is_ascii_lowercase()) {
                 names.push(name);
@@ -503,8 +511,12 @@ mod tests {
                    __device__ float helper() { return 1.0f; }\n\
                    #define NORM_KERNEL(NAME, T) extern \"C\" __global__ void NAME(const T* x) {}\n\
                    NORM_KERNEL(c_bf16, __nv_bfloat16)\n\
-                   extern \"C\" __global__ void b_f16_q4_1(const void* w) {}";
-        assert_eq!(kernel_names_in(src), vec!["a_f32", "c_bf16", "b_f16_q4_1"]);
+                   extern \"C\" __global__ void b_f16_q4_1(const void* w) {}\n\
+                   extern \"C\" __global__ void __launch_bounds__(1024) d_f32(float* x) {}";
+        assert_eq!(
+            kernel_names_in(src),
+            vec!["a_f32", "c_bf16", "b_f16_q4_1", "d_f32"]
+        );
     }
 
     #[test]

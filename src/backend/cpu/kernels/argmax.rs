@@ -95,6 +95,15 @@ fn argmax_advance_f32(args: &KernelArgs<'_>) -> Result<()> {
     let inputs = args.output::<i32>(2)?;
     let n = row_len(args, 3)?;
     expect_len(args, "x", x.len(), &[("n", n)])?;
+    let s = step_of(args, ring, inputs)?;
+    keep_token(ring, inputs, s, row_argmax(x));
+    Ok(())
+}
+
+/// The step's position `s = inputs[0]` of a kernel that keeps its token in `ring` and advances
+/// `inputs` (`[step, tokens[B], positions[B]]`); an error for an empty ring, inputs not of
+/// `1 + 2B` values, or an `s` that is not a position with a successor.
+pub(super) fn step_of(args: &KernelArgs<'_>, ring: &[i32], inputs: &[i32]) -> Result<i32> {
     if ring.is_empty() {
         return Err(kernel_err(args, "ring is empty".to_string()));
     }
@@ -116,13 +125,17 @@ fn argmax_advance_f32(args: &KernelArgs<'_>) -> Result<()> {
             ),
         ));
     }
-    let id = row_argmax(x);
-    let b = len / 2;
+    Ok(s)
+}
+
+/// Keeps the token `id` of step `s` (checked by [`step_of`]): `ring[s % R] = id`, and `inputs`
+/// advanced to the next step (`s + 1`, the token, 0 for -1, and `s + 1`).
+pub(super) fn keep_token(ring: &mut [i32], inputs: &mut [i32], s: i32, id: i32) {
+    let b = inputs.len() / 2;
     ring[s as usize % ring.len()] = id;
     inputs[0] = s + 1;
     inputs[1] = id.max(0);
     inputs[1 + b] = s + 1;
-    Ok(())
 }
 
 /// Registers this family's kernels against their declarations.

@@ -226,6 +226,7 @@ fn families() -> Vec<&'static [KernelSig]> {
     vec![
         std::slice::from_ref(&km::ARGMAX),
         std::slice::from_ref(&km::ARGMAX_ADVANCE),
+        std::slice::from_ref(&km::DRAW_ADVANCE),
         &km::COPY,
         &km::EMBEDDING,
         &km::KV_WRITE,
@@ -351,6 +352,47 @@ fn argmax_advance_refuses_rows_rings_inputs_and_steps_that_do_not_fit() {
     call(12, 12, 4, &[-1, 3, 9]).refused("inputs[0] = -1");
     call(12, 12, 4, &[i32::MIN, 3, 9]).refused("inputs[0] = -2147483648");
     call(12, 12, 4, &[i32::MAX, 3, 9]).refused("inputs[0] = 2147483647");
+}
+
+#[test]
+fn draw_advance_refuses_rows_states_windows_and_steps_that_do_not_fit() {
+    use crate::model::sampler::SamplerConfig;
+    use crate::ops::draw::{DrawState, DRAW_WINDOW};
+    let cfg = SamplerConfig {
+        temperature: 0.8,
+        ..SamplerConfig::default()
+    };
+    let good = DrawState::new(&cfg, 7, 3).expect("a state").words();
+    let with = |i: usize, v: u32| {
+        let mut w = good;
+        w[i] = v;
+        w
+    };
+    let call = |n: u32, x: usize, words: &[u32], window: usize, scratch: usize, inputs: &[i32]| {
+        let state = device()
+            .upload(words, &[words.len()])
+            .expect("upload the state");
+        Call::new(&km::DRAW_ADVANCE)
+            .buf("x", &[x])
+            .buf("ring", &[4])
+            .ints("inputs", inputs)
+            .buffer("state", &state)
+            .buf("window", &[window])
+            .buf("scratch", &[scratch])
+            .u32("n", n)
+    };
+    let w = DRAW_WINDOW;
+    call(12, 12, &good, w, 108, &[9, 3, 9]).accepted();
+    call(0, 12, &good, w, 108, &[9, 3, 9]).refused("n = 0");
+    call(13, 12, &good, w, 117, &[9, 3, 9]).refused("n = 13");
+    call(12, 12, &good, w, 107, &[9, 3, 9]).refused("scratch");
+    call(12, 12, &good, 64, 108, &[9, 3, 9]).refused("window");
+    call(12, 12, &good[..8], w, 108, &[9, 3, 9]).refused("state has 8 words");
+    call(12, 12, &with(3, 2000), w, 108, &[9, 3, 9]).refused("window of 2000");
+    call(12, 12, &with(6, 0), w, 108, &[9, 3, 9]).refused("--top-p");
+    call(12, 12, &with(5, f32::NAN.to_bits()), w, 108, &[9, 3, 9]).refused("--temperature");
+    call(12, 12, &good, w, 108, &[-1, 3, 9]).refused("inputs[0] = -1");
+    call(12, 12, &good, w, 108, &[9, 3, 9, 9]).refused("inputs has 4 values");
 }
 
 #[test]

@@ -7,6 +7,7 @@ mod attention_avx512;
 mod attention_slots;
 mod check;
 mod copy;
+mod draw;
 mod elementwise;
 mod embedding;
 mod fused_block;
@@ -34,6 +35,7 @@ pub fn register_all(registry: &mut CpuRegistry) {
     attention::register(registry);
     attention_slots::register(registry);
     copy::register(registry);
+    draw::register(registry);
     elementwise::register(registry);
     embedding::register(registry);
     fused_block::register(registry);
