@@ -64,16 +64,7 @@ pub fn argmax_advance(x: &Buffer, ring: &Buffer, inputs: &Buffer) -> Result<Disp
             )
         },
     )?;
-    check.require("ring", ring.elems() > 0, || {
-        format!(
-            "has shape {:?}; it must hold at least one token",
-            ring.dims()
-        )
-    })?;
-    let len = inputs.elems();
-    check.require("inputs", len >= 3 && !len.is_multiple_of(2), || {
-        format!("has {len} elements; it must hold 1 + 2B (B >= 1): the step, B tokens, B positions")
-    })?;
+    check_ring_and_inputs(&check, ring, inputs)?;
     check_disjoint(&check, "ring", ring, &[("x", x), ("inputs", inputs)])?;
     check_disjoint(&check, "inputs", inputs, &[("x", x)])?;
     let args = vec![
@@ -83,6 +74,21 @@ pub fn argmax_advance(x: &Buffer, ring: &Buffer, inputs: &Buffer) -> Result<Disp
         Arg::u32(u32_size(&check, "x", n)?),
     ];
     Dispatch::new(KernelId::of(&ARGMAX_ADVANCE), args, Grid::new(1, 1024))
+}
+
+/// The checks of an op that keeps a step's token in `ring` and advances the step's `inputs`:
+/// a ring of at least one token, inputs of `1 + 2B` values (B >= 1).
+pub(crate) fn check_ring_and_inputs(check: &Check, ring: &Buffer, inputs: &Buffer) -> Result<()> {
+    check.require("ring", ring.elems() > 0, || {
+        format!(
+            "has shape {:?}; it must hold at least one token",
+            ring.dims()
+        )
+    })?;
+    let len = inputs.elems();
+    check.require("inputs", len >= 3 && !len.is_multiple_of(2), || {
+        format!("has {len} elements; it must hold 1 + 2B (B >= 1): the step, B tokens, B positions")
+    })
 }
 
 #[cfg(test)]

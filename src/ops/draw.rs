@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::graph::{Arg, Dispatch, Grid, KernelId};
 use crate::kernels::misc::DRAW_ADVANCE;
 use crate::model::sampler::SamplerConfig;
+use crate::ops::argmax::check_ring_and_inputs;
 use crate::ops::elementwise::{check_disjoint, u32_size};
 use crate::ops::Check;
 
@@ -175,16 +176,7 @@ pub fn draw_advance(
             )
         },
     )?;
-    check.require("ring", ring.elems() > 0, || {
-        format!(
-            "has shape {:?}; it must hold at least one token",
-            ring.dims()
-        )
-    })?;
-    let len = inputs.elems();
-    check.require("inputs", len >= 3 && !len.is_multiple_of(2), || {
-        format!("has {len} elements; it must hold 1 + 2B (B >= 1): the step, B tokens, B positions")
-    })?;
+    check_ring_and_inputs(&check, ring, inputs)?;
     check.elems("state", state, DRAW_STATE_WORDS)?;
     check.elems("window", window, DRAW_WINDOW)?;
     check.elems("scratch", scratch, draw_scratch_len(n))?;
