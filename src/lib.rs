@@ -79,6 +79,7 @@ pub mod memory;
 pub mod model;
 pub mod ops;
 pub mod quant;
+pub mod sampler;
 pub mod sanitize;
 pub mod serve;
 pub mod session;

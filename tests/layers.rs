@@ -12,6 +12,7 @@ const LAYERS: &[&str] = &[
     "cache_dir",
     "memory",
     "quant",
+    "sampler",
     "kernels",
     "graph",
     "backend",

@@ -13,7 +13,7 @@ pub mod gguf;
 pub mod gguf_write;
 pub mod llama;
 pub mod qwen3;
-pub mod sampler;
+pub use crate::sampler;
 pub mod slots;
 pub mod synth;
 pub mod tokenizer;

@@ -3,8 +3,8 @@
 
 use super::*;
 use crate::backend::Device;
-use crate::model::sampler::Sampler;
 use crate::ops::copy::float_io::run_direct;
+use crate::sampler::{Sampler, SamplerConfig};
 use crate::testutil::random_f32;
 
 /// Settings a device draw takes: temperature, top-k, top-p, min-p, penalty (window 16).

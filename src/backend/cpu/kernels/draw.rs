@@ -11,8 +11,8 @@ use super::check::{expect_len, kernel_err};
 use crate::backend::cpu::{CpuRegistry, KernelArgs};
 use crate::error::Result;
 use crate::kernels::misc::DRAW_ADVANCE;
-use crate::model::sampler::Sampler;
-use crate::ops::draw::{draw_scratch_len, DrawState, DRAW_STATE_WORDS, DRAW_WINDOW};
+use crate::sampler::device::{draw_scratch_len, DrawState, DRAW_STATE_WORDS, DRAW_WINDOW};
+use crate::sampler::Sampler;
 
 fn draw_advance_f32(args: &KernelArgs<'_>) -> Result<()> {
     let x = args.input::<f32>(0)?;

@@ -356,8 +356,8 @@ fn argmax_advance_refuses_rows_rings_inputs_and_steps_that_do_not_fit() {
 
 #[test]
 fn draw_advance_refuses_rows_states_windows_and_steps_that_do_not_fit() {
-    use crate::model::sampler::SamplerConfig;
-    use crate::ops::draw::{DrawState, DRAW_WINDOW};
+    use crate::sampler::device::{DrawState, DRAW_WINDOW};
+    use crate::sampler::SamplerConfig;
     let cfg = SamplerConfig {
         temperature: 0.8,
         ..SamplerConfig::default()

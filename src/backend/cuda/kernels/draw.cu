@@ -1,5 +1,5 @@
 // The `draw` family: a sampled token of one row drawn on the device exactly as the host's sampler
-// draws it (src/model/sampler.rs and sampler/passes.rs; the CPU kernel is that sampler), so the
+// draws it (src/sampler.rs and sampler/passes.rs; the CPU kernel is that sampler), so the
 // same generator state and settings give the same token, then kept as argmax_advance_f32 keeps
 // the greedy one.
 //

@@ -3,6 +3,7 @@
 
 use crate::error::{Error, Result};
 
+pub mod device;
 mod passes;
 
 use passes::{
