@@ -83,6 +83,7 @@ impl SamplerConfig {
 /// (`sampler/passes.rs`): weights as integer quanta, their sums per power-of-two bucket, and a
 /// weighted selection inside the one bucket that holds the draw's point (`benches/sampler.rs`:
 /// at 128,256 logits 4-9 ms a token for a full sort, about 0.4 ms this way).
+#[derive(Debug, Clone)]
 pub struct Sampler {
     config: SamplerConfig,
     state: u64,
@@ -124,9 +125,15 @@ impl Sampler {
         &self.config
     }
 
-    /// The generator's state: what the next draw starts from.
-    pub(crate) fn state(&self) -> u64 {
+    /// The generator's state: what the next draw starts from (a device draw's
+    /// [`device::DrawState`] starts from it).
+    pub fn state(&self) -> u64 {
         self.state
+    }
+
+    /// Moves the generator to `state`: where a device draw from this sampler's state left it.
+    pub fn set_state(&mut self, state: u64) {
+        self.state = state;
     }
 
     /// Advances the generator past `draws` draws, as if that many tokens had been sampled here

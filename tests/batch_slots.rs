@@ -1,8 +1,8 @@
 //! `BatchEngine` on small synthetic models of every family (CPU): batch invariance (a row's
 //! logits alone and beside 3, 7 and 15 other rows with random histories are bitwise equal, and
 //! equal to the single-sequence `Engine::decode` over the same history), in direct and graph
-//! mode; padding rows never change a live slot; one instantiated graph per bucket; bad arguments
-//! are errors.
+//! mode; padding rows never change a live slot; one instantiated graph per bucket; rows drawn
+//! on the device give their host samplers' tokens; bad arguments are errors.
 
 mod batch_common;
 
@@ -12,7 +12,7 @@ use batch_common::*;
 use onepass::model::arch::Family;
 use onepass::model::batch::BatchEngine;
 use onepass::model::engine::{Engine, RunMode};
-use onepass::model::slots::{RowOutput, SlotModel, StepRow};
+use onepass::model::slots::{Pick, RowOutput, SlotModel, StepRow};
 use onepass::model::transformer::{Logits, Transformer};
 use onepass::{DType, Device, Executor};
 
@@ -169,6 +169,13 @@ fn padding_rows_never_change_a_live_slot() {
 }
 
 #[test]
+fn rows_drawn_on_the_device_give_their_host_samplers_tokens() {
+    for mode in [RunMode::Direct, RunMode::Graph] {
+        drawn_rows(Device::cpu(0).expect("cpu"), mode);
+    }
+}
+
+#[test]
 fn a_prompt_fed_as_rows_of_one_step_equals_one_token_per_step() {
     for mode in [RunMode::Direct, RunMode::Graph] {
         prompt_rows(Device::cpu(0).expect("cpu"), mode);
@@ -193,25 +200,56 @@ fn bad_arguments_are_errors() {
         slot: 0,
         token: 5,
         pos: 0,
-        greedy: true,
+        pick: Pick::Greedy,
     };
     let err = |r: onepass::Result<Vec<RowOutput>>, needle: &str| {
         let e = r.expect_err(needle).to_string();
         assert!(e.contains(needle), "{e:?} should say {needle:?}");
     };
-    err(engine.decode(&[StepRow { slot: 3, ..ok }]), "slot 3");
-    err(engine.decode(&[StepRow { pos: CTX, ..ok }]), "position 48");
     err(
-        engine.decode(&[ok, StepRow { token: 6, ..ok }]),
+        engine.decode(&[StepRow {
+            slot: 3,
+            ..ok.clone()
+        }]),
+        "slot 3",
+    );
+    err(
+        engine.decode(&[StepRow {
+            pos: CTX,
+            ..ok.clone()
+        }]),
+        "position 48",
+    );
+    err(
+        engine.decode(&[
+            ok.clone(),
+            StepRow {
+                token: 6,
+                ..ok.clone()
+            },
+        ]),
         "slot 0 already has a row at position 0",
     );
     err(
-        engine.decode(&[ok, StepRow { slot: 1, ..ok }, StepRow { slot: 2, ..ok }]),
+        engine.decode(&[
+            ok.clone(),
+            StepRow {
+                slot: 1,
+                ..ok.clone()
+            },
+            StepRow {
+                slot: 2,
+                ..ok.clone()
+            },
+        ]),
         "1 to 2 rows",
     );
     err(engine.decode(&[]), "1 to 2 rows");
     err(
-        engine.decode(&[StepRow { token: 300, ..ok }]),
+        engine.decode(&[StepRow {
+            token: 300,
+            ..ok.clone()
+        }]),
         "token id 300",
     );
     let perr = |r: onepass::Result<Vec<f32>>, needle: &str| {
@@ -227,7 +265,10 @@ fn bad_arguments_are_errors() {
     assert_eq!(engine.prefill(0, &[1, 2], 0).expect("prefill").len(), VOCAB);
     assert_eq!(
         engine
-            .decode(&[StepRow { pos: 2, ..ok }])
+            .decode(&[StepRow {
+                pos: 2,
+                ..ok.clone()
+            }])
             .expect("decode")
             .len(),
         1

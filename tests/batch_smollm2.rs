@@ -10,7 +10,7 @@ use onepass::model::batch::BatchEngine;
 use onepass::model::engine::{Engine, RunMode};
 use onepass::model::gguf::GgufFile;
 use onepass::model::sampler::{Sampler, SamplerConfig};
-use onepass::model::slots::{RowOutput, SlotModel, StepRow};
+use onepass::model::slots::{Pick, RowOutput, SlotModel, StepRow};
 use onepass::model::tokenizer::Tokenizer;
 use onepass::model::transformer::Transformer;
 use onepass::{Device, Executor};
@@ -92,14 +92,14 @@ fn batched(file: &Arc<GgufFile>, prompts: &[Vec<u32>], mode: RunMode) -> Vec<Vec
                     slot: slot_of[i],
                     token: *out[i].last().expect("a token"),
                     pos: prompts[i].len() + out[i].len() - 1,
-                    greedy: true,
+                    pick: Pick::Greedy,
                 })
                 .collect();
             let outputs = engine.decode(&rows).expect("decode");
             for (&i, o) in live.iter().zip(outputs) {
                 match o {
                     RowOutput::Token(t) => out[i].push(t),
-                    RowOutput::Logits(_) => panic!("a greedy row gave logits"),
+                    other => panic!("a greedy row gave {other:?}"),
                 }
             }
         }

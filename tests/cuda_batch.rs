@@ -287,3 +287,11 @@ fn a_prompt_fed_as_rows_of_one_step_equals_one_token_per_step_on_cuda() {
         prompt_rows(cuda_device(), mode);
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn rows_drawn_on_the_device_give_their_host_samplers_tokens_on_cuda() {
+    for mode in [RunMode::Direct, RunMode::Graph] {
+        drawn_rows(cuda_device(), mode);
+    }
+}

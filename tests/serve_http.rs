@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use onepass::model::chat::ChatTemplate;
-use onepass::model::slots::{RowOutput, SlotModel, StepRow};
+use onepass::model::slots::{Pick, RowOutput, SlotModel, StepRow};
 use onepass::serve::{Limits, ServeOptions, ServedModel, TextCodec};
 use onepass::{Error, Result};
 
@@ -67,7 +67,8 @@ impl SlotModel for Alphabet {
             .map(|r| {
                 self.last[r.slot] = r.token;
                 let next = next_after(r.token);
-                if r.greedy {
+                // A model that cannot draw on the device gives sampled rows their logits.
+                if r.pick == Pick::Greedy {
                     RowOutput::Token(next)
                 } else {
                     RowOutput::Logits(one_hot(next))

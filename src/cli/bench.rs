@@ -62,6 +62,14 @@ pub struct BenchArgs {
     /// as `onepass serve` runs them: each row a sequence of its own slot.
     #[arg(long, value_delimiter = ',')]
     pub rows: Vec<usize>,
+    /// With `--rows`: sample every row at this temperature (a seed a row) instead of taking the
+    /// most likely token, drawn on the device as `serve` draws.
+    #[arg(long, value_name = "T", default_value_t = 0.0, requires = "rows")]
+    pub rows_temperature: f32,
+    /// With `--rows-temperature`: sample on the host from each row's logits instead (as `serve`
+    /// did before rows drew on the device).
+    #[arg(long, requires = "rows_temperature")]
+    pub rows_on_host: bool,
     /// Write a Chrome-trace JSON (Perfetto) of one profiled decode step and one profiled prompt
     /// pass per mode.
     #[arg(long, value_name = "FILE")]

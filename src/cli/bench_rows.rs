@@ -11,8 +11,10 @@ use std::time::Instant;
 use onepass::config::RunMode;
 use onepass::model::batch::BatchEngine;
 use onepass::model::gguf::GgufFile;
-use onepass::model::slots::{RowOutput, SlotModel, StepRow};
+use onepass::model::slots::{Pick, RowDraw, RowOutput, SlotModel, StepRow};
 use onepass::model::transformer::Transformer;
+use onepass::sampler::device::DrawState;
+use onepass::sampler::{Sampler, SamplerConfig};
 use onepass::trace::Timeline;
 use onepass::{Device, Executor};
 
@@ -80,13 +82,46 @@ pub(super) fn run(
         last.push(greedy(&logits));
     }
     let prefill_ms = spread(prefill).median;
+    if !(args.rows_temperature.is_finite() && args.rows_temperature >= 0.0) {
+        anyhow::bail!(
+            "--rows-temperature must be a finite number >= 0, got {}",
+            args.rows_temperature
+        );
+    }
+    let config = SamplerConfig {
+        temperature: args.rows_temperature,
+        ..SamplerConfig::default()
+    };
+    // Each row's sampler (a seed a slot) and history: the prompt, then its tokens.
+    let samplers = || -> anyhow::Result<Vec<(Sampler, Vec<u32>)>> {
+        (0..max)
+            .map(|slot| {
+                let cfg = SamplerConfig {
+                    seed: slot as u64,
+                    ..config.clone()
+                };
+                let history = [prompt.as_slice(), &[last[slot]]].concat();
+                Ok((Sampler::new(cfg)?, history))
+            })
+            .collect()
+    };
+    let pick = |sampler: &Sampler, history: &[u32]| -> anyhow::Result<Pick> {
+        Ok(if config.temperature == 0.0 {
+            Pick::Greedy
+        } else if args.rows_on_host {
+            Pick::Logits
+        } else {
+            let state = DrawState::new(sampler.config(), sampler.state(), history.len())?;
+            Pick::Draw(RowDraw::new(state, history))
+        })
+    };
     let rows_of = |n: usize, step: usize, tokens: &[u32]| -> Vec<StepRow> {
         (0..n)
             .map(|slot| StepRow {
                 slot,
                 token: tokens[slot],
                 pos: prompt.len() + step,
-                greedy: true,
+                pick: Pick::Greedy,
             })
             .collect()
     };
@@ -95,13 +130,25 @@ pub(super) fn run(
         let mut times = Vec::new();
         for rep in 0..=args.repeat {
             let mut tokens = last.clone();
+            let mut rows_state = samplers()?;
             let t = Instant::now();
             for step in 0..args.decode.max(1) {
-                let out = engine.decode(&rows_of(n, step, &tokens))?;
+                let mut rows = rows_of(n, step, &tokens);
+                for (row, (sampler, history)) in rows.iter_mut().zip(&rows_state) {
+                    row.pick = pick(sampler, history)?;
+                }
+                let out = engine.decode(&rows)?;
                 for (slot, o) in out.into_iter().enumerate() {
-                    if let RowOutput::Token(id) = o {
-                        tokens[slot] = id;
-                    }
+                    let (sampler, history) = &mut rows_state[slot];
+                    tokens[slot] = match o {
+                        RowOutput::Token(id) => id,
+                        RowOutput::Logits(logits) => sampler.sample(&logits, history)?,
+                        RowOutput::Drawn { token, rng } => {
+                            sampler.set_state(rng);
+                            token
+                        }
+                    };
+                    history.push(tokens[slot]);
                 }
             }
             if rep > 0 {

@@ -37,7 +37,7 @@ pub static ARGMAX_ADVANCE: KernelSig = KernelSig::new(
 /// A sampled token of one row drawn on the device, kept as [`ARGMAX_ADVANCE`] keeps the greedy
 /// one: x (one f32 row), ring, inputs (as [`ARGMAX_ADVANCE`]), state (u32: the generator and the
 /// settings, `ops::draw::DrawState`), window (i32: the repetition penalty's recent tokens),
-/// scratch (u32 `[9n]`: the kernel's candidates), n (the row length).
+/// scratch (u32 `[9n]`, rounded up to even: the kernel's candidates), n (the row length).
 pub static DRAW_ADVANCE: KernelSig = KernelSig::new(
     "draw_advance_f32",
     OpKind::Argmax,
@@ -48,6 +48,23 @@ pub static DRAW_ADVANCE: KernelSig = KernelSig::new(
         Param::read_write("state", one(DType::U32)),
         Param::read_write("window", I32),
         Param::write("scratch", one(DType::U32)),
+        Param::u32("n"),
+    ],
+);
+
+/// A sampled token drawn on the device for each row of x, as [`DRAW_ADVANCE`] draws one: x (f32
+/// `[rows, n]`), state (u32 `[rows, 9]`), window (i32 `[rows, 1024]`), scratch (u32 `[rows, 9n]`,
+/// each row's rounded up to even),
+/// out (i32 `[rows]`: each row's token), n (the row length).
+pub static DRAW_ROWS: KernelSig = KernelSig::new(
+    "draw_rows_f32",
+    OpKind::Argmax,
+    &[
+        Param::read("x", F32),
+        Param::read_write("state", one(DType::U32)),
+        Param::read_write("window", I32),
+        Param::write("scratch", one(DType::U32)),
+        Param::write("out", I32),
         Param::u32("n"),
     ],
 );

@@ -533,6 +533,7 @@ pub fn all() -> Vec<&'static KernelSig> {
         std::slice::from_ref(&misc::ARGMAX),
         std::slice::from_ref(&misc::ARGMAX_ADVANCE),
         std::slice::from_ref(&misc::DRAW_ADVANCE),
+        std::slice::from_ref(&misc::DRAW_ROWS),
         &misc::COPY,
         &misc::EMBEDDING,
         &misc::KV_WRITE,

@@ -9,7 +9,12 @@
 //! outputs are dropped. In graph mode each bucket's step is recorded, optimized and instantiated
 //! once, then replayed for every step: the per-row tokens, positions and slots live in a device
 //! buffer written once per step. Every step ends with a per-row device argmax; greedy rows read back
-//! only their token id, sampled rows their logits row.
+//! only their token id, rows for a host sampler their logits row. Rows that draw on the device
+//! ([`Pick::Draw`]) take a second graph per bucket, whose step ends with a draw for every row
+//! (`draw_rows`, a block a row) after the argmax: each sampled row reads back its token and its
+//! generator's state, so no logits cross to the host. Its buffers are allocated at the first such
+//! step: the draw's scratch is `36 * vocab` bytes a row of the largest bucket (147 MB for 32 rows
+//! of Llama 3's 128,256 tokens).
 //!
 //! On the CPU a decode row gives the bits of `Engine::decode` over the same slot contents, so a
 //! sequence's greedy tokens equal `Engine::generate`'s when its prompt was prefilled as `generate`
@@ -19,13 +24,15 @@
 //! position 0), or at least never leave a one-token chunk where it has none.
 
 use crate::backend::EncoderOptions;
+use crate::backend::{Buffer, DType};
 use crate::error::{Error, Result};
 use crate::executable::{Executable, KernelTiming, StableSet};
 use crate::model::engine::RunMode;
 use crate::model::sampler::{Sampler, SamplerConfig};
-use crate::model::slots::{RowOutput, SlotModel, StepRow};
+use crate::model::slots::{Pick, RowOutput, SlotModel, StepRow};
 use crate::model::transformer::{Logits, Transformer};
-use crate::session::{Executor, Mode, Plan};
+use crate::ops::draw::{draw_scratch_len, DrawState, DRAW_MAX_ROW, DRAW_STATE_WORDS, DRAW_WINDOW};
+use crate::session::{Executor, Mode, Plan, Session};
 
 /// The batch sizes a decode step is recorded for (capped by `max_rows`).
 pub const BUCKETS: [usize; 6] = [1, 2, 4, 8, 16, 32];
@@ -39,7 +46,23 @@ pub struct BatchEngine {
     buckets: Vec<usize>,
     /// The instantiated decode step of each bucket (graph mode), built at first use.
     graphs: Vec<Option<Executable>>,
+    /// The same, ending with a draw for every row, for steps with rows that draw on the device.
+    draw_graphs: Vec<Option<Executable>>,
+    /// The draws' buffers, allocated at the first step that draws.
+    draw: Option<RowDrawBuffers>,
     instantiations: usize,
+}
+
+/// What the device draws of a batched step read and write, a row for each of `max_rows`.
+struct RowDrawBuffers {
+    /// u32 `[max_rows, DRAW_STATE_WORDS]`: each row's settings and generator.
+    state: Buffer,
+    /// i32 `[max_rows, DRAW_WINDOW]`: each row's penalty window.
+    window: Buffer,
+    /// u32 `[max_rows, 9 * vocab]`: the draws' candidates.
+    scratch: Buffer,
+    /// i32 `[max_rows]`: the drawn tokens.
+    out: Buffer,
 }
 
 impl BatchEngine {
@@ -59,6 +82,8 @@ impl BatchEngine {
         let plan = executor.config().plan();
         Ok(BatchEngine {
             graphs: buckets.iter().map(|_| None).collect(),
+            draw_graphs: buckets.iter().map(|_| None).collect(),
+            draw: None,
             buckets,
             model,
             executor,
@@ -111,20 +136,91 @@ impl BatchEngine {
         let positions: Vec<usize> = rows.iter().map(|r| r.pos).collect();
         let slots: Vec<usize> = rows.iter().map(|r| r.slot).collect();
         self.model.set_rows(bucket, &tokens, &positions, &slots)?;
-        self.instantiate(bucket)?.profile()
+        self.instantiate(bucket, false)?.profile()
     }
 
     /// The allocations the model keeps for its whole life, which an instantiated step may use.
     fn stable_set(&self) -> StableSet {
-        let named = self.model.stable_buffers();
+        let mut named = self.model.stable_buffers();
+        if let Some(d) = &self.draw {
+            named.extend([
+                ("draw_rows.state".to_string(), d.state.clone()),
+                ("draw_rows.window".to_string(), d.window.clone()),
+                ("draw_rows.scratch".to_string(), d.scratch.clone()),
+                ("draw_rows.out".to_string(), d.out.clone()),
+            ]);
+        }
         StableSet::from_named(named.iter().map(|(n, b)| (n.as_str(), b)))
     }
 
-    /// Records the decode step of `bucket` rows, optimizes it as this engine's mode does and
-    /// instantiates it.
-    fn instantiate(&self, bucket: usize) -> Result<Executable> {
+    /// Records the decode step of `bucket` rows, with `draws` ending in a draw for every row.
+    fn record_step(&self, s: &mut Session, bucket: usize, draws: bool) -> Result<()> {
+        self.model.record_decode_rows(s, bucket, true)?;
+        if !draws {
+            return Ok(());
+        }
+        let d = self.draw.as_ref().ok_or_else(|| {
+            Error::Backend("a drawing step was recorded before its buffers existed".into())
+        })?;
+        s.draw_rows(
+            &self.model.batch_logits(bucket)?,
+            &d.state.rows(0, bucket)?,
+            &d.window.rows(0, bucket)?,
+            &d.scratch.rows(0, bucket)?,
+            &d.out.rows(0, bucket)?,
+        )
+    }
+
+    /// Allocates the draws' buffers (once) and writes each row's state and, where a row's
+    /// penalty looks at it, its window; rows that do not draw (greedy ones, a prompt's inner
+    /// rows, the padding) draw greedily, and their tokens are not read.
+    fn set_draws(&mut self, bucket: usize, rows: &[StepRow]) -> Result<()> {
+        let device = self.executor.device().clone();
+        if self.draw.is_none() {
+            let (r, vocab) = (self.model.max_rows(), self.model.config().vocab);
+            self.draw = Some(RowDrawBuffers {
+                state: device.alloc(DType::U32, &[r, DRAW_STATE_WORDS])?,
+                window: device.alloc(DType::I32, &[r, DRAW_WINDOW])?,
+                scratch: device.alloc(DType::U32, &[r, draw_scratch_len(vocab)])?,
+                out: device.alloc(DType::I32, &[r])?,
+            });
+        }
+        let Some(d) = &self.draw else {
+            return Ok(());
+        };
+        let greedy = DrawState::new(&SamplerConfig::default(), 0, 0)?;
+        let mut words = Vec::with_capacity(bucket * DRAW_STATE_WORDS);
+        let mut windows: Vec<i32> = Vec::new();
+        for r in 0..bucket {
+            let draw = rows.get(r).and_then(|row| match &row.pick {
+                Pick::Draw(draw) => Some(draw),
+                _ => None,
+            });
+            words.extend(draw.map_or(greedy, |d| d.state).words());
+            if let Some(w) = draw.map(|d| &d.window).filter(|w| !w.is_empty()) {
+                if w.len() != DRAW_WINDOW {
+                    return Err(Error::InvalidArgument(format!(
+                        "row {r}'s penalty window has {} tokens, not {DRAW_WINDOW}",
+                        w.len()
+                    )));
+                }
+                windows.resize(r * DRAW_WINDOW, 0);
+                windows.extend_from_slice(w);
+            }
+        }
+        device.write(&d.state.rows(0, bucket)?, &words)?;
+        if !windows.is_empty() {
+            windows.resize(bucket * DRAW_WINDOW, 0);
+            device.write(&d.window.rows(0, bucket)?, &windows)?;
+        }
+        Ok(())
+    }
+
+    /// Records the decode step of `bucket` rows (with `draws`, ending in the rows' draws),
+    /// optimizes it as this engine's mode does and instantiates it.
+    fn instantiate(&self, bucket: usize, draws: bool) -> Result<Executable> {
         let mut s = self.executor.begin(Mode::Recorded);
-        self.model.record_decode_rows(&mut s, bucket, true)?;
+        self.record_step(&mut s, bucket, draws)?;
         let mut graph = s.into_graph()?;
         let report = Executor::optimize(
             &mut graph,
@@ -132,7 +228,7 @@ impl BatchEngine {
             self.executor.device().capabilities(),
         );
         let exec = self.executor.instantiate(&graph, &self.stable_set())?;
-        tracing::info!(bucket, ?report, stats = ?exec.stats(), "instantiated a batched decode step");
+        tracing::info!(bucket, draws, ?report, stats = ?exec.stats(), "instantiated a batched decode step");
         Ok(exec)
     }
 
@@ -183,6 +279,31 @@ impl BatchEngine {
             .ok_or_else(|| {
                 Error::Backend(format!(
                     "the device argmax gave token {id}, outside the vocabulary of {vocab}"
+                ))
+            })
+    }
+}
+
+impl BatchEngine {
+    /// Where bucket `index`'s instantiated step is kept (with `draws`, the one ending in draws).
+    fn graph_for(&mut self, index: usize, draws: bool) -> &mut Option<Executable> {
+        if draws {
+            &mut self.draw_graphs[index]
+        } else {
+            &mut self.graphs[index]
+        }
+    }
+
+    /// A token the device's draw gave, checked against the vocabulary.
+    fn drawn_token(&self, id: i32) -> Result<u32> {
+        let vocab = self.model.config().vocab;
+        usize::try_from(id)
+            .ok()
+            .filter(|&i| i < vocab)
+            .map(|i| i as u32)
+            .ok_or_else(|| {
+                Error::Backend(format!(
+                    "the device draw gave token {id}, outside the vocabulary of {vocab}"
                 ))
             })
     }
@@ -246,37 +367,54 @@ impl SlotModel for BatchEngine {
         let positions: Vec<usize> = rows.iter().map(|r| r.pos).collect();
         let slots: Vec<usize> = rows.iter().map(|r| r.slot).collect();
         self.model.set_rows(bucket, &tokens, &positions, &slots)?;
+        // Rows of a vocabulary too large for the device's draw read their logits instead.
+        let draws = self.model.config().vocab <= DRAW_MAX_ROW
+            && rows.iter().any(|r| matches!(r.pick, Pick::Draw(_)));
+        if draws {
+            self.set_draws(bucket, rows)?;
+        }
         let index = self
             .buckets
             .iter()
             .position(|&b| b == bucket)
             .unwrap_or_default();
         if self.mode == RunMode::Graph {
-            if self.graphs[index].is_none() {
+            if self.graph_for(index, draws).is_none() {
                 // Built once per bucket: the step reads its rows' tokens, positions and slots
-                // from the step buffer, so the same graph serves every step.
-                self.graphs[index] = Some(self.instantiate(bucket)?);
+                // (and draws' states) from device buffers, so the same graph serves every step.
+                let exec = self.instantiate(bucket, draws)?;
                 self.instantiations += 1;
+                *self.graph_for(index, draws) = Some(exec);
             }
-            if let Some(exec) = &self.graphs[index] {
+            if let Some(exec) = self.graph_for(index, draws) {
                 exec.launch()?;
             }
         } else {
-            self.run(|s| self.model.record_decode_rows(s, bucket, true))?;
+            self.run(|s| self.record_step(s, bucket, draws))?;
         }
         let device = self.executor.device();
         let ids = device.download::<i32>(&self.model.batch_next_tokens(rows.len())?)?;
+        let drawn = match (&self.draw, draws) {
+            (Some(d), true) => Some((
+                device.download::<i32>(&d.out.rows(0, rows.len())?)?,
+                device.download::<u32>(&d.state.rows(0, rows.len())?)?,
+            )),
+            _ => None,
+        };
         let logits = self.model.batch_logits(rows.len())?;
         let logits_row = |r: usize| device.download::<f32>(&logits.rows(r, 1)?);
         rows.iter()
             .zip(ids)
             .enumerate()
-            .map(|(r, (row, id))| {
-                if row.greedy {
-                    Ok(RowOutput::Token(self.greedy_token(id, || logits_row(r))?))
-                } else {
-                    Ok(RowOutput::Logits(logits_row(r)?))
-                }
+            .map(|(r, (row, id))| match (&row.pick, &drawn) {
+                (Pick::Greedy, _) => Ok(RowOutput::Token(self.greedy_token(id, || logits_row(r))?)),
+                (Pick::Draw(_), Some((tokens, words))) if tokens[r] >= 0 => Ok(RowOutput::Drawn {
+                    token: self.drawn_token(tokens[r])?,
+                    rng: words[r * DRAW_STATE_WORDS] as u64
+                        | (words[r * DRAW_STATE_WORDS + 1] as u64) << 32,
+                }),
+                // No finite logit (the host's sampler says so), or no device draw.
+                _ => Ok(RowOutput::Logits(logits_row(r)?)),
             })
             .collect()
     }

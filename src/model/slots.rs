@@ -7,9 +7,10 @@
 //! values as one `Engine::prefill` of the whole prompt.
 
 use crate::error::Result;
+use crate::sampler::device::DrawState;
 
 /// One row of a batched decode step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StepRow {
     /// The KV-cache slot the row's sequence lives in.
     pub slot: usize,
@@ -17,18 +18,59 @@ pub struct StepRow {
     pub token: u32,
     /// Its position in the sequence (the number of tokens the slot already holds).
     pub pos: usize,
-    /// Whether the row only needs the most likely next token (computed on the device), or its
-    /// whole logits row for sampling on the host.
-    pub greedy: bool,
+    /// How the row's next token is chosen.
+    pub pick: Pick,
+}
+
+/// How a decode row's next token is chosen.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Pick {
+    /// The most likely token, found on the device ([`RowOutput::Token`]).
+    Greedy,
+    /// By a sampler on the host, from the whole logits row ([`RowOutput::Logits`]).
+    Logits,
+    /// Drawn on the device as the sequence's sampler would draw it ([`RowOutput::Drawn`]; a model
+    /// that cannot may give [`RowOutput::Logits`] instead).
+    Draw(RowDraw),
+}
+
+/// What a device draw needs of a sequence's sampler.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowDraw {
+    /// The settings, the generator's state and the history's length.
+    pub state: DrawState,
+    /// The repetition penalty's window of the history ([`DrawState::window_of`]); empty when the
+    /// penalty is off.
+    pub window: Vec<i32>,
+}
+
+impl RowDraw {
+    /// The draw of a sampler with `state` after the tokens of `history`.
+    pub fn new(state: DrawState, history: &[u32]) -> Self {
+        let window = if state.penalty == 1.0 {
+            Vec::new()
+        } else {
+            state.window_of(history)
+        };
+        RowDraw { state, window }
+    }
 }
 
 /// What one row of a decode step gives back.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RowOutput {
-    /// The most likely next token (rows with `greedy`).
+    /// The most likely next token ([`Pick::Greedy`]).
     Token(u32),
-    /// The row's logits, `vocab` values (rows without `greedy`).
+    /// The row's logits, `vocab` values ([`Pick::Logits`], or a [`Pick::Draw`] the model did not
+    /// draw: a vocabulary too large for the device's draw, or no finite logit).
     Logits(Vec<f32>),
+    /// The token drawn on the device ([`Pick::Draw`]) and the generator's state after the draw.
+    Drawn {
+        /// The token.
+        token: u32,
+        /// The sampler's generator after it.
+        rng: u64,
+    },
 }
 
 /// A model with a KV cache of [`SlotModel::slots`] independent sequences.

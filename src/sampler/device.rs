@@ -122,7 +122,8 @@ impl DrawState {
     }
 }
 
-/// The scratch a draw over rows of `n` logits needs: u32 values, `[9n]` (three lists of candidates).
+/// The scratch a draw over a row of `n` logits needs: u32 values, `9n` (three lists of
+/// candidates) rounded up to even, so that each row of a batch's scratch starts 8-byte aligned.
 pub fn draw_scratch_len(n: usize) -> usize {
-    9 * n
+    9 * n + (n & 1)
 }

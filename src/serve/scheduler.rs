@@ -38,7 +38,9 @@ use super::metrics::Metrics;
 use super::sequence::{Event, Job, Phase, Sequence, Ticket, TokenContext};
 use super::text::TextCodec;
 use crate::error::{Error, Result};
-use crate::model::slots::{RowOutput, SlotModel, StepRow};
+use crate::model::sampler::SamplerConfig;
+use crate::model::slots::{Pick, RowDraw, RowOutput, SlotModel, StepRow};
+use crate::sampler::device::DrawState;
 
 /// How long an idle scheduler waits for a job before it looks at its flags again.
 const IDLE_WAIT: Duration = Duration::from_millis(20);
@@ -67,7 +69,8 @@ pub struct SchedulerHandle {
 
 /// Runs one decode step of each row count a model may build something for (1, 2, 4, ... below
 /// [`SlotModel::max_rows`], and `max_rows` itself: the batch-size buckets of an instantiated
-/// graph per bucket) on throwaway slot contents, so that the first requests do not pay for it.
+/// graph per bucket, greedy and drawing on the device) on throwaway slot contents, so that the
+/// first requests do not pay for it.
 /// Each step's slots are first prefilled with one token at position 0, which a sequence's own
 /// prefill overwrites later. Returns the number of step sizes run.
 pub fn warm_up(model: &mut dyn SlotModel) -> Result<usize> {
@@ -82,19 +85,27 @@ pub fn warm_up(model: &mut dyn SlotModel) -> Result<usize> {
         n *= 2;
     }
     sizes.push(most);
+    // Greedy steps, then steps whose rows draw on the device (each has its graphs).
+    let sampled = SamplerConfig {
+        temperature: 1.0,
+        ..SamplerConfig::default()
+    };
+    let draw = Pick::Draw(RowDraw::new(DrawState::new(&sampled, 0, 2)?, &[0, 0]));
     for &n in &sizes {
-        for slot in 0..n {
-            model.prefill(slot, &[0], 0)?;
+        for pick in [Pick::Greedy, draw.clone()] {
+            for slot in 0..n {
+                model.prefill(slot, &[0], 0)?;
+            }
+            let rows: Vec<StepRow> = (0..n)
+                .map(|slot| StepRow {
+                    slot,
+                    token: 0,
+                    pos: 1,
+                    pick: pick.clone(),
+                })
+                .collect();
+            model.decode(&rows)?;
         }
-        let rows: Vec<StepRow> = (0..n)
-            .map(|slot| StepRow {
-                slot,
-                token: 0,
-                pos: 1,
-                greedy: true,
-            })
-            .collect();
-        model.decode(&rows)?;
     }
     Ok(sizes.len())
 }
@@ -564,6 +575,14 @@ impl Scheduler {
                 Ok(RowOutput::Logits(logits)) => {
                     seq.sample(&logits).map_err(|e| model_error("sampling", &e))
                 }
+                Ok(RowOutput::Drawn { token, rng }) if (token as usize) < vocab => {
+                    seq.drawn(rng);
+                    Ok(token)
+                }
+                Ok(RowOutput::Drawn { token, .. }) => Err(ApiError::with_status(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("the model drew token {token}, outside the vocabulary of {vocab}"),
+                )),
                 Err(e) => Err(e),
             };
             let ctx = &self.ctx;
@@ -594,7 +613,11 @@ impl Scheduler {
                 slot: seq.slot,
                 token: seq.job.prompt[p],
                 pos: p,
-                greedy: p + 1 < seq.job.prompt.len() || seq.greedy(),
+                pick: if p + 1 < seq.job.prompt.len() {
+                    Pick::Greedy
+                } else {
+                    seq.pick()
+                },
             },
             None => {
                 let (token, pos) = seq.next_input();
@@ -602,7 +625,7 @@ impl Scheduler {
                     slot: seq.slot,
                     token,
                     pos,
-                    greedy: seq.greedy(),
+                    pick: seq.pick(),
                 }
             }
         }

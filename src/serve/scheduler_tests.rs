@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::*;
-use crate::model::sampler::SamplerConfig;
+use crate::model::sampler::{Sampler, SamplerConfig};
 use crate::serve::sequence::{FinishReason, Sampling};
 
 /// The double's vocabulary: 0 ends a generation, 1 to 26 are `a` to `z`, 27 is a space, 28 and
@@ -35,6 +35,11 @@ struct Double {
     max_rows: usize,
     step_delay: Duration,
     log: Arc<Mutex<Vec<Call>>>,
+    /// Whether rows that ask for a device draw get one (as a model that draws on the device
+    /// answers), or their logits (as one that cannot).
+    draws: bool,
+    /// How many rows it drew.
+    drawn: Arc<AtomicUsize>,
 }
 
 /// The double's next token after `history`: a hash of the whole history, never the end token
@@ -127,10 +132,24 @@ impl SlotModel for Double {
             assert_eq!(r.pos, history.len(), "decode at the slot's length");
             assert!(r.pos < self.slot_ctx);
             history.push(r.token);
-            out.push(if r.greedy {
-                RowOutput::Token(next_token(history))
-            } else {
-                RowOutput::Logits(logits_for(history))
+            out.push(match &r.pick {
+                Pick::Greedy => RowOutput::Token(next_token(history)),
+                // Drawn as the device draws: the sequence's sampler, from the state it sent.
+                Pick::Draw(d) if self.draws => {
+                    assert_eq!(
+                        d.state.history as usize,
+                        history.len(),
+                        "the draw's history"
+                    );
+                    let mut sampler = Sampler::with_state(d.state.config(), d.state.rng)?;
+                    let token = sampler.sample(&logits_for(history), history)?;
+                    self.drawn.fetch_add(1, Ordering::SeqCst);
+                    RowOutput::Drawn {
+                        token,
+                        rng: sampler.state(),
+                    }
+                }
+                Pick::Logits | Pick::Draw(_) => RowOutput::Logits(logits_for(history)),
             });
         }
         Ok(out)
@@ -224,6 +243,8 @@ fn setup_mixed(
         max_rows: slots,
         step_delay,
         log: log.clone(),
+        draws: true,
+        drawn: Arc::new(AtomicUsize::new(0)),
     };
     let metrics = Arc::new(Metrics::new(slots));
     let handle = spawn(
@@ -646,6 +667,8 @@ fn warming_up_runs_every_bucket_size_once_within_the_contract() {
         max_rows: 6,
         step_delay: Duration::ZERO,
         log: log.clone(),
+        draws: true,
+        drawn: Arc::new(AtomicUsize::new(0)),
     };
     assert_eq!(warm_up(&mut double).unwrap(), 4);
     let widths: Vec<usize> = log
@@ -657,7 +680,9 @@ fn warming_up_runs_every_bucket_size_once_within_the_contract() {
             _ => None,
         })
         .collect();
-    assert_eq!(widths, [1, 2, 4, 6]);
+    // Each size twice: a greedy step, then one whose rows draw on the device.
+    assert_eq!(widths, [1, 1, 2, 2, 4, 4, 6, 6]);
+    assert_eq!(double.drawn.load(Ordering::SeqCst), 13);
 }
 
 #[test]
@@ -679,4 +704,79 @@ fn a_burst_fills_every_free_slot_even_with_no_queue_and_the_next_is_refused() {
         let (j, _rx) = job(&[5], 1);
         s.handle.submit(j).is_ok()
     });
+}
+
+/// The tokens of sampled jobs with `config` (four of them at once, three slots) over a double
+/// that draws on the device (`draws`) or gives its logits, and how many rows it drew.
+fn sampled_tokens(draws: bool, config: &SamplerConfig) -> (Vec<Vec<u32>>, usize) {
+    let drawn = Arc::new(AtomicUsize::new(0));
+    let double = Double {
+        slots: vec![Vec::new(); 3],
+        slot_ctx: 64,
+        max_chunk: 8,
+        max_rows: 3,
+        step_delay: Duration::ZERO,
+        log: Arc::new(Mutex::new(Vec::new())),
+        draws,
+        drawn: drawn.clone(),
+    };
+    let handle = spawn(
+        Box::new(double),
+        Arc::new(Letters),
+        Arc::new(Metrics::new(3)),
+        4,
+        4,
+    )
+    .unwrap();
+    let mut receivers = Vec::new();
+    for (i, prompt) in [[3u32, 4], [5, 6], [7, 8], [9, 10]].iter().enumerate() {
+        let (mut j, rx) = job(prompt, 24);
+        j.ignore_eos = true;
+        j.sampling = Sampling::Sample(SamplerConfig {
+            seed: 100 + i as u64,
+            ..config.clone()
+        });
+        handle.submit(j).unwrap();
+        receivers.push(rx);
+    }
+    let tokens = receivers
+        .iter_mut()
+        .map(|rx| match collect(rx).1 {
+            Event::Done { token_ids, .. } => token_ids,
+            other => panic!("the job did not end well: {other:?}"),
+        })
+        .collect();
+    handle.stop().unwrap();
+    (tokens, drawn.load(Ordering::SeqCst))
+}
+
+#[test]
+fn rows_drawn_on_the_device_give_the_host_samplers_tokens() {
+    // At most the 20 tokens of the lowest ids besides the favourite: never those that make the
+    // double end or fail.
+    let hot = SamplerConfig {
+        temperature: 5.0,
+        top_k: 20,
+        ..SamplerConfig::default()
+    };
+    let penalized = SamplerConfig {
+        temperature: 4.0,
+        top_k: 12,
+        top_p: 0.9,
+        repetition_penalty: 1.5,
+        penalty_window: 6,
+        ..SamplerConfig::default()
+    };
+    for config in [hot, penalized] {
+        let (on_host, none) = sampled_tokens(false, &config);
+        let (on_device, drawn) = sampled_tokens(true, &config);
+        assert_eq!(none, 0);
+        assert_eq!(drawn, 4 * 24, "every token drawn: {config:?}");
+        assert_eq!(on_device, on_host, "{config:?}");
+        let favourites = expected_tokens(&[3, 4], 24);
+        assert_ne!(
+            on_host[0], favourites,
+            "the temperature made the tokens differ from greedy"
+        );
+    }
 }

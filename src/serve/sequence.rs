@@ -14,6 +14,8 @@ use super::stop::{StopMatcher, StopOutcome};
 use super::text::{TextCodec, Utf8Stream};
 use crate::error::Result;
 use crate::model::sampler::{Sampler, SamplerConfig};
+use crate::model::slots::{Pick, RowDraw};
+use crate::sampler::device::DrawState;
 
 /// How a sequence picks its tokens.
 #[derive(Debug, Clone, PartialEq)]
@@ -174,9 +176,29 @@ impl Sequence {
         (self.history[pos], pos)
     }
 
+    /// How its next token is chosen: greedily, drawn on the device as its sampler would draw it,
+    /// or (settings a device draw cannot take: a penalty window over 1,024 tokens) by its
+    /// sampler from the logits.
+    pub fn pick(&self) -> Pick {
+        if self.greedy() {
+            return Pick::Greedy;
+        }
+        let (config, rng) = (self.sampler.config(), self.sampler.state());
+        match DrawState::new(config, rng, self.history.len()) {
+            Ok(state) => Pick::Draw(RowDraw::new(state, &self.history)),
+            Err(_) => Pick::Logits,
+        }
+    }
+
     /// Picks the next token from a logits row with the sequence's sampler.
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32> {
         self.sampler.sample(logits, &self.history)
+    }
+
+    /// Takes the generator's state after a device draw from [`Sequence::pick`]'s state, so that
+    /// the next draw goes on from it (the token itself goes to [`Sequence::accept`]).
+    pub fn drawn(&mut self, rng: u64) {
+        self.sampler.set_state(rng);
     }
 
     /// Takes a new token: counts it, turns it into text, checks the end conditions, and sends

@@ -40,6 +40,19 @@ mod draw {
         ) -> Result<()> {
             self.push(draw_advance(x, ring, inputs, state, window, scratch)?)
         }
+
+        /// A sampled token for each row of `x`, drawn on the device with that row's state and
+        /// window, into `out` (see [`draw_rows`]).
+        pub fn draw_rows(
+            &mut self,
+            x: &Buffer,
+            state: &Buffer,
+            window: &Buffer,
+            scratch: &Buffer,
+            out: &Buffer,
+        ) -> Result<()> {
+            self.push(draw_rows(x, state, window, scratch, out)?)
+        }
     }
 }
 

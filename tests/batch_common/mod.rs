@@ -9,7 +9,7 @@ use onepass::model::arch::Family;
 use onepass::model::batch::BatchEngine;
 use onepass::model::engine::RunMode;
 use onepass::model::gguf::GgufFile;
-use onepass::model::slots::{RowOutput, SlotModel, StepRow};
+use onepass::model::slots::{Pick, RowOutput, SlotModel, StepRow};
 use onepass::model::synth::{write_synthetic_shape, ShapeParams};
 use onepass::model::transformer::Transformer;
 use onepass::{DType, Device, Executor};
@@ -107,7 +107,7 @@ pub fn row(slot: usize, hist: &[Vec<u32>], greedy: bool) -> StepRow {
         slot,
         token: (7 * slot as u32 + 3) % VOCAB as u32,
         pos: hist[slot].len(),
-        greedy,
+        pick: if greedy { Pick::Greedy } else { Pick::Logits },
     }
 }
 
@@ -115,6 +115,7 @@ pub fn logits_of(out: RowOutput) -> Vec<u32> {
     match out {
         RowOutput::Logits(l) => l.iter().map(|v| v.to_bits()).collect(),
         RowOutput::Token(t) => panic!("a sampled row gave token {t}"),
+        RowOutput::Drawn { token, .. } => panic!("a row for the host's sampler drew token {token}"),
     }
 }
 
@@ -129,7 +130,7 @@ pub fn prompt_rows(device: Device, mode: RunMode) {
         slot,
         token: prompt[p],
         pos: p,
-        greedy: false,
+        pick: Pick::Logits,
     };
     // One token per step, alone.
     let mut one = batch_engine_on(device.clone(), &path, SLOTS, SLOTS, mode);
@@ -146,8 +147,18 @@ pub fn prompt_rows(device: Device, mode: RunMode) {
         .iter()
         .map(|&s| row(s, &hist, s % 2 == 0))
         .collect();
-    let mut rows = vec![others[0], prompt_row(0), prompt_row(1), others[1]];
-    rows.extend([prompt_row(2), others[2], prompt_row(3), others[3]]);
+    let mut rows = vec![
+        others[0].clone(),
+        prompt_row(0),
+        prompt_row(1),
+        others[1].clone(),
+    ];
+    rows.extend([
+        prompt_row(2),
+        others[2].clone(),
+        prompt_row(3),
+        others[3].clone(),
+    ]);
     let mut got = Vec::new();
     for (i, out) in mixed.decode(&rows).expect("decode").into_iter().enumerate() {
         if rows[i].slot == slot {
@@ -164,4 +175,87 @@ pub fn prompt_rows(device: Device, mode: RunMode) {
     for (p, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_eq!(g, w, "{mode:?}: prompt token {p}");
     }
+}
+
+/// Rows drawn on the device give the tokens, and leave the generators where, their sequences'
+/// host samplers draw from the same rows' logits, step after step, beside greedy rows: each step
+/// runs once with every row giving its logits, then again at the same positions (the same
+/// logits: a row's bits depend only on its slot) with the sampled rows drawing.
+pub fn drawn_rows(device: Device, mode: RunMode) {
+    use onepass::model::slots::RowDraw;
+    use onepass::sampler::device::DrawState;
+    use onepass::sampler::{Sampler, SamplerConfig};
+    let path = write_model(Family::Llama, DType::Q4_1);
+    let mut hist = histories(SLOTS, 0xd4a3);
+    let mut engine = batch_engine_on(device, &path, SLOTS, SLOTS, mode);
+    fill(&mut engine, &hist);
+    let config = |slot: usize| SamplerConfig {
+        temperature: [0.0, 0.8, 1.3, 2.0][slot % 4],
+        top_k: [0, 0, 20, 0][slot % 4],
+        top_p: [1.0, 0.95, 1.0, 0.9][slot % 4],
+        min_p: [0.0, 0.0, 0.02, 0.0][slot % 4],
+        repetition_penalty: [1.0, 1.0, 1.3, 0.9][slot % 4],
+        penalty_window: 16,
+        seed: slot as u64,
+    };
+    let mut samplers: Vec<Sampler> = (0..SLOTS)
+        .map(|s| Sampler::new(config(s)).expect("sampler"))
+        .collect();
+    let mut tokens: Vec<u32> = (0..SLOTS).map(|s| row(s, &hist, true).token).collect();
+    let mut drawn = 0;
+    for step in 0..4 {
+        let rows_with = |pick: &dyn Fn(usize, &[u32]) -> Pick| -> Vec<StepRow> {
+            (0..SLOTS)
+                .map(|slot| {
+                    let fed = [hist[slot].as_slice(), &[tokens[slot]]].concat();
+                    StepRow {
+                        slot,
+                        token: tokens[slot],
+                        pos: hist[slot].len(),
+                        pick: pick(slot, &fed),
+                    }
+                })
+                .collect()
+        };
+        let logits = engine
+            .decode(&rows_with(&|_, _| Pick::Logits))
+            .expect("a step for the host");
+        let picks = |slot: usize, fed: &[u32]| {
+            let s = &samplers[slot];
+            if s.config().temperature == 0.0 {
+                return Pick::Greedy;
+            }
+            let state = DrawState::new(s.config(), s.state(), fed.len()).expect("a draw state");
+            Pick::Draw(RowDraw::new(state, fed))
+        };
+        let outputs = engine.decode(&rows_with(&picks)).expect("a drawing step");
+        for (slot, (out, host_out)) in outputs.into_iter().zip(logits).enumerate() {
+            let RowOutput::Logits(row_logits) = host_out else {
+                panic!("slot {slot} gave no logits");
+            };
+            hist[slot].push(tokens[slot]);
+            let mut host = samplers[slot].clone();
+            let want = host.sample(&row_logits, &hist[slot]).expect("a host draw");
+            tokens[slot] = match out {
+                RowOutput::Drawn { token, rng } => {
+                    assert_eq!(
+                        rng,
+                        host.state(),
+                        "{mode:?} step {step} slot {slot}: generator"
+                    );
+                    drawn += 1;
+                    token
+                }
+                RowOutput::Token(t) => t,
+                RowOutput::Logits(_) => panic!("slot {slot} was not drawn"),
+            };
+            assert_eq!(tokens[slot], want, "{mode:?} step {step} slot {slot}");
+            samplers[slot] = host;
+        }
+    }
+    assert_eq!(
+        drawn,
+        4 * SLOTS * 3 / 4,
+        "{mode:?}: every sampled row drew on the device"
+    );
 }

@@ -1,5 +1,5 @@
-//! `draw_advance` (a sampled token drawn on the device, as the host's sampler draws it) on CUDA
-//! against the CPU backend, whose kernel is the host's sampler: the same tokens, generator state
+//! `draw_advance` and `draw_rows` (sampled tokens drawn on the device, as the host's sampler
+//! draws them) on CUDA against the CPU backend, whose kernel is the host's sampler: the same tokens, generator state
 //! and window, exactly, over several steps. Part of `cuda_ops.rs` (whose harness it uses); every
 //! test needs a GPU.
 
@@ -97,6 +97,55 @@ fn draw_advance_family() {
             },
             // The scratch: the CUDA kernel's candidates, which the CPU's does not write.
             &[5],
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn draw_rows_family() {
+    let dev = cuda_device();
+    // Rows of one launch, each with its own settings, generator and window: Llama 3's vocabulary
+    // (wide and narrow spreads, a greedy row, a penalized one) and a short odd row.
+    let configs = [
+        settings(0.8, 0, 1.0, 0.0, 1.0),
+        settings(1.0, 40, 0.95, 0.0, 1.0),
+        settings(0.0, 0, 1.0, 0.0, 1.0),
+        settings(1.2, 0, 0.9, 0.02, 1.3),
+        settings(0.7, 5_000, 1.0, 0.0, 1.0),
+    ];
+    const STEPS: usize = 3;
+    for (n, spread) in [(128_256usize, 10.0f32), (128_256, 60.0), (1_003, 4.0)] {
+        let rows = configs.len();
+        let seed = 9_100 + n as u64 + spread as u64;
+        let x = random_f32(rows * n, spread, seed);
+        let mut g = rng(seed + 1);
+        let mut words = Vec::new();
+        let mut windows = Vec::new();
+        for (r, cfg) in configs.iter().enumerate() {
+            let history: Vec<u32> = (0..30 + r).map(|_| g.random_range(0..n as u32)).collect();
+            let state =
+                DrawState::new(cfg, 0x5EED_0000_0000_0001 * (r as u64 + 1), history.len()).unwrap();
+            words.extend(state.words());
+            windows.extend(state.window_of(&history));
+        }
+        let what = format!("draw_rows n {n}, spread {spread}");
+        compare_except(
+            &what,
+            &dev,
+            &[
+                float_tensor(&x, DType::F32, &[rows, n]),
+                u32_tensor(&words),
+                i32_tensor(&windows, &[rows * DRAW_WINDOW]),
+                u32_tensor(&vec![7u32; rows * draw_scratch_len(n)]),
+                i32_tensor(&vec![-9; rows], &[rows]),
+            ],
+            &[],
+            0.0,
+            0.0,
+            &|s, i, _| (0..STEPS).try_for_each(|_| s.draw_rows(&i[0], &i[1], &i[2], &i[3], &i[4])),
+            // The scratch: the CUDA kernel's candidates, which the CPU's does not write.
+            &[3],
         );
     }
 }

@@ -181,3 +181,109 @@ fn draw_advance_rejects_bad_arguments() {
         "scratch",
     );
 }
+
+/// Runs `steps` row draws over `rows` (one logits row and history each, the settings of
+/// `configs()` in turn); returns each step's tokens and the states after.
+fn device_row_draws(
+    dev: &Device,
+    rows: &[Vec<f32>],
+    histories: &[Vec<u32>],
+    steps: usize,
+) -> (Vec<Vec<i32>>, Vec<DrawState>) {
+    let (r, n) = (rows.len(), rows[0].len());
+    let configs = configs();
+    let states: Vec<DrawState> = (0..r)
+        .map(|i| {
+            DrawState::new(
+                &configs[i % configs.len()],
+                77 + i as u64,
+                histories[i].len(),
+            )
+        })
+        .collect::<Result<_>>()
+        .unwrap();
+    let words: Vec<u32> = states.iter().flat_map(|s| s.words()).collect();
+    let windows: Vec<i32> = states
+        .iter()
+        .zip(histories)
+        .flat_map(|(s, h)| s.window_of(h))
+        .collect();
+    let x = dev.upload(&rows.concat(), &[r, n]).unwrap();
+    let state = dev.upload(&words, &[r, DRAW_STATE_WORDS]).unwrap();
+    let window = dev.upload(&windows, &[r, DRAW_WINDOW]).unwrap();
+    let scratch = dev.alloc(DType::U32, &[r, draw_scratch_len(n)]).unwrap();
+    let out = dev.upload(&vec![-7i32; r], &[r]).unwrap();
+    let tokens = (0..steps)
+        .map(|_| {
+            run_direct(dev, |s| s.draw_rows(&x, &state, &window, &scratch, &out));
+            dev.download::<i32>(&out).unwrap()
+        })
+        .collect();
+    let after = dev.download::<u32>(&state).unwrap();
+    let after = after
+        .chunks_exact(DRAW_STATE_WORDS)
+        .map(|w| DrawState::from_words(w.try_into().unwrap()))
+        .collect();
+    (tokens, after)
+}
+
+#[test]
+fn each_row_draws_as_its_own_sampler_would() {
+    let dev = Device::cpu(2).unwrap();
+    let n = 3000;
+    let rows: Vec<Vec<f32>> = (0..7).map(|i| random_f32(n, 5.0, 90 + i)).collect();
+    let histories: Vec<Vec<u32>> = (0..7u32)
+        .map(|i| (0..10 + 3 * i).map(|j| (j * 37 + i) % n as u32).collect())
+        .collect();
+    let (tokens, after) = device_row_draws(&dev, &rows, &histories, 4);
+    let configs = configs();
+    for (i, (row, history)) in rows.iter().zip(&histories).enumerate() {
+        let cfg = &configs[i % configs.len()];
+        let mut host = Sampler::with_state(cfg.clone(), 77 + i as u64).unwrap();
+        let mut seen = history.clone();
+        for (step, drawn) in tokens.iter().enumerate() {
+            let t = host.sample(row, &seen).unwrap();
+            seen.push(t);
+            assert_eq!(drawn[i], t as i32, "row {i}, step {step}: {cfg:?}");
+        }
+        assert_eq!(after[i].rng, host.state(), "row {i}: the generator");
+        assert_eq!(
+            after[i].history as usize,
+            seen.len(),
+            "row {i}: the history"
+        );
+    }
+}
+
+#[test]
+fn draw_rows_rejects_bad_arguments() {
+    let dev = Device::cpu(2).unwrap();
+    let alloc = |dt: DType, n: usize| dev.alloc(dt, &[n]).unwrap();
+    let x = dev.alloc(DType::F32, &[3, 10]).unwrap();
+    let state = alloc(DType::U32, 3 * DRAW_STATE_WORDS);
+    let window = alloc(DType::I32, 3 * DRAW_WINDOW);
+    let scratch = alloc(DType::U32, 270);
+    let out = alloc(DType::I32, 3);
+    assert!(draw_rows(&x, &state, &window, &scratch, &out).is_ok());
+    let says = |r: Result<Dispatch>, arg: &str| {
+        let e = r.expect_err(arg).to_string();
+        assert!(e.contains("draw_rows") && e.contains(arg), "{arg}: {e}");
+    };
+    let state2 = alloc(DType::U32, 2 * DRAW_STATE_WORDS);
+    says(draw_rows(&x, &state2, &window, &scratch, &out), "state");
+    let window2 = alloc(DType::I32, 2 * DRAW_WINDOW);
+    says(draw_rows(&x, &state, &window2, &scratch, &out), "window");
+    says(
+        draw_rows(&x, &state, &window, &alloc(DType::U32, 269), &out),
+        "scratch",
+    );
+    says(
+        draw_rows(&x, &state, &window, &scratch, &alloc(DType::I32, 2)),
+        "out",
+    );
+    says(
+        draw_rows(&x, &state, &window, &scratch, &alloc(DType::U32, 3)),
+        "out",
+    );
+    says(draw_rows(&x, &state, &window, &scratch, &scratch), "out");
+}

@@ -2,15 +2,17 @@
 //! own sampler ([`Sampler::draw`]), so the CPU backend's device draw is the host draw by
 //! definition, and the CUDA kernel is tested against it.
 //!
-//! Argument layout: `draw_advance_f32`: x (one row of n values), ring (i32 `[R]`), inputs (i32
+//! Argument layouts: `draw_advance_f32`: x (one row of n values), ring (i32 `[R]`), inputs (i32
 //! `[1 + 2B]`), state (u32 `[9]`, `DrawState`), window (i32 `[DRAW_WINDOW]`), scratch (u32
-//! `[9n]`, unused here), n: u32.
+//! `[draw_scratch_len(n)]`, unused here), n: u32. `draw_rows_f32`: x (`[rows, n]`), state (u32 `[rows, 9]`),
+//! window (i32 `[rows, DRAW_WINDOW]`), scratch (u32 `[rows, draw_scratch_len(n)]`, unused), out (i32 `[rows]`),
+//! n: u32.
 
 use super::argmax::{keep_token, step_of};
 use super::check::{expect_len, kernel_err};
 use crate::backend::cpu::{CpuRegistry, KernelArgs};
 use crate::error::Result;
-use crate::kernels::misc::DRAW_ADVANCE;
+use crate::kernels::misc::{DRAW_ADVANCE, DRAW_ROWS};
 use crate::sampler::device::{draw_scratch_len, DrawState, DRAW_STATE_WORDS, DRAW_WINDOW};
 use crate::sampler::Sampler;
 
@@ -30,9 +32,67 @@ fn draw_advance_f32(args: &KernelArgs<'_>) -> Result<()> {
         args,
         "scratch",
         scratch.len(),
-        &[("9n", draw_scratch_len(n))],
+        &[("9n rounded up to even", draw_scratch_len(n))],
     )?;
     expect_len(args, "window", window.len(), &[("window", DRAW_WINDOW)])?;
+    let s = step_of(args, ring, inputs)?;
+    let id = draw_row(args, x, words, window)?;
+    keep_token(ring, inputs, s, id);
+    Ok(())
+}
+
+fn draw_rows_f32(args: &KernelArgs<'_>) -> Result<()> {
+    let x = args.input::<f32>(0)?;
+    let words = args.output::<u32>(1)?;
+    let window = args.output::<i32>(2)?;
+    let scratch = args.output::<u32>(3)?;
+    let out = args.output::<i32>(4)?;
+    let n = args.usize(5)?;
+    if n == 0 {
+        return Err(kernel_err(args, "n = 0: the rows are empty".to_string()));
+    }
+    let rows = out.len();
+    if rows == 0 {
+        return Err(kernel_err(args, "out is empty: no rows".to_string()));
+    }
+    expect_len(args, "x", x.len(), &[("rows * n", rows * n)])?;
+    expect_len(
+        args,
+        "state",
+        words.len(),
+        &[("rows * 9", rows * DRAW_STATE_WORDS)],
+    )?;
+    expect_len(
+        args,
+        "window",
+        window.len(),
+        &[("rows * 1024", rows * DRAW_WINDOW)],
+    )?;
+    expect_len(
+        args,
+        "scratch",
+        scratch.len(),
+        &[("rows * (9n rounded up to even)", rows * draw_scratch_len(n))],
+    )?;
+    let rows_of = x
+        .chunks_exact(n)
+        .zip(words.chunks_exact_mut(DRAW_STATE_WORDS))
+        .zip(window.chunks_exact_mut(DRAW_WINDOW));
+    for (((x, words), window), id) in rows_of.zip(out.iter_mut()) {
+        *id = draw_row(args, x, words, window)?;
+    }
+    Ok(())
+}
+
+/// Draws a token from one row `x` with the settings and generator of `words` (a [`DrawState`])
+/// and the penalty's tokens in `window`, then keeps it there: the generator advanced, the token
+/// appended to the window. -1 where no value is finite (the generator unchanged).
+fn draw_row(
+    args: &KernelArgs<'_>,
+    x: &[f32],
+    words: &mut [u32],
+    window: &mut [i32],
+) -> Result<i32> {
     let len = words.len();
     let words: &mut [u32; DRAW_STATE_WORDS] = words.try_into().map_err(|_| {
         kernel_err(
@@ -40,7 +100,6 @@ fn draw_advance_f32(args: &KernelArgs<'_>) -> Result<()> {
             format!("state has {len} words, not {DRAW_STATE_WORDS}"),
         )
     })?;
-    let s = step_of(args, ring, inputs)?;
     let mut state = DrawState::from_words(words);
     let w = state.window as usize;
     if w > DRAW_WINDOW {
@@ -64,11 +123,11 @@ fn draw_advance_f32(args: &KernelArgs<'_>) -> Result<()> {
         state.history = state.history.wrapping_add(1);
     }
     *words = state.words();
-    keep_token(ring, inputs, s, id);
-    Ok(())
+    Ok(id)
 }
 
-/// Registers this family's kernel against its declaration.
+/// Registers this family's kernels against their declarations.
 pub(super) fn register(registry: &mut CpuRegistry) {
     registry.add(&DRAW_ADVANCE, draw_advance_f32);
+    registry.add(&DRAW_ROWS, draw_rows_f32);
 }

@@ -227,6 +227,7 @@ fn families() -> Vec<&'static [KernelSig]> {
         std::slice::from_ref(&km::ARGMAX),
         std::slice::from_ref(&km::ARGMAX_ADVANCE),
         std::slice::from_ref(&km::DRAW_ADVANCE),
+        std::slice::from_ref(&km::DRAW_ROWS),
         &km::COPY,
         &km::EMBEDDING,
         &km::KV_WRITE,
@@ -393,6 +394,42 @@ fn draw_advance_refuses_rows_states_windows_and_steps_that_do_not_fit() {
     call(12, 12, &with(5, f32::NAN.to_bits()), w, 108, &[9, 3, 9]).refused("--temperature");
     call(12, 12, &good, w, 108, &[-1, 3, 9]).refused("inputs[0] = -1");
     call(12, 12, &good, w, 108, &[9, 3, 9, 9]).refused("inputs has 4 values");
+}
+
+#[test]
+fn draw_rows_refuses_rows_states_windows_and_outputs_that_do_not_fit() {
+    use crate::sampler::device::{DrawState, DRAW_WINDOW};
+    let cfg = crate::sampler::SamplerConfig {
+        temperature: 0.8,
+        ..Default::default()
+    };
+    let good: Vec<u32> = DrawState::new(&cfg, 7, 3)
+        .expect("a state")
+        .words()
+        .repeat(2);
+    let call = |n: u32, x: usize, words: &[u32], window: usize, scratch: usize, out: usize| {
+        let state = device()
+            .upload(words, &[words.len()])
+            .expect("upload the state");
+        Call::new(&km::DRAW_ROWS)
+            .buf("x", &[x])
+            .buffer("state", &state)
+            .buf("window", &[window])
+            .buf("scratch", &[scratch])
+            .buf("out", &[out])
+            .u32("n", n)
+    };
+    let w = 2 * DRAW_WINDOW;
+    call(12, 24, &good, w, 216, 2).accepted();
+    call(3, 6, &good, w, 56, 2).accepted(); // an odd row: 9n + 1 words
+    call(3, 6, &good, w, 54, 2).refused("scratch has 54");
+    call(0, 24, &good, w, 216, 2).refused("n = 0");
+    call(12, 24, &good, w, 216, 0).refused("no rows");
+    call(12, 25, &good, w, 216, 2).refused("x has 25 values");
+    call(12, 24, &good[..9], w, 216, 2).refused("state has 9 values");
+    call(12, 24, &good, w - 1, 216, 2).refused("window has 2047");
+    call(12, 24, &good, w, 215, 2).refused("scratch has 215");
+    call(12, 36, &good, w, 216, 3).refused("state has 18");
 }
 
 #[test]

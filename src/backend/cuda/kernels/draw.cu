@@ -6,8 +6,8 @@
 // draw_advance_f32: arguments x (one row [n]), ring (i32 [R]), inputs (i32 [1 + 2B]), state (u32
 // [9]: the generator's two words, top_k, the penalty window's length W, the history's length h,
 // then the bits of temperature, top_p, min_p and the penalty), window (i32 [1024]: history token
-// j at j % W), scratch (u32 [9n]: three lists of candidates' keys, as u64, then their quanta), n
-// (at most 2^19). One block of 1024 threads.
+// j at j % W), scratch (u32 [DR_SCRATCH(n)]: three lists of candidates' keys, as u64, then their
+// quanta), n (at most 2^19). One block of 1024 threads.
 //
 // What it computes, as the sampler: each logit, penalized when its id is among the window's
 // (x > 0 ? x / penalty : x * penalty), divided by the temperature (1 when it is 0), is a value;
@@ -39,6 +39,8 @@
 // The error record's code for a point past every candidate (the prelude's OP_ERR_* codes go on
 // here; fault.rs mirrors it): value the nucleus, bound the kept quanta, index the candidates.
 #define OP_ERR_DRAW 8
+// The scratch words a row takes: 9n, rounded up to even so that each row's u64 keys stay aligned.
+#define DR_SCRATCH(n) ((9ull * (n) + 1) & ~1ull)
 
 // e^x for x = value - max <= 0, as `exp_weight` in sampler/passes.rs, operation for operation.
 __device__ __forceinline__ float dr_exp_weight(float x) {
@@ -229,16 +231,19 @@ struct DrFound {
     uint32_t found;
 };
 
-extern "C" __global__ void __launch_bounds__(DR_THREADS) draw_advance_f32(
-    const float* x, int32_t* ring, int32_t* inputs, uint32_t* state, int32_t* window,
-    uint32_t* scratch, uint32_t n, uint64_t n_x, uint64_t n_ring, uint64_t n_inputs,
-    uint64_t n_state, uint64_t n_window, uint64_t n_scratch) {
-    OP_GRID_ENTRY();
-    const uint32_t tag = op_tag("draw_advance_f32");
-    OP_REQUIRE(n != 0 && n_x == n && n_ring != 0 && n_inputs >= 3 && n_inputs % 2 == 1 &&
-               n <= DR_MAX_N && n_state == DR_STATE_WORDS && n_window == DR_WINDOW && n_scratch == 9ull * n &&
-               blockDim.x == DR_THREADS && blockDim.y == 1 && blockDim.z == 1);
-    if (blockIdx.x != 0 || blockIdx.y != 0 || blockIdx.z != 0) return;
+// What a draw gives its kernel: the token (-1 where no value is finite) and the generator after
+// it, the same in every thread; `ok` false where it recorded a fault (nothing may be written).
+struct DrOutcome {
+    int32_t id;
+    uint64_t rng;
+    bool ok;
+};
+
+// Draws from the row x of n values with the settings and generator of the state words and the
+// penalty window's tokens (read, not written: dr_keep keeps the outcome). Every thread of the
+// block calls it and gets the outcome.
+__device__ DrOutcome dr_draw(const float* x, const uint32_t* state, const int32_t* window,
+                             uint32_t* scratch, uint32_t n, uint32_t tag) {
     __shared__ int32_t set[DR_SET];
     __shared__ uint64_t sk[DR_CAP];
     __shared__ uint32_t sq[DR_CAP];
@@ -258,7 +263,10 @@ extern "C" __global__ void __launch_bounds__(DR_THREADS) draw_advance_f32(
     const uint32_t top_k = state[2], wlen = state[3], hist = state[4];
     const float temperature = __uint_as_float(state[5]), top_p = __uint_as_float(state[6]);
     const float min_p = __uint_as_float(state[7]), penalty = __uint_as_float(state[8]);
-    OP_REQUIRE(wlen <= DR_WINDOW);
+    if (wlen > DR_WINDOW) {
+        if (tid == 0) op_fail(tag, OP_ERR_SHAPE, __LINE__, wlen, DR_WINDOW);
+        return DrOutcome{-1, rng, false};
+    }
     const bool penalize = penalty != 1.0f;
     const float t = temperature == 0.0f ? 1.0f : temperature;
     if (penalize) {
@@ -521,25 +529,70 @@ extern "C" __global__ void __launch_bounds__(DR_THREADS) draw_advance_f32(
         }
         if (lost) {
             if (tid == 0) op_fail(tag, OP_ERR_DRAW, (int64_t)nucleus, kept, cands);
-            return;
+            return DrOutcome{-1, rng, false};
         }
         id = (int32_t)(uint32_t)res.key;
     }
-    if (tid != 0) return;
+    return DrOutcome{id, rng, true};
+}
+
+// Thread 0 keeps a draw's outcome in its state words and window: the generator, and the token
+// appended to the penalty's window (history token h at h % W).
+__device__ __forceinline__ void dr_keep(uint32_t* state, int32_t* window, const DrOutcome& o) {
+    const uint32_t wlen = state[3], hist = state[4];
+    state[0] = (uint32_t)o.rng;
+    state[1] = (uint32_t)(o.rng >> 32);
+    if (o.id >= 0 && wlen != 0) {
+        window[hist % wlen] = o.id;
+        state[4] = hist + 1;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(DR_THREADS) draw_advance_f32(
+    const float* x, int32_t* ring, int32_t* inputs, uint32_t* state, int32_t* window,
+    uint32_t* scratch, uint32_t n, uint64_t n_x, uint64_t n_ring, uint64_t n_inputs,
+    uint64_t n_state, uint64_t n_window, uint64_t n_scratch) {
+    OP_GRID_ENTRY();
+    const uint32_t tag = op_tag("draw_advance_f32");
+    OP_REQUIRE(n != 0 && n_x == n && n_ring != 0 && n_inputs >= 3 && n_inputs % 2 == 1 &&
+               n <= DR_MAX_N && n_state == DR_STATE_WORDS && n_window == DR_WINDOW && n_scratch == DR_SCRATCH(n) &&
+               blockDim.x == DR_THREADS && blockDim.y == 1 && blockDim.z == 1);
+    if (blockIdx.x != 0 || blockIdx.y != 0 || blockIdx.z != 0) return;
+    const DrOutcome o = dr_draw(x, state, window, scratch, n, tag);
+    if (!o.ok || threadIdx.x != 0) return;
+    const int32_t id = o.id;
     const int32_t s = inputs[0];
     if (s < 0 || s == 0x7fffffff) {
         op_fail(tag, OP_ERR_POS0, s, 0x7fffffffu, 1);
         return;
     }
-    state[0] = (uint32_t)rng;
-    state[1] = (uint32_t)(rng >> 32);
-    if (id >= 0 && wlen != 0) {
-        window[hist % wlen] = id;
-        state[4] = hist + 1;
-    }
+    dr_keep(state, window, o);
     const int32_t next = s + 1;
     ring[(uint64_t)s % n_ring] = id;
     inputs[0] = next;
     inputs[1] = id < 0 ? 0 : id;
     inputs[1 + n_inputs / 2] = next;
+}
+
+// draw_rows_f32: a token drawn from each row of x ([rows, n]) with that row's state words (u32
+// [rows, 9]), window (i32 [rows, 1024]) and scratch (u32 [rows, DR_SCRATCH(n)]), each kept as
+// draw_advance keeps its own, the token in out (i32 [rows]). A block of 1024 threads a row.
+extern "C" __global__ void __launch_bounds__(DR_THREADS) draw_rows_f32(
+    const float* x, uint32_t* state, int32_t* window, uint32_t* scratch, int32_t* out, uint32_t n,
+    uint64_t n_x, uint64_t n_state, uint64_t n_window, uint64_t n_scratch, uint64_t n_out) {
+    OP_GRID_ENTRY();
+    const uint32_t tag = op_tag("draw_rows_f32");
+    const uint64_t rows = n_out;
+    OP_REQUIRE(n != 0 && n <= DR_MAX_N && rows != 0 && n_x == rows * n &&
+               n_state == rows * DR_STATE_WORDS && n_window == rows * DR_WINDOW &&
+               n_scratch == rows * DR_SCRATCH(n) && blockDim.x == DR_THREADS && blockDim.y == 1 &&
+               blockDim.z == 1);
+    const uint64_t r = blockIdx.x;
+    if (r >= rows || blockIdx.y != 0 || blockIdx.z != 0) return;
+    uint32_t* st = state + r * DR_STATE_WORDS;
+    int32_t* win = window + r * DR_WINDOW;
+    const DrOutcome o = dr_draw(x + r * n, st, win, scratch + r * DR_SCRATCH(n), n, tag);
+    if (!o.ok || threadIdx.x != 0) return;
+    dr_keep(st, win, o);
+    out[r] = o.id;
 }
