@@ -2,7 +2,8 @@
 """Load benchmark for `onepass serve` (Python standard library only).
 
 For each concurrency level (default 1, 4, 16, 32) it starts that many streamed completions at
-once, each with the same prompt and max_tokens at temperature 0, and measures:
+once, each with the same prompt and max_tokens at temperature 0 (or --temperature, each stream
+with its own seed), and measures:
 
 Streams ignore the end-of-sequence token (the server's `ignore_eos`) unless --respect-eos, so
 each generates exactly --max-tokens.
@@ -98,8 +99,11 @@ def one_stream(url, key, body, timeout, out):
 
 def run_round(url, key, body, streams, timeout):
     results = [dict() for _ in range(streams)]
-    threads = [threading.Thread(target=one_stream, args=(url, key, body, timeout, r), daemon=True)
-               for r in results]
+    sampled = body.get("temperature", 0) > 0
+    threads = [threading.Thread(target=one_stream,
+                                args=(url, key, dict(body, seed=i) if sampled else body, timeout, r),
+                                daemon=True)
+               for i, r in enumerate(results)]
     for t in threads:
         t.start()
     deadline = time.perf_counter() + timeout
@@ -153,11 +157,13 @@ def main():
                     help="let streams end at the end-of-sequence token (default: ignore_eos, so "
                          "every stream generates --max-tokens)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="sample at this temperature (0: greedy)")
     args = ap.parse_args()
     url = args.url.rstrip("/")
     model = args.model or served_model(url, args.api_key)
     body = {"model": model, "prompt": args.prompt, "max_tokens": args.max_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+            "temperature": args.temperature, "stream": True, "stream_options": {"include_usage": True},
             "ignore_eos": not args.respect_eos}
     rows = []
     for streams in [int(s) for s in args.streams.split(",") if s.strip()]:

@@ -271,6 +271,11 @@ impl BatchEngine {
             let mut greedy = Sampler::new(SamplerConfig::default())?;
             return greedy.sample(&logits_row()?, &[]);
         }
+        self.device_token(id, "argmax")
+    }
+
+    /// A token the device's `what` (its argmax, its draw) gave, checked against the vocabulary.
+    fn device_token(&self, id: i32, what: &str) -> Result<u32> {
         let vocab = self.model.config().vocab;
         usize::try_from(id)
             .ok()
@@ -278,13 +283,11 @@ impl BatchEngine {
             .map(|i| i as u32)
             .ok_or_else(|| {
                 Error::Backend(format!(
-                    "the device argmax gave token {id}, outside the vocabulary of {vocab}"
+                    "the device {what} gave token {id}, outside the vocabulary of {vocab}"
                 ))
             })
     }
-}
 
-impl BatchEngine {
     /// Where bucket `index`'s instantiated step is kept (with `draws`, the one ending in draws).
     fn graph_for(&mut self, index: usize, draws: bool) -> &mut Option<Executable> {
         if draws {
@@ -292,20 +295,6 @@ impl BatchEngine {
         } else {
             &mut self.graphs[index]
         }
-    }
-
-    /// A token the device's draw gave, checked against the vocabulary.
-    fn drawn_token(&self, id: i32) -> Result<u32> {
-        let vocab = self.model.config().vocab;
-        usize::try_from(id)
-            .ok()
-            .filter(|&i| i < vocab)
-            .map(|i| i as u32)
-            .ok_or_else(|| {
-                Error::Backend(format!(
-                    "the device draw gave token {id}, outside the vocabulary of {vocab}"
-                ))
-            })
     }
 }
 
@@ -409,7 +398,7 @@ impl SlotModel for BatchEngine {
             .map(|(r, (row, id))| match (&row.pick, &drawn) {
                 (Pick::Greedy, _) => Ok(RowOutput::Token(self.greedy_token(id, || logits_row(r))?)),
                 (Pick::Draw(_), Some((tokens, words))) if tokens[r] >= 0 => Ok(RowOutput::Drawn {
-                    token: self.drawn_token(tokens[r])?,
+                    token: self.device_token(tokens[r], "draw")?,
                     rng: words[r * DRAW_STATE_WORDS] as u64
                         | (words[r * DRAW_STATE_WORDS + 1] as u64) << 32,
                 }),
