@@ -252,6 +252,21 @@ fn bad_arguments_are_errors() {
         }]),
         "token id 300",
     );
+    // A device draw with the penalty on needs the penalty's window.
+    let penalized = onepass::sampler::SamplerConfig {
+        temperature: 0.8,
+        repetition_penalty: 1.3,
+        ..Default::default()
+    };
+    let state = onepass::sampler::device::DrawState::new(&penalized, 1, 1).expect("a draw state");
+    let pick = Pick::Draw(onepass::model::slots::RowDraw {
+        state,
+        window: Vec::new(),
+    });
+    err(
+        engine.decode(&[StepRow { pick, ..ok.clone() }]),
+        "penalizes repetition",
+    );
     let perr = |r: onepass::Result<Vec<f32>>, needle: &str| {
         let e = r.expect_err(needle).to_string();
         assert!(e.contains(needle), "{e:?} should say {needle:?}");

@@ -59,7 +59,7 @@ struct RowDrawBuffers {
     state: Buffer,
     /// i32 `[max_rows, DRAW_WINDOW]`: each row's penalty window.
     window: Buffer,
-    /// u32 `[max_rows, 9 * vocab]`: the draws' candidates.
+    /// u32 `[max_rows, draw_scratch_len(vocab)]`: the draws' candidates.
     scratch: Buffer,
     /// i32 `[max_rows]`: the drawn tokens.
     out: Buffer,
@@ -197,15 +197,17 @@ impl BatchEngine {
                 _ => None,
             });
             words.extend(draw.map_or(greedy, |d| d.state).words());
-            if let Some(w) = draw.map(|d| &d.window).filter(|w| !w.is_empty()) {
-                if w.len() != DRAW_WINDOW {
+            // The window is read only where the penalty is on; then it must be whole.
+            if let Some(d) = draw.filter(|d| d.state.penalty != 1.0) {
+                if d.window.len() != DRAW_WINDOW {
                     return Err(Error::InvalidArgument(format!(
-                        "row {r}'s penalty window has {} tokens, not {DRAW_WINDOW}",
-                        w.len()
+                        "row {r} penalizes repetition, and its window has {} tokens, not {DRAW_WINDOW} \
+                         (RowDraw::new)",
+                        d.window.len()
                     )));
                 }
                 windows.resize(r * DRAW_WINDOW, 0);
-                windows.extend_from_slice(w);
+                windows.extend_from_slice(&d.window);
             }
         }
         device.write(&d.state.rows(0, bucket)?, &words)?;
