@@ -92,6 +92,19 @@ static inline T* upload(const std::vector<T>& h, int copies = 1) {
     return d;
 }
 
+// Runs `go()` once (one launch into dout, whose n floats are first poisoned with 0xff bytes),
+// waits for it and returns the n floats it wrote.
+template <typename F>
+static inline std::vector<float> poisoned_run(F go, float* dout, uint32_t n) {
+    CK(cudaMemset(dout, 0xff, (uint64_t)n * 4));
+    go();
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    std::vector<float> got(n);
+    CK(cudaMemcpy(got.data(), dout, (uint64_t)n * 4, cudaMemcpyDeviceToHost));
+    return got;
+}
+
 // The head of a part-1 table: `title`, the shape's columns, a column `width` wide for each of
 // the `nv` forms, and the last column's name.
 static inline void table_head(const char* title, const char* const* names, int nv, int width, const char* last) {
@@ -186,6 +199,29 @@ __device__ __forceinline__ void quantize_row(const float* x, uint32_t k, int* q,
         if (b < nb) v = *(const float4*)(x + (uint64_t)b * 32 + 4 * p);
         quantize_group(v, b, nb, p, q, ds);
     }
+}
+
+// The device's name, multiprocessor count and L2 size, printed; its multiprocessor count returned.
+static inline int print_device() {
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("device %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+    return prop.multiProcessorCount;
+}
+
+// The activation row x[0..k) quantized into the start of the block's dynamic shared memory by
+// every thread (quantize_row), then a barrier: its int8 words, then its scales.
+struct SmemRow {
+    const int* q;
+    const float2* ds;
+};
+__device__ __forceinline__ SmemRow smem_quantized_row(const float* x, uint32_t k) {
+    extern __shared__ float4 smem[];
+    int* q = (int*)smem;
+    float2* ds = (float2*)(q + k / 4);
+    quantize_row(x, k, q, ds, threadIdx.x, blockDim.x);
+    __syncthreads();
+    return {q, ds};
 }
 
 // Q4_0 against the int8 row a lane per pair of blocks (`mm_q8_rows_pairs_q4_0` in

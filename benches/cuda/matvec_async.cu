@@ -45,12 +45,8 @@ struct RowWalk {
 };
 template <int R>
 __device__ __forceinline__ RowWalk row_walk(const float* x, uint32_t k, uint32_t n) {
-    extern __shared__ float4 smem[];
-    int* q = (int*)smem;
-    float2* ds = (float2*)(q + k / 4);
-    quantize_row(x, k, q, ds, threadIdx.x, blockDim.x);
-    __syncthreads();
-    return {q, ds, k / 64, k / 64 * 9, (uint64_t)blockIdx.x * WARPS + threadIdx.x / 32,
+    const SmemRow xr = smem_quantized_row(x, k);
+    return {xr.q, xr.ds, k / 64, k / 64 * 9, (uint64_t)blockIdx.x * WARPS + threadIdx.x / 32,
             (uint64_t)gridDim.x * WARPS, n / R};
 }
 
@@ -302,10 +298,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) chain(const Product* prods, uin
 }
 
 int main() {
-    cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
-    sms = prop.multiProcessorCount;
-    printf("device %s, %d SMs, L2 %d MB\n", prop.name, sms, prop.l2CacheSize >> 20);
+    sms = print_device();
     const Shape shapes[] = {{6144, 4096, 2, "8B qkv"}, {4096, 4096, 2, "8B o"}, {28672, 4096, 2, "8B gate+up"},
                             {4096, 14336, 2, "8B down"}, {3072, 2048, 2, "1B qkv"}, {2048, 2048, 1, "1B o"},
                             {16384, 2048, 2, "1B gate+up"}, {2048, 8192, 1, "1B down"}};
@@ -328,11 +321,7 @@ int main() {
         double gbs[NV], worst = 0;
         std::vector<float> got(sh.n), first(sh.n);
         for (int v = 0; v < NV; ++v) {
-            CK(cudaMemset(dout, 0xff, (uint64_t)sh.n * 4));
-            launch(v, sh.R, dx, dw, dout, sh.k, sh.n);
-            CK(cudaGetLastError());
-            CK(cudaDeviceSynchronize());
-            CK(cudaMemcpy(got.data(), dout, sh.n * 4, cudaMemcpyDeviceToHost));
+            got = poisoned_run([&] { launch(v, sh.R, dx, dw, dout, sh.k, sh.n); }, dout, sh.n);
             if (v != 5) {
                 for (int i = 0; i < 64; ++i) {
                     const double e = fabs(got[(uint64_t)i * sh.n / 64] - ref[i]);

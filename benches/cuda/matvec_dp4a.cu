@@ -111,11 +111,9 @@ __device__ __forceinline__ void dq_rows(const int* q, const float2* ds, const ui
 
 template <int R>
 __global__ void __launch_bounds__(256) dq(const float* x, const uint8_t* w, float* out, uint32_t k, uint32_t n) {
-    extern __shared__ float4 smem[];
-    int* q = (int*)smem;
-    float2* ds = (float2*)(q + k / 4);
-    quantize_row(x, k, q, ds, threadIdx.x, blockDim.x);
-    __syncthreads();
+    const SmemRow xr = smem_quantized_row(x, k);
+    const int* q = xr.q;
+    const float2* ds = xr.ds;
     const int lane = threadIdx.x & 31;
     const uint64_t step = (uint64_t)gridDim.x * 8 * R;
     for (uint64_t o0 = ((uint64_t)blockIdx.x * 8 + threadIdx.x / 32) * R; o0 + R <= n; o0 += step)

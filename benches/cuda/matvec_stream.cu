@@ -45,11 +45,9 @@ template <int R>
 __global__ void __launch_bounds__(RW * 32, 1) reg(const float* x, const uint8_t* w, float* out, uint32_t k, uint32_t n) {
     grid_wait();
     grid_release();
-    extern __shared__ float4 smem[];
-    int* q = (int*)smem;
-    float2* ds = (float2*)(q + k / 4);
-    quantize_row(x, k, q, ds, threadIdx.x, blockDim.x);
-    __syncthreads();
+    const SmemRow xr = smem_quantized_row(x, k);
+    const int* q = xr.q;
+    const float2* ds = xr.ds;
     const int lane = threadIdx.x & 31;
     const uint32_t pairs = k / 64, row_words = pairs * 9;
     for (uint64_t g = (uint64_t)blockIdx.x * RW + threadIdx.x / 32; g < n / R; g += (uint64_t)gridDim.x * RW) {
@@ -231,10 +229,7 @@ static void launch(int v, int R, const float* x, const uint8_t* w, float* o, uin
 struct Shape { uint32_t n, k; int R; const char* name; };
 
 int main() {
-    cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
-    sms = prop.multiProcessorCount;
-    printf("device %s, %d SMs, L2 %d MB\n", prop.name, sms, prop.l2CacheSize >> 20);
+    sms = print_device();
     const Shape shapes[] = {{6144, 4096, 2, "8B qkv"}, {4096, 4096, 2, "8B o"}, {28672, 4096, 2, "8B gate+up"},
                             {4096, 14336, 2, "8B down"}, {3072, 2048, 2, "1B qkv"}, {2048, 2048, 1, "1B o"},
                             {16384, 2048, 2, "1B gate+up"}, {2048, 8192, 1, "1B down"}, {1000, 4096, 1, "odd 1000"}};
@@ -262,11 +257,7 @@ int main() {
         std::vector<float> got(sh.n), first(sh.n);
         printf("%-11s", sh.name);
         for (int v = 0; v < NV; ++v) {
-            CK(cudaMemset(dout, 0xff, (uint64_t)sh.n * 4));
-            launch(v, sh.R, dx, dw, dout, sh.k, sh.n);
-            CK(cudaGetLastError());
-            CK(cudaDeviceSynchronize());
-            CK(cudaMemcpy(got.data(), dout, sh.n * 4, cudaMemcpyDeviceToHost));
+            got = poisoned_run([&] { launch(v, sh.R, dx, dw, dout, sh.k, sh.n); }, dout, sh.n);
             double worst = 0;
             for (int i = 0; i < 64; ++i) {
                 const double e = fabs(got[(uint64_t)i * sh.n / 64] - refs.ref[i]);
