@@ -357,8 +357,17 @@ fn bench_takes_the_synthetic_format_and_reports_bandwidth_per_op_kind() {
         matmul["gb_per_s"].as_f64().is_some_and(|g| g > 0.0),
         "{matmul}"
     );
-    // Attention declares its whole cache: no bandwidth figure.
-    assert!(op("attention").expect("attention")["gb_per_s"].is_null());
+    // A decode step's attention: GB/s over the K and V rows it reads at its length, here the
+    // query at position 2 over 3 keys: 2 (K, V) x 3 KV heads x 64 x 4 bytes (the CPU's f32
+    // cache) x 3 keys x 30 layers.
+    let attention = op("attention").expect("attention");
+    let gb = attention["gb_per_s"].as_f64().expect("attention GB/s");
+    let us = attention["total_us"].as_f64().unwrap();
+    assert!((gb * us * 1e3 - 138_240.0).abs() < 1.0, "{attention}");
+    // A prompt pass's attention declares its whole cache: no bandwidth figure.
+    let prefill = v[0]["prefill_per_op"].as_array().expect("prefill_per_op");
+    let prompt_attention = prefill.iter().find(|o| o["op"] == "attention").unwrap();
+    assert!(prompt_attention["gb_per_s"].is_null(), "{prompt_attention}");
     // The same step per kernel: every launch in one kernel's entry, a kernel's op kind with it.
     let per_kernel = v[0]["per_kernel"].as_array().expect("per_kernel");
     let launches = |list: &[serde_json::Value]| -> u64 {

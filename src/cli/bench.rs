@@ -9,6 +9,7 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Args;
 use onepass::config::RunMode;
+use onepass::model::budget::decode_kv_read_bytes;
 use onepass::model::engine::Engine;
 use onepass::model::gguf::GgufFile;
 use onepass::model::synth::{write_synthetic, MatrixFormats, SynthShape, SynthSpec};
@@ -141,8 +142,9 @@ pub(super) struct OpJson {
     /// Launches.
     kernels: usize,
     total_us: f64,
-    /// Bytes of the buffers only read or only written, over the time; `None` for attention,
-    /// gathers and cache writes (they declare a whole cache or table).
+    /// Bytes of the buffers only read or only written, over the time; for a decode step's
+    /// attention the K and V rows it reads at the step's length; `None` for gathers, cache
+    /// writes and a prompt pass's attention (they declare a whole cache or table).
     gb_per_s: Option<f64>,
     /// Floating-point operations of the matrix products over the time; `None` for other kinds.
     tflop_per_s: Option<f64>,
@@ -157,6 +159,15 @@ impl OpJson {
     /// Per kernel.
     pub(super) fn per_kernel(kernels: &[onepass::executable::KernelTiming]) -> Vec<OpJson> {
         Self::from_groups(&kernel_summary(kernels))
+    }
+
+    /// `list` with the attention's GB/s over `bytes`, the K and V rows a decode step reads
+    /// ([`decode_kv_read_bytes`]).
+    pub(super) fn with_attention_reads(mut list: Vec<OpJson>, bytes: u128) -> Vec<OpJson> {
+        for op in list.iter_mut().filter(|o| o.op == "attention") {
+            op.gb_per_s = attention_gb_per_s(bytes, op.total_us);
+        }
+        list
     }
 
     fn from_groups(groups: &[OpTime]) -> Vec<OpJson> {
@@ -280,6 +291,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let mut engine = Engine::new(llama, executor, modes[0]);
     let prompt = pseudo_random_prompt(args.prompt, engine.model().config().vocab as u64);
 
+    // The K and V rows the profiled step (the query at the prompt's end) reads.
+    let kv_elem = args.run.kv_cache.dtype(&device).block_bytes() as u128;
+    let kv_read = decode_kv_read_bytes(engine.model().config(), prompt.len() + 1, kv_elem);
     let mut results = Vec::new();
     let mut timelines = Vec::new();
     let mut prefill_timelines = Vec::new();
@@ -288,7 +302,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         let mut result = measure(&mut engine, &prompt, &args)?;
         let pos = prompt.len();
         let kernels = engine.profile_decode(prompt[pos - 1], pos, true)?;
-        result.per_op = OpJson::of(&kernels);
+        result.per_op = OpJson::with_attention_reads(OpJson::of(&kernels), kv_read);
         result.per_kernel = OpJson::per_kernel(&kernels);
         let pass = &prompt[..prompt.len().min(engine.model().max_batch())];
         let prefill_kernels = engine.profile_prefill(pass)?;
@@ -361,25 +375,37 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             r.gpu_us_per_token
         )?;
     }
-    for (what, timeline) in [
-        ("decode step", timelines.last()),
-        ("prompt pass", prefill_timelines.last()),
+    for (what, timeline, attention) in [
+        ("decode step", timelines.last(), Some(kv_read)),
+        ("prompt pass", prefill_timelines.last(), None),
     ] {
         if let Some(t) = timeline {
-            write_op_table(&mut out, what, t)?;
+            write_op_table(&mut out, what, t, attention)?;
         }
     }
     writeln!(
         out,
-        "  (GB/s: bytes of the buffers only read or only written, over the time; attention, \
-         gathers and cache writes touch a run-time part of what they declare: -. TFLOP/s: the \
-         matrix products' 2 rows k n operations over the time)"
+        "  (GB/s: bytes of the buffers only read or only written, over the time; a decode \
+         step's attention: the K and V rows it reads at its length; gathers, cache writes and a \
+         prompt's attention touch a run-time part of what they declare: -. TFLOP/s: the matrix \
+         products' 2 rows k n operations over the time)"
     )?;
     Ok(())
 }
 
-/// The per-op-kind time of one profiled pass, largest first, with the GB/s and TFLOP/s achieved.
-pub(super) fn write_op_table(out: &mut impl Write, what: &str, t: &Timeline) -> anyhow::Result<()> {
+/// GB/s of `bytes` read in `total_us` microseconds (`None` for no time).
+fn attention_gb_per_s(bytes: u128, total_us: f64) -> Option<f64> {
+    (total_us > 0.0).then(|| bytes as f64 / total_us / 1e3)
+}
+
+/// The per-op-kind time of one profiled pass, largest first, with the GB/s and TFLOP/s achieved;
+/// the attention's GB/s over `attention_bytes` where given (a decode step's K and V reads).
+pub(super) fn write_op_table(
+    out: &mut impl Write,
+    what: &str,
+    t: &Timeline,
+    attention_bytes: Option<u128>,
+) -> anyhow::Result<()> {
     let total: f64 = t.kernels.iter().map(|k| k.dur_us).sum();
     writeln!(
         out,
@@ -387,9 +413,11 @@ pub(super) fn write_op_table(out: &mut impl Write, what: &str, t: &Timeline) -> 
         t.name
     )?;
     for op in op_summary(&t.kernels) {
-        let rate = op
-            .gb_per_s()
-            .map_or("-".to_string(), |g| format!("{g:.0} GB/s"));
+        let gb_per_s = match attention_bytes {
+            Some(bytes) if op.op == "attention" => attention_gb_per_s(bytes, op.total_us),
+            _ => op.gb_per_s(),
+        };
+        let rate = gb_per_s.map_or("-".to_string(), |g| format!("{g:.0} GB/s"));
         let flops = op
             .tflop_per_s()
             .map_or(String::new(), |f| format!("{f:>8.2} TFLOP/s"));

@@ -247,12 +247,12 @@ pub(super) fn run(
         name: format!("batched step of {min} rows, {} mode", result.mode),
         kernels: small,
     };
-    write_op_table(&mut out, "batched decode step", &small)?;
+    write_op_table(&mut out, "batched decode step", &small, None)?;
     let timeline = Timeline {
         name: format!("batched step of {max} rows, {} mode", result.mode),
         kernels,
     };
-    write_op_table(&mut out, "batched decode step", &timeline)?;
+    write_op_table(&mut out, "batched decode step", &timeline, None)?;
     Ok(())
 }
 

@@ -57,6 +57,20 @@ pub fn slots_and_batch_bytes(
     kv_bytes * kv + WORD * batch
 }
 
+/// Bytes of K and V one decode step's attention reads (`kv_bytes` an element) when the query is
+/// at the last of `keys` cached positions: every layer's rows of the keys it sees, a local
+/// layer's window (the query at position `i` sees keys `i + 1 - W..=i`) applied. What
+/// `onepass bench` divides the attention's time by; the declared ranges cover the whole cache.
+pub fn decode_kv_read_bytes(c: &ModelConfig, keys: usize, kv_bytes: u128) -> u128 {
+    let kv_width = c.n_kv_head as u128 * c.head_dim as u128;
+    (0..c.n_layer)
+        .map(|l| {
+            let seen = c.layer_attention(l).window.map_or(keys, |w| keys.min(w));
+            2 * kv_width * seen as u128 * kv_bytes
+        })
+        .sum()
+}
+
 pub use crate::backend::{available_host_memory as available_memory, parse_mem_available};
 
 /// Sizes in words: `1.5 GiB`, `300.0 MiB`, `12 bytes`.
@@ -133,6 +147,28 @@ mod tests {
         // The largest sizes do not wrap around.
         let huge = cache_and_scratch_bytes(&c, usize::MAX, usize::MAX, usize::MAX, 4);
         assert!(huge > u128::from(u64::MAX));
+    }
+
+    #[test]
+    fn a_decode_step_reads_the_rows_each_layer_sees() {
+        let c = config();
+        // 2 x 3 heads x 64 x 2 bytes = 768 bytes a key a layer, 30 layers.
+        assert_eq!(decode_kv_read_bytes(&c, 513, 2), 768 * 30 * 513);
+        assert_eq!(decode_kv_read_bytes(&c, 1, 4), 1536 * 30);
+        // Five of every six layers see a window of 512 keys (layers 5, 11, .. see them all).
+        let gemma = ModelConfig {
+            sliding: Some(crate::model::arch::SlidingWindow {
+                window: 512,
+                period: 6,
+                local_rope_base: 10000.0,
+            }),
+            ..config()
+        };
+        assert_eq!(decode_kv_read_bytes(&gemma, 300, 2), 768 * 30 * 300);
+        assert_eq!(
+            decode_kv_read_bytes(&gemma, 4096, 2),
+            768 * (25 * 512 + 5 * 4096)
+        );
     }
 
     #[test]
