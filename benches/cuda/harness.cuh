@@ -216,8 +216,8 @@ struct SmemRow {
     const float2* ds;
 };
 __device__ __forceinline__ SmemRow smem_quantized_row(const float* x, uint32_t k) {
-    extern __shared__ float4 smem[];
-    int* q = (int*)smem;
+    extern __shared__ float4 row_smem[];  // not `smem`: the gemm harnesses declare their own
+    int* q = (int*)row_smem;
     float2* ds = (float2*)(q + k / 4);
     quantize_row(x, k, q, ds, threadIdx.x, blockDim.x);
     __syncthreads();
@@ -254,3 +254,4 @@ __device__ __forceinline__ float pair_dot(const uint32_t* wp, const int* q, cons
     for (int i = 0; i < 9; ++i) w[i] = wp[i];
     return pair_dot_w(w, q, ds, p);
 }
+

@@ -21,7 +21,7 @@
 // bound and against reg bit for bit; part 1b times each shape alone, 20 launches as one graph;
 // part 2 times the products of a whole decode step (the 8B's 32 layers and the 1B's 16 of qkv,
 // o, gate+up, down; each layer's weights distinct) as one graph, forms alternately, twice, and
-// again with a 6 us stand-in for the attention after each qkv product (`idle`).
+// again with a 6 us stand-in for the attention after each qkv product (`idle`, steps.cuh).
 // Measured on an H100 (stop 62; docs/kernels.md item 48): every form within its bound, st<S, B>
 // with reg's bits; two blocks an SM of every streamed form (`./matvec_stream 1`: part 1 and the
 // occupancy only). A step's products, us: 8B reg 1,886 / reg plain 1,917-1,923 /
@@ -33,50 +33,9 @@
 // the wait), but a streamed product is slower than reg's alone at every shape: a block an SM of
 // 8-12 warps behind one ring of bulk copies does not keep DRAM as busy as sixteen warps of
 // register loads. Not taken in-tree.
-#include "harness.cuh"
+#include "steps.cuh"
 
-#define RW 16
 #define SW 8
-
-__device__ __forceinline__ void grid_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void grid_release() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-template <int R>
-__global__ void __launch_bounds__(RW * 32, 1) reg(const float* x, const uint8_t* w, float* out, uint32_t k, uint32_t n) {
-    grid_wait();
-    grid_release();
-    const SmemRow xr = smem_quantized_row(x, k);
-    const int* q = xr.q;
-    const float2* ds = xr.ds;
-    const int lane = threadIdx.x & 31;
-    const uint32_t pairs = k / 64, row_words = pairs * 9;
-    for (uint64_t g = (uint64_t)blockIdx.x * RW + threadIdx.x / 32; g < n / R; g += (uint64_t)gridDim.x * RW) {
-        const uint32_t* wr = (const uint32_t*)w + g * R * row_words;
-        float acc[R];
-#pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] = 0.f;
-#pragma unroll 2
-        for (uint32_t p = lane; p < pairs; p += 32)
-#pragma unroll
-            for (int r = 0; r < R; ++r) acc[r] += pair_dot(wr + r * row_words + p * 9, q, ds, p);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const float v = warp_sum(acc[r]);
-            if (lane == 0) out[g * R + r] = v;
-        }
-    }
-}
-
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    asm volatile(
-        "{\n .reg .pred P1;\n"
-        "WAIT_%=:\n"
-        " mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
-        " @!P1 bra WAIT_%=;\n}" ::"r"(bar),
-        "r"(parity)
-        : "memory");
-}
 
 // Shared memory of stream<S, B>: 128 bytes of mbarriers, the ring, the int8 row and its scales
 // (k + k / 4 bytes), then FLAT's 128 partial sums.
@@ -161,22 +120,6 @@ __global__ void __launch_bounds__(W * 32, 2) stream(const float* x, const uint8_
     }
 }
 
-// A stand-in for the decode attention between the qkv and o products: eight warps a block (two
-// fit an SM beside a streamed product), a block an SM, that read no weights and hold the SM for
-// `ns` nanoseconds after their grid wait.
-__global__ void __launch_bounds__(SW * 32, 2) idle(uint32_t ns) {
-    grid_wait();
-    grid_release();
-    if (threadIdx.x == 0) {
-        uint64_t t0, t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-        do {
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        } while (t - t0 < ns);
-    }
-    __syncthreads();
-}
-
 static int sms = 132;
 
 template <typename... Args, typename... Vals>
@@ -216,8 +159,8 @@ static void launch(int v, int R, const float* x, const uint8_t* w, float* o, uin
     switch (v) {
     case 0:
     case 1:
-        if (R == 2) launch_ex(reg<2>, sms, RW * 32, base, st, v == 0, x, w, o, k, n);
-        else launch_ex(reg<1>, sms, RW * 32, base, st, v == 0, x, w, o, k, n);
+        if (R == 2) launch_ex(reg<2>, sms, RW * 32, base, st, v == 0, x, w, o, k, n, 1.0f);
+        else launch_ex(reg<1>, sms, RW * 32, base, st, v == 0, x, w, o, k, n, 1.0f);
         break;
     case 2: stream_launch<5, 16384, true>(x, w, o, k, n, st); break;
     case 3: stream_launch<3, 24576, true>(x, w, o, k, n, st); break;

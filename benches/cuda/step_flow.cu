@@ -1,0 +1,388 @@
+// A standalone harness: a decode step's one-row Q4_0 products (int8 activations, a lane per pair
+// of blocks as in-tree) in one persistent kernel whose weights stream into shared memory ahead of
+// the products' dependencies, against the in-tree launch shape as graph nodes:
+//   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -o step_flow benches/cuda/step_flow.cu && ./step_flow
+//   reg: the in-tree form (steps.cuh's reg<R>), a graph node a product with programmatic
+//       edges: sixteen warps a block, a block an SM; each block waits for the kernel before,
+//       quantizes the activation row and reads its weights into registers.
+//   flow<C, AHEAD>: one launch for every product of the step, a block an SM: C consumer warps and
+//       one producer warp. Each block owns the same share of each product's rows as reg's grid
+//       would spread (a contiguous run of whole rows), and its producer lane streams those rows,
+//       product after product, through a ring of S slots of B bytes (12 of 16 KiB) by bulk copies
+//       (`cp.async.bulk`, completion on a "full" mbarrier a slot; the consumers free a slot on its
+//       "empty" mbarrier). The products are ordered by a software grid barrier (a monotonic
+//       arrival counter: a block adds one after writing a product's outputs, and the next product
+//       starts once every block has arrived). With AHEAD the producer does not wait for that
+//       barrier: the next products' first S * B bytes an SM arrive while the barrier, the
+//       row's quantization and the attention stand-in run, so DRAM is not idle there. Without
+//       AHEAD it waits for the barrier as the consumers do (a persistent kernel that streams).
+//       The consumers take a slot's (row, 32 pairs) items in turn, a row's partial sums added in
+//       order at the product's end (other bits than reg's, the same int8 bound).
+//   f16 6x32K, f16 24x8K: flow16 ahead with the ring as six slots of 32 KiB or 24 of 8 KiB.
+//   flow ... nc: the same stream with no arithmetic (the consumers free each slot as it lands):
+//       what the copies alone reach.
+//   +att: a 6 us stand-in for the decode attention after each qkv product (reg: an idle node; flow:
+//       an idle stage between two barriers).
+// Part 1 checks one product of several shapes against a float64 reference within the int8
+// rounding bound, for reg and flow; part 2 runs the products of a whole 8B and 1B step (each
+// layer's weights distinct, the outputs chained: a product reads the one before's outputs, scaled
+// to unit size), checks flow's last outputs against reg's, and times each form as a graph,
+// alternately, twice.
+// Status (stop 63; docs/kernels.md item 49): compiled with NVCC 13.0, not yet run (no machine
+// could be lent that session). Predicted on an H100: the 8B step's products reg about 1,886 us
+// (item 48), flow16 ahead about 1,550, flow16 after about 1,800, the copies alone (nc) about
+// 1,350; with the stand-in, reg +212 us and flow16 ahead about +100; the 1B's reg about 420,
+// flow16 ahead about 330.
+#include "steps.cuh"
+
+#define KMAX 14336
+#define PART 1024
+
+// One stage of flow: a product (w set) or an idle stage of idle_ns.
+struct Product {
+    const uint8_t* w;
+    const float* x;
+    float* out;
+    uint32_t k, n;
+    float scale;
+    uint32_t idle_ns;
+};
+
+// A block's share of a product: rows r0 .. r0 + nrows, rb bytes a row, cr rows a slot.
+struct Share {
+    uint32_t r0, nrows, rb, cr, chunks;
+};
+template <int SLOT_BYTES>
+__device__ __forceinline__ Share share_of(const Product& p) {
+    Share s;
+    s.rb = p.k / 32 * 18;
+    s.r0 = (uint32_t)((uint64_t)p.n * blockIdx.x / gridDim.x);
+    s.nrows = (uint32_t)((uint64_t)p.n * (blockIdx.x + 1) / gridDim.x) - s.r0;
+    s.cr = SLOT_BYTES / s.rb;
+    s.chunks = (s.nrows + s.cr - 1) / s.cr;
+    return s;
+}
+
+// Spins until the arrival counter reaches `target` (an acquire at GPU scope).
+__device__ __forceinline__ void wait_arrivals(const unsigned* a, unsigned target) {
+    unsigned v;
+    do {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(a) : "memory");
+    } while (v < target);
+}
+
+__device__ __forceinline__ void consumers_sync(uint32_t threads) {
+    asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
+}
+
+// quantize_row with the row read through L2 (other SMs wrote it in this launch; an L1 line from
+// an earlier product may be stale).
+__device__ __forceinline__ void quantize_row_l2(const float* x, uint32_t k, int* q, float2* ds, uint32_t tid,
+                                                uint32_t T) {
+    const uint32_t nb = k / 32, p = tid & 7;
+    for (uint32_t base = (tid >> 5) * 4; base < nb; base += T / 8) {
+        const uint32_t b = base + ((tid & 31) >> 3);
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (b < nb) v = __ldcg((const float4*)(x + (uint64_t)b * 32 + 4 * p));
+        quantize_group(v, b, nb, p, q, ds);
+    }
+}
+
+// Shared memory of every flow: 512 bytes of mbarriers, a 192 KiB ring, the int8 row, the partial sums.
+static constexpr uint32_t FLOW_SMEM = 512 + 196608 + KMAX + KMAX / 4 + PART * 4;
+
+template <int C, bool AHEAD, bool COMPUTE, int SLOTS = 12, int SLOT_BYTES = 16384>
+__global__ void __launch_bounds__((C + 1) * 32, 1)
+    flow(const Product* prods, uint32_t count, unsigned* arrivals) {
+    extern __shared__ __align__(128) uint8_t sm[];
+    uint64_t* full = (uint64_t*)sm;
+    uint64_t* empty = full + SLOTS;
+    uint8_t* ring = sm + 512;
+    int* q = (int*)(ring + 196608);
+    float2* ds = (float2*)((uint8_t*)q + KMAX);
+    float* part = (float*)((uint8_t*)ds + KMAX / 4);
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x & 31, T = C * 32;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < SLOTS; ++s) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(full + s)) : "memory");
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(empty + s)), "r"(C) : "memory");
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (warp == C) {
+        // The producer: one lane streams every product's share through the ring.
+        if (lane != 0) return;
+        uint32_t g = 0;
+        for (uint32_t i = 0; i < count; ++i) {
+            const Product pr = prods[i];
+            if (!pr.w) continue;
+            if (!AHEAD && i > 0) wait_arrivals(arrivals, gridDim.x * i);
+            const Share sh = share_of<SLOT_BYTES>(pr);
+            for (uint32_t c = 0; c < sh.chunks; ++c, ++g) {
+                const uint32_t s = g % SLOTS, rows = min(sh.cr, sh.nrows - c * sh.cr), bytes = rows * sh.rb;
+                if (g >= SLOTS) mbar_wait(smem_addr(empty + s), (g / SLOTS - 1) & 1);
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                const uint32_t bar = smem_addr(full + s);
+                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+                asm volatile(
+                    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                        smem_addr(ring + (uint64_t)s * SLOT_BYTES)),
+                    "l"(pr.w + (uint64_t)(sh.r0 + c * sh.cr) * sh.rb), "r"(bytes), "r"(bar)
+                    : "memory");
+            }
+        }
+        return;
+    }
+    uint32_t g = 0;
+    for (uint32_t i = 0; i < count; ++i) {
+        const Product pr = prods[i];
+        if (i > 0) {
+            if (threadIdx.x == 0) wait_arrivals(arrivals, gridDim.x * i);
+            consumers_sync(T);
+        }
+        if (!pr.w) {
+            if (threadIdx.x == 0) {
+                uint64_t t0, t;
+                asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+                do {
+                    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+                } while (t - t0 < pr.idle_ns);
+            }
+        } else {
+            if (COMPUTE) {
+                quantize_row_l2(pr.x, pr.k, q, ds, threadIdx.x, T);
+                consumers_sync(T);
+            }
+            const Share sh = share_of<SLOT_BYTES>(pr);
+            const uint32_t pairs = pr.k / 64, row_words = sh.rb / 4, segs = (pairs + 31) / 32;
+            for (uint32_t c = 0; c < sh.chunks; ++c, ++g) {
+                const uint32_t s = g % SLOTS, rows = min(sh.cr, sh.nrows - c * sh.cr);
+                mbar_wait(smem_addr(full + s), (g / SLOTS) & 1);
+                if (COMPUTE) {
+                    const uint32_t* base = (const uint32_t*)(ring + (uint64_t)s * SLOT_BYTES);
+                    for (uint32_t it = warp; it < rows * segs; it += C) {
+                        const uint32_t r = it / segs, p = 32 * (it % segs) + lane;
+                        float a = p < pairs ? pair_dot(base + r * row_words + p * 9, q, ds, p) : 0.f;
+                        a = warp_sum(a);
+                        if (lane == 0) part[(c * sh.cr + r) * segs + it % segs] = a;
+                    }
+                }
+                __syncwarp();
+                if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(empty + s)) : "memory");
+            }
+            consumers_sync(T);
+            for (uint32_t t = threadIdx.x; t < sh.nrows; t += T) {
+                float a = 0.f;
+                if (COMPUTE)
+                    for (uint32_t j = 0; j < segs; ++j) a += part[t * segs + j];
+                pr.out[sh.r0 + t] = a * pr.scale;
+            }
+        }
+        consumers_sync(T);
+        if (threadIdx.x == 0) {
+            __threadfence();
+            atomicAdd(arrivals, 1u);
+        }
+    }
+}
+
+// Q4_0 weights of `blocks` blocks from a hash of (seed, block): scale in [0.01, 0.05], random quants.
+__device__ __forceinline__ uint64_t mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+__global__ void fill_q4_0(uint8_t* w, uint64_t blocks, uint64_t seed) {
+    for (uint64_t b = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; b < blocks; b += (uint64_t)gridDim.x * blockDim.x) {
+        const uint64_t h0 = mix(seed * 0x9e3779b97f4a7c15ull + 2 * b), h1 = mix(h0 + 1), h2 = mix(h0 + 2);
+        const __half d = __float2half(0.01f + 0.04f * (float)(h0 >> 40) / (float)(1ull << 24));
+        uint8_t* p = w + b * 18;
+        memcpy(p, &d, 2);
+        for (int j = 0; j < 8; ++j) p[2 + j] = (uint8_t)(h1 >> (8 * j));
+        for (int j = 0; j < 8; ++j) p[10 + j] = (uint8_t)(h2 >> (8 * j));
+    }
+}
+
+static int sms = 132;
+
+static void launch_reg(const Product& p, int R, cudaStream_t st) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(p.w ? sms : sms);
+    cfg.blockDim = dim3(p.w ? RW * 32 : 256);
+    cfg.dynamicSmemBytes = p.w ? p.k + p.k / 4 : 0;
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    if (!p.w) CK(cudaLaunchKernelEx(&cfg, idle, p.idle_ns));
+    else if (R == 2) CK(cudaLaunchKernelEx(&cfg, reg<2>, p.x, p.w, p.out, p.k, p.n, p.scale));
+    else CK(cudaLaunchKernelEx(&cfg, reg<1>, p.x, p.w, p.out, p.k, p.n, p.scale));
+}
+
+const int NF = 7;
+const char* FLOWS[NF] = {"flow16 ahead", "flow16 after", "flow8 ahead", "flow12 ahead", "f16 6x32K", "f16 24x8K", "flow16 nc"};
+
+static void launch_flow(int v, const Product* dp, uint32_t count, unsigned* arr, cudaStream_t st) {
+    CK(cudaMemsetAsync(arr, 0, 4, st));
+    switch (v) {
+    case 0: flow<16, true, true><<<sms, 17 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
+    case 1: flow<16, false, true><<<sms, 17 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
+    case 2: flow<8, true, true><<<sms, 9 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
+    case 3: flow<12, true, true><<<sms, 13 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
+    case 4: flow<16, true, true, 6, 32768><<<sms, 17 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
+    case 5: flow<16, true, true, 24, 8192><<<sms, 17 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
+    case 6: flow<16, true, false><<<sms, 17 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
+    }
+    CK(cudaGetLastError());
+}
+
+template <typename K>
+static void raise_smem(K k) {
+    CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, FLOW_SMEM));
+}
+
+struct Shape { uint32_t n, k; int R; const char* name; };
+
+int main() {
+    sms = print_device();
+    raise_smem(flow<16, true, true>);
+    raise_smem(flow<16, false, true>);
+    raise_smem(flow<8, true, true>);
+    raise_smem(flow<12, true, true>);
+    raise_smem(flow<16, true, true, 6, 32768>);
+    raise_smem(flow<16, true, true, 24, 8192>);
+    raise_smem(flow<16, true, false>);
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    unsigned* arr;
+    CK(cudaMalloc(&arr, 4));
+    Product* dp;
+    CK(cudaMalloc(&dp, 512 * sizeof(Product)));
+    std::mt19937_64 rng(5);
+    std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+
+    // Part 1: one product, each form against the float64 reference.
+    printf("part 1: one product, worst |error| / int8 rounding bound over 64 rows (reg, then each flow)\n");
+    const Shape shapes[] = {{6144, 4096, 2, "8B qkv"}, {4096, 14336, 2, "8B down"}, {28672, 4096, 2, "8B gate+up"},
+                            {2048, 8192, 1, "1B down"}, {2048, 2048, 1, "1B o"}, {1000, 4096, 1, "odd 1000"}};
+    for (const Shape& sh : shapes) {
+        const uint64_t bytes = (uint64_t)sh.k / 32 * 18 * sh.n;
+        const std::vector<uint8_t> hw = random_q4_0(rng, bytes);
+        std::vector<float> hx(sh.k);
+        for (auto& v : hx) v = uni(rng) * (1.0f + 3.0f * (uni(rng) > 0.9f));
+        uint8_t* dw = upload(hw);
+        float* dx = upload(hx);
+        float* dout;
+        CK(cudaMalloc(&dout, (uint64_t)sh.n * 4));
+        const Q4Refs refs = q4_0_refs(hw, hx, sh.k, sh.n);
+        const Product p{dw, dx, dout, sh.k, sh.n, 1.0f, 0};
+        CK(cudaMemcpy(dp, &p, sizeof p, cudaMemcpyHostToDevice));
+        printf("%-11s", sh.name);
+        for (int v = -1; v < NF - 1; ++v) {
+            const std::vector<float> got = poisoned_run(
+                [&] {
+                    if (v < 0) launch_reg(p, sh.R, st);
+                    else launch_flow(v, dp, 1, arr, st);
+                    CK(cudaStreamSynchronize(st));
+                },
+                dout, sh.n);
+            double worst = 0;
+            for (int i = 0; i < 64; ++i) {
+                const double e = fabs(got[(uint64_t)i * sh.n / 64] - refs.ref[i]);
+                worst = std::max(worst, e / refs.bound[i]);
+                if (!(e <= refs.bound[i] * 1.001 + 1e-4)) worst = INFINITY;
+            }
+            printf(" %s %.3f", v < 0 ? "reg" : FLOWS[v], worst);
+        }
+        printf("\n");
+        CK(cudaFree(dw));
+        CK(cudaFree(dx));
+        CK(cudaFree(dout));
+    }
+
+    struct Step { const char* name; int layers; Shape layer[4]; };
+    const Step steps[] = {
+        {"8B", 32, {{6144, 4096, 2, "qkv"}, {4096, 4096, 2, "o"}, {28672, 4096, 2, "gate+up"}, {4096, 14336, 2, "down"}}},
+        {"1B", 16, {{3072, 2048, 2, "qkv"}, {2048, 2048, 1, "o"}, {16384, 2048, 2, "gate+up"}, {2048, 8192, 1, "down"}}},
+    };
+    float *ba, *bb;
+    CK(cudaMalloc(&ba, 28672 * 4));
+    CK(cudaMalloc(&bb, 28672 * 4));
+    std::vector<float> x0(28672);
+    for (auto& v : x0) v = uni(rng);
+    for (const Step& sp : steps) {
+        uint64_t per_layer = 0;
+        for (const Shape& s : sp.layer) per_layer += (uint64_t)s.k / 32 * 18 * s.n;
+        uint8_t* big;
+        CK(cudaMalloc(&big, per_layer * sp.layers));
+        fill_q4_0<<<1024, 256>>>(big, per_layer * sp.layers / 18, 77);
+        CK(cudaDeviceSynchronize());
+        // The chain, without and with the attention stand-in; R of each product for reg.
+        for (int att = 0; att < 2; ++att) {
+            std::vector<Product> hp;
+            std::vector<int> rs;
+            uint64_t off = 0;
+            float *cur = ba, *nxt = bb;
+            for (int l = 0; l < sp.layers; ++l)
+                for (int i = 0; i < 4; ++i) {
+                    const Shape& s = sp.layer[i];
+                    // 0.149: the rms of a weight (scale rms 0.032 times quant rms 4.64).
+                    hp.push_back({big + off, cur, nxt, s.k, s.n, 1.0f / (0.149f * sqrtf((float)s.k)), 0});
+                    rs.push_back(s.R);
+                    std::swap(cur, nxt);
+                    off += (uint64_t)s.k / 32 * 18 * s.n;
+                    if (att && i == 0) {
+                        hp.push_back({nullptr, nullptr, nullptr, 0, 0, 0.f, 6000});
+                        rs.push_back(0);
+                    }
+                }
+            CK(cudaMemcpy(dp, hp.data(), hp.size() * sizeof(Product), cudaMemcpyHostToDevice));
+            const uint32_t count = (uint32_t)hp.size();
+            // The last outputs of reg and of each flow from the same first row.
+            const uint32_t last_n = sp.layer[3].n;
+            float* last = hp.back().out;
+            auto run_once = [&](int v) {
+                CK(cudaMemcpy(ba, x0.data(), x0.size() * 4, cudaMemcpyHostToDevice));
+                if (v < 0)
+                    for (size_t j = 0; j < hp.size(); ++j) launch_reg(hp[j], rs[j], st);
+                else launch_flow(v, dp, count, arr, st);
+                CK(cudaStreamSynchronize(st));
+                std::vector<float> o(last_n);
+                CK(cudaMemcpy(o.data(), last, last_n * 4, cudaMemcpyDeviceToHost));
+                return o;
+            };
+            const std::vector<float> ref = run_once(-1);
+            double rms = 0;
+            for (float v : ref) rms += (double)v * v;
+            rms = sqrt(rms / last_n);
+            printf("part 2: the %s step's products%s (%.2f GB, %d layers); last outputs' rms %.3f\n", sp.name,
+                   att ? " + a 6 us attention stand-in after each qkv" : "", per_layer * sp.layers / 1e9,
+                   sp.layers, rms);
+            for (int v = 0; v < NF - 1; ++v) {
+                const std::vector<float> got = run_once(v);
+                double worst = 0;
+                for (uint32_t j = 0; j < last_n; ++j) worst = std::max(worst, (double)fabsf(got[j] - ref[j]));
+                printf("  %-13s last outputs' worst |difference| from reg's %.3e (%.2e of their rms)\n", FLOWS[v], worst,
+                       worst / rms);
+            }
+            printf("  %-13s %10s %8s %10s\n", "form", "step us", "GB/s", "us/layer");
+            for (int rep = 0; rep < 2; ++rep)
+                for (int v = -1; v < NF; ++v) {
+                    cudaGraph_t gr;
+                    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+                    if (v < 0)
+                        for (size_t j = 0; j < hp.size(); ++j) launch_reg(hp[j], rs[j], st);
+                    else launch_flow(v, dp, count, arr, st);
+                    CK(cudaStreamEndCapture(st, &gr));
+                    const double us = graph_us(gr, st, 20);
+                    printf("  %-13s %10.1f %8.0f %10.2f\n", v < 0 ? "reg" : FLOWS[v], us,
+                           per_layer * sp.layers / (us * 1e-6) / 1e9, us / sp.layers);
+                }
+        }
+        CK(cudaFree(big));
+    }
+    return 0;
+}
