@@ -350,6 +350,25 @@ fn bench_takes_the_synthetic_format_and_reports_bandwidth_per_op_kind() {
         assert!(kernels > 0, "the {what} has no kernels");
     }
     let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    // The weights a decode step reads: 30 layers of two f32 norms (576 values) and seven Q8_0
+    // matrices (34 bytes a 32 values: q and o 576 x 576, k and v 192 x 576, gate and up 1536 x
+    // 576, down 576 x 1536), the final norm, the Q8_0 embedding table whole as the head and
+    // one row of it for the token.
+    let layer = 2 * 576 * 4 + (2 * 576 + 2 * 192 + 2 * 1536) * 18 * 34 + 576 * 48 * 34;
+    let table = 49_152 * 18 * 34;
+    let weights = 30 * layer + 576 * 4 + table + 18 * 34;
+    assert_eq!(v[0]["decode_weight_bytes"], weights, "{}", v[0]);
+    let tb = v[0]["decode_tb_per_s"].as_f64().unwrap();
+    let us = v[0]["gpu_us_per_token"].as_f64().unwrap();
+    assert!(
+        (tb * us * 1e6 / weights as f64 - 1.0).abs() < 1e-9,
+        "{tb} TB/s"
+    );
+    assert!(
+        v[0]["device"].as_str().unwrap().starts_with("cpu"),
+        "{}",
+        v[0]
+    );
     let per_op = v[0]["per_op"].as_array().expect("per_op");
     let op = |name: &str| per_op.iter().find(|o| o["op"] == name).cloned();
     let matmul = op("matmul").expect("a matmul entry");

@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Args;
 use onepass::config::RunMode;
-use onepass::model::budget::decode_kv_read_bytes;
+use onepass::model::budget::{decode_kv_read_bytes, decode_weight_bytes};
 use onepass::model::engine::Engine;
 use onepass::model::gguf::GgufFile;
 use onepass::model::synth::{write_synthetic, MatrixFormats, SynthShape, SynthSpec};
@@ -114,6 +114,12 @@ pub(super) fn spread(mut v: Vec<f64>) -> Spread {
 #[derive(Debug, Clone, serde::Serialize)]
 struct ModeResult {
     mode: &'static str,
+    /// The device, as the text output's header names it.
+    device: String,
+    /// Bytes of weights a decode step reads ([`decode_weight_bytes`]).
+    decode_weight_bytes: u64,
+    /// Those bytes over the device time of a step, TB/s.
+    decode_tb_per_s: f64,
     decode_tok_s: f64,
     decode_tok_s_spread: Spread,
     prefill_tok_s: f64,
@@ -294,12 +300,16 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     // The K and V rows the profiled step (the query at the prompt's end) reads.
     let kv_elem = args.run.kv_cache.dtype(&device).block_bytes() as u128;
     let kv_read = decode_kv_read_bytes(engine.model().config(), prompt.len() + 1, kv_elem);
+    let weight_bytes = decode_weight_bytes(&file);
     let mut results = Vec::new();
     let mut timelines = Vec::new();
     let mut prefill_timelines = Vec::new();
     for &mode in &modes {
         engine.set_mode(mode);
         let mut result = measure(&mut engine, &prompt, &args)?;
+        result.device = device.name();
+        result.decode_weight_bytes = weight_bytes as u64;
+        result.decode_tb_per_s = weight_bytes as f64 / (result.gpu_us_per_token * 1e6);
         let pos = prompt.len();
         let kernels = engine.profile_decode(prompt[pos - 1], pos, true)?;
         result.per_op = OpJson::with_attention_reads(OpJson::of(&kernels), kv_read);
@@ -375,6 +385,16 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             r.gpu_us_per_token
         )?;
     }
+    let rates: Vec<String> = results
+        .iter()
+        .map(|r| format!("{} {:.2} TB/s", r.mode, r.decode_tb_per_s))
+        .collect();
+    writeln!(
+        out,
+        "weights a decode step reads: {:.3} GB ({} at the device time a step)",
+        weight_bytes as f64 / 1e9,
+        rates.join(", ")
+    )?;
     for (what, timeline, attention) in [
         ("decode step", timelines.last(), Some(kv_read)),
         ("prompt pass", prefill_timelines.last(), None),
@@ -505,6 +525,9 @@ fn measure(engine: &mut Engine, prompt: &[u32], args: &BenchArgs) -> anyhow::Res
     let (decode, prefill) = (spread(decode), spread(prefill));
     Ok(ModeResult {
         mode: engine.mode().name(),
+        device: String::new(),
+        decode_weight_bytes: 0,
+        decode_tb_per_s: 0.0,
         decode_tok_s: decode.median,
         decode_tok_s_spread: decode,
         prefill_tok_s: prefill.median,

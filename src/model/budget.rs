@@ -4,6 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::model::arch::ModelConfig;
+use crate::model::gguf::GgufFile;
 
 /// Bytes of one f32 or i32 element.
 const WORD: u128 = 4;
@@ -69,6 +70,26 @@ pub fn decode_kv_read_bytes(c: &ModelConfig, keys: usize, kv_bytes: u128) -> u12
             2 * kv_width * seen as u128 * kv_bytes
         })
         .sum()
+}
+
+/// Bytes of weights one decode step reads from model `file`: every tensor but the token
+/// embedding table, one row of that table (the token's), and the whole table again where the
+/// file has no output head of its own (`output.weight`), since the table is then the head. What
+/// `onepass bench` divides a decode step's device time by for its bytes a second.
+pub fn decode_weight_bytes(file: &GgufFile) -> u128 {
+    let mut bytes = 0u128;
+    for t in file.tensors() {
+        if t.name != "token_embd.weight" {
+            bytes += t.n_bytes as u128;
+            continue;
+        }
+        let rows = t.ne.get(1).copied().unwrap_or(1).max(1) as u128;
+        bytes += t.n_bytes as u128 / rows;
+        if !file.has_tensor("output.weight") {
+            bytes += t.n_bytes as u128;
+        }
+    }
+    bytes
 }
 
 pub use crate::backend::{available_host_memory as available_memory, parse_mem_available};
@@ -147,6 +168,34 @@ mod tests {
         // The largest sizes do not wrap around.
         let huge = cache_and_scratch_bytes(&c, usize::MAX, usize::MAX, usize::MAX, 4);
         assert!(huge > u128::from(u64::MAX));
+    }
+
+    /// A one-layer synthetic SmolLM2 file (Q4_1 matrices, f32 norms, its head the Q8_0
+    /// embedding table): the layer's nine tensors, the final norm, the whole table as the head
+    /// and one row of it for the token, counted by hand from the shapes.
+    #[test]
+    fn a_decode_step_reads_every_matrix_the_head_and_one_embedding_row() {
+        use crate::model::synth::{write_synthetic, SynthShape, SynthSpec};
+        let dir = std::env::temp_dir().join(format!("onepass-budget-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("one-layer.gguf");
+        let spec = SynthSpec {
+            shape: SynthShape::SmolLm2,
+            quant: crate::dtype::DType::Q4_1.into(),
+            seed: 1,
+            rope_freqs: false,
+            layers: Some(1),
+        };
+        write_synthetic(&spec, None, &path, &mut |_, _| {}).unwrap();
+        let file = GgufFile::open(&path).unwrap();
+        let got = decode_weight_bytes(&file);
+        std::fs::remove_dir_all(&dir).unwrap();
+        // Q4_1 rows: 20 bytes a 32 values (576 wide: 360 bytes, 1536 wide: 960); Q8_0: 34.
+        let norms = 3 * 576 * 4;
+        let attention = (576 + 192 + 192 + 576) * 360;
+        let ffn = 2 * 1536 * 360 + 576 * 960;
+        let table = 49_152 * 18 * 34;
+        assert_eq!(got, norms + attention + ffn + table + 18 * 34);
     }
 
     #[test]

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Issue 19's goal table in one command: every decode row measured by `onepass bench`, one run a
+row on synthetic files it writes itself, printed as a Markdown table beside each row's goal.
+
+    python3 scripts/goal_rows.py                      # every row on the CUDA backend
+    python3 scripts/goal_rows.py --only 8b --repeat 3 # the rows whose key has "8b"
+
+Each row runs `onepass bench --backend B --modes graph -n N --repeat R --json --like SHAPE
+--quant Q [--rope-freqs] [--head H] -p P` and reads its JSON: the median decode tokens a
+second with the repeats' range, the device time a step and the weights a step reads over it.
+The long-context rows are held to 90% of their own row at the short prompt, and the Q4_K rows
+to 90% of the Q4_0 row's bytes a second (tokens a second times the weights a step reads), so
+those rows need their reference row in the same run (`--only` keeps it in).
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+
+# key, label, bench arguments, long prompt?, goal: tok/s, or (kind, reference key).
+ROWS = [
+    ("8b", "Llama-3.1-8B Q4_0", ["--like", "llama-3.1-8b", "--quant", "q4_0"], False, 570.0),
+    ("8b-ff", "8B Q4_0 with `rope_freqs`", ["--like", "llama-3.1-8b", "--quant", "q4_0", "--rope-freqs"], False, 570.0),
+    ("1b", "Llama-3.2-1B Q4_0", ["--like", "llama-3.2-1b", "--quant", "q4_0"], False, 2000.0),
+    ("1b-ff", "1B Q4_0 with `rope_freqs`", ["--like", "llama-3.2-1b", "--quant", "q4_0", "--rope-freqs"], False, 2000.0),
+    ("smollm2", "SmolLM2-135M Q4_1", ["--like", "smollm2"], False, 2000.0),
+    ("8b-ff-long", "8B with `rope_freqs`, long prompt", ["--like", "llama-3.1-8b", "--quant", "q4_0", "--rope-freqs"], True, ("context", "8b-ff")),
+    ("1b-ff-long", "1B with `rope_freqs`, long prompt", ["--like", "llama-3.2-1b", "--quant", "q4_0", "--rope-freqs"], True, ("context", "1b-ff")),
+    ("smollm2-long", "SmolLM2, long prompt", ["--like", "smollm2"], True, ("context", "smollm2")),
+    ("8b-q4k", "8B Q4_K", ["--like", "llama-3.1-8b", "--quant", "q4_k"], False, ("bytes", "8b")),
+    ("8b-q4k-q6k", "8B Q4_K, Q6_K head", ["--like", "llama-3.1-8b", "--quant", "q4_k", "--head", "q6_k"], False, ("bytes", "8b")),
+    ("8b-q4k-q8", "8B Q4_K, Q8_0 head", ["--like", "llama-3.1-8b", "--quant", "q4_k", "--head", "q8_0"], False, ("bytes", "8b")),
+]
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--bin", default="target/release/onepass", help="the onepass binary")
+    p.add_argument("--backend", default="cuda", help="the backend bench runs on (default cuda)")
+    p.add_argument("--only", default="", help="run the rows whose key contains this text")
+    p.add_argument("--prompt", type=int, default=512, help="the short prompt (default 512)")
+    p.add_argument("--long", type=int, default=4096, help="the long prompt (default 4096)")
+    p.add_argument("--decode", type=int, default=64, help="decode steps a repeat (default 64)")
+    p.add_argument("--repeat", type=int, default=2, help="measured repeats (default 2)")
+    return p.parse_args(argv)
+
+
+def run_row(args, bench_args, prompt):
+    cmd = [args.bin, "bench", "--backend", args.backend, "--modes", "graph", "-n", str(args.decode),
+           "--repeat", str(args.repeat), "--json", *bench_args, "-p", str(prompt)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"goal_rows: `{' '.join(cmd)}` failed ({done.returncode}):\n{done.stderr.strip()}")
+    try:
+        return json.loads(done.stdout)[0], " ".join(cmd[1:])
+    except (json.JSONDecodeError, IndexError) as e:
+        sys.exit(f"goal_rows: `{' '.join(cmd)}` gave no JSON result ({e}):\n{done.stdout[:400]}")
+
+
+def verdict(row, got, results):
+    """The goal column and whether it holds, for one measured row."""
+    key, _, _, _, goal = row
+    if isinstance(goal, float):
+        share = got["decode_tok_s"] / goal
+        return f"{goal:,.0f}", f"{'yes' if share >= 1 else 'no'} ({share:.0%})"
+    kind, ref_key = goal
+    ref = results.get(ref_key)
+    if ref is None:
+        return "-", f"no: row {ref_key} was not run"
+    if kind == "context":
+        share = got["decode_tok_s"] / ref["decode_tok_s"]
+        return f"90% of {ref_key}", f"{'yes' if share >= 0.9 else 'no'} ({share:.1%})"
+    rate = got["decode_tok_s"] * got["decode_weight_bytes"]
+    share = rate / (ref["decode_tok_s"] * ref["decode_weight_bytes"])
+    return f"90% of {ref_key}'s bytes/s", f"{'yes' if share >= 0.9 else 'no'} ({share:.1%})"
+
+
+def main(argv):
+    args = parse_args(argv)
+    rows = [r for r in ROWS if args.only in r[0]]
+    if not rows:
+        sys.exit(f"goal_rows: no row's key contains {args.only!r}; keys: {', '.join(r[0] for r in ROWS)}")
+    results, lines, device = {}, [], None
+    for row in rows:
+        key, label, bench_args, long_prompt, _ = row
+        prompt = args.long if long_prompt else args.prompt
+        print(f"goal_rows: {key} ({prompt}-token prompt) ...", file=sys.stderr, flush=True)
+        got, cmd = run_row(args, bench_args, prompt)
+        results[key] = got
+        device = device or got.get("device")
+        spread = got["decode_tok_s_spread"]
+        goal, holds = verdict(row, got, results)
+        lines.append(f"| {key} | {label} ({prompt}) | {got['decode_tok_s']:,.1f} "
+                     f"[{spread['min']:,.1f}-{spread['max']:,.1f}] | {got['gpu_us_per_token']:,.0f} | "
+                     f"{got['decode_weight_bytes'] / 1e9:.2f} | {got['decode_tb_per_s']:.2f} | {goal} | {holds} |")
+        print(f"goal_rows: {key}: {got['decode_tok_s']:,.1f} tok/s  ({cmd})", file=sys.stderr, flush=True)
+    print(f"device: {device}; `bench --backend {args.backend} --modes graph -n {args.decode} "
+          f"--repeat {args.repeat} --json ...`, the median of the repeats and their range\n")
+    print("| key | decode, batch 1 (prompt) | tok/s [range] | us a step | GB a step | TB/s | goal | holds? |")
+    print("|---|---|---:|---:|---:|---:|---|---|")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
