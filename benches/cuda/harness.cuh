@@ -164,6 +164,52 @@ static inline Q4Refs q4_0_refs(const std::vector<uint8_t>& w, const std::vector<
     return r;
 }
 
+// One product's check: random Q4_0 weights of n rows of k, an activation row with one value in
+// ten four times larger (both drawn from rng, then uploaded), an output of n floats on the
+// device, and the float64 references of 64 rows (q4_0_refs).
+struct Q4Case {
+    std::vector<uint8_t> hw;
+    std::vector<float> hx;
+    uint8_t* dw;
+    float* dx;
+    float* dout;
+    Q4Refs refs;
+};
+static inline Q4Case q4_case(std::mt19937_64& rng, uint32_t k, uint32_t n) {
+    std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+    Q4Case c;
+    c.hw = random_q4_0(rng, (uint64_t)k / 32 * 18 * n);
+    c.hx.resize(k);
+    for (auto& v : c.hx) v = uni(rng) * (1.0f + 3.0f * (uni(rng) > 0.9f));
+    c.dw = upload(c.hw);
+    c.dx = upload(c.hx);
+    CK(cudaMalloc(&c.dout, (uint64_t)n * 4));
+    c.refs = q4_0_refs(c.hw, c.hx, k, n);
+    return c;
+}
+static inline void free_case(Q4Case& c) {
+    CK(cudaFree(c.dw));
+    CK(cudaFree(c.dx));
+    CK(cudaFree(c.dout));
+}
+// The worst |error| of the 64 reference rows of n outputs over their bounds; infinite where one
+// passes its bound.
+static inline double worst_over_bound(const std::vector<float>& got, const Q4Refs& r, uint32_t n) {
+    double worst = 0;
+    for (int i = 0; i < 64; ++i) {
+        const double e = fabs(got[(uint64_t)i * n / 64] - r.ref[i]);
+        worst = std::max(worst, e / r.bound[i]);
+        if (!(e <= r.bound[i] * 1.001 + 1e-4)) worst = INFINITY;
+    }
+    return worst;
+}
+
+// The sums of R rows of Q4_0 words at wr (row_words apart) against the int8 row (q, ds), a lane
+// the pairs p = lane + 32 j, the pair loop unrolled U times: the in-tree form's order.
+template <int R, int U>
+__device__ __forceinline__ void rows_pair_sums(const uint32_t* wr, uint32_t row_words, uint32_t pairs, int lane,
+                                               const int* q, const float2* ds, float (&acc)[R]);
+
 // One 32-value block b of the int8 row from the four values v of thread p (0..7) of its eight
 // (every one of the eight lanes calls it; b < nb stores): q's words of quarters 0..3 as (values
 // 4t..4t+3, values 16+4t..16+4t+3), so a lane reads its quarter with one 8-byte load, and ds[b]
@@ -255,3 +301,13 @@ __device__ __forceinline__ float pair_dot(const uint32_t* wp, const int* q, cons
     return pair_dot_w(w, q, ds, p);
 }
 
+template <int R, int U>
+__device__ __forceinline__ void rows_pair_sums(const uint32_t* wr, uint32_t row_words, uint32_t pairs, int lane,
+                                               const int* q, const float2* ds, float (&acc)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.f;
+#pragma unroll U
+    for (uint32_t p = lane; p < pairs; p += 32)
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] += pair_dot(wr + r * row_words + p * 9, q, ds, p);
+}

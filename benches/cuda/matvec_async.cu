@@ -103,12 +103,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) reg(const float* x, const uint8
     for (uint64_t g = xr.first; g < xr.groups; g += xr.stride) {
         const uint32_t* wr = (const uint32_t*)w + g * R * row_words;
         float acc[R];
-#pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] = 0.f;
-#pragma unroll U
-        for (uint32_t p = lane; p < pairs; p += 32)
-#pragma unroll
-            for (int r = 0; r < R; ++r) acc[r] += pair_dot(wr + r * row_words + p * 9, xr.q, xr.ds, p);
+        rows_pair_sums<R, U>(wr, row_words, pairs, lane, xr.q, xr.ds, acc);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const float v = warp_sum(acc[r]);

@@ -182,33 +182,18 @@ int main(int argc, char**) {
     // Part 1 launches every form first (their attributes set outside any capture).
     printf("part 1: each form against a float64 reference (worst |error| / int8 rounding bound) and reg's bits\n");
     for (const Shape& sh : shapes) {
-        const uint64_t bytes = (uint64_t)sh.k / 32 * 18 * sh.n;
-        const std::vector<uint8_t> hw = random_q4_0(rng, bytes);
-        std::vector<float> hx(sh.k);
-        for (auto& v : hx) v = uni(rng) * (1.0f + 3.0f * (uni(rng) > 0.9f));
-        uint8_t* dw = upload(hw);
-        float* dx = upload(hx);
-        float* dout;
-        CK(cudaMalloc(&dout, (uint64_t)sh.n * 4));
-        const Q4Refs refs = q4_0_refs(hw, hx, sh.k, sh.n);
+        Q4Case c = q4_case(rng, sh.k, sh.n);
         std::vector<float> got(sh.n), first(sh.n);
         printf("%-11s", sh.name);
         for (int v = 0; v < NV; ++v) {
-            got = poisoned_run([&] { launch(v, sh.R, dx, dw, dout, sh.k, sh.n); }, dout, sh.n);
-            double worst = 0;
-            for (int i = 0; i < 64; ++i) {
-                const double e = fabs(got[(uint64_t)i * sh.n / 64] - refs.ref[i]);
-                worst = std::max(worst, e / refs.bound[i]);
-                if (!(e <= refs.bound[i] * 1.001 + 1e-4)) worst = INFINITY;
-            }
+            got = poisoned_run([&] { launch(v, sh.R, c.dx, c.dw, c.dout, sh.k, sh.n); }, c.dout, sh.n);
+            const double worst = worst_over_bound(got, c.refs, sh.n);
             if (v == 0) first = got;
             const bool same = memcmp(first.data(), got.data(), sh.n * 4) == 0;
             printf(" %s %.3f%s", NAMES[v], worst, same ? "" : " NOT reg's bits");
         }
         printf("\n");
-        CK(cudaFree(dw));
-        CK(cudaFree(dx));
-        CK(cudaFree(dout));
+        free_case(c);
     }
 
     {

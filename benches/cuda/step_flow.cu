@@ -269,16 +269,8 @@ int main() {
     const Shape shapes[] = {{6144, 4096, 2, "8B qkv"}, {4096, 14336, 2, "8B down"}, {28672, 4096, 2, "8B gate+up"},
                             {2048, 8192, 1, "1B down"}, {2048, 2048, 1, "1B o"}, {1000, 4096, 1, "odd 1000"}};
     for (const Shape& sh : shapes) {
-        const uint64_t bytes = (uint64_t)sh.k / 32 * 18 * sh.n;
-        const std::vector<uint8_t> hw = random_q4_0(rng, bytes);
-        std::vector<float> hx(sh.k);
-        for (auto& v : hx) v = uni(rng) * (1.0f + 3.0f * (uni(rng) > 0.9f));
-        uint8_t* dw = upload(hw);
-        float* dx = upload(hx);
-        float* dout;
-        CK(cudaMalloc(&dout, (uint64_t)sh.n * 4));
-        const Q4Refs refs = q4_0_refs(hw, hx, sh.k, sh.n);
-        const Product p{dw, dx, dout, sh.k, sh.n, 1.0f, 0};
+        Q4Case c = q4_case(rng, sh.k, sh.n);
+        const Product p{c.dw, c.dx, c.dout, sh.k, sh.n, 1.0f, 0};
         CK(cudaMemcpy(dp, &p, sizeof p, cudaMemcpyHostToDevice));
         printf("%-11s", sh.name);
         for (int v = -1; v < NF - 1; ++v) {
@@ -288,19 +280,11 @@ int main() {
                     else launch_flow(v, dp, 1, arr, st);
                     CK(cudaStreamSynchronize(st));
                 },
-                dout, sh.n);
-            double worst = 0;
-            for (int i = 0; i < 64; ++i) {
-                const double e = fabs(got[(uint64_t)i * sh.n / 64] - refs.ref[i]);
-                worst = std::max(worst, e / refs.bound[i]);
-                if (!(e <= refs.bound[i] * 1.001 + 1e-4)) worst = INFINITY;
-            }
-            printf(" %s %.3f", v < 0 ? "reg" : FLOWS[v], worst);
+                c.dout, sh.n);
+            printf(" %s %.3f", v < 0 ? "reg" : FLOWS[v], worst_over_bound(got, c.refs, sh.n));
         }
         printf("\n");
-        CK(cudaFree(dw));
-        CK(cudaFree(dx));
-        CK(cudaFree(dout));
+        free_case(c);
     }
 
     struct Step { const char* name; int layers; Shape layer[4]; };
