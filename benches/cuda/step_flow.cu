@@ -19,6 +19,8 @@
 //       The consumers take a slot's (row, 32 pairs) items in turn, a row's partial sums added in
 //       order at the product's end (other bits than reg's, the same int8 bound).
 //   f16 6x32K, f16 24x8K: flow16 ahead with the ring as six slots of 32 KiB or 24 of 8 KiB.
+//   w12 12x16K, w12 24x8K, w16 16x12K, w8 24x8K: flow_w<C, SLOTS, SLOT_BYTES>, the same stream
+//       ahead, but each consumer warp owns whole slots and sums every row of its chunks alone.
 //   flow ... nc: the same stream with no arithmetic (the consumers free each slot as it lands):
 //       what the copies alone reach.
 //   +att: a 6 us stand-in for the decode attention after each qkv product (reg: an idle node; flow:
@@ -28,11 +30,10 @@
 // layer's weights distinct, the outputs chained: a product reads the one before's outputs, scaled
 // to unit size), checks flow's last outputs against reg's, and times each form as a graph,
 // alternately, twice.
-// Status (stop 63; docs/kernels.md item 49): compiled with NVCC 13.0, not yet run (no machine
-// could be lent that session). Predicted on an H100: the 8B step's products reg about 1,886 us
-// (item 48), flow16 ahead about 1,550, flow16 after about 1,800, the copies alone (nc) about
-// 1,350; with the stand-in, reg +212 us and flow16 ahead about +100; the 1B's reg about 420,
-// flow16 ahead about 330.
+// Status (docs/kernels.md item 49): run at stop 64 on an H100: the 8B step's products reg 1,919
+// us, flow16 ahead 2,094, after 2,451, the copies alone (nc) 1,447; the 1B's reg 429, flow16
+// ahead 454, nc 257. The copies keep up; the sums, a slot at a time by every warp, do not.
+// flow_w (a warp a slot, added at stop 64) predicted: the 8B about 1,600 us, the 1B about 330.
 #include "steps.cuh"
 
 #define KMAX 14336
@@ -71,6 +72,15 @@ __device__ __forceinline__ void wait_arrivals(const unsigned* a, unsigned target
     } while (v < target);
 }
 
+// Spins for ns nanoseconds of the global timer (the attention stand-in inside a flow).
+__device__ __forceinline__ void spin_ns(uint32_t ns) {
+    uint64_t t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}
+
 __device__ __forceinline__ void consumers_sync(uint32_t threads) {
     asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
 }
@@ -85,6 +95,32 @@ __device__ __forceinline__ void quantize_row_l2(const float* x, uint32_t k, int*
         float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
         if (b < nb) v = __ldcg((const float4*)(x + (uint64_t)b * 32 + 4 * p));
         quantize_group(v, b, nb, p, q, ds);
+    }
+}
+
+// The producer lane: streams every product's share of rows through the ring of SLOTS slots, in
+// order (g counts the chunks of the whole launch); without AHEAD it waits for each product's barrier.
+template <bool AHEAD, int SLOTS, int SLOT_BYTES>
+__device__ __forceinline__ void produce(const Product* prods, uint32_t count, const unsigned* arrivals,
+                                        uint64_t* full, uint64_t* empty, uint8_t* ring) {
+    uint32_t g = 0;
+    for (uint32_t i = 0; i < count; ++i) {
+        const Product pr = prods[i];
+        if (!pr.w) continue;
+        if (!AHEAD && i > 0) wait_arrivals(arrivals, gridDim.x * i);
+        const Share sh = share_of<SLOT_BYTES>(pr);
+        for (uint32_t c = 0; c < sh.chunks; ++c, ++g) {
+            const uint32_t s = g % SLOTS, rows = min(sh.cr, sh.nrows - c * sh.cr), bytes = rows * sh.rb;
+            if (g >= SLOTS) mbar_wait(smem_addr(empty + s), (g / SLOTS - 1) & 1);
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            const uint32_t bar = smem_addr(full + s);
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+            asm volatile(
+                "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                    smem_addr(ring + (uint64_t)s * SLOT_BYTES)),
+                "l"(pr.w + (uint64_t)(sh.r0 + c * sh.cr) * sh.rb), "r"(bytes), "r"(bar)
+                : "memory");
+        }
     }
 }
 
@@ -111,27 +147,7 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
     }
     __syncthreads();
     if (warp == C) {
-        // The producer: one lane streams every product's share through the ring.
-        if (lane != 0) return;
-        uint32_t g = 0;
-        for (uint32_t i = 0; i < count; ++i) {
-            const Product pr = prods[i];
-            if (!pr.w) continue;
-            if (!AHEAD && i > 0) wait_arrivals(arrivals, gridDim.x * i);
-            const Share sh = share_of<SLOT_BYTES>(pr);
-            for (uint32_t c = 0; c < sh.chunks; ++c, ++g) {
-                const uint32_t s = g % SLOTS, rows = min(sh.cr, sh.nrows - c * sh.cr), bytes = rows * sh.rb;
-                if (g >= SLOTS) mbar_wait(smem_addr(empty + s), (g / SLOTS - 1) & 1);
-                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-                const uint32_t bar = smem_addr(full + s);
-                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-                asm volatile(
-                    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                        smem_addr(ring + (uint64_t)s * SLOT_BYTES)),
-                    "l"(pr.w + (uint64_t)(sh.r0 + c * sh.cr) * sh.rb), "r"(bytes), "r"(bar)
-                    : "memory");
-            }
-        }
+        if (lane == 0) produce<AHEAD, SLOTS, SLOT_BYTES>(prods, count, arrivals, full, empty, ring);
         return;
     }
     uint32_t g = 0;
@@ -142,13 +158,7 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
             consumers_sync(T);
         }
         if (!pr.w) {
-            if (threadIdx.x == 0) {
-                uint64_t t0, t;
-                asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-                do {
-                    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-                } while (t - t0 < pr.idle_ns);
-            }
+            if (threadIdx.x == 0) spin_ns(pr.idle_ns);
         } else {
             if (COMPUTE) {
                 quantize_row_l2(pr.x, pr.k, q, ds, threadIdx.x, T);
@@ -187,7 +197,82 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
     }
 }
 
-// Q4_0 weights of `blocks` blocks from a hash of (seed, block): scale in [0.01, 0.05], random quants.
+// flow_w<C, SLOTS, SLOT_BYTES>: flow16 ahead's stream, but a consumer warp owns whole slots (slot
+// s belongs to warp s % C, SLOTS a multiple of C) and sums every row of its chunk by itself, so C
+// chunks are summed at once rather than each chunk by every warp in turn; a slot is freed by its
+// one warp, and each row's sum is one value (no per-segment partials).
+template <int C, int SLOTS, int SLOT_BYTES>
+__global__ void __launch_bounds__((C + 1) * 32, 1)
+    flow_w(const Product* prods, uint32_t count, unsigned* arrivals) {
+    static_assert(SLOTS % C == 0, "a consumer warp owns whole slots");
+    extern __shared__ __align__(128) uint8_t sm[];
+    uint64_t* full = (uint64_t*)sm;
+    uint64_t* empty = full + SLOTS;
+    uint8_t* ring = sm + 512;
+    int* q = (int*)(ring + 196608);
+    float2* ds = (float2*)((uint8_t*)q + KMAX);
+    float* part = (float*)((uint8_t*)ds + KMAX / 4);
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x & 31, T = C * 32;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < SLOTS; ++s) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(full + s)) : "memory");
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(empty + s)) : "memory");
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (warp == C) {
+        if (lane == 0) produce<true, SLOTS, SLOT_BYTES>(prods, count, arrivals, full, empty, ring);
+        return;
+    }
+    uint32_t g0 = 0;  // the chunks of the products before this one
+    for (uint32_t i = 0; i < count; ++i) {
+        const Product pr = prods[i];
+        if (i > 0) {
+            if (threadIdx.x == 0) wait_arrivals(arrivals, gridDim.x * i);
+            consumers_sync(T);
+        }
+        if (!pr.w) {
+            if (threadIdx.x == 0) spin_ns(pr.idle_ns);
+        } else {
+            quantize_row_l2(pr.x, pr.k, q, ds, threadIdx.x, T);
+            consumers_sync(T);
+            const Share sh = share_of<SLOT_BYTES>(pr);
+            const uint32_t pairs = pr.k / 64, row_words = sh.rb / 4;
+            for (uint32_t c = (warp + C - g0 % C) % C; c < sh.chunks; c += C) {
+                const uint32_t g = g0 + c, s = g % SLOTS, rows = min(sh.cr, sh.nrows - c * sh.cr);
+                mbar_wait(smem_addr(full + s), (g / SLOTS) & 1);
+                const uint32_t* base = (const uint32_t*)(ring + (uint64_t)s * SLOT_BYTES);
+                for (uint32_t r = 0; r < rows; ++r) {
+                    float a = 0.f;
+                    for (uint32_t p = lane; p < pairs; p += 32) a += pair_dot(base + r * row_words + p * 9, q, ds, p);
+                    a = warp_sum(a);
+                    if (lane == 0) part[c * sh.cr + r] = a;
+                }
+                __syncwarp();
+                if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(empty + s)) : "memory");
+            }
+            g0 += sh.chunks;
+            consumers_sync(T);
+            for (uint32_t t = threadIdx.x; t < sh.nrows; t += T) pr.out[sh.r0 + t] = part[t] * pr.scale;
+        }
+        consumers_sync(T);
+        if (threadIdx.x == 0) {
+            __threadfence();
+            atomicAdd(arrivals, 1u);
+        }
+    }
+}
+
+// A byte of two quants with 0 (the value -8) made 8 (the value 0): quants from -7 to 7 with a
+// mean of zero, so a chain of products does not grow the rows' common part (with -8 in, each
+// weight's mean is -d/2 and a chained row's mean grows about 0.1 sqrt(k) times a product).
+__device__ __forceinline__ uint8_t balanced(uint8_t b) {
+    if ((b & 15) == 0) b |= 8;
+    if ((b >> 4) == 0) b |= 0x80;
+    return b;
+}
+// Q4_0 weights of `blocks` blocks from a hash of (seed, block): scale in [0.01, 0.05], balanced quants.
 __device__ __forceinline__ uint64_t mix(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -199,8 +284,8 @@ __global__ void fill_q4_0(uint8_t* w, uint64_t blocks, uint64_t seed) {
         const __half d = __float2half(0.01f + 0.04f * (float)(h0 >> 40) / (float)(1ull << 24));
         uint8_t* p = w + b * 18;
         memcpy(p, &d, 2);
-        for (int j = 0; j < 8; ++j) p[2 + j] = (uint8_t)(h1 >> (8 * j));
-        for (int j = 0; j < 8; ++j) p[10 + j] = (uint8_t)(h2 >> (8 * j));
+        for (int j = 0; j < 8; ++j) p[2 + j] = balanced((uint8_t)(h1 >> (8 * j)));
+        for (int j = 0; j < 8; ++j) p[10 + j] = balanced((uint8_t)(h2 >> (8 * j)));
     }
 }
 
@@ -222,8 +307,9 @@ static void launch_reg(const Product& p, int R, cudaStream_t st) {
     else CK(cudaLaunchKernelEx(&cfg, reg<1>, p.x, p.w, p.out, p.k, p.n, p.scale));
 }
 
-const int NF = 7;
-const char* FLOWS[NF] = {"flow16 ahead", "flow16 after", "flow8 ahead", "flow12 ahead", "f16 6x32K", "f16 24x8K", "flow16 nc"};
+const int NF = 11;
+const char* FLOWS[NF] = {"flow16 ahead", "flow16 after", "flow8 ahead", "flow12 ahead", "f16 6x32K", "f16 24x8K",
+                         "w12 12x16K",   "w12 24x8K",    "w16 16x12K", "w8 24x8K",     "flow16 nc"};
 
 static void launch_flow(int v, const Product* dp, uint32_t count, unsigned* arr, cudaStream_t st) {
     CK(cudaMemsetAsync(arr, 0, 4, st));
@@ -234,7 +320,11 @@ static void launch_flow(int v, const Product* dp, uint32_t count, unsigned* arr,
     case 3: flow<12, true, true><<<sms, 13 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
     case 4: flow<16, true, true, 6, 32768><<<sms, 17 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
     case 5: flow<16, true, true, 24, 8192><<<sms, 17 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
-    case 6: flow<16, true, false><<<sms, 17 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
+    case 6: flow_w<12, 12, 16384><<<sms, 13 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
+    case 7: flow_w<12, 24, 8192><<<sms, 13 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
+    case 8: flow_w<16, 16, 12288><<<sms, 17 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
+    case 9: flow_w<8, 24, 8192><<<sms, 9 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
+    case 10: flow<16, true, false><<<sms, 17 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
     }
     CK(cudaGetLastError());
 }
@@ -255,6 +345,10 @@ int main() {
     raise_smem(flow<16, true, true, 6, 32768>);
     raise_smem(flow<16, true, true, 24, 8192>);
     raise_smem(flow<16, true, false>);
+    raise_smem(flow_w<12, 12, 16384>);
+    raise_smem(flow_w<12, 24, 8192>);
+    raise_smem(flow_w<16, 16, 12288>);
+    raise_smem(flow_w<8, 24, 8192>);
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     unsigned* arr;
@@ -313,8 +407,8 @@ int main() {
             for (int l = 0; l < sp.layers; ++l)
                 for (int i = 0; i < 4; ++i) {
                     const Shape& s = sp.layer[i];
-                    // 0.149: the rms of a weight (scale rms 0.032 times quant rms 4.64).
-                    hp.push_back({big + off, cur, nxt, s.k, s.n, 1.0f / (0.149f * sqrtf((float)s.k)), 0});
+                    // 0.134: the rms of a weight (scale rms 0.032 times the balanced quants' rms 4.18).
+                    hp.push_back({big + off, cur, nxt, s.k, s.n, 1.0f / (0.134f * sqrtf((float)s.k)), 0});
                     rs.push_back(s.R);
                     std::swap(cur, nxt);
                     off += (uint64_t)s.k / 32 * 18 * s.n;
