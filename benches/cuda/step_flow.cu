@@ -21,6 +21,10 @@
 //   f16 6x32K, f16 24x8K: flow16 ahead with the ring as six slots of 32 KiB or 24 of 8 KiB.
 //   w12 12x16K, w12 24x8K, w16 16x12K, w8 24x8K: flow_w<C, SLOTS, SLOT_BYTES>, the same stream
 //       ahead, but each consumer warp owns whole slots and sums every row of its chunks alone.
+//   w12 pf8, w12 pf16: w12 12x16K whose producer also keeps the L2 asked (bulk prefetches) for
+//       the 8 or 16 chunks after the one it copies, so DRAM reads on while the ring is full.
+//   barriers: the grid barriers and stand-in stages alone (no weights, no sums).
+//   nc pf16: the copies alone with the prefetches of w12 pf16.
 //   flow ... nc: the same stream with no arithmetic (the consumers free each slot as it lands):
 //       what the copies alone reach.
 //   +att: a 6 us stand-in for the decode attention after each qkv product (reg: an idle node; flow:
@@ -33,7 +37,9 @@
 // Status (docs/kernels.md item 49): run at stop 64 on an H100: the 8B step's products reg 1,919
 // us, flow16 ahead 2,094, after 2,451, the copies alone (nc) 1,447; the 1B's reg 429, flow16
 // ahead 454, nc 257. The copies keep up; the sums, a slot at a time by every warp, do not.
-// flow_w (a warp a slot, added at stop 64) predicted: the 8B about 1,600 us, the 1B about 330.
+// flow_w (a warp a slot), the L2 prefetches ahead and the barriers alone were added after that
+// run; predicted: the 8B's w12 12x16K about 1,600 us, w12 pf16 about 1,500, nc pf16 about 1,350
+// (+60 with the stand-in), the barriers alone about 190 (+200 with it); the 1B's w12 about 330.
 #include "steps.cuh"
 
 #define KMAX 14336
@@ -98,12 +104,51 @@ __device__ __forceinline__ void quantize_row_l2(const float* x, uint32_t k, int*
     }
 }
 
+// The L2 prefetch cursor of a producer: chunk c of product i (i == count at the end), its weights
+// and this block's share of them.
+struct Ahead {
+    uint32_t i, c;
+    const uint8_t* w;
+    Share sh;
+};
+
+// Moves a to the first chunk of product a.i or the next product with weights and rows here.
+template <int SLOT_BYTES>
+__device__ __forceinline__ void ahead_enter(const Product* prods, uint32_t count, Ahead& a) {
+    for (; a.i < count; ++a.i) {
+        const Product p = prods[a.i];
+        if (!p.w) continue;
+        a.w = p.w;
+        a.sh = share_of<SLOT_BYTES>(p);
+        a.c = 0;
+        if (a.sh.chunks) return;
+    }
+}
+
+// Asks L2 for a's chunk (`cp.async.bulk.prefetch.L2`: no shared memory, no completion) and
+// moves a to the next chunk.
+template <int SLOT_BYTES>
+__device__ __forceinline__ void ahead_step(const Product* prods, uint32_t count, Ahead& a) {
+    const uint32_t rows = min(a.sh.cr, a.sh.nrows - a.c * a.sh.cr);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a.w + (uint64_t)(a.sh.r0 + a.c * a.sh.cr) * a.sh.rb),
+                 "r"(rows * a.sh.rb)
+                 : "memory");
+    if (++a.c == a.sh.chunks) {
+        ++a.i;
+        ahead_enter<SLOT_BYTES>(prods, count, a);
+    }
+}
+
 // The producer lane: streams every product's share of rows through the ring of SLOTS slots, in
-// order (g counts the chunks of the whole launch); without AHEAD it waits for each product's barrier.
-template <bool AHEAD, int SLOTS, int SLOT_BYTES>
+// order (g counts the chunks of the whole launch); without AHEAD it waits for each product's
+// barrier. With PF > 0 it also keeps the L2 asked for the PF chunks after the one it copies, so
+// DRAM goes on reading while the ring is full and the consumers wait at a barrier.
+template <bool AHEAD, int SLOTS, int SLOT_BYTES, int PF = 0>
 __device__ __forceinline__ void produce(const Product* prods, uint32_t count, const unsigned* arrivals,
                                         uint64_t* full, uint64_t* empty, uint8_t* ring) {
-    uint32_t g = 0;
+    uint32_t g = 0, ga = 0;
+    Ahead a{0, 0, nullptr, {}};
+    if (PF) ahead_enter<SLOT_BYTES>(prods, count, a);
     for (uint32_t i = 0; i < count; ++i) {
         const Product pr = prods[i];
         if (!pr.w) continue;
@@ -111,6 +156,7 @@ __device__ __forceinline__ void produce(const Product* prods, uint32_t count, co
         const Share sh = share_of<SLOT_BYTES>(pr);
         for (uint32_t c = 0; c < sh.chunks; ++c, ++g) {
             const uint32_t s = g % SLOTS, rows = min(sh.cr, sh.nrows - c * sh.cr), bytes = rows * sh.rb;
+            for (; PF && a.i < count && ga <= g + PF; ++ga) ahead_step<SLOT_BYTES>(prods, count, a);
             if (g >= SLOTS) mbar_wait(smem_addr(empty + s), (g / SLOTS - 1) & 1);
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
             const uint32_t bar = smem_addr(full + s);
@@ -127,7 +173,7 @@ __device__ __forceinline__ void produce(const Product* prods, uint32_t count, co
 // Shared memory of every flow: 512 bytes of mbarriers, a 192 KiB ring, the int8 row, the partial sums.
 static constexpr uint32_t FLOW_SMEM = 512 + 196608 + KMAX + KMAX / 4 + PART * 4;
 
-template <int C, bool AHEAD, bool COMPUTE, int SLOTS = 12, int SLOT_BYTES = 16384>
+template <int C, bool AHEAD, bool COMPUTE, int SLOTS = 12, int SLOT_BYTES = 16384, int PF = 0>
 __global__ void __launch_bounds__((C + 1) * 32, 1)
     flow(const Product* prods, uint32_t count, unsigned* arrivals) {
     extern __shared__ __align__(128) uint8_t sm[];
@@ -147,7 +193,7 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
     }
     __syncthreads();
     if (warp == C) {
-        if (lane == 0) produce<AHEAD, SLOTS, SLOT_BYTES>(prods, count, arrivals, full, empty, ring);
+        if (lane == 0) produce<AHEAD, SLOTS, SLOT_BYTES, PF>(prods, count, arrivals, full, empty, ring);
         return;
     }
     uint32_t g = 0;
@@ -201,7 +247,7 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
 // s belongs to warp s % C, SLOTS a multiple of C) and sums every row of its chunk by itself, so C
 // chunks are summed at once rather than each chunk by every warp in turn; a slot is freed by its
 // one warp, and each row's sum is one value (no per-segment partials).
-template <int C, int SLOTS, int SLOT_BYTES>
+template <int C, int SLOTS, int SLOT_BYTES, int PF = 0>
 __global__ void __launch_bounds__((C + 1) * 32, 1)
     flow_w(const Product* prods, uint32_t count, unsigned* arrivals) {
     static_assert(SLOTS % C == 0, "a consumer warp owns whole slots");
@@ -222,7 +268,7 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
     }
     __syncthreads();
     if (warp == C) {
-        if (lane == 0) produce<true, SLOTS, SLOT_BYTES>(prods, count, arrivals, full, empty, ring);
+        if (lane == 0) produce<true, SLOTS, SLOT_BYTES, PF>(prods, count, arrivals, full, empty, ring);
         return;
     }
     uint32_t g0 = 0;  // the chunks of the products before this one
@@ -257,6 +303,23 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
             for (uint32_t t = threadIdx.x; t < sh.nrows; t += T) pr.out[sh.r0 + t] = part[t] * pr.scale;
         }
         consumers_sync(T);
+        if (threadIdx.x == 0) {
+            __threadfence();
+            atomicAdd(arrivals, 1u);
+        }
+    }
+}
+
+// The grid barriers of a flow and its stand-in stages alone: no weights, no sums (what the
+// chain of barriers costs a step by itself).
+__global__ void __launch_bounds__(17 * 32, 1) barriers(const Product* prods, uint32_t count, unsigned* arrivals) {
+    for (uint32_t i = 0; i < count; ++i) {
+        if (i > 0) {
+            if (threadIdx.x == 0) wait_arrivals(arrivals, gridDim.x * i);
+            __syncthreads();
+        }
+        if (!prods[i].w && threadIdx.x == 0) spin_ns(prods[i].idle_ns);
+        __syncthreads();
         if (threadIdx.x == 0) {
             __threadfence();
             atomicAdd(arrivals, 1u);
@@ -307,24 +370,26 @@ static void launch_reg(const Product& p, int R, cudaStream_t st) {
     else CK(cudaLaunchKernelEx(&cfg, reg<1>, p.x, p.w, p.out, p.k, p.n, p.scale));
 }
 
-const int NF = 11;
-const char* FLOWS[NF] = {"flow16 ahead", "flow16 after", "flow8 ahead", "flow12 ahead", "f16 6x32K", "f16 24x8K",
-                         "w12 12x16K",   "w12 24x8K",    "w16 16x12K", "w8 24x8K",     "flow16 nc"};
+// The forms; the first NCHECK write outputs (checked), the rest only stream or only wait.
+const int NF = 12, NCHECK = 9;
+const char* FLOWS[NF] = {"flow16 ahead", "flow16 after", "f16 6x32K",  "w12 12x16K", "w12 24x8K", "w16 16x12K",
+                         "w8 24x8K",     "w12 pf8",      "w12 pf16",   "flow16 nc",  "nc pf16",   "barriers"};
 
 static void launch_flow(int v, const Product* dp, uint32_t count, unsigned* arr, cudaStream_t st) {
     CK(cudaMemsetAsync(arr, 0, 4, st));
     switch (v) {
     case 0: flow<16, true, true><<<sms, 17 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
     case 1: flow<16, false, true><<<sms, 17 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
-    case 2: flow<8, true, true><<<sms, 9 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
-    case 3: flow<12, true, true><<<sms, 13 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
-    case 4: flow<16, true, true, 6, 32768><<<sms, 17 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
-    case 5: flow<16, true, true, 24, 8192><<<sms, 17 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
-    case 6: flow_w<12, 12, 16384><<<sms, 13 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
-    case 7: flow_w<12, 24, 8192><<<sms, 13 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
-    case 8: flow_w<16, 16, 12288><<<sms, 17 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
-    case 9: flow_w<8, 24, 8192><<<sms, 9 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
-    case 10: flow<16, true, false><<<sms, 17 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
+    case 2: flow<16, true, true, 6, 32768><<<sms, 17 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
+    case 3: flow_w<12, 12, 16384><<<sms, 13 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
+    case 4: flow_w<12, 24, 8192><<<sms, 13 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
+    case 5: flow_w<16, 16, 12288><<<sms, 17 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
+    case 6: flow_w<8, 24, 8192><<<sms, 9 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
+    case 7: flow_w<12, 12, 16384, 8><<<sms, 13 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
+    case 8: flow_w<12, 12, 16384, 16><<<sms, 13 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
+    case 9: flow<16, true, false><<<sms, 17 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
+    case 10: flow<16, true, false, 12, 16384, 16><<<sms, 17 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
+    case 11: barriers<<<sms, 17 * 32, 0, st>>>(dp, count, arr); break;
     }
     CK(cudaGetLastError());
 }
@@ -340,15 +405,15 @@ int main() {
     sms = print_device();
     raise_smem(flow<16, true, true>);
     raise_smem(flow<16, false, true>);
-    raise_smem(flow<8, true, true>);
-    raise_smem(flow<12, true, true>);
     raise_smem(flow<16, true, true, 6, 32768>);
-    raise_smem(flow<16, true, true, 24, 8192>);
-    raise_smem(flow<16, true, false>);
     raise_smem(flow_w<12, 12, 16384>);
     raise_smem(flow_w<12, 24, 8192>);
     raise_smem(flow_w<16, 16, 12288>);
     raise_smem(flow_w<8, 24, 8192>);
+    raise_smem(flow_w<12, 12, 16384, 8>);
+    raise_smem(flow_w<12, 12, 16384, 16>);
+    raise_smem(flow<16, true, false>);
+    raise_smem(flow<16, true, false, 12, 16384, 16>);
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     unsigned* arr;
@@ -367,7 +432,7 @@ int main() {
         const Product p{c.dw, c.dx, c.dout, sh.k, sh.n, 1.0f, 0};
         CK(cudaMemcpy(dp, &p, sizeof p, cudaMemcpyHostToDevice));
         printf("%-11s", sh.name);
-        for (int v = -1; v < NF - 1; ++v) {
+        for (int v = -1; v < NCHECK; ++v) {
             const std::vector<float> got = poisoned_run(
                 [&] {
                     if (v < 0) launch_reg(p, sh.R, st);
@@ -439,7 +504,7 @@ int main() {
             printf("part 2: the %s step's products%s (%.2f GB, %d layers); last outputs' rms %.3f\n", sp.name,
                    att ? " + a 6 us attention stand-in after each qkv" : "", per_layer * sp.layers / 1e9,
                    sp.layers, rms);
-            for (int v = 0; v < NF - 1; ++v) {
+            for (int v = 0; v < NCHECK; ++v) {
                 const std::vector<float> got = run_once(v);
                 double worst = 0;
                 for (uint32_t j = 0; j < last_n; ++j) worst = std::max(worst, (double)fabsf(got[j] - ref[j]));
