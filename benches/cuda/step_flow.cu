@@ -173,73 +173,100 @@ __device__ __forceinline__ void produce(const Product* prods, uint32_t count, co
 // Shared memory of every flow: 512 bytes of mbarriers, a 192 KiB ring, the int8 row, the partial sums.
 static constexpr uint32_t FLOW_SMEM = 512 + 196608 + KMAX + KMAX / 4 + PART * 4;
 
-template <int C, bool AHEAD, bool COMPUTE, int SLOTS = 12, int SLOT_BYTES = 16384, int PF = 0>
-__global__ void __launch_bounds__((C + 1) * 32, 1)
-    flow(const Product* prods, uint32_t count, unsigned* arrivals) {
-    extern __shared__ __align__(128) uint8_t sm[];
-    uint64_t* full = (uint64_t*)sm;
-    uint64_t* empty = full + SLOTS;
-    uint8_t* ring = sm + 512;
-    int* q = (int*)(ring + 196608);
-    float2* ds = (float2*)((uint8_t*)q + KMAX);
-    float* part = (float*)((uint8_t*)ds + KMAX / 4);
-    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x & 31, T = C * 32;
+// A flow's shared memory carved from `sm`, its SLOTS full mbarriers (one arrival and the bytes)
+// and empty ones (`frees` arrivals) initialized by thread 0; every thread returns after a block
+// barrier.
+struct Ring {
+    uint64_t *full, *empty;
+    uint8_t* ring;
+    int* q;
+    float2* ds;
+    float* part;
+};
+template <int SLOTS>
+__device__ __forceinline__ Ring ring_setup(uint8_t* sm, uint32_t frees) {
+    Ring r;
+    r.full = (uint64_t*)sm;
+    r.empty = r.full + SLOTS;
+    r.ring = sm + 512;
+    r.q = (int*)(r.ring + 196608);
+    r.ds = (float2*)((uint8_t*)r.q + KMAX);
+    r.part = (float*)((uint8_t*)r.ds + KMAX / 4);
     if (threadIdx.x == 0) {
         for (int s = 0; s < SLOTS; ++s) {
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(full + s)) : "memory");
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(empty + s)), "r"(C) : "memory");
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(r.full + s)) : "memory");
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(r.empty + s)), "r"(frees) : "memory");
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
+    return r;
+}
+
+// A consumer stage's start: the wait for every block's arrival from the stage before (i > 0),
+// then the stand-in's spin where the stage has no weights; true where it is a product.
+__device__ __forceinline__ bool stage_begin(const Product& pr, uint32_t i, const unsigned* arrivals, uint32_t T) {
+    if (i > 0) {
+        if (threadIdx.x == 0) wait_arrivals(arrivals, gridDim.x * i);
+        consumers_sync(T);
+    }
+    if (!pr.w && threadIdx.x == 0) spin_ns(pr.idle_ns);
+    return pr.w != nullptr;
+}
+
+// A consumer stage's end: every consumer done, then this block's arrival (its outputs released).
+__device__ __forceinline__ void stage_end(unsigned* arrivals, uint32_t T) {
+    consumers_sync(T);
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(arrivals, 1u);
+    }
+}
+
+template <int C, bool AHEAD, bool COMPUTE, int SLOTS = 12, int SLOT_BYTES = 16384, int PF = 0>
+__global__ void __launch_bounds__((C + 1) * 32, 1)
+    flow(const Product* prods, uint32_t count, unsigned* arrivals) {
+    extern __shared__ __align__(128) uint8_t sm[];
+    const Ring rg = ring_setup<SLOTS>(sm, C);
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x & 31, T = C * 32;
     if (warp == C) {
-        if (lane == 0) produce<AHEAD, SLOTS, SLOT_BYTES, PF>(prods, count, arrivals, full, empty, ring);
+        if (lane == 0) produce<AHEAD, SLOTS, SLOT_BYTES, PF>(prods, count, arrivals, rg.full, rg.empty, rg.ring);
         return;
     }
     uint32_t g = 0;
     for (uint32_t i = 0; i < count; ++i) {
         const Product pr = prods[i];
-        if (i > 0) {
-            if (threadIdx.x == 0) wait_arrivals(arrivals, gridDim.x * i);
-            consumers_sync(T);
-        }
-        if (!pr.w) {
-            if (threadIdx.x == 0) spin_ns(pr.idle_ns);
-        } else {
+        if (stage_begin(pr, i, arrivals, T)) {
             if (COMPUTE) {
-                quantize_row_l2(pr.x, pr.k, q, ds, threadIdx.x, T);
+                quantize_row_l2(pr.x, pr.k, rg.q, rg.ds, threadIdx.x, T);
                 consumers_sync(T);
             }
             const Share sh = share_of<SLOT_BYTES>(pr);
             const uint32_t pairs = pr.k / 64, row_words = sh.rb / 4, segs = (pairs + 31) / 32;
             for (uint32_t c = 0; c < sh.chunks; ++c, ++g) {
                 const uint32_t s = g % SLOTS, rows = min(sh.cr, sh.nrows - c * sh.cr);
-                mbar_wait(smem_addr(full + s), (g / SLOTS) & 1);
+                mbar_wait(smem_addr(rg.full + s), (g / SLOTS) & 1);
                 if (COMPUTE) {
-                    const uint32_t* base = (const uint32_t*)(ring + (uint64_t)s * SLOT_BYTES);
+                    const uint32_t* base = (const uint32_t*)(rg.ring + (uint64_t)s * SLOT_BYTES);
                     for (uint32_t it = warp; it < rows * segs; it += C) {
                         const uint32_t r = it / segs, p = 32 * (it % segs) + lane;
-                        float a = p < pairs ? pair_dot(base + r * row_words + p * 9, q, ds, p) : 0.f;
+                        float a = p < pairs ? pair_dot(base + r * row_words + p * 9, rg.q, rg.ds, p) : 0.f;
                         a = warp_sum(a);
-                        if (lane == 0) part[(c * sh.cr + r) * segs + it % segs] = a;
+                        if (lane == 0) rg.part[(c * sh.cr + r) * segs + it % segs] = a;
                     }
                 }
                 __syncwarp();
-                if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(empty + s)) : "memory");
+                if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(rg.empty + s)) : "memory");
             }
             consumers_sync(T);
             for (uint32_t t = threadIdx.x; t < sh.nrows; t += T) {
                 float a = 0.f;
                 if (COMPUTE)
-                    for (uint32_t j = 0; j < segs; ++j) a += part[t * segs + j];
+                    for (uint32_t j = 0; j < segs; ++j) a += rg.part[t * segs + j];
                 pr.out[sh.r0 + t] = a * pr.scale;
             }
         }
-        consumers_sync(T);
-        if (threadIdx.x == 0) {
-            __threadfence();
-            atomicAdd(arrivals, 1u);
-        }
+        stage_end(arrivals, T);
     }
 }
 
@@ -252,61 +279,38 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
     flow_w(const Product* prods, uint32_t count, unsigned* arrivals) {
     static_assert(SLOTS % C == 0, "a consumer warp owns whole slots");
     extern __shared__ __align__(128) uint8_t sm[];
-    uint64_t* full = (uint64_t*)sm;
-    uint64_t* empty = full + SLOTS;
-    uint8_t* ring = sm + 512;
-    int* q = (int*)(ring + 196608);
-    float2* ds = (float2*)((uint8_t*)q + KMAX);
-    float* part = (float*)((uint8_t*)ds + KMAX / 4);
+    const Ring rg = ring_setup<SLOTS>(sm, 1);
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x & 31, T = C * 32;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < SLOTS; ++s) {
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(full + s)) : "memory");
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(empty + s)) : "memory");
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
     if (warp == C) {
-        if (lane == 0) produce<true, SLOTS, SLOT_BYTES, PF>(prods, count, arrivals, full, empty, ring);
+        if (lane == 0) produce<true, SLOTS, SLOT_BYTES, PF>(prods, count, arrivals, rg.full, rg.empty, rg.ring);
         return;
     }
     uint32_t g0 = 0;  // the chunks of the products before this one
     for (uint32_t i = 0; i < count; ++i) {
         const Product pr = prods[i];
-        if (i > 0) {
-            if (threadIdx.x == 0) wait_arrivals(arrivals, gridDim.x * i);
-            consumers_sync(T);
-        }
-        if (!pr.w) {
-            if (threadIdx.x == 0) spin_ns(pr.idle_ns);
-        } else {
-            quantize_row_l2(pr.x, pr.k, q, ds, threadIdx.x, T);
+        if (stage_begin(pr, i, arrivals, T)) {
+            quantize_row_l2(pr.x, pr.k, rg.q, rg.ds, threadIdx.x, T);
             consumers_sync(T);
             const Share sh = share_of<SLOT_BYTES>(pr);
             const uint32_t pairs = pr.k / 64, row_words = sh.rb / 4;
             for (uint32_t c = (warp + C - g0 % C) % C; c < sh.chunks; c += C) {
                 const uint32_t g = g0 + c, s = g % SLOTS, rows = min(sh.cr, sh.nrows - c * sh.cr);
-                mbar_wait(smem_addr(full + s), (g / SLOTS) & 1);
-                const uint32_t* base = (const uint32_t*)(ring + (uint64_t)s * SLOT_BYTES);
+                mbar_wait(smem_addr(rg.full + s), (g / SLOTS) & 1);
+                const uint32_t* base = (const uint32_t*)(rg.ring + (uint64_t)s * SLOT_BYTES);
                 for (uint32_t r = 0; r < rows; ++r) {
                     float a = 0.f;
-                    for (uint32_t p = lane; p < pairs; p += 32) a += pair_dot(base + r * row_words + p * 9, q, ds, p);
+                    for (uint32_t p = lane; p < pairs; p += 32) a += pair_dot(base + r * row_words + p * 9, rg.q, rg.ds, p);
                     a = warp_sum(a);
-                    if (lane == 0) part[c * sh.cr + r] = a;
+                    if (lane == 0) rg.part[c * sh.cr + r] = a;
                 }
                 __syncwarp();
-                if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(empty + s)) : "memory");
+                if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(rg.empty + s)) : "memory");
             }
             g0 += sh.chunks;
             consumers_sync(T);
-            for (uint32_t t = threadIdx.x; t < sh.nrows; t += T) pr.out[sh.r0 + t] = part[t] * pr.scale;
+            for (uint32_t t = threadIdx.x; t < sh.nrows; t += T) pr.out[sh.r0 + t] = rg.part[t] * pr.scale;
         }
-        consumers_sync(T);
-        if (threadIdx.x == 0) {
-            __threadfence();
-            atomicAdd(arrivals, 1u);
-        }
+        stage_end(arrivals, T);
     }
 }
 
@@ -314,16 +318,8 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
 // chain of barriers costs a step by itself).
 __global__ void __launch_bounds__(17 * 32, 1) barriers(const Product* prods, uint32_t count, unsigned* arrivals) {
     for (uint32_t i = 0; i < count; ++i) {
-        if (i > 0) {
-            if (threadIdx.x == 0) wait_arrivals(arrivals, gridDim.x * i);
-            __syncthreads();
-        }
-        if (!prods[i].w && threadIdx.x == 0) spin_ns(prods[i].idle_ns);
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            __threadfence();
-            atomicAdd(arrivals, 1u);
-        }
+        stage_begin(prods[i], i, arrivals, blockDim.x);
+        stage_end(arrivals, blockDim.x);
     }
 }
 
