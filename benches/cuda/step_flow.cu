@@ -30,7 +30,8 @@
 //   +att: a 6 us stand-in for the decode attention after each qkv product (reg: an idle node; flow:
 //       an idle stage between two barriers).
 // Part 1 checks one product of several shapes against a float64 reference within the int8
-// rounding bound, for reg and flow; part 2 runs the products of a whole 8B and 1B step (each
+// rounding bound, for reg and flow; part 3 times a kernel boundary against a grid barrier (128
+// empty stages each way); part 2 runs the products of a whole 8B and 1B step (each
 // layer's weights distinct, the outputs chained: a product reads the one before's outputs, scaled
 // to unit size), checks flow's last outputs against reg's, and times each form as a graph,
 // alternately, twice.
@@ -76,15 +77,6 @@ __device__ __forceinline__ void wait_arrivals(const unsigned* a, unsigned target
     do {
         asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(a) : "memory");
     } while (v < target);
-}
-
-// Spins for ns nanoseconds of the global timer (the attention stand-in inside a flow).
-__device__ __forceinline__ void spin_ns(uint32_t ns) {
-    uint64_t t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    do {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    } while (t - t0 < ns);
 }
 
 __device__ __forceinline__ void consumers_sync(uint32_t threads) {
@@ -522,6 +514,25 @@ int main() {
                 }
         }
         CK(cudaFree(big));
+    }
+
+    // Part 3: 128 empty stages, as graph nodes with programmatic edges (idle(0), a block an SM)
+    // and as grid barriers inside one kernel (`barriers`): a kernel boundary against a barrier.
+    const std::vector<Product> empties(128, Product{nullptr, nullptr, nullptr, 0, 0, 0.f, 0});
+    CK(cudaMemcpy(dp, empties.data(), empties.size() * sizeof(Product), cudaMemcpyHostToDevice));
+    printf("part 3: 128 empty stages, us a stage (kernel boundaries, grid barriers)\n");
+    for (int rep = 0; rep < 2; ++rep) {
+        double us[2];
+        for (int v = 0; v < 2; ++v) {
+            cudaGraph_t gr;
+            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+            if (v == 0)
+                for (const Product& e : empties) launch_reg(e, 0, st);
+            else launch_flow(NF - 1, dp, (uint32_t)empties.size(), arr, st);
+            CK(cudaStreamEndCapture(st, &gr));
+            us[v] = graph_us(gr, st, 20) / empties.size();
+        }
+        printf("  boundary %.3f  barrier %.3f\n", us[0], us[1]);
     }
     return 0;
 }

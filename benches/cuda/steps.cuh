@@ -49,18 +49,21 @@ __global__ void __launch_bounds__(RW * 32, 1)
     }
 }
 
+// Spins for ns nanoseconds of the global timer.
+__device__ __forceinline__ void spin_ns(uint32_t ns) {
+    uint64_t t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}
+
 // A stand-in for the decode attention between a step's qkv and o products: eight warps a block
 // (two fit an SM beside a product of half an SM), a block an SM, that read no weights and hold
 // the SM for `ns` nanoseconds after their grid wait.
 __global__ void __launch_bounds__(256, 2) idle(uint32_t ns) {
     grid_wait();
     grid_release();
-    if (threadIdx.x == 0) {
-        uint64_t t0, t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-        do {
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        } while (t - t0 < ns);
-    }
+    if (threadIdx.x == 0) spin_ns(ns);
     __syncthreads();
 }
