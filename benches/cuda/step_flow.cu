@@ -23,6 +23,7 @@
 //       ahead, but each consumer warp owns whole slots and sums every row of its chunks alone.
 //   w12 pf8, w12 pf16: w12 12x16K whose producer also keeps the L2 asked (bulk prefetches) for
 //       the 8 or 16 chunks after the one it copies, so DRAM reads on while the ring is full.
+//   w12 noq: w12 12x16K without the row's quantization (wrong sums; the prologue's price).
 //   barriers: the grid barriers and stand-in stages alone (no weights, no sums).
 //   nc pf16: the copies alone with the prefetches of w12 pf16.
 //   flow ... nc: the same stream with no arithmetic (the consumers free each slot as it lands):
@@ -265,8 +266,10 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
 // flow_w<C, SLOTS, SLOT_BYTES>: flow16 ahead's stream, but a consumer warp owns whole slots (slot
 // s belongs to warp s % C, SLOTS a multiple of C) and sums every row of its chunk by itself, so C
 // chunks are summed at once rather than each chunk by every warp in turn; a slot is freed by its
-// one warp, and each row's sum is one value (no per-segment partials).
-template <int C, int SLOTS, int SLOT_BYTES, int PF = 0>
+// one warp, and each row's sum is one value (no per-segment partials). Without QUANT the
+// consumers skip the row's quantization and sum against whatever int8 row shared memory holds
+// (wrong sums, right timing: what a row quantized by its producer could save at most).
+template <int C, int SLOTS, int SLOT_BYTES, int PF = 0, bool QUANT = true>
 __global__ void __launch_bounds__((C + 1) * 32, 1)
     flow_w(const Product* prods, uint32_t count, unsigned* arrivals) {
     static_assert(SLOTS % C == 0, "a consumer warp owns whole slots");
@@ -281,8 +284,10 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
     for (uint32_t i = 0; i < count; ++i) {
         const Product pr = prods[i];
         if (stage_begin(pr, i, arrivals, T)) {
-            quantize_row_l2(pr.x, pr.k, rg.q, rg.ds, threadIdx.x, T);
-            consumers_sync(T);
+            if (QUANT) {
+                quantize_row_l2(pr.x, pr.k, rg.q, rg.ds, threadIdx.x, T);
+                consumers_sync(T);
+            }
             const Share sh = share_of<SLOT_BYTES>(pr);
             const uint32_t pairs = pr.k / 64, row_words = sh.rb / 4;
             for (uint32_t c = (warp + C - g0 % C) % C; c < sh.chunks; c += C) {
@@ -359,9 +364,10 @@ static void launch_reg(const Product& p, int R, cudaStream_t st) {
 }
 
 // The forms; the first NCHECK write outputs (checked), the rest only stream or only wait.
-const int NF = 12, NCHECK = 9;
-const char* FLOWS[NF] = {"flow16 ahead", "flow16 after", "f16 6x32K",  "w12 12x16K", "w12 24x8K", "w16 16x12K",
-                         "w8 24x8K",     "w12 pf8",      "w12 pf16",   "flow16 nc",  "nc pf16",   "barriers"};
+const int NF = 13, NCHECK = 9;
+const char* FLOWS[NF] = {"flow16 ahead", "flow16 after", "f16 6x32K", "w12 12x16K", "w12 24x8K",
+                         "w16 16x12K",   "w8 24x8K",     "w12 pf8",   "w12 pf16",   "w12 noq",
+                         "flow16 nc",    "nc pf16",      "barriers"};
 
 static void launch_flow(int v, const Product* dp, uint32_t count, unsigned* arr, cudaStream_t st) {
     CK(cudaMemsetAsync(arr, 0, 4, st));
@@ -375,9 +381,10 @@ static void launch_flow(int v, const Product* dp, uint32_t count, unsigned* arr,
     case 6: flow_w<8, 24, 8192><<<sms, 9 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
     case 7: flow_w<12, 12, 16384, 8><<<sms, 13 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
     case 8: flow_w<12, 12, 16384, 16><<<sms, 13 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
-    case 9: flow<16, true, false><<<sms, 17 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
-    case 10: flow<16, true, false, 12, 16384, 16><<<sms, 17 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
-    case 11: barriers<<<sms, 17 * 32, 0, st>>>(dp, count, arr); break;
+    case 9: flow_w<12, 12, 16384, 0, false><<<sms, 13 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
+    case 10: flow<16, true, false><<<sms, 17 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
+    case 11: flow<16, true, false, 12, 16384, 16><<<sms, 17 * 32, FLOW_SMEM, st>>>(dp, count, arr); break;
+    case 12: barriers<<<sms, 17 * 32, 0, st>>>(dp, count, arr); break;
     }
     CK(cudaGetLastError());
 }
@@ -400,6 +407,7 @@ int main() {
     raise_smem(flow_w<8, 24, 8192>);
     raise_smem(flow_w<12, 12, 16384, 8>);
     raise_smem(flow_w<12, 12, 16384, 16>);
+    raise_smem(flow_w<12, 12, 16384, 0, false>);
     raise_smem(flow<16, true, false>);
     raise_smem(flow<16, true, false, 12, 16384, 16>);
     cudaStream_t st;
