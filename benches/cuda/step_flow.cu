@@ -32,7 +32,8 @@
 //       an idle stage between two barriers).
 // Part 1 checks one product of several shapes against a float64 reference within the int8
 // rounding bound, for reg and flow; part 3 times a kernel boundary against a grid barrier (128
-// empty stages each way); part 2 runs the products of a whole 8B and 1B step (each
+// empty stages each way); part 2 runs the products of a whole 8B and 1B step, their output
+// head (Q4_0, 128,256 rows) included (each
 // layer's weights distinct, the outputs chained: a product reads the one before's outputs, scaled
 // to unit size), checks flow's last outputs against reg's, and times each form as a graph,
 // alternately, twice.
@@ -45,7 +46,7 @@
 #include "steps.cuh"
 
 #define KMAX 14336
-#define PART 1024
+#define PART 2048
 
 // One stage of flow: a product (w set) or an idle stage of idle_ns.
 struct Product {
@@ -442,22 +443,27 @@ int main() {
         free_case(c);
     }
 
-    struct Step { const char* name; int layers; Shape layer[4]; };
+    // Each step's layers, then its output head (Q4_0 here; the 1B's in-tree head is Q8_0).
+    struct Step { const char* name; int layers; Shape layer[4]; Shape head; };
     const Step steps[] = {
-        {"8B", 32, {{6144, 4096, 2, "qkv"}, {4096, 4096, 2, "o"}, {28672, 4096, 2, "gate+up"}, {4096, 14336, 2, "down"}}},
-        {"1B", 16, {{3072, 2048, 2, "qkv"}, {2048, 2048, 1, "o"}, {16384, 2048, 2, "gate+up"}, {2048, 8192, 1, "down"}}},
+        {"8B", 32, {{6144, 4096, 2, "qkv"}, {4096, 4096, 2, "o"}, {28672, 4096, 2, "gate+up"}, {4096, 14336, 2, "down"}},
+         {128256, 4096, 2, "head"}},
+        {"1B", 16, {{3072, 2048, 2, "qkv"}, {2048, 2048, 1, "o"}, {16384, 2048, 2, "gate+up"}, {2048, 8192, 1, "down"}},
+         {128256, 2048, 2, "head"}},
     };
+    const uint32_t widest = 128256;
     float *ba, *bb;
-    CK(cudaMalloc(&ba, 28672 * 4));
-    CK(cudaMalloc(&bb, 28672 * 4));
-    std::vector<float> x0(28672);
+    CK(cudaMalloc(&ba, widest * 4));
+    CK(cudaMalloc(&bb, widest * 4));
+    std::vector<float> x0(widest);
     for (auto& v : x0) v = uni(rng);
     for (const Step& sp : steps) {
         uint64_t per_layer = 0;
         for (const Shape& s : sp.layer) per_layer += (uint64_t)s.k / 32 * 18 * s.n;
+        const uint64_t total = per_layer * sp.layers + (uint64_t)sp.head.k / 32 * 18 * sp.head.n;
         uint8_t* big;
-        CK(cudaMalloc(&big, per_layer * sp.layers));
-        fill_q4_0<<<1024, 256>>>(big, per_layer * sp.layers / 18, 77);
+        CK(cudaMalloc(&big, total));
+        fill_q4_0<<<1024, 256>>>(big, total / 18, 77);
         CK(cudaDeviceSynchronize());
         // The chain, without and with the attention stand-in; R of each product for reg.
         for (int att = 0; att < 2; ++att) {
@@ -465,15 +471,15 @@ int main() {
             std::vector<int> rs;
             uint64_t off = 0;
             float *cur = ba, *nxt = bb;
-            for (int l = 0; l < sp.layers; ++l)
-                for (int i = 0; i < 4; ++i) {
-                    const Shape& s = sp.layer[i];
+            for (int l = 0; l <= sp.layers; ++l)
+                for (int i = 0; i < (l < sp.layers ? 4 : 1); ++i) {
+                    const Shape& s = l < sp.layers ? sp.layer[i] : sp.head;
                     // 0.134: the rms of a weight (scale rms 0.032 times the balanced quants' rms 4.18).
                     hp.push_back({big + off, cur, nxt, s.k, s.n, 1.0f / (0.134f * sqrtf((float)s.k)), 0});
                     rs.push_back(s.R);
                     std::swap(cur, nxt);
                     off += (uint64_t)s.k / 32 * 18 * s.n;
-                    if (att && i == 0) {
+                    if (att && i == 0 && l < sp.layers) {
                         hp.push_back({nullptr, nullptr, nullptr, 0, 0, 0.f, 6000});
                         rs.push_back(0);
                     }
@@ -481,7 +487,7 @@ int main() {
             CK(cudaMemcpy(dp, hp.data(), hp.size() * sizeof(Product), cudaMemcpyHostToDevice));
             const uint32_t count = (uint32_t)hp.size();
             // The last outputs of reg and of each flow from the same first row.
-            const uint32_t last_n = sp.layer[3].n;
+            const uint32_t last_n = sp.head.n;
             float* last = hp.back().out;
             auto run_once = [&](int v) {
                 CK(cudaMemcpy(ba, x0.data(), x0.size() * 4, cudaMemcpyHostToDevice));
@@ -497,9 +503,8 @@ int main() {
             double rms = 0;
             for (float v : ref) rms += (double)v * v;
             rms = sqrt(rms / last_n);
-            printf("part 2: the %s step's products%s (%.2f GB, %d layers); last outputs' rms %.3f\n", sp.name,
-                   att ? " + a 6 us attention stand-in after each qkv" : "", per_layer * sp.layers / 1e9,
-                   sp.layers, rms);
+            printf("part 2: the %s step's products and head%s (%.2f GB, %d layers); last outputs' rms %.3f\n",
+                   sp.name, att ? " + a 6 us attention stand-in after each qkv" : "", total / 1e9, sp.layers, rms);
             for (int v = 0; v < NCHECK; ++v) {
                 const std::vector<float> got = run_once(v);
                 double worst = 0;
@@ -518,7 +523,7 @@ int main() {
                     CK(cudaStreamEndCapture(st, &gr));
                     const double us = graph_us(gr, st, 20);
                     printf("  %-13s %10.1f %8.0f %10.2f\n", v < 0 ? "reg" : FLOWS[v], us,
-                           per_layer * sp.layers / (us * 1e-6) / 1e9, us / sp.layers);
+                           total / (us * 1e-6) / 1e9, us / sp.layers);
                 }
         }
         CK(cudaFree(big));
