@@ -86,15 +86,22 @@ __device__ __forceinline__ void consumers_sync(uint32_t threads) {
 }
 
 // quantize_row with the row read through L2 (other SMs wrote it in this launch; an L1 line from
-// an earlier product may be stale).
+// an earlier product may be stale), B rounds of groups loaded before any is quantized: one round
+// trip to L2 where the row has at most B * T / 8 groups (flow: B = 1, a round trip a round, as
+// stop 64 ran it; flow_w: B = 8, one or two round trips, as the in-tree prologue's one batch).
+template <int B>
 __device__ __forceinline__ void quantize_row_l2(const float* x, uint32_t k, int* q, float2* ds, uint32_t tid,
                                                 uint32_t T) {
-    const uint32_t nb = k / 32, p = tid & 7;
-    for (uint32_t base = (tid >> 5) * 4; base < nb; base += T / 8) {
-        const uint32_t b = base + ((tid & 31) >> 3);
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (b < nb) v = __ldcg((const float4*)(x + (uint64_t)b * 32 + 4 * p));
-        quantize_group(v, b, nb, p, q, ds);
+    const uint32_t nb = k / 32, p = tid & 7, step = T / 8;
+    for (uint32_t base = (tid >> 5) * 4; base < nb; base += B * step) {
+        float4 v[B];
+#pragma unroll
+        for (int j = 0; j < B; ++j) {
+            const uint32_t b = base + j * step + ((tid & 31) >> 3);
+            v[j] = b < nb ? __ldcg((const float4*)(x + (uint64_t)b * 32 + 4 * p)) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int j = 0; j < B; ++j) quantize_group(v[j], base + j * step + ((tid & 31) >> 3), nb, p, q, ds);
     }
 }
 
@@ -232,7 +239,7 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
         const Product pr = prods[i];
         if (stage_begin(pr, i, arrivals, T)) {
             if (COMPUTE) {
-                quantize_row_l2(pr.x, pr.k, rg.q, rg.ds, threadIdx.x, T);
+                quantize_row_l2<1>(pr.x, pr.k, rg.q, rg.ds, threadIdx.x, T);
                 consumers_sync(T);
             }
             const Share sh = share_of<SLOT_BYTES>(pr);
@@ -286,7 +293,7 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
         const Product pr = prods[i];
         if (stage_begin(pr, i, arrivals, T)) {
             if (QUANT) {
-                quantize_row_l2(pr.x, pr.k, rg.q, rg.ds, threadIdx.x, T);
+                quantize_row_l2<8>(pr.x, pr.k, rg.q, rg.ds, threadIdx.x, T);
                 consumers_sync(T);
             }
             const Share sh = share_of<SLOT_BYTES>(pr);
