@@ -235,15 +235,23 @@ __device__ __forceinline__ void quantize_group(float4 v, uint32_t b, uint32_t nb
 }
 
 // Quantize x[0..k) into q and ds (quantize_group): eight threads a 32-value block, four values
-// each; T threads, this one `tid`.
+// each; T threads, this one `tid`. B rounds of groups are loaded before any is quantized (B = 1:
+// a round trip to memory a round; the in-tree prologue takes the whole row in one batch); with
+// L2 the loads skip L1 (a row other SMs wrote in the same launch).
+template <int B = 1, bool L2 = false>
 __device__ __forceinline__ void quantize_row(const float* x, uint32_t k, int* q, float2* ds,
                                              uint32_t tid, uint32_t T) {
-    const uint32_t nb = k / 32, p = tid & 7;
-    for (uint32_t base = (tid >> 5) * 4; base < nb; base += T / 8) {
-        const uint32_t b = base + ((tid & 31) >> 3);
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (b < nb) v = *(const float4*)(x + (uint64_t)b * 32 + 4 * p);
-        quantize_group(v, b, nb, p, q, ds);
+    const uint32_t nb = k / 32, p = tid & 7, step = T / 8, sub = (tid & 31) >> 3;
+    for (uint32_t base = (tid >> 5) * 4; base < nb; base += B * step) {
+        float4 v[B];
+#pragma unroll
+        for (int j = 0; j < B; ++j) {
+            const uint32_t b = base + j * step + sub;
+            const float4* src = (const float4*)(x + (uint64_t)b * 32 + 4 * p);
+            v[j] = b >= nb ? make_float4(0.f, 0.f, 0.f, 0.f) : L2 ? __ldcg(src) : *src;
+        }
+#pragma unroll
+        for (int j = 0; j < B; ++j) quantize_group(v[j], base + j * step + sub, nb, p, q, ds);
     }
 }
 
@@ -261,11 +269,12 @@ struct SmemRow {
     const int* q;
     const float2* ds;
 };
+template <int B = 1>
 __device__ __forceinline__ SmemRow smem_quantized_row(const float* x, uint32_t k) {
     extern __shared__ float4 row_smem[];  // not `smem`: the gemm harnesses declare their own
     int* q = (int*)row_smem;
     float2* ds = (float2*)(q + k / 4);
-    quantize_row(x, k, q, ds, threadIdx.x, blockDim.x);
+    quantize_row<B>(x, k, q, ds, threadIdx.x, blockDim.x);
     __syncthreads();
     return {q, ds};
 }

@@ -2,6 +2,7 @@
 // of blocks as in-tree) in one persistent kernel whose weights stream into shared memory ahead of
 // the products' dependencies, against the in-tree launch shape as graph nodes:
 //   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -o step_flow benches/cuda/step_flow.cu && ./step_flow
+//   reg b8: reg with its prologue's loads in one batch (reg<R, 8>), as the in-tree prologue.
 //   reg: the in-tree form (steps.cuh's reg<R>), a graph node a product with programmatic
 //       edges: sixteen warps a block, a block an SM; each block waits for the kernel before,
 //       quantizes the activation row and reads its weights into registers.
@@ -83,26 +84,6 @@ __device__ __forceinline__ void wait_arrivals(const unsigned* a, unsigned target
 
 __device__ __forceinline__ void consumers_sync(uint32_t threads) {
     asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
-}
-
-// quantize_row with the row read through L2 (other SMs wrote it in this launch; an L1 line from
-// an earlier product may be stale), B rounds of groups loaded before any is quantized: one round
-// trip to L2 where the row has at most B * T / 8 groups (flow: B = 1, a round trip a round, as
-// stop 64 ran it; flow_w: B = 8, one or two round trips, as the in-tree prologue's one batch).
-template <int B>
-__device__ __forceinline__ void quantize_row_l2(const float* x, uint32_t k, int* q, float2* ds, uint32_t tid,
-                                                uint32_t T) {
-    const uint32_t nb = k / 32, p = tid & 7, step = T / 8;
-    for (uint32_t base = (tid >> 5) * 4; base < nb; base += B * step) {
-        float4 v[B];
-#pragma unroll
-        for (int j = 0; j < B; ++j) {
-            const uint32_t b = base + j * step + ((tid & 31) >> 3);
-            v[j] = b < nb ? __ldcg((const float4*)(x + (uint64_t)b * 32 + 4 * p)) : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-#pragma unroll
-        for (int j = 0; j < B; ++j) quantize_group(v[j], base + j * step + ((tid & 31) >> 3), nb, p, q, ds);
-    }
 }
 
 // The L2 prefetch cursor of a producer: chunk c of product i (i == count at the end), its weights
@@ -239,7 +220,7 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
         const Product pr = prods[i];
         if (stage_begin(pr, i, arrivals, T)) {
             if (COMPUTE) {
-                quantize_row_l2<1>(pr.x, pr.k, rg.q, rg.ds, threadIdx.x, T);
+                quantize_row<1, true>(pr.x, pr.k, rg.q, rg.ds, threadIdx.x, T);
                 consumers_sync(T);
             }
             const Share sh = share_of<SLOT_BYTES>(pr);
@@ -293,7 +274,7 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
         const Product pr = prods[i];
         if (stage_begin(pr, i, arrivals, T)) {
             if (QUANT) {
-                quantize_row_l2<8>(pr.x, pr.k, rg.q, rg.ds, threadIdx.x, T);
+                quantize_row<8, true>(pr.x, pr.k, rg.q, rg.ds, threadIdx.x, T);
                 consumers_sync(T);
             }
             const Share sh = share_of<SLOT_BYTES>(pr);
@@ -355,7 +336,9 @@ __global__ void fill_q4_0(uint8_t* w, uint64_t blocks, uint64_t seed) {
 
 static int sms = 132;
 
-static void launch_reg(const Product& p, int R, cudaStream_t st) {
+// reg's launch of one stage (the stand-in `idle` where it has no weights); b8: the prologue in
+// one batch of eight rounds (reg<R, 8>) rather than a round trip a round.
+static void launch_reg(const Product& p, int R, cudaStream_t st, bool b8 = false) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(p.w ? sms : sms);
     cfg.blockDim = dim3(p.w ? RW * 32 : 256);
@@ -367,8 +350,8 @@ static void launch_reg(const Product& p, int R, cudaStream_t st) {
     cfg.attrs = at;
     cfg.numAttrs = 1;
     if (!p.w) CK(cudaLaunchKernelEx(&cfg, idle, p.idle_ns));
-    else if (R == 2) CK(cudaLaunchKernelEx(&cfg, reg<2>, p.x, p.w, p.out, p.k, p.n, p.scale));
-    else CK(cudaLaunchKernelEx(&cfg, reg<1>, p.x, p.w, p.out, p.k, p.n, p.scale));
+    else if (R == 2) CK(cudaLaunchKernelEx(&cfg, b8 ? reg<2, 8> : reg<2>, p.x, p.w, p.out, p.k, p.n, p.scale));
+    else CK(cudaLaunchKernelEx(&cfg, b8 ? reg<1, 8> : reg<1>, p.x, p.w, p.out, p.k, p.n, p.scale));
 }
 
 // The forms; the first NCHECK write outputs (checked), the rest only stream or only wait.
@@ -376,6 +359,9 @@ const int NF = 13, NCHECK = 9;
 const char* FLOWS[NF] = {"flow16 ahead", "flow16 after", "f16 6x32K", "w12 12x16K", "w12 24x8K",
                          "w16 16x12K",   "w8 24x8K",     "w12 pf8",   "w12 pf16",   "w12 noq",
                          "flow16 nc",    "nc pf16",      "barriers"};
+
+// A form's name: -2 reg b8, -1 reg, then FLOWS.
+static const char* form_name(int v) { return v == -2 ? "reg b8" : v == -1 ? "reg" : FLOWS[v]; }
 
 static void launch_flow(int v, const Product* dp, uint32_t count, unsigned* arr, cudaStream_t st) {
     CK(cudaMemsetAsync(arr, 0, 4, st));
@@ -499,7 +485,7 @@ int main() {
             auto run_once = [&](int v) {
                 CK(cudaMemcpy(ba, x0.data(), x0.size() * 4, cudaMemcpyHostToDevice));
                 if (v < 0)
-                    for (size_t j = 0; j < hp.size(); ++j) launch_reg(hp[j], rs[j], st);
+                    for (size_t j = 0; j < hp.size(); ++j) launch_reg(hp[j], rs[j], st, v == -2);
                 else launch_flow(v, dp, count, arr, st);
                 CK(cudaStreamSynchronize(st));
                 std::vector<float> o(last_n);
@@ -512,24 +498,25 @@ int main() {
             rms = sqrt(rms / last_n);
             printf("part 2: the %s step's products and head%s (%.2f GB, %d layers); last outputs' rms %.3f\n",
                    sp.name, att ? " + a 6 us attention stand-in after each qkv" : "", total / 1e9, sp.layers, rms);
-            for (int v = 0; v < NCHECK; ++v) {
+            for (int v = -2; v < NCHECK; ++v) {
+                if (v == -1) continue;
                 const std::vector<float> got = run_once(v);
                 double worst = 0;
                 for (uint32_t j = 0; j < last_n; ++j) worst = std::max(worst, (double)fabsf(got[j] - ref[j]));
-                printf("  %-13s last outputs' worst |difference| from reg's %.3e (%.2e of their rms)\n", FLOWS[v], worst,
-                       worst / rms);
+                printf("  %-13s last outputs' worst |difference| from reg's %.3e (%.2e of their rms)\n", form_name(v),
+                       worst, worst / rms);
             }
             printf("  %-13s %10s %8s %10s\n", "form", "step us", "GB/s", "us/layer");
             for (int rep = 0; rep < 2; ++rep)
-                for (int v = -1; v < NF; ++v) {
+                for (int v = -2; v < NF; ++v) {
                     cudaGraph_t gr;
                     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
                     if (v < 0)
-                        for (size_t j = 0; j < hp.size(); ++j) launch_reg(hp[j], rs[j], st);
+                        for (size_t j = 0; j < hp.size(); ++j) launch_reg(hp[j], rs[j], st, v == -2);
                     else launch_flow(v, dp, count, arr, st);
                     CK(cudaStreamEndCapture(st, &gr));
                     const double us = graph_us(gr, st, 20);
-                    printf("  %-13s %10.1f %8.0f %10.2f\n", v < 0 ? "reg" : FLOWS[v], us,
+                    printf("  %-13s %10.1f %8.0f %10.2f\n", form_name(v), us,
                            total / (us * 1e-6) / 1e9, us / sp.layers);
                 }
         }

@@ -28,13 +28,14 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 // The in-tree one-row Q4_0 product (`mm_q8_rows_pairs_q4_0`) in its launch shape: sixteen warps a
 // block and a block an SM; each block waits for the kernel before, lets its dependents start,
 // quantizes the activation row into shared memory (k + k / 4 bytes of dynamic shared memory) and
-// reads its weights into registers, R rows a warp at a time; each output times `scale`.
-template <int R>
+// reads its weights into registers, R rows a warp at a time; each output times `scale`. B: the
+// prologue's rounds a batch (quantize_row).
+template <int R, int B = 1>
 __global__ void __launch_bounds__(RW * 32, 1)
     reg(const float* x, const uint8_t* w, float* out, uint32_t k, uint32_t n, float scale) {
     grid_wait();
     grid_release();
-    const SmemRow xr = smem_quantized_row(x, k);
+    const SmemRow xr = smem_quantized_row<B>(x, k);
     const int lane = threadIdx.x & 31;
     const uint32_t pairs = k / 64, row_words = pairs * 9;
     for (uint64_t g = (uint64_t)blockIdx.x * RW + threadIdx.x / 32; g < n / R; g += (uint64_t)gridDim.x * RW) {
