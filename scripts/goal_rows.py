@@ -11,6 +11,13 @@ second with the repeats' range, the device time a step and the weights a step re
 The long-context rows are held to 90% of their own row at the short prompt, and the Q4_K rows
 to 90% of the Q4_0 row's bytes a second (tokens a second times the weights a step reads), so
 those rows need their reference row in the same run (`--only` keeps it in).
+
+    python3 scripts/goal_rows.py --save before.json          # on the build before a change
+    python3 scripts/goal_rows.py --before before.json        # after it: a before column beside
+
+`--save FILE` writes the device and every row's figures as JSON; `--before FILE` reads such a
+file first and puts each row's earlier tok/s and the ratio to it beside the new figure (the
+issue asks for the figure before a change beside the one after it, on the same device).
 """
 
 import argparse
@@ -43,7 +50,40 @@ def parse_args(argv):
     p.add_argument("--long", type=int, default=4096, help="the long prompt (default 4096)")
     p.add_argument("--decode", type=int, default=64, help="decode steps a repeat (default 64)")
     p.add_argument("--repeat", type=int, default=2, help="measured repeats (default 2)")
+    p.add_argument("--save", default="", help="write the device and each row's figures to this JSON file")
+    p.add_argument("--before", default="", help="a file --save wrote: show its tok/s beside each row")
     return p.parse_args(argv)
+
+
+# The figures of a bench row that --save keeps.
+SAVED = ("decode_tok_s", "decode_tok_s_spread", "gpu_us_per_token", "decode_weight_bytes", "decode_tb_per_s")
+
+
+def load_before(path):
+    """The rows and device of a file --save wrote, or an exit naming what is wrong with it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as e:
+        sys.exit(f"goal_rows: --before {path}: cannot read it ({e.strerror})")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        sys.exit(f"goal_rows: --before {path}: not JSON ({e})")
+    rows = data.get("rows") if isinstance(data, dict) else None
+    if not isinstance(rows, dict) or not all(
+            isinstance(r, dict) and isinstance(r.get("decode_tok_s"), (int, float)) for r in rows.values()):
+        sys.exit(f"goal_rows: --before {path}: not a file `--save` wrote (no \"rows\" of figures)")
+    return rows, data.get("device")
+
+
+def save(path, device, results, prompts):
+    """Writes what load_before reads: the device and each row's saved figures with its prompt."""
+    rows = {k: {**{f: got[f] for f in SAVED if f in got}, "prompt": prompts[k]} for k, got in results.items()}
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({"device": device, "rows": rows}, f, indent=1)
+            f.write("\n")
+    except OSError as e:
+        sys.exit(f"goal_rows: --save {path}: cannot write it ({e.strerror})")
 
 
 def run_row(args, bench_args, prompt):
@@ -81,24 +121,41 @@ def main(argv):
     rows = [r for r in ROWS if args.only in r[0]]
     if not rows:
         sys.exit(f"goal_rows: no row's key contains {args.only!r}; keys: {', '.join(r[0] for r in ROWS)}")
-    results, lines, device = {}, [], None
+    before, before_device = load_before(args.before) if args.before else (None, None)
+    results, prompts, lines, device = {}, {}, [], None
     for row in rows:
         key, label, bench_args, long_prompt, _ = row
         prompt = args.long if long_prompt else args.prompt
         print(f"goal_rows: {key} ({prompt}-token prompt) ...", file=sys.stderr, flush=True)
         got, cmd = run_row(args, bench_args, prompt)
-        results[key] = got
+        results[key], prompts[key] = got, prompt
         device = device or got.get("device")
         spread = got["decode_tok_s_spread"]
         goal, holds = verdict(row, got, results)
-        lines.append(f"| {key} | {label} ({prompt}) | {got['decode_tok_s']:,.1f} "
-                     f"[{spread['min']:,.1f}-{spread['max']:,.1f}] | {got['gpu_us_per_token']:,.0f} | "
-                     f"{got['decode_weight_bytes'] / 1e9:.2f} | {got['decode_tb_per_s']:.2f} | {goal} | {holds} |")
+        line = (f"| {key} | {label} ({prompt}) | {got['decode_tok_s']:,.1f} "
+                f"[{spread['min']:,.1f}-{spread['max']:,.1f}] | ")
+        if before is not None:
+            b = before.get(key)
+            if b is None:
+                line += "- | "
+            elif b.get("prompt", prompt) != prompt:
+                line += f"- (before at a {b['prompt']}-token prompt) | "
+            else:
+                line += f"{b['decode_tok_s']:,.1f} ({got['decode_tok_s'] / b['decode_tok_s']:.3f}x) | "
+        lines.append(line + f"{got['gpu_us_per_token']:,.0f} | {got['decode_weight_bytes'] / 1e9:.2f} | "
+                     f"{got['decode_tb_per_s']:.2f} | {goal} | {holds} |")
         print(f"goal_rows: {key}: {got['decode_tok_s']:,.1f} tok/s  ({cmd})", file=sys.stderr, flush=True)
+    if args.save:
+        save(args.save, device, results, prompts)
     print(f"device: {device}; `bench --backend {args.backend} --modes graph -n {args.decode} "
-          f"--repeat {args.repeat} --json ...`, the median of the repeats and their range\n")
-    print("| key | decode, batch 1 (prompt) | tok/s [range] | us a step | GB a step | TB/s | goal | holds? |")
-    print("|---|---|---:|---:|---:|---:|---|---|")
+          f"--repeat {args.repeat} --json ...`, the median of the repeats and their range")
+    if before is not None:
+        other = "" if before_device == device else " (another device: the ratios compare two machines)"
+        print(f"before: {args.before}, measured on {before_device}{other}")
+    print()
+    extra = ("before tok/s (now / before) | ", "---:|") if before is not None else ("", "")
+    print(f"| key | decode, batch 1 (prompt) | tok/s [range] | {extra[0]}us a step | GB a step | TB/s | goal | holds? |")
+    print(f"|---|---|---:|{extra[1]}---:|---:|---:|---|---|")
     print("\n".join(lines))
 
 

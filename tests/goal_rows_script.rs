@@ -1,7 +1,8 @@
 //! `scripts/goal_rows.py`, issue 19's goal table in one command, driven on the CPU backend with
 //! short prompts (its GPU rows are the same commands with other numbers): it runs `onepass
 //! bench` a row, reads the JSON and prints one Markdown line a row with its goal and whether it
-//! holds, and refuses a filter that selects no row.
+//! holds, and refuses a filter that selects no row; `--save` writes a run's figures and
+//! `--before` shows them beside the next run's, and refuses a file `--save` did not write.
 
 use std::process::Command;
 
@@ -12,6 +13,14 @@ fn script(args: &[&str]) -> std::process::Output {
         .args(args)
         .output()
         .expect("python3 runs (the README's set-up installs it)")
+}
+
+/// A fresh directory of this test process under the system's temporary directory.
+fn scratch(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("onepass-goal-rows-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
 }
 
 #[test]
@@ -70,4 +79,92 @@ fn a_filter_that_selects_no_row_is_refused_with_the_keys() {
         stderr.contains("no row's key contains 'no-such-row'") && stderr.contains("8b-q4k"),
         "{stderr}"
     );
+}
+
+#[test]
+fn a_saved_run_is_shown_beside_the_next_as_before() {
+    let dir = scratch("saved");
+    let saved = dir.join("before.json");
+    let saved = saved.to_str().unwrap();
+    let quick = [
+        "--backend",
+        "cpu",
+        "--only",
+        "smollm2",
+        "--prompt",
+        "8",
+        "--long",
+        "16",
+        "--decode",
+        "2",
+        "--repeat",
+        "1",
+    ];
+    let first = script(&[&quick[..], &["--save", saved]].concat());
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(saved).unwrap()).unwrap();
+    let was = file["rows"]["smollm2"]["decode_tok_s"].as_f64().unwrap();
+    assert!(
+        was > 0.0 && file["device"].as_str().unwrap().starts_with("cpu"),
+        "{file}"
+    );
+    assert_eq!(file["rows"]["smollm2-long"]["prompt"], 16, "{file}");
+
+    let second = script(&[&quick[..], &["--before", saved]].concat());
+    let stdout = String::from_utf8_lossy(&second.stdout);
+    assert!(second.status.success(), "{stdout}");
+    assert!(
+        stdout.contains(&format!("before: {saved}, measured on cpu")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("| before tok/s (now / before) |"),
+        "{stdout}"
+    );
+    let cells: Vec<&str> = stdout
+        .lines()
+        .find(|l| l.starts_with("| smollm2 |"))
+        .unwrap()
+        .split('|')
+        .map(str::trim)
+        .collect();
+    let now: f64 = cells[3]
+        .split(' ')
+        .next()
+        .unwrap()
+        .replace(',', "")
+        .parse()
+        .unwrap();
+    let (before, ratio) = cells[4].split_once(" (").unwrap();
+    assert_eq!(before, format!("{was:.1}"), "{cells:?}");
+    let ratio: f64 = ratio.trim_end_matches("x)").parse().unwrap();
+    assert!(
+        (ratio - now / was).abs() < 2e-3 * (1.0 + ratio),
+        "{cells:?}"
+    );
+}
+
+#[test]
+fn a_before_file_that_is_not_a_saved_run_is_refused_by_name() {
+    let dir = scratch("bad");
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, "{\"rows\": {\"8b\": {\"tok\": 1}}}").unwrap();
+    let out = script(&["--before", bad.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("bad.json: not a file `--save` wrote"),
+        "{stderr}"
+    );
+    let missing = dir.join("missing.json");
+    let out = script(&["--before", missing.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("missing.json: cannot read it"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
