@@ -19,31 +19,33 @@
 //       AHEAD it waits for the barrier as the consumers do (a persistent kernel that streams).
 //       The consumers take a slot's (row, 32 pairs) items in turn, a row's partial sums added in
 //       order at the product's end (other bits than reg's, the same int8 bound).
-//   f16 6x32K, f16 24x8K: flow16 ahead with the ring as six slots of 32 KiB or 24 of 8 KiB.
+//   f16 6x32K: flow16 ahead with the ring as six slots of 32 KiB (stop 64 also ran flow8, flow12
+//       and 24 slots of 8 KiB: all slower).
 //   w12 12x16K, w12 24x8K, w16 16x12K, w8 24x8K: flow_w<C, SLOTS, SLOT_BYTES>, the same stream
-//       ahead, but each consumer warp owns whole slots and sums every row of its chunks alone.
+//       ahead, but each consumer warp owns whole slots and sums every row of its chunks alone;
+//       its prologue loads the row in one batch.
 //   w12 pf8, w12 pf16: w12 12x16K whose producer also keeps the L2 asked (bulk prefetches) for
 //       the 8 or 16 chunks after the one it copies, so DRAM reads on while the ring is full.
 //   w12 noq: w12 12x16K without the row's quantization (wrong sums; the prologue's price).
+//   flow16 nc: flow16 ahead's stream with no arithmetic (the consumers free each slot as it
+//       lands): what the copies alone reach; nc pf16: the same with w12 pf16's prefetches.
 //   barriers: the grid barriers and stand-in stages alone (no weights, no sums).
-//   nc pf16: the copies alone with the prefetches of w12 pf16.
-//   flow ... nc: the same stream with no arithmetic (the consumers free each slot as it lands):
-//       what the copies alone reach.
 //   +att: a 6 us stand-in for the decode attention after each qkv product (reg: an idle node; flow:
 //       an idle stage between two barriers).
 // Part 1 checks one product of several shapes against a float64 reference within the int8
-// rounding bound, for reg and flow; part 3 times a kernel boundary against a grid barrier (128
-// empty stages each way); part 2 runs the products of a whole 8B and 1B step, their output
-// head (Q4_0, 128,256 rows) included (each
-// layer's weights distinct, the outputs chained: a product reads the one before's outputs, scaled
-// to unit size), checks flow's last outputs against reg's, and times each form as a graph,
-// alternately, twice.
-// Status (docs/kernels.md item 49): run at stop 64 on an H100: the 8B step's products reg 1,919
-// us, flow16 ahead 2,094, after 2,451, the copies alone (nc) 1,447; the 1B's reg 429, flow16
-// ahead 454, nc 257. The copies keep up; the sums, a slot at a time by every warp, do not.
-// flow_w (a warp a slot), the L2 prefetches ahead and the barriers alone were added after that
-// run; predicted: the 8B's w12 12x16K about 1,600 us, w12 pf16 about 1,500, nc pf16 about 1,350
-// (+60 with the stand-in), the barriers alone about 190 (+200 with it); the 1B's w12 about 330.
+// rounding bound, for reg and every flow that writes outputs. Part 2 runs the products of a
+// whole 8B and 1B step and then their output head (Q4_0, 128,256 rows; each layer's weights
+// distinct, the outputs chained: a product reads the one before's outputs, scaled to unit size),
+// checks the flows' and reg b8's last outputs against reg's, and times each form as a graph,
+// alternately, twice. Part 3 times a kernel boundary against a grid barrier (128 empty stages
+// each way).
+// Status (docs/kernels.md item 49): run at stop 64 on an H100, before the heads joined part 2:
+// the 8B step's products reg 1,919 us, flow16 ahead 2,094, after 2,451, the copies alone (nc)
+// 1,447; the 1B's reg 429, flow16 ahead 454, nc 257. The copies keep up; the sums, a slot at a
+// time by every warp, do not. Everything else was added after that run; predicted with the
+// heads: the 8B's reg about 2,060 us, w12 12x16K about 1,710, w12 pf16 about 1,610, nc pf16
+// about 1,460 (+60 with the stand-in), the barriers alone about 190 (+200 with it); the 1B's
+// w12 about 400 (reg about 500).
 #include "steps.cuh"
 
 #define KMAX 14336
