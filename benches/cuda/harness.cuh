@@ -236,8 +236,10 @@ __device__ __forceinline__ void quantize_group(float4 v, uint32_t b, uint32_t nb
 
 // Quantize x[0..k) into q and ds (quantize_group): eight threads a 32-value block, four values
 // each; T threads, this one `tid`. B rounds of groups are loaded before any is quantized (B = 1:
-// a round trip to memory a round; the in-tree prologue takes the whole row in one batch); with
-// L2 the loads skip L1 (a row other SMs wrote in the same launch).
+// a round trip to memory a round; the in-tree prologue takes the whole row in one batch); a
+// round past the row is skipped by the whole warp (stop 64 ran B = 8 quantizing every round of
+// the batch, up to eight times the row's groups); with L2 the loads skip L1 (a row other SMs
+// wrote in the same launch).
 template <int B = 1, bool L2 = false>
 __device__ __forceinline__ void quantize_row(const float* x, uint32_t k, int* q, float2* ds,
                                              uint32_t tid, uint32_t T) {
@@ -251,7 +253,8 @@ __device__ __forceinline__ void quantize_row(const float* x, uint32_t k, int* q,
             v[j] = b >= nb ? make_float4(0.f, 0.f, 0.f, 0.f) : L2 ? __ldcg(src) : *src;
         }
 #pragma unroll
-        for (int j = 0; j < B; ++j) quantize_group(v[j], base + j * step + sub, nb, p, q, ds);
+        for (int j = 0; j < B; ++j)
+            if (base + j * step < nb) quantize_group(v[j], base + j * step + sub, nb, p, q, ds);  // warp-uniform
     }
 }
 

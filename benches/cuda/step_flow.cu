@@ -39,13 +39,13 @@
 // checks the flows' and reg b8's last outputs against reg's, and times each form as a graph,
 // alternately, twice. Part 3 times a kernel boundary against a grid barrier (128 empty stages
 // each way).
-// Status (docs/kernels.md item 49): run at stop 64 on an H100, before the heads joined part 2:
-// the 8B step's products reg 1,919 us, flow16 ahead 2,094, after 2,451, the copies alone (nc)
-// 1,447; the 1B's reg 429, flow16 ahead 454, nc 257. The copies keep up; the sums, a slot at a
-// time by every warp, do not. Everything else was added after that run; predicted with the
-// heads: the 8B's reg about 2,060 us, w12 12x16K about 1,710, w12 pf16 about 1,610, nc pf16
-// about 1,460 (+60 with the stand-in), the barriers alone about 190 (+200 with it); the 1B's
-// w12 about 400 (reg about 500).
+// Status (docs/kernels.md item 49): run twice at stop 64 on an H100 80GB HBM3. The second run,
+// the 8B's products and head: reg 2,010 us, flow16 ahead 2,195, the flow_w forms 2,299-2,626,
+// the L2 prefetches 2,780-3,557, w12 noq 2,251, the copies alone 1,547, the barriers alone 149;
+// the 1B's reg 477, flow16 ahead 520, copies 306. Part 3: a kernel boundary 0.69 us, a grid
+// barrier 1.29. No persistent form came near the graph of register-form products: closed.
+// (That run's reg b8 and flow_w quantized every round of their batch, since fixed in
+// quantize_row; w12 noq, with no prologue, still lost.)
 #include "steps.cuh"
 
 #define KMAX 14336
