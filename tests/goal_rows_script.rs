@@ -15,6 +15,22 @@ fn script(args: &[&str]) -> std::process::Output {
         .expect("python3 runs (the README's set-up installs it)")
 }
 
+/// The SmolLM2 rows on the CPU backend with short prompts and runs.
+const QUICK: [&str; 12] = [
+    "--backend",
+    "cpu",
+    "--only",
+    "smollm2",
+    "--prompt",
+    "8",
+    "--long",
+    "16",
+    "--decode",
+    "2",
+    "--repeat",
+    "1",
+];
+
 /// A fresh directory of this test process under the system's temporary directory.
 fn scratch(tag: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("onepass-goal-rows-{tag}-{}", std::process::id()));
@@ -25,20 +41,7 @@ fn scratch(tag: &str) -> std::path::PathBuf {
 
 #[test]
 fn the_smollm2_rows_print_their_figures_and_goals() {
-    let out = script(&[
-        "--backend",
-        "cpu",
-        "--only",
-        "smollm2",
-        "--prompt",
-        "8",
-        "--long",
-        "16",
-        "--decode",
-        "2",
-        "--repeat",
-        "1",
-    ]);
+    let out = script(&QUICK);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
@@ -86,21 +89,7 @@ fn a_saved_run_is_shown_beside_the_next_as_before() {
     let dir = scratch("saved");
     let saved = dir.join("before.json");
     let saved = saved.to_str().unwrap();
-    let quick = [
-        "--backend",
-        "cpu",
-        "--only",
-        "smollm2",
-        "--prompt",
-        "8",
-        "--long",
-        "16",
-        "--decode",
-        "2",
-        "--repeat",
-        "1",
-    ];
-    let first = script(&[&quick[..], &["--save", saved]].concat());
+    let first = script(&[&QUICK[..], &["--save", saved]].concat());
     assert!(
         first.status.success(),
         "{}",
@@ -115,7 +104,7 @@ fn a_saved_run_is_shown_beside_the_next_as_before() {
     );
     assert_eq!(file["rows"]["smollm2-long"]["prompt"], 16, "{file}");
 
-    let second = script(&[&quick[..], &["--before", saved]].concat());
+    let second = script(&[&QUICK[..], &["--before", saved]].concat());
     let stdout = String::from_utf8_lossy(&second.stdout);
     assert!(second.status.success(), "{stdout}");
     assert!(
