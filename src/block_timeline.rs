@@ -80,11 +80,24 @@ pub struct KernelSpan {
     pub kernel: String,
     /// Its launches.
     pub launches: usize,
+    /// The blocks of its largest launch (its grid; launches of one kernel in a step share it).
+    pub blocks: u32,
     /// Summed from each launch's first start to its last end (µs).
     pub run_us: f64,
     /// Summed time between the end of the launch before and this launch's start (µs), where
     /// positive: the gap a kernel boundary costs.
     pub gap_us: f64,
+}
+
+impl KernelSpan {
+    /// A launch's mean run, first start to last end (µs).
+    pub fn run_us_a_launch(&self) -> f64 {
+        self.run_us / self.launches.max(1) as f64
+    }
+    /// The mean gap before a launch (µs).
+    pub fn gap_us_a_launch(&self) -> f64 {
+        self.gap_us / self.launches.max(1) as f64
+    }
 }
 
 /// The pass's length (first arrival to last end, µs) and each kernel's spans, longest first.
@@ -101,10 +114,12 @@ pub fn summary(launches: &[Launch]) -> (f64, Vec<KernelSpan>) {
             .or_insert_with(|| KernelSpan {
                 kernel: l.kernel.clone(),
                 launches: 0,
+                blocks: 0,
                 run_us: 0.0,
                 gap_us: 0.0,
             });
         s.launches += 1;
+        s.blocks = s.blocks.max(l.blocks);
         s.run_us += l.end_ns.saturating_sub(l.start_ns) as f64 / 1e3;
         if let Some(p) = prev_end {
             s.gap_us += l.start_ns.saturating_sub(p) as f64 / 1e3;
@@ -202,8 +217,10 @@ mod tests {
         let (len, spans) = summary(&ls);
         assert!((len - (15_010 - 10_000) as f64 / 1e3).abs() < 1e-9, "{len}");
         let a = spans.iter().find(|k| k.kernel == "a").unwrap();
-        assert_eq!(a.launches, 2);
+        assert_eq!((a.launches, a.blocks), (2, 2));
         assert!((a.run_us - (0.915 + 0.910)).abs() < 1e-9, "{}", a.run_us);
+        assert!((a.run_us_a_launch() - 0.9125).abs() < 1e-9);
+        assert!((a.gap_us_a_launch() - 0.55).abs() < 1e-9);
         // b starts at 12.1 us after a ended at 11.015; the second a at 14.1 after b's 13.0.
         let b = spans.iter().find(|k| k.kernel == "b").unwrap();
         assert!((b.gap_us - 1.085).abs() < 1e-9 && (a.gap_us - 1.1).abs() < 1e-9);

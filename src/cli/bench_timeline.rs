@@ -69,15 +69,20 @@ pub(super) fn run(
         stamps.len(),
         path.display()
     );
-    eprintln!("  kernel                             launches    us (wait to end)   gaps before");
+    eprintln!(
+        "  kernel                             launches  blocks   us a launch   us (wait to end)   \
+         gap before a launch"
+    );
     for s in spans.iter().take(TOP) {
         eprintln!(
-            "  {:<34} {:>8} {:>10.1} {:>5.1}% {:>10.1} us",
+            "  {:<34} {:>8} {:>7} {:>13.2} {:>10.1} {:>5.1}% {:>14.2} us",
             s.kernel,
             s.launches,
+            s.blocks,
+            s.run_us_a_launch(),
             s.run_us,
             100.0 * s.run_us / len.max(1e-9),
-            s.gap_us
+            s.gap_us_a_launch()
         );
     }
     Ok(())
