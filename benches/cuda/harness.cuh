@@ -323,3 +323,52 @@ __device__ __forceinline__ void rows_pair_sums(const uint32_t* wr, uint32_t row_
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[r] += pair_dot(wr + r * row_words + p * 9, q, ds, p);
 }
+
+// A whole 8B decode step's products for the part-2 tables: 32 layers of qkv, o, gate+up and down
+// (two rows a warp each), every layer's weights distinct (random bytes: timing only), an input
+// row of zeros and an output, and a stream to capture them on.
+struct StepProducts {
+    struct Product {
+        uint32_t n, k;
+    };
+    static constexpr int L = 32;
+    static constexpr Product layer[4] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
+    uint8_t* w;
+    float *x, *y;
+    uint64_t per_layer;
+    cudaStream_t st;
+};
+static inline StepProducts step_products(std::mt19937_64& rng) {
+    StepProducts sp{};
+    for (const auto& p : StepProducts::layer) sp.per_layer += (uint64_t)p.k / 32 * 18 * p.n;
+    CK(cudaMalloc(&sp.w, sp.per_layer * StepProducts::L));
+    const std::vector<uint8_t> h = random_q4_0(rng, sp.per_layer);
+    for (int l = 0; l < StepProducts::L; ++l)
+        CK(cudaMemcpy(sp.w + sp.per_layer * l, h.data(), sp.per_layer, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&sp.x, 14336 * 4));
+    CK(cudaMalloc(&sp.y, 28672 * 4));
+    CK(cudaMemset(sp.x, 0, 14336 * 4));
+    CK(cudaStreamCreateWithFlags(&sp.st, cudaStreamNonBlocking));
+    return sp;
+}
+// Microseconds of the step's products captured as one graph, each launched in order by
+// `launch(x, w, y, k, n, stream)` (graph_us, `reps` timed launches).
+template <typename F>
+static inline double step_graph_us(const StepProducts& sp, F launch, int reps) {
+    cudaGraph_t gr;
+    CK(cudaStreamBeginCapture(sp.st, cudaStreamCaptureModeGlobal));
+    uint64_t off = 0;
+    for (int l = 0; l < StepProducts::L; ++l)
+        for (const auto& p : StepProducts::layer) {
+            launch(sp.x, sp.w + off, sp.y, p.k, p.n, sp.st);
+            off += (uint64_t)p.k / 32 * 18 * p.n;
+        }
+    CK(cudaStreamEndCapture(sp.st, &gr));
+    return graph_us(gr, sp.st, reps);
+}
+static inline void free_step_products(StepProducts& sp) {
+    CK(cudaFree(sp.w));
+    CK(cudaFree(sp.x));
+    CK(cudaFree(sp.y));
+    CK(cudaStreamDestroy(sp.st));
+}

@@ -127,40 +127,20 @@ int main() {
         free_case(c);
     }
 
-    // Part 2: the products of a whole 8B decode step as one graph (random bytes: timing only).
-    const Shape layer[] = {{6144, 4096, 2, "qkv"}, {4096, 4096, 2, "o"}, {28672, 4096, 2, "gate+up"}, {4096, 14336, 2, "down"}};
-    const int L = 32;
-    uint64_t per_layer = 0;
-    for (const Shape& s : layer) per_layer += (uint64_t)s.k / 32 * 18 * s.n;
-    uint8_t* big;
-    CK(cudaMalloc(&big, per_layer * L));
-    {
-        const std::vector<uint8_t> h = random_q4_0(rng, per_layer);
-        for (int l = 0; l < L; ++l) CK(cudaMemcpy(big + per_layer * l, h.data(), per_layer, cudaMemcpyHostToDevice));
-    }
-    float *gx, *gy;
-    CK(cudaMalloc(&gx, 14336 * 4));
-    CK(cudaMalloc(&gy, 28672 * 4));
-    CK(cudaMemset(gx, 0, 14336 * 4));
-    cudaStream_t st;
-    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    printf("part 2: a step's products (%.2f GB) as one graph, 32 layers\n%-11s %10s %8s\n", per_layer * L / 1e9, "form", "step us", "GB/s");
+    // Part 2: the products of a whole 8B decode step as one graph (harness.cuh's StepProducts).
+    StepProducts sp = step_products(rng);
+    printf("part 2: a step's products (%.2f GB) as one graph, 32 layers\n%-11s %10s %8s\n",
+           sp.per_layer * StepProducts::L / 1e9, "form", "step us", "GB/s");
     for (int rep = 0; rep < 2; ++rep)
         for (int v = 0; v < NV; ++v) {
-            cudaGraph_t gr;
-            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-            uint64_t off = 0;
-            for (int l = 0; l < L; ++l)
-                for (const Shape& s : layer) {
-                    launch(v, s.R, gx, big + off, gy, s.k, s.n, st);
-                    off += (uint64_t)s.k / 32 * 18 * s.n;
-                }
-            CK(cudaStreamEndCapture(st, &gr));
-            const double us = graph_us(gr, st, 20);
-            printf("%-11s %10.1f %8.0f\n", NAMES[v], us, per_layer * L / (us * 1e-6) / 1e9);
+            const double us = step_graph_us(
+                sp,
+                [&](const float* x, const uint8_t* w, float* y, uint32_t k, uint32_t n, cudaStream_t st) {
+                    launch(v, 2, x, w, y, k, n, st);
+                },
+                20);
+            printf("%-11s %10.1f %8.0f\n", NAMES[v], us, sp.per_layer * StepProducts::L / (us * 1e-6) / 1e9);
         }
-    CK(cudaFree(big));
-    CK(cudaFree(gx));
-    CK(cudaFree(gy));
+    free_step_products(sp);
     return 0;
 }
