@@ -60,13 +60,7 @@ fn the_smollm2_rows_print_their_figures_and_goals() {
     assert_eq!(short[5], "0.10", "{short:?}"); // the Q4_1 file's 96 MB a step
     assert_eq!(short[7], "2,000", "{short:?}");
     assert!(short[8].starts_with("no ("), "{short:?}");
-    let tok_s: f64 = short[3]
-        .split(' ')
-        .next()
-        .unwrap()
-        .replace(',', "")
-        .parse()
-        .unwrap();
+    let tok_s = leading_number(short[3]);
     assert!(tok_s > 0.0, "{short:?}");
     let long = row("smollm2-long");
     assert!(long[2].ends_with("(16)"), "{long:?}");
@@ -122,13 +116,7 @@ fn a_saved_run_is_shown_beside_the_next_as_before() {
         .split('|')
         .map(str::trim)
         .collect();
-    let now: f64 = cells[3]
-        .split(' ')
-        .next()
-        .unwrap()
-        .replace(',', "")
-        .parse()
-        .unwrap();
+    let now = leading_number(cells[3]);
     let (before, ratio) = cells[4].split_once(" (").unwrap();
     assert_eq!(before, format!("{was:.1}"), "{cells:?}");
     let ratio: f64 = ratio.trim_end_matches("x)").parse().unwrap();
@@ -156,4 +144,14 @@ fn a_before_file_that_is_not_a_saved_run_is_refused_by_name() {
     assert!(!out.status.success());
     assert!(stderr.contains("missing.json: cannot read it"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The number a table cell starts with (`1,415.9 [1,414.7-1,417.0]` -> 1415.9).
+fn leading_number(cell: &str) -> f64 {
+    cell.split(' ')
+        .next()
+        .unwrap()
+        .replace(',', "")
+        .parse()
+        .unwrap()
 }
