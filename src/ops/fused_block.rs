@@ -149,7 +149,7 @@ const MAX_SHARED_ROW: usize = 48 * 1024;
 const MIN_SHARED_ROW: usize = 4 * 1024;
 /// Shared memory after the row: the weight stage (`MM_STAGE_WARPS * MM_STAGE_MAX_WORDS * 16` in
 /// `backend/cuda/kernels/matmul_dots.cuh`) and 32 doubles of scratch for the block's sum of
-/// squares (`FB_SHARED_TAIL` in `fused_block.cu`).
+/// squares (`FB_SHARED_TAIL` in `fused_row.cuh`).
 const WEIGHT_STAGE: usize = 8 * 136 * 16 + 32 * 8;
 /// Threads of a block of the shared-memory form: eight warps, the rms_norm kernel's block size
 /// ([`super::norm::ROW_THREADS`]; the kernels sum the squares with that many threads whatever the
@@ -185,7 +185,7 @@ pub(super) fn fused_launch(
     extra: usize,
 ) -> (bool, crate::graph::Grid) {
     let f32_bytes = dim * 4 + WEIGHT_STAGE;
-    // The int8 row after the tail where it fits (see `fb_norm_quantize_row` in fused_block.cu).
+    // The int8 row after the tail where it fits (see `fb_norm_quantize_row` in fused_row.cuh).
     let (mut bytes, int8) = match super::matmul::int8_row_bytes(w, dim) {
         Some(q8) if f32_bytes + q8 <= MAX_SHARED_ROW => (f32_bytes + q8, true),
         _ => (f32_bytes, false),

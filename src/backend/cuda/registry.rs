@@ -62,7 +62,8 @@ pub const SOURCES: &[KernelSource] = &[
     ),
     family("embedding", include_str!("kernels/embedding.cu")),
     // The vector forms of the products (`matmul_blocks.cuh`, then `matmul_dots.cuh`) in front of
-    // each family that uses them.
+    // each family that uses them; the fused kernels' activation row (`fused_row.cuh`) in front of
+    // theirs.
     family(
         "fused_block",
         concat!(
@@ -72,6 +73,8 @@ pub const SOURCES: &[KernelSource] = &[
             include_str!("kernels/matmul_blocks.cuh"),
             "#line 1 \"matmul_dots.cuh\"\n",
             include_str!("kernels/matmul_dots.cuh"),
+            "#line 1 \"fused_row.cuh\"\n",
+            include_str!("kernels/fused_row.cuh"),
             "#line 1 \"fused_block.cu\"\n",
             include_str!("kernels/fused_block.cu"),
         ),
