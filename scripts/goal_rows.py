@@ -18,6 +18,12 @@ those rows need their reference row in the same run (`--only` keeps it in).
 `--save FILE` writes the device and every row's figures as JSON; `--before FILE` reads such a
 file first and puts each row's earlier tok/s and the ratio to it beside the new figure (the
 issue asks for the figure before a change beside the one after it, on the same device).
+
+    python3 scripts/goal_rows.py --only 8b- --against old/onepass --rounds 3
+
+`--against OLD` measures a change in one run: each row runs OLD and then the binary, alternately,
+`--rounds` times, and a table of the two binaries' figures and their ratio replaces the goal
+table (both must find their kernels; on the GPU machine, one kernel cache filled by both).
 """
 
 import argparse
@@ -52,7 +58,14 @@ def parse_args(argv):
     p.add_argument("--repeat", type=int, default=2, help="measured repeats (default 2)")
     p.add_argument("--save", default="", help="write the device and each row's figures to this JSON file")
     p.add_argument("--before", default="", help="a file --save wrote: show its tok/s beside each row")
-    return p.parse_args(argv)
+    p.add_argument("--against", default="", help="another onepass binary: each row runs it and --bin alternately")
+    p.add_argument("--rounds", type=int, default=2, help="with --against: runs of each binary a row (default 2)")
+    args = p.parse_args(argv)
+    if args.against and (args.save or args.before):
+        p.error("--against prints no goal table: --save and --before go with the goal table")
+    if args.rounds < 1:
+        p.error(f"--rounds {args.rounds}: at least one run of each binary is needed")
+    return args
 
 
 # The figures of a bench row that --save keeps.
@@ -86,10 +99,13 @@ def save(path, device, results, prompts):
         sys.exit(f"goal_rows: --save {path}: cannot write it ({e.strerror})")
 
 
-def run_row(args, bench_args, prompt):
-    cmd = [args.bin, "bench", "--backend", args.backend, "--modes", "graph", "-n", str(args.decode),
+def run_row(args, bench_args, prompt, binary=None):
+    cmd = [binary or args.bin, "bench", "--backend", args.backend, "--modes", "graph", "-n", str(args.decode),
            "--repeat", str(args.repeat), "--json", *bench_args, "-p", str(prompt)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as e:
+        sys.exit(f"goal_rows: cannot run {cmd[0]} ({e.strerror})")
     if done.returncode != 0:
         sys.exit(f"goal_rows: `{' '.join(cmd)}` failed ({done.returncode}):\n{done.stderr.strip()}")
     try:
@@ -116,11 +132,42 @@ def verdict(row, got, results):
     return f"90% of {ref_key}'s bytes/s", f"{'yes' if share >= 0.9 else 'no'} ({share:.1%})"
 
 
+def compare(args, rows):
+    """--against: each row's two binaries run alternately, their figures side by side."""
+    lines, device = [], None
+    for key, label, bench_args, long_prompt, _ in rows:
+        prompt = args.long if long_prompt else args.prompt
+        # Kept apart by role, not by path: a binary measured against itself is a fair check.
+        old, new = [], []
+        for r in range(args.rounds):
+            for binary, got_runs in ((args.against, old), (args.bin, new)):
+                print(f"goal_rows: {key} ({prompt}-token prompt), {binary}, round {r + 1} ...",
+                      file=sys.stderr, flush=True)
+                got, _ = run_row(args, bench_args, prompt, binary)
+                got_runs.append(got)
+                device = device or got.get("device")
+        mean = lambda got, f: sum(g[f] for g in got) / len(got)
+        each = lambda got: " / ".join(f"{g['decode_tok_s']:,.1f}" for g in got)
+        lines.append(f"| {key} | {label} ({prompt}) | {each(old)} | {each(new)} | "
+                     f"{mean(new, 'decode_tok_s') / mean(old, 'decode_tok_s'):.3f}x | "
+                     f"{mean(old, 'gpu_us_per_token'):,.1f} -> {mean(new, 'gpu_us_per_token'):,.1f} |")
+    print(f"device: {device}; `bench --backend {args.backend} --modes graph -n {args.decode} "
+          f"--repeat {args.repeat} --json ...`, each binary {args.rounds} times a row, alternately")
+    print(f"against: {args.against}; new: {args.bin}")
+    print()
+    print("| key | decode, batch 1 (prompt) | against tok/s | new tok/s | new / against | us a step |")
+    print("|---|---|---:|---:|---:|---:|")
+    print("\n".join(lines))
+
+
 def main(argv):
     args = parse_args(argv)
     rows = [r for r in ROWS if args.only in r[0]]
     if not rows:
         sys.exit(f"goal_rows: no row's key contains {args.only!r}; keys: {', '.join(r[0] for r in ROWS)}")
+    if args.against:
+        compare(args, rows)
+        return
     before, before_device = load_before(args.before) if args.before else (None, None)
     results, prompts, lines, device = {}, {}, [], None
     for row in rows:

@@ -2,7 +2,8 @@
 //! short prompts (its GPU rows are the same commands with other numbers): it runs `onepass
 //! bench` a row, reads the JSON and prints one Markdown line a row with its goal and whether it
 //! holds, and refuses a filter that selects no row; `--save` writes a run's figures and
-//! `--before` shows them beside the next run's, and refuses a file `--save` did not write.
+//! `--before` shows them beside the next run's, and refuses a file `--save` did not write;
+//! `--against` runs two binaries alternately and prints their ratio.
 
 use std::process::Command;
 
@@ -144,6 +145,49 @@ fn a_before_file_that_is_not_a_saved_run_is_refused_by_name() {
     assert!(!out.status.success());
     assert!(stderr.contains("missing.json: cannot read it"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn against_runs_two_binaries_alternately_and_prints_their_ratio() {
+    let bin = env!("CARGO_BIN_EXE_onepass");
+    let quick = &QUICK[..QUICK.len() - 2]; // one repeat a run: every run is one bench
+    let out = script(&[quick, &["--repeat", "1", "--against", bin, "--rounds", "2"]].concat());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&format!("against: {bin}; new: {bin}")),
+        "{stdout}"
+    );
+    // Each binary's two runs of each row, in turn: against, new, against, new.
+    let runs: Vec<&str> = stderr.lines().filter(|l| l.contains(", round ")).collect();
+    assert_eq!(runs.len(), 8, "{stderr}");
+    assert!(
+        runs[0].ends_with("round 1 ...") && runs[3].ends_with("round 2 ..."),
+        "{runs:?}"
+    );
+    // "", key, label, against tok/s, new tok/s, new / against, us a step, ""
+    let cells: Vec<&str> = stdout
+        .lines()
+        .find(|l| l.starts_with("| smollm2 |"))
+        .unwrap_or_else(|| panic!("no smollm2 row in\n{stdout}"))
+        .split('|')
+        .map(str::trim)
+        .collect();
+    let mean = |cell: &str| {
+        let runs: Vec<f64> = cell.split(" / ").map(leading_number).collect();
+        assert_eq!(runs.len(), 2, "{cell}");
+        runs.iter().sum::<f64>() / 2.0
+    };
+    let ratio: f64 = cells[5].trim_end_matches('x').parse().unwrap();
+    let want = mean(cells[4]) / mean(cells[3]);
+    assert!((ratio - want).abs() < 2e-3 * (1.0 + want), "{cells:?}");
+    assert!(cells[6].contains(" -> "), "{cells:?}");
+
+    let refused = script(&["--against", bin, "--save", "x.json"]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr)
+        .contains("--save and --before go with the goal table"));
 }
 
 /// The number a table cell starts with (`1,415.9 [1,414.7-1,417.0]` -> 1415.9).
